@@ -1,0 +1,39 @@
+//! Packet formats of the tidings region protocol.
+//!
+//! Every packet starts with a [`Header`] (magic, version, kind, region, view, sender) followed by a
+//! body whose layout depends on the [`Kind`]. All integers are big-endian.
+//!
+//! Reading: [`Packet::parse`] checks the whole packet once (every count and length against the
+//! bytes actually present, no trailing garbage) and returns views that borrow the buffer; iterating a
+//! view afterwards cannot fail and nothing is allocated. Writing: the writers ([`MessagesWriter`],
+//! [`TokenWriter`] and the `write_*` functions) encode straight into a caller-supplied buffer at
+//! the moment a socket can send, as the pull stack of DESIGN.md section 4 asks.
+//!
+//! Layouts (byte offsets within the body, after the 16-byte header):
+//!
+//! | kind | body |
+//! | --- | --- |
+//! | Data | count u16, then `count` messages |
+//! | Retransmit | origin u32, count u16, then `count` messages |
+//! | Silence | last_seq u64, timestamp_us u64, acked_upto u64 |
+//! | Token | level u8, ring u16, round u64, count u16, then `count` records |
+//! | Ack | origin u32, stable_upto u64 |
+//! | Nak, Pull | origin u32, count u16, then `count` ranges |
+//!
+//! A message is `seq u64, msg_id u64, timestamp_us u64, topic u32, len u16, payload[len]`; a range
+//! is `start u64, len u32`; a token record is `origin u32, stable_upto u64, agg_contiguous u64,
+//! agg_max u64, prev_contiguous u64, prev_max u64, n_missing_all u8, n_lost u8, n_prev_missing u8`
+//! followed by the three range lists in that order.
+
+#![forbid(unsafe_code)]
+
+mod codec;
+mod ids;
+
+pub use codec::{
+    peek_kind, write_ack, write_ranges, write_silence, Body, BufferFull, DecodeError, Header, Kind,
+    Message, MessagesIter, MessagesView, MessagesWriter, Packet, Priority, RangesIter, RangesView,
+    Record, RecordView, RecordsIter, Silence, TokenView, TokenWriter, HEADER_LEN, MAGIC,
+    MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
+};
+pub use ids::{MsgId, NodeId, RegionId, SeqNo, SeqRange, TopicId, ViewId};
