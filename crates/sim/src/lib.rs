@@ -1,1 +1,3 @@
-//! placeholder
+//! The deterministic simulator of DESIGN.md section 9.
+
+#![forbid(unsafe_code)]

@@ -1,0 +1,1 @@
+//! The delivery scheduler (paper 003). Under construction.
