@@ -2,12 +2,27 @@
 
 #![forbid(unsafe_code)]
 
+mod config;
+mod event;
 pub mod membership;
+mod node;
+mod outbox;
+mod ranges;
+mod recv;
+mod region;
+mod send;
+mod stats;
 pub mod time;
 
+pub use config::{Config, ConfigError};
+pub use event::{Delivery, Event};
+pub use node::{Node, PublishError, StreamReport, Transmit};
+pub use stats::Stats;
+pub use tidings_wire::Priority;
+
 pub use membership::{Membership, RegionView};
-pub use time::Time;
 pub use tidings_wire::{MsgId, NodeId, RegionId, SeqNo, TopicId, ViewId};
+pub use time::Time;
 
 /// Where a datagram produced by [`poll_transmit`](crate) goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -99,7 +99,15 @@ impl Membership {
                 m.topic_regions.entry(t).or_default().push(region);
             }
             let partitions = RegionView::partitioned(&nodes, partition_size);
-            m.regions.insert(region, RegionView { region, view: ViewId(1), topics, partitions });
+            m.regions.insert(
+                region,
+                RegionView {
+                    region,
+                    view: ViewId(1),
+                    topics,
+                    partitions,
+                },
+            );
         }
         m
     }
@@ -107,12 +115,17 @@ impl Membership {
     /// The region `node` is a member of, if any.
     #[must_use]
     pub fn region_of(&self, node: NodeId) -> Option<&RegionView> {
-        self.regions.values().find(|r| r.partition_of(node).is_some())
+        self.regions
+            .values()
+            .find(|r| r.partition_of(node).is_some())
     }
 
     /// The members of `region`, empty if unknown.
     pub fn members(&self, region: RegionId) -> impl Iterator<Item = NodeId> + '_ {
-        self.regions.get(&region).into_iter().flat_map(RegionView::members)
+        self.regions
+            .get(&region)
+            .into_iter()
+            .flat_map(RegionView::members)
     }
 }
 
@@ -129,7 +142,11 @@ mod tests {
             assert_eq!(flat, members);
             for p in &parts {
                 assert!(!p.is_empty());
-                assert!(n < 5 || (5..10).contains(&p.len()), "n={n} sizes {:?}", p.len());
+                assert!(
+                    n < 5 || (5..10).contains(&p.len()),
+                    "n={n} sizes {:?}",
+                    p.len()
+                );
             }
         }
     }

@@ -1,0 +1,252 @@
+//! Protocol configuration: every limit explicit, with its default and why.
+
+use std::time::Duration;
+
+/// Configuration of one protocol node. Build with [`Config::default`] and adjust; [`Config::validate`]
+/// is called by [`Node::new`](crate::Node::new).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Largest datagram the node writes. Default 1472: an Ethernet MTU minus IP and UDP headers, so
+    /// nothing is fragmented on the paper's cluster.
+    pub max_datagram_bytes: usize,
+    /// Largest unstable (sent, not yet acknowledged by the region) messages per region stream:
+    /// Horus' local credit window. Default 16384: about 1.3 s of 1000-byte messages at 100 Mbit/s,
+    /// several times the time to stability, so the window only closes when a receiver falls behind.
+    pub window_msgs_max: usize,
+    /// Largest unstable bytes (payload) per region stream. Default 16 MiB, matching the message window
+    /// for 1000-byte messages.
+    pub window_bytes_max: usize,
+    /// Largest unsent plus unstable messages per region stream; beyond it `publish` returns
+    /// `WouldBlock` (back pressure). Default 32768 (twice the window, so a full window never starves
+    /// the socket while the application refills the queue).
+    pub send_queue_msgs_max: usize,
+    /// Largest unsent plus unstable payload bytes per region stream. Default 32 MiB.
+    pub send_queue_bytes_max: usize,
+    /// Out-of-order messages a receiver keeps per stream beyond what it delivered. Must be at least
+    /// `window_msgs_max` so a sender within its window never overruns a receiver. Default 32768.
+    pub receive_window_msgs: usize,
+    /// Least time between two token releases by a ring leader (the token release rate). Default
+    /// 100 ms: paper 000 uses 1 token/s and shows that faster tokens cut unacknowledged data; our
+    /// tokens are cheap, and time to stability drives sender memory.
+    pub token_interval: Duration,
+    /// A ring leader that does not see its token back within this time (or within four smoothed
+    /// round trips, if longer) releases a new round. Default 300 ms.
+    pub token_timeout: Duration,
+    /// Most members of a ring above the partition level; more partitions than this add a level to
+    /// the hierarchy, so aggregation latency grows with log(N). Default 32.
+    pub ring_fanout_max: usize,
+    /// Rounds a fully stable, unchanged sender record stays in the token before it leaves it
+    /// (paper 001: 2-3 rounds). Default 3.
+    pub idle_rounds_before_drop: u32,
+    /// Most ranges in each list of a token record (the token must fit one datagram, so fewer are
+    /// used when many senders share it). Default 32.
+    pub token_ranges_max: usize,
+    /// Sequence numbers per caching block: the caching partition of `seq` is
+    /// `((seq - 1) / block) mod partitions`. Default 1 (round-robin by sequence number).
+    pub cache_block_msgs: u64,
+    /// Interval of silence heartbeats of a stream that has sent nothing new and still has unstable
+    /// messages (Gryphon's `t_silence`; lets receivers detect tail loss). Default 20 ms.
+    pub silence_interval: Duration,
+    /// Interval of silence heartbeats of a fully stable stream. Default 1 s.
+    pub silence_idle_interval: Duration,
+    /// How long a gap must exist before it is requested (absorbs reordering). Default 2 ms.
+    pub repair_delay: Duration,
+    /// How long a requested message may stay missing before it is requested again, from another
+    /// random caching member. Default 40 ms.
+    pub repair_timeout: Duration,
+    /// Requests to caching members for one message before asking its sender. Default 8 (about
+    /// 320 ms with the default timeout: later than a region NAK, which repairs a loss of the whole
+    /// region with one multicast instead of one unicast per receiver).
+    pub repair_attempts_before_sender: u32,
+    /// Most messages a receiver requests per stream per `repair_timeout`: the bound on the recovery
+    /// rate (a fixed NACK window; congestion control makes it adaptive). Default 512.
+    pub repair_inflight_max: usize,
+    /// Interval of the scan that requests missing messages. Default 5 ms.
+    pub repair_interval: Duration,
+    /// Most messages queued for retransmission (pushes, pull answers, NAK answers) at one node;
+    /// requests beyond it are dropped and counted (the requester asks again). Default 8192.
+    pub retransmit_queue_max: usize,
+    /// Most messages pushed to the previous ring member per token visit. Default 256.
+    pub push_max_per_token: usize,
+    /// Most inbound streams (senders) per region; records for more are ignored and counted.
+    /// Default 1024.
+    pub streams_max: usize,
+    /// Seed of the node's random choices (which caching member to ask). Default 1.
+    pub rng_seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_datagram_bytes: 1472,
+            window_msgs_max: 16384,
+            window_bytes_max: 16 << 20,
+            send_queue_msgs_max: 32768,
+            send_queue_bytes_max: 32 << 20,
+            receive_window_msgs: 32768,
+            token_interval: Duration::from_millis(100),
+            token_timeout: Duration::from_millis(300),
+            ring_fanout_max: 32,
+            idle_rounds_before_drop: 3,
+            token_ranges_max: 32,
+            cache_block_msgs: 1,
+            silence_interval: Duration::from_millis(20),
+            silence_idle_interval: Duration::from_secs(1),
+            repair_delay: Duration::from_millis(2),
+            repair_timeout: Duration::from_millis(40),
+            repair_attempts_before_sender: 8,
+            repair_inflight_max: 512,
+            repair_interval: Duration::from_millis(5),
+            retransmit_queue_max: 8192,
+            push_max_per_token: 256,
+            streams_max: 1024,
+            rng_seed: 1,
+        }
+    }
+}
+
+/// A configuration that cannot work, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A field is out of its allowed range.
+    #[error("config: {field} = {value} is invalid: {why}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Its value, printed.
+        value: String,
+        /// What is allowed.
+        why: &'static str,
+    },
+}
+
+fn invalid(field: &'static str, value: impl std::fmt::Debug, why: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        value: format!("{value:?}"),
+        why,
+    }
+}
+
+impl Config {
+    /// Smallest datagram that holds a header and a token with a few records.
+    pub const MIN_DATAGRAM_BYTES: usize = 256;
+
+    /// Checks every field and the relations between them.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(Self::MIN_DATAGRAM_BYTES..=65_507).contains(&self.max_datagram_bytes) {
+            return Err(invalid(
+                "max_datagram_bytes",
+                self.max_datagram_bytes,
+                "must be within 256..=65507 (a UDP payload)",
+            ));
+        }
+        for (field, v) in [
+            ("window_msgs_max", self.window_msgs_max),
+            ("window_bytes_max", self.window_bytes_max),
+            ("receive_window_msgs", self.receive_window_msgs),
+            ("ring_fanout_max", self.ring_fanout_max),
+            ("token_ranges_max", self.token_ranges_max),
+            ("repair_inflight_max", self.repair_inflight_max),
+            ("retransmit_queue_max", self.retransmit_queue_max),
+            ("streams_max", self.streams_max),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, v, "must be at least 1"));
+            }
+        }
+        if self.ring_fanout_max < 2 {
+            return Err(invalid(
+                "ring_fanout_max",
+                self.ring_fanout_max,
+                "must be at least 2",
+            ));
+        }
+        if self.token_ranges_max > 255 {
+            return Err(invalid(
+                "token_ranges_max",
+                self.token_ranges_max,
+                "at most 255",
+            ));
+        }
+        if self.send_queue_msgs_max < self.window_msgs_max {
+            return Err(invalid(
+                "send_queue_msgs_max",
+                self.send_queue_msgs_max,
+                "must be at least window_msgs_max",
+            ));
+        }
+        if self.send_queue_bytes_max < self.window_bytes_max {
+            return Err(invalid(
+                "send_queue_bytes_max",
+                self.send_queue_bytes_max,
+                "must be at least window_bytes_max",
+            ));
+        }
+        if self.receive_window_msgs < self.window_msgs_max {
+            return Err(invalid(
+                "receive_window_msgs",
+                self.receive_window_msgs,
+                "must be at least window_msgs_max, or a sender within its window overruns receivers",
+            ));
+        }
+        if self.cache_block_msgs == 0 {
+            return Err(invalid(
+                "cache_block_msgs",
+                self.cache_block_msgs,
+                "must be at least 1",
+            ));
+        }
+        for (field, d) in [
+            ("token_interval", self.token_interval),
+            ("token_timeout", self.token_timeout),
+            ("silence_interval", self.silence_interval),
+            ("silence_idle_interval", self.silence_idle_interval),
+            ("repair_timeout", self.repair_timeout),
+            ("repair_interval", self.repair_interval),
+        ] {
+            if d.is_zero() {
+                return Err(invalid(field, d, "must be positive"));
+            }
+        }
+        if self.token_timeout <= self.token_interval {
+            return Err(invalid(
+                "token_timeout",
+                self.token_timeout,
+                "must exceed token_interval",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_relations_are_checked() {
+        Config::default().validate().unwrap();
+        let bad = Config {
+            receive_window_msgs: 10,
+            ..Config::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(ConfigError::Invalid {
+                field: "receive_window_msgs",
+                ..
+            })
+        ));
+        let bad = Config {
+            max_datagram_bytes: 70_000,
+            ..Config::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = Config {
+            token_timeout: Duration::from_millis(100),
+            ..Config::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,40 @@
+//! What the node tells its application (or the simulator's checker).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tidings_wire::{MsgId, NodeId, RegionId, TopicId};
+
+/// A message delivered in sender order, exactly once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// The node that published it.
+    pub origin: NodeId,
+    /// The topic it was published on.
+    pub topic: TopicId,
+    /// The sender's message id.
+    pub msg_id: MsgId,
+    /// The sender's timestamp, microseconds of the sender's clock.
+    pub timestamp_us: u64,
+    /// The payload (shares the received datagram's buffer; no copy).
+    pub payload: Bytes,
+}
+
+/// An output of the node other than datagrams.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A message to hand to the application.
+    Deliver(Delivery),
+    /// A message this node published is stable: every member of every region its topic spans has
+    /// it. Its memory is released.
+    Stable(MsgId),
+    /// A ring this node leads completed a token round.
+    TokenRound {
+        /// The region.
+        region: RegionId,
+        /// Level of the ring (0 = partition).
+        level: u8,
+        /// Time from release to return.
+        rtt: Duration,
+    },
+}

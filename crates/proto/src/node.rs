@@ -1,0 +1,860 @@
+//! The sans-IO node: the one type a driver (the runtime or the simulator) talks to.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use tidings_wire::{
+    write_ack, write_ranges, write_silence, Body, Header, Kind, Message, MessagesWriter, MsgId,
+    NodeId, Packet, Priority, RegionId, Silence, TopicId, MESSAGE_HEADER_LEN,
+};
+
+use crate::config::{Config, ConfigError};
+use crate::event::{Delivery, Event};
+use crate::membership::Membership;
+use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
+use crate::recv::{Arrival, InMsg};
+use crate::region::{OwnedRecord, OwnedToken, RegionState};
+use crate::send::{OutMsg, OutboundStream, StabilityTracker};
+use crate::stats::Stats;
+use crate::time::Time;
+use crate::Destination;
+
+/// A datagram produced by [`Node::poll_transmit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where it goes.
+    pub destination: Destination,
+    /// Its length in the buffer given to `poll_transmit`.
+    pub len: usize,
+    /// Its class (a driver with several queues may send control first).
+    pub priority: Priority,
+}
+
+/// Why `publish` did not take a message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// Back pressure: the send queue of `region` holds its limit of unsent plus unstable data.
+    /// Wait for `Stable` events (or any progress) and try again.
+    #[error("send queue of region {region} is full; wait for messages to become stable")]
+    WouldBlock {
+        /// The region whose queue is full.
+        region: RegionId,
+    },
+    /// The payload does not fit one datagram.
+    #[error("payload of {len} bytes exceeds the largest of {max} bytes; split it or raise max_datagram_bytes")]
+    TooLarge {
+        /// The payload length.
+        len: usize,
+        /// The largest payload that fits.
+        max: usize,
+    },
+}
+
+/// Receive-side figures of one inbound stream, for reports and checkers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamReport {
+    /// The region.
+    pub region: RegionId,
+    /// The sender.
+    pub origin: NodeId,
+    /// Delivered (or filtered) in order up to here.
+    pub delivered_upto: u64,
+    /// Known stable in the region up to here.
+    pub stable_upto: u64,
+    /// Messages ever cached by this node for recovery.
+    pub cached_total: u64,
+    /// Messages in the cache now.
+    pub cached_now: u64,
+    /// Known gaps now.
+    pub missing: u64,
+}
+
+/// One node of the protocol, without I/O.
+///
+/// # The drain contract
+/// Feed inputs with [`handle_datagram`](Node::handle_datagram),
+/// [`handle_timeout`](Node::handle_timeout) (when the time from
+/// [`poll_timeout`](Node::poll_timeout) has come) and [`publish`](Node::publish). After any input,
+/// drain [`poll_event`](Node::poll_event) until `None`, call
+/// [`poll_transmit`](Node::poll_transmit) while the socket can send and it returns datagrams, and
+/// re-read [`poll_timeout`](Node::poll_timeout). `now` must never go backwards. Nothing inside reads
+/// a clock, a socket or an unseeded random source.
+#[derive(Debug)]
+pub struct Node {
+    config: Config,
+    me: NodeId,
+    membership: Membership,
+    regions: BTreeMap<RegionId, RegionState>,
+    outbound: BTreeMap<RegionId, OutboundStream>,
+    stability: StabilityTracker,
+    next_msg_id: u64,
+    out: Outbox,
+    rng: fastrand::Rng,
+    next_repair_scan: Time,
+    /// Round-robin position over outbound streams for data.
+    data_rr: usize,
+}
+
+impl Node {
+    /// A node `me` with the given membership. Fails if the configuration is invalid.
+    pub fn new(
+        config: Config,
+        me: NodeId,
+        membership: Membership,
+        now: Time,
+    ) -> Result<Node, ConfigError> {
+        config.validate()?;
+        let regions = membership
+            .regions
+            .values()
+            .filter_map(|view| RegionState::new(view, me, &config, now))
+            .map(|r| (r.region, r))
+            .collect();
+        let rng = fastrand::Rng::with_seed(config.rng_seed ^ (u64::from(me.0) << 32));
+        Ok(Node {
+            config,
+            me,
+            membership,
+            regions,
+            outbound: BTreeMap::new(),
+            stability: StabilityTracker::new(),
+            next_msg_id: 1,
+            out: Outbox::default(),
+            rng,
+            next_repair_scan: now,
+            data_rr: 0,
+        })
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn id(&self) -> NodeId {
+        self.me
+    }
+
+    /// The configuration in force.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> &Stats {
+        &self.out.stats
+    }
+
+    /// Largest payload `publish` accepts.
+    #[must_use]
+    pub fn max_payload(&self) -> usize {
+        // A retransmission carries 4 more bytes (the origin) than a data packet.
+        (self.config.max_datagram_bytes - tidings_wire::HEADER_LEN - 6 - MESSAGE_HEADER_LEN)
+            .min(usize::from(u16::MAX))
+    }
+
+    /// Whether `publish(topic, payload of len bytes)` would be accepted now.
+    #[must_use]
+    pub fn can_publish(&self, topic: TopicId, len: usize) -> bool {
+        len <= self.max_payload()
+            && self
+                .membership
+                .topic_regions
+                .get(&topic)
+                .is_none_or(|regions| {
+                    regions.iter().all(|r| {
+                        self.outbound
+                            .get(r)
+                            .is_none_or(|s| s.admits(len, &self.config))
+                    })
+                })
+    }
+
+    /// Publishes `payload` on `topic`: stores it once, gives it the next sequence number of every
+    /// region the topic spans, and returns its message id (a handle for [`Node::is_stable`] and
+    /// [`Event::Stable`]). Delivered at once if this node subscribes to `topic`.
+    pub fn publish(
+        &mut self,
+        now: Time,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<MsgId, PublishError> {
+        let max = self.max_payload();
+        if payload.len() > max {
+            return Err(PublishError::TooLarge {
+                len: payload.len(),
+                max,
+            });
+        }
+        let regions: Vec<RegionId> = self
+            .membership
+            .topic_regions
+            .get(&topic)
+            .cloned()
+            .unwrap_or_default();
+        for region in &regions {
+            if self
+                .outbound
+                .get(region)
+                .is_some_and(|s| !s.admits(payload.len(), &self.config))
+            {
+                self.out.stats.publish_would_block += 1;
+                return Err(PublishError::WouldBlock { region: *region });
+            }
+        }
+        let msg_id = MsgId(self.next_msg_id);
+        self.next_msg_id += 1;
+        let timestamp_us = now.as_micros();
+        for &region in &regions {
+            let view = self
+                .membership
+                .regions
+                .get(&region)
+                .map_or_else(Default::default, |v| v.view);
+            let stream = self
+                .outbound
+                .entry(region)
+                .or_insert_with(|| OutboundStream::new(view, now));
+            stream.push(OutMsg {
+                msg_id,
+                topic,
+                timestamp_us,
+                payload: payload.clone(),
+            });
+        }
+        self.out.stats.messages_published += 1;
+        // A topic nobody subscribes to is stable at once (it reached everyone it must).
+        self.stability
+            .register(msg_id, u16::try_from(regions.len()).unwrap_or(u16::MAX));
+        if regions.is_empty() {
+            self.out.stats.messages_stable += 1;
+            self.out.events.push_back(Event::Stable(msg_id));
+        }
+        if regions
+            .iter()
+            .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)))
+        {
+            self.out.stats.messages_delivered += 1;
+            self.out.events.push_back(Event::Deliver(Delivery {
+                origin: self.me,
+                topic,
+                msg_id,
+                timestamp_us,
+                payload,
+            }));
+        }
+        self.update_gauges();
+        Ok(msg_id)
+    }
+
+    /// Whether a message this node published is stable everywhere it must be.
+    #[must_use]
+    pub fn is_stable(&self, msg_id: MsgId) -> bool {
+        msg_id.0 < self.next_msg_id && self.stability.is_stable(msg_id)
+    }
+
+    /// Processes one received datagram. Malformed or foreign input is counted and dropped.
+    pub fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
+        self.out.stats.datagrams_received += 1;
+        self.out.stats.bytes_received += datagram.len() as u64;
+        let packet = match Packet::parse(&datagram) {
+            Ok(p) => p,
+            Err(_) => {
+                self.out.stats.malformed_dropped += 1;
+                return;
+            }
+        };
+        let h = packet.header;
+        if h.sender == self.me {
+            // Our own multicast looped back.
+            self.out.stats.foreign_dropped += 1;
+            return;
+        }
+        match packet.body {
+            Body::Data(messages) => {
+                self.receive_messages(now, &h, h.sender, messages, &datagram, false);
+            }
+            Body::Retransmit { origin, messages } => {
+                self.receive_messages(now, &h, origin, messages, &datagram, true);
+            }
+            Body::Silence(s) => self.on_silence(now, &h, s),
+            Body::Token(t) => {
+                if !self.check_member_region(&h) {
+                    return;
+                }
+                let Some(region) = self.regions.get_mut(&h.region) else {
+                    return;
+                };
+                let token = OwnedToken {
+                    level: t.level,
+                    ring: t.ring,
+                    round: t.round,
+                    records: t.records().map(|r| OwnedRecord::from_view(&r)).collect(),
+                };
+                let own = self.outbound.get(&h.region);
+                region.on_token(now, h.sender, token, own, &self.config, &mut self.out);
+                self.apply_self_feedback();
+            }
+            Body::Ack {
+                origin,
+                stable_upto,
+            } => self.on_ack(&h, origin, stable_upto),
+            Body::Nak { origin, ranges } => {
+                let Some(stream) = self.outbound.get(&h.region) else {
+                    self.out.stats.foreign_dropped += 1;
+                    return;
+                };
+                if origin != self.me || stream.view != h.view {
+                    self.out.stats.invalid_dropped += 1;
+                    return;
+                }
+                self.out.stats.naks_received += 1;
+                let (sent, stable, view) = (stream.sent_upto, stream.stable_upto, stream.view);
+                for r in ranges.iter() {
+                    let (start, end) = (r.start.max(stable + 1), r.end().min(sent + 1));
+                    let job = RepairJob::new(
+                        Destination::Region(h.region),
+                        h.region,
+                        view,
+                        self.me,
+                        start,
+                        end,
+                        RepairCause::Nak,
+                    );
+                    self.out.queue_repair(job, &self.config);
+                }
+            }
+            Body::Pull { origin, ranges } => {
+                let known = if origin == self.me {
+                    self.outbound
+                        .get(&h.region)
+                        .is_some_and(|s| s.view == h.view)
+                } else {
+                    self.regions
+                        .get(&h.region)
+                        .is_some_and(|r| r.view == h.view)
+                };
+                if !known {
+                    self.out.stats.foreign_dropped += 1;
+                    return;
+                }
+                self.out.stats.pulls_received += 1;
+                for r in ranges.iter() {
+                    let job = RepairJob::new(
+                        Destination::Node(h.sender),
+                        h.region,
+                        h.view,
+                        origin,
+                        r.start,
+                        r.end(),
+                        RepairCause::Pull,
+                    );
+                    self.out.queue_repair(job, &self.config);
+                }
+            }
+        }
+        self.update_gauges();
+    }
+
+    /// Whether `h` belongs to a region view this node is in and its sender is a member.
+    fn check_member_region(&mut self, h: &Header) -> bool {
+        match self.regions.get(&h.region) {
+            Some(r) if r.view == h.view && r.is_member(h.sender) => true,
+            Some(_) => {
+                self.out.stats.invalid_dropped += 1;
+                false
+            }
+            None => {
+                self.out.stats.foreign_dropped += 1;
+                false
+            }
+        }
+    }
+
+    fn receive_messages(
+        &mut self,
+        now: Time,
+        h: &Header,
+        origin: NodeId,
+        messages: tidings_wire::MessagesView<'_>,
+        datagram: &Bytes,
+        retransmit: bool,
+    ) {
+        let Some(region) = self.regions.get_mut(&h.region) else {
+            self.out.stats.foreign_dropped += 1;
+            return;
+        };
+        if region.view != h.view || origin == self.me {
+            self.out.stats.foreign_dropped += 1;
+            return;
+        }
+        let config = &self.config;
+        let out = &mut self.out;
+        let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
+            out.stats.invalid_dropped += 1;
+            return;
+        };
+        for m in messages.iter() {
+            let msg = InMsg {
+                msg_id: MsgId(m.msg_id),
+                topic: m.topic,
+                timestamp_us: m.timestamp_us,
+                payload: datagram.slice_ref(m.payload),
+            };
+            let arrival =
+                stream.receive(now, m.seq, msg, config.receive_window_msgs, |seq, msg| {
+                    if topics.binary_search(&msg.topic).is_ok() {
+                        out.stats.messages_delivered += 1;
+                        out.events.push_back(Event::Deliver(Delivery {
+                            origin,
+                            topic: msg.topic,
+                            msg_id: msg.msg_id,
+                            timestamp_us: msg.timestamp_us,
+                            payload: msg.payload.clone(),
+                        }));
+                    } else {
+                        out.stats.messages_filtered += 1;
+                    }
+                    let cache = caching.caches(seq);
+                    if cache {
+                        out.stats.cache_inserts += 1;
+                    }
+                    cache
+                });
+            match arrival {
+                Arrival::New => {
+                    out.stats.messages_received += 1;
+                    if retransmit {
+                        out.stats.repairs_received += 1;
+                    }
+                }
+                Arrival::Duplicate => out.stats.duplicates_dropped += 1,
+                Arrival::OutOfWindow => out.stats.out_of_window_dropped += 1,
+            }
+        }
+    }
+
+    fn on_silence(&mut self, now: Time, h: &Header, s: Silence) {
+        self.out.stats.silences_received += 1;
+        let Some(region) = self.regions.get_mut(&h.region) else {
+            self.out.stats.foreign_dropped += 1;
+            return;
+        };
+        if region.view != h.view {
+            self.out.stats.foreign_dropped += 1;
+            return;
+        }
+        region.on_silence(
+            now,
+            h.sender,
+            s.last_seq,
+            s.acked_upto,
+            &self.config,
+            &mut self.out,
+        );
+    }
+
+    fn on_ack(&mut self, h: &Header, origin: NodeId, stable_upto: u64) {
+        let Some(stream) = self.outbound.get_mut(&h.region) else {
+            self.out.stats.foreign_dropped += 1;
+            return;
+        };
+        if origin != self.me || stream.view != h.view {
+            self.out.stats.invalid_dropped += 1;
+            return;
+        }
+        self.out.stats.acks_received += 1;
+        self.apply_ack(h.region, stable_upto);
+    }
+
+    fn apply_ack(&mut self, region: RegionId, stable_upto: u64) {
+        let Some(stream) = self.outbound.get_mut(&region) else {
+            return;
+        };
+        let stability = &mut self.stability;
+        let out = &mut self.out;
+        let ok = stream.ack(stable_upto, |msg_id| {
+            if stability.acked(msg_id) {
+                out.stats.messages_stable += 1;
+                out.events.push_back(Event::Stable(msg_id));
+            }
+        });
+        if !ok {
+            out.stats.invalid_dropped += 1;
+        }
+    }
+
+    /// Applies ACKs and NAKs this node owes itself as region leader of its own streams.
+    fn apply_self_feedback(&mut self) {
+        for (region, stable) in std::mem::take(&mut self.out.self_acks) {
+            let stable = stable.min(self.outbound.get(&region).map_or(0, |s| s.sent_upto));
+            self.apply_ack(region, stable);
+        }
+        for (region, ranges) in std::mem::take(&mut self.out.self_naks) {
+            let Some(stream) = self.outbound.get(&region) else {
+                continue;
+            };
+            let (sent, stable, view) = (stream.sent_upto, stream.stable_upto, stream.view);
+            for r in ranges {
+                let job = RepairJob::new(
+                    Destination::Region(region),
+                    region,
+                    view,
+                    self.me,
+                    r.start.max(stable + 1),
+                    r.end().min(sent + 1),
+                    RepairCause::Nak,
+                );
+                self.out.queue_repair(job, &self.config);
+            }
+        }
+    }
+
+    /// Runs every timer that is due.
+    pub fn handle_timeout(&mut self, now: Time) {
+        for (region_id, region) in &mut self.regions {
+            region.on_timeout(
+                now,
+                self.outbound.get_mut(region_id),
+                &self.config,
+                &mut self.out,
+            );
+        }
+        self.apply_self_feedback();
+        if now >= self.next_repair_scan {
+            self.next_repair_scan = now + self.config.repair_interval;
+            for region in self.regions.values_mut() {
+                region.request_repairs(now, &self.config, &mut self.rng, &mut self.out);
+            }
+        }
+        for stream in self.outbound.values_mut() {
+            if let Some(deadline) = silence_deadline(stream, &self.config) {
+                if now >= deadline {
+                    stream.silence_pending = true;
+                    stream.last_send = now;
+                }
+            }
+        }
+        self.update_gauges();
+    }
+
+    /// The next time [`handle_timeout`](Node::handle_timeout) must be called.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let rings = self
+            .regions
+            .values()
+            .filter_map(|r| r.next_deadline(&self.config));
+        let repair = self
+            .regions
+            .values()
+            .any(RegionState::has_gaps)
+            .then_some(self.next_repair_scan);
+        let silence = self
+            .outbound
+            .values()
+            .filter_map(|s| silence_deadline(s, &self.config));
+        rings.chain(repair).chain(silence).min()
+    }
+
+    /// The next event for the application, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.out.events.pop_front()
+    }
+
+    /// Writes the next datagram to send into `buf` (at least `max_datagram_bytes` long): control
+    /// first, then retransmissions, then new data (round-robin over regions, packing as many
+    /// messages as fit), then silence heartbeats.
+    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        let buf_len = buf.len().min(self.config.max_datagram_bytes);
+        let buf = &mut buf[..buf_len];
+        let t = self
+            .poll_control(buf)
+            .or_else(|| self.poll_repair(buf))
+            .or_else(|| self.poll_data(now, buf))
+            .or_else(|| self.poll_silence(now, buf));
+        if let Some(t) = t {
+            self.out.stats.datagrams_sent += 1;
+            self.out.stats.bytes_sent += t.len as u64;
+        }
+        t
+    }
+
+    fn header(&self, kind: Kind, region: RegionId, view: tidings_wire::ViewId) -> Header {
+        Header {
+            kind,
+            region,
+            view,
+            sender: self.me,
+        }
+    }
+
+    fn poll_control(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        while let Some(c) = self.out.control.pop_front() {
+            let control = |to: NodeId, len: usize| Transmit {
+                destination: Destination::Node(to),
+                len,
+                priority: Priority::Control,
+            };
+            match c {
+                Control::Token { to, bytes } => {
+                    let Some(dst) = buf.get_mut(..bytes.len()) else {
+                        continue;
+                    };
+                    dst.copy_from_slice(&bytes);
+                    return Some(control(to, bytes.len()));
+                }
+                Control::Ack {
+                    to,
+                    region,
+                    view,
+                    origin,
+                    stable_upto,
+                } => {
+                    let h = self.header(Kind::Ack, region, view);
+                    let Ok(len) = write_ack(buf, &h, origin, stable_upto) else {
+                        continue;
+                    };
+                    return Some(control(to, len));
+                }
+                Control::Nak {
+                    to,
+                    region,
+                    view,
+                    origin,
+                    ranges,
+                } => {
+                    let h = self.header(Kind::Nak, region, view);
+                    let Ok((len, _)) = write_ranges(buf, &h, Kind::Nak, origin, &ranges) else {
+                        continue;
+                    };
+                    return Some(control(to, len));
+                }
+                Control::Pull {
+                    to,
+                    region,
+                    view,
+                    origin,
+                    ranges,
+                } => {
+                    let h = self.header(Kind::Pull, region, view);
+                    let Ok((len, written)) = write_ranges(buf, &h, Kind::Pull, origin, &ranges)
+                    else {
+                        continue;
+                    };
+                    if written < ranges.len() {
+                        let rest = ranges[written..].to_vec();
+                        self.out.control.push_front(Control::Pull {
+                            to,
+                            region,
+                            view,
+                            origin,
+                            ranges: rest,
+                        });
+                    }
+                    return Some(Transmit {
+                        destination: Destination::Node(to),
+                        len,
+                        priority: Priority::Recovery,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    fn poll_repair(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        loop {
+            let first = self.out.repairs.front()?.clone();
+            let header = self.header(Kind::Retransmit, first.region, first.view);
+            let Ok(mut w) = MessagesWriter::retransmit(buf, &header, first.origin) else {
+                return None;
+            };
+            'jobs: while let Some(job) = self.out.repairs.front_mut() {
+                if !job.same_packet(&first) {
+                    break;
+                }
+                while job.next < job.end {
+                    let seq = job.next;
+                    let msg = if job.origin == self.me {
+                        self.outbound
+                            .get(&job.region)
+                            .filter(|s| seq <= s.sent_upto)
+                            .and_then(|s| s.get(seq))
+                            .map(|m| (m.msg_id, m.topic, m.timestamp_us, &m.payload))
+                    } else {
+                        self.regions
+                            .get(&job.region)
+                            .and_then(|r| r.inbound.get(&job.origin))
+                            .and_then(|s| s.get(seq))
+                            .map(|m| (m.msg_id, m.topic, m.timestamp_us, &m.payload))
+                    };
+                    let Some((msg_id, topic, timestamp_us, payload)) = msg else {
+                        self.out.stats.repair_misses += 1;
+                        job.next += 1;
+                        self.out.repairs_queued -= 1;
+                        continue;
+                    };
+                    let m = Message {
+                        seq,
+                        msg_id: msg_id.0,
+                        timestamp_us,
+                        topic,
+                        payload,
+                    };
+                    if w.push(&m).is_err() {
+                        break 'jobs;
+                    }
+                    match job.cause {
+                        RepairCause::Push => self.out.stats.messages_pushed += 1,
+                        RepairCause::Pull => self.out.stats.messages_resent_on_pull += 1,
+                        RepairCause::Nak => self.out.stats.messages_resent_on_nak += 1,
+                    }
+                    job.next += 1;
+                    self.out.repairs_queued -= 1;
+                }
+                self.out.repairs.pop_front();
+            }
+            if w.count() > 0 {
+                let len = w.finish();
+                self.out.stats.retransmit_packets_sent += 1;
+                return Some(Transmit {
+                    destination: first.to,
+                    len,
+                    priority: Priority::Recovery,
+                });
+            }
+        }
+    }
+
+    fn poll_data(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        let n = self.outbound.len();
+        for i in 0..n {
+            let idx = (self.data_rr + i) % n;
+            let Some((&region, stream)) = self.outbound.iter_mut().nth(idx) else {
+                continue;
+            };
+            if !stream.can_send(&self.config) {
+                continue;
+            }
+            let header = Header {
+                kind: Kind::Data,
+                region,
+                view: stream.view,
+                sender: self.me,
+            };
+            let Ok(mut w) = MessagesWriter::data(buf, &header) else {
+                return None;
+            };
+            let packed = stream.pack_unsent(&mut w, &self.config);
+            if packed == 0 {
+                continue;
+            }
+            let len = w.finish();
+            stream.last_send = now;
+            stream.silence_pending = false;
+            self.data_rr = (idx + 1) % n;
+            self.out.stats.data_packets_sent += 1;
+            self.out.stats.messages_sent += packed as u64;
+            self.update_gauges();
+            return Some(Transmit {
+                destination: Destination::Region(region),
+                len,
+                priority: Priority::Data,
+            });
+        }
+        None
+    }
+
+    fn poll_silence(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        let me = self.me;
+        for (&region, stream) in &mut self.outbound {
+            if !stream.silence_pending {
+                continue;
+            }
+            let header = Header {
+                kind: Kind::Silence,
+                region,
+                view: stream.view,
+                sender: me,
+            };
+            let silence = Silence {
+                last_seq: stream.sent_upto,
+                timestamp_us: now.as_micros(),
+                acked_upto: stream.stable_upto,
+            };
+            let Ok(len) = write_silence(buf, &header, &silence) else {
+                return None;
+            };
+            stream.silence_pending = false;
+            stream.last_send = now;
+            self.out.stats.silences_sent += 1;
+            return Some(Transmit {
+                destination: Destination::Region(region),
+                len,
+                priority: Priority::Data,
+            });
+        }
+        None
+    }
+
+    fn update_gauges(&mut self) {
+        let s = &mut self.out.stats;
+        let mut unstable = 0;
+        for stream in self.outbound.values() {
+            unstable += stream.unstable_msgs();
+            s.unstable_msgs_max = s.unstable_msgs_max.max(stream.unstable_msgs());
+            s.unstable_bytes_max = s.unstable_bytes_max.max(stream.unstable_bytes() as u64);
+            debug_assert!(stream.unstable_msgs() as usize <= self.config.window_msgs_max);
+            debug_assert!(stream.stable_upto <= stream.sent_upto);
+        }
+        s.unstable_msgs_current = unstable;
+        let cached: u64 = self
+            .regions
+            .values()
+            .flat_map(|r| r.inbound.values())
+            .map(|s| s.cache_len() as u64)
+            .sum();
+        s.cache_msgs_current = cached;
+        s.cache_msgs_max = s.cache_msgs_max.max(cached);
+    }
+
+    /// Receive-side figures of every inbound stream.
+    #[must_use]
+    pub fn stream_reports(&self) -> Vec<StreamReport> {
+        self.regions
+            .values()
+            .flat_map(|r| {
+                r.inbound.values().map(move |s| StreamReport {
+                    region: r.region,
+                    origin: s.origin,
+                    delivered_upto: s.delivered_upto,
+                    stable_upto: s.stable_upto,
+                    cached_total: s.cached_total,
+                    cached_now: s.cache_len() as u64,
+                    missing: s.missing_count() as u64,
+                })
+            })
+            .collect()
+    }
+
+    /// Messages held unstable (sent, not yet acknowledged) per region this node sends to.
+    #[must_use]
+    pub fn unstable_by_region(&self) -> Vec<(RegionId, u64)> {
+        self.outbound
+            .iter()
+            .map(|(&r, s)| (r, s.unstable_msgs()))
+            .collect()
+    }
+}
+
+fn silence_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
+    if stream.sent_upto == 0 || stream.silence_pending {
+        return None;
+    }
+    let interval = if stream.unstable_msgs() > 0 || stream.sent_upto < stream.last_seq() {
+        config.silence_interval
+    } else {
+        config.silence_idle_interval
+    };
+    Some(stream.last_send + interval)
+}

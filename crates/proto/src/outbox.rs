@@ -1,0 +1,167 @@
+//! What handlers produce for later: control packets, retransmission jobs, events and counters.
+//! Control packets are small and rare (tokens a few times a second per ring, pulls on loss), so
+//! they are kept as values; retransmissions are jobs over sequence ranges, encoded from the held
+//! payloads only when a socket can send (the pull stack of DESIGN.md section 4).
+
+use std::collections::VecDeque;
+
+use tidings_wire::{NodeId, RegionId, SeqRange, ViewId};
+
+use crate::config::Config;
+use crate::region::OwnedToken;
+use crate::stats::Stats;
+use crate::{Destination, Event};
+
+/// A control packet waiting to be sent.
+#[derive(Clone, Debug)]
+pub(crate) enum Control {
+    /// A token, already encoded (it carries the state of the moment it was processed).
+    Token { to: NodeId, bytes: Vec<u8> },
+    /// A pull request for stream `origin`.
+    Pull {
+        to: NodeId,
+        region: RegionId,
+        view: ViewId,
+        origin: NodeId,
+        ranges: Vec<SeqRange>,
+    },
+    /// An aggregate ACK to a sender.
+    Ack {
+        to: NodeId,
+        region: RegionId,
+        view: ViewId,
+        origin: NodeId,
+        stable_upto: u64,
+    },
+    /// A NAK to a sender.
+    Nak {
+        to: NodeId,
+        region: RegionId,
+        view: ViewId,
+        origin: NodeId,
+        ranges: Vec<SeqRange>,
+    },
+}
+
+/// Why a message is resent (for the counters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RepairCause {
+    /// Pushed to a ring neighbour that lacked it.
+    Push,
+    /// Asked for by a pull request.
+    Pull,
+    /// Re-multicast by the sender after a region NAK.
+    Nak,
+}
+
+/// Resend sequence numbers `next..end` of stream `origin` in `region` to `to`.
+#[derive(Clone, Debug)]
+pub(crate) struct RepairJob {
+    pub(crate) to: Destination,
+    pub(crate) region: RegionId,
+    pub(crate) view: ViewId,
+    pub(crate) origin: NodeId,
+    pub(crate) next: u64,
+    pub(crate) end: u64,
+    pub(crate) cause: RepairCause,
+}
+
+impl RepairJob {
+    pub(crate) fn new(
+        to: Destination,
+        region: RegionId,
+        view: ViewId,
+        origin: NodeId,
+        start: u64,
+        end: u64,
+        cause: RepairCause,
+    ) -> Self {
+        RepairJob {
+            to,
+            region,
+            view,
+            origin,
+            next: start,
+            end,
+            cause,
+        }
+    }
+
+    pub(crate) fn same_packet(&self, other: &RepairJob) -> bool {
+        self.to == other.to
+            && self.region == other.region
+            && self.view == other.view
+            && self.origin == other.origin
+    }
+}
+
+/// Everything the handlers leave for `poll_transmit`, `poll_event` and the counters.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    pub(crate) control: VecDeque<Control>,
+    pub(crate) repairs: VecDeque<RepairJob>,
+    /// Sequence numbers in `repairs`, bounded by `retransmit_queue_max`.
+    pub(crate) repairs_queued: usize,
+    pub(crate) events: VecDeque<Event>,
+    pub(crate) stats: Stats,
+    /// ACKs this node, as region leader, owes its own outbound streams.
+    pub(crate) self_acks: Vec<(RegionId, u64)>,
+    /// NAKs this node, as region leader, owes its own outbound streams.
+    pub(crate) self_naks: Vec<(RegionId, Vec<SeqRange>)>,
+}
+
+impl Outbox {
+    /// Queues a retransmission job, clipped to the room left in the retransmit queue.
+    pub(crate) fn queue_repair(&mut self, mut job: RepairJob, config: &Config) {
+        let want = job.end.saturating_sub(job.next) as usize;
+        let room = config
+            .retransmit_queue_max
+            .saturating_sub(self.repairs_queued);
+        if want > room {
+            self.stats.repair_queue_overflows += (want - room) as u64;
+            job.end = job.next + room as u64;
+        }
+        if job.end <= job.next {
+            return;
+        }
+        self.repairs_queued += (job.end - job.next) as usize;
+        self.repairs.push_back(job);
+    }
+
+    /// Encodes a token for `to` and queues it.
+    pub(crate) fn send_token(
+        &mut self,
+        region: RegionId,
+        view: ViewId,
+        me: NodeId,
+        to: NodeId,
+        token: &OwnedToken,
+        config: &Config,
+    ) {
+        let mut bytes = vec![0u8; config.max_datagram_bytes];
+        let header = tidings_wire::Header {
+            kind: tidings_wire::Kind::Token,
+            region,
+            view,
+            sender: me,
+        };
+        let Ok(mut w) = tidings_wire::TokenWriter::new(
+            &mut bytes,
+            &header,
+            token.level,
+            token.ring,
+            token.round,
+        ) else {
+            return;
+        };
+        for rec in &token.records {
+            if w.push(&rec.as_wire()).is_err() {
+                // Records were sized to fit; one that does not is left for a later round.
+                break;
+            }
+        }
+        let len = w.finish();
+        bytes.truncate(len);
+        self.control.push_back(Control::Token { to, bytes });
+    }
+}

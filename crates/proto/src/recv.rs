@@ -1,0 +1,346 @@
+//! The receiving side of one stream (one origin into one region view): a bounded out-of-order
+//! window, in-order exactly-once delivery, the cooperative cache, and the bookkeeping of which gaps
+//! were requested when.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use tidings_wire::{MsgId, NodeId, SeqRange, TopicId};
+
+use crate::ranges::push_range;
+use crate::time::Time;
+
+/// A received message, its payload sharing the datagram's buffer.
+#[derive(Clone, Debug)]
+pub(crate) struct InMsg {
+    pub(crate) msg_id: MsgId,
+    pub(crate) topic: TopicId,
+    pub(crate) timestamp_us: u64,
+    pub(crate) payload: Bytes,
+}
+
+/// A missing message and when it was last asked for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gap {
+    noticed: Time,
+    last_request: Option<Time>,
+    pub(crate) attempts: u32,
+}
+
+#[derive(Clone, Debug)]
+enum Slot {
+    Missing(Gap),
+    Have(InMsg),
+}
+
+/// What became of a received message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// First copy, stored (and possibly delivered).
+    New,
+    /// Already received or delivered.
+    Duplicate,
+    /// Beyond the receive window; dropped, to be recovered later.
+    OutOfWindow,
+}
+
+/// Receiving state of one stream.
+#[derive(Debug)]
+pub(crate) struct InboundStream {
+    pub(crate) origin: NodeId,
+    /// Everything up to here was delivered (or filtered), in order.
+    pub(crate) delivered_upto: u64,
+    /// Slot `i` holds sequence number `delivered_upto + 1 + i`; its length is `known_max -
+    /// delivered_upto`, never more than the receive window.
+    window: VecDeque<Slot>,
+    /// Number of `Missing` slots in `window`.
+    missing: usize,
+    /// The cooperative cache: messages whose caching partition is ours, ascending by sequence
+    /// number, kept until the region reports them stable.
+    cache: VecDeque<(u64, InMsg)>,
+    /// Highest sequence number known stable in the region (from tokens).
+    pub(crate) stable_upto: u64,
+    /// Messages ever put in the cache (for the cache-fraction figure).
+    pub(crate) cached_total: u64,
+}
+
+impl InboundStream {
+    pub(crate) fn new(origin: NodeId) -> Self {
+        InboundStream {
+            origin,
+            delivered_upto: 0,
+            window: VecDeque::new(),
+            missing: 0,
+            cache: VecDeque::new(),
+            stable_upto: 0,
+            cached_total: 0,
+        }
+    }
+
+    /// Highest sequence number known to exist.
+    pub(crate) fn known_max(&self) -> u64 {
+        self.delivered_upto + self.window.len() as u64
+    }
+
+    /// Number of known gaps.
+    pub(crate) fn missing_count(&self) -> usize {
+        self.missing
+    }
+
+    /// Messages in the cache now.
+    pub(crate) fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Learns that messages up to `upto` exist, opening gaps for those not received. Bounded by the
+    /// receive window.
+    pub(crate) fn note_exists(&mut self, now: Time, upto: u64, receive_window: usize) {
+        let limit = self.delivered_upto + receive_window as u64;
+        let upto = upto.min(limit);
+        while self.known_max() < upto {
+            self.window.push_back(Slot::Missing(Gap {
+                noticed: now,
+                last_request: None,
+                attempts: 0,
+            }));
+            self.missing += 1;
+        }
+    }
+
+    /// Stores a received message, then delivers every message that became in order, calling
+    /// `deliver(seq, msg)` for each; `deliver` returns whether the message must be cached.
+    pub(crate) fn receive(
+        &mut self,
+        now: Time,
+        seq: u64,
+        msg: InMsg,
+        receive_window: usize,
+        mut deliver: impl FnMut(u64, &InMsg) -> bool,
+    ) -> Arrival {
+        if seq <= self.delivered_upto {
+            return Arrival::Duplicate;
+        }
+        if seq > self.delivered_upto + receive_window as u64 {
+            return Arrival::OutOfWindow;
+        }
+        self.note_exists(now, seq, receive_window);
+        let idx = (seq - self.delivered_upto - 1) as usize;
+        match &self.window[idx] {
+            Slot::Have(_) => return Arrival::Duplicate,
+            Slot::Missing(_) => {
+                self.window[idx] = Slot::Have(msg);
+                self.missing -= 1;
+            }
+        }
+        while let Some(Slot::Have(_)) = self.window.front() {
+            let Some(Slot::Have(msg)) = self.window.pop_front() else {
+                break;
+            };
+            self.delivered_upto += 1;
+            let seq = self.delivered_upto;
+            if deliver(seq, &msg) && seq > self.stable_upto {
+                self.cache.push_back((seq, msg));
+                self.cached_total += 1;
+            }
+        }
+        Arrival::New
+    }
+
+    /// A message this node holds (cached or waiting in the window), for retransmission.
+    pub(crate) fn get(&self, seq: u64) -> Option<&InMsg> {
+        if seq > self.delivered_upto {
+            return match self.window.get((seq - self.delivered_upto - 1) as usize) {
+                Some(Slot::Have(m)) => Some(m),
+                _ => None,
+            };
+        }
+        let idx = self.cache.partition_point(|(s, _)| *s < seq);
+        match self.cache.get(idx) {
+            Some((s, m)) if *s == seq => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Raises the region's stable point and drops cached messages up to it; returns how many were
+    /// dropped.
+    pub(crate) fn set_stable(&mut self, stable_upto: u64) -> usize {
+        if stable_upto <= self.stable_upto {
+            return 0;
+        }
+        self.stable_upto = stable_upto;
+        let before = self.cache.len();
+        while self.cache.front().is_some_and(|(s, _)| *s <= stable_upto) {
+            self.cache.pop_front();
+        }
+        before - self.cache.len()
+    }
+
+    /// The ranges this node lacks in `(delivered_upto, horizon]` (including what lies beyond its
+    /// own knowledge), at most `cap` ranges; returns the highest sequence number the list
+    /// describes exactly (lower than `horizon` if the list was cut).
+    pub(crate) fn missing_ranges(&self, horizon: u64, cap: usize, out: &mut Vec<SeqRange>) -> u64 {
+        out.clear();
+        let mut run: Option<u64> = None;
+        for (i, slot) in self.window.iter().enumerate() {
+            let seq = self.delivered_upto + 1 + i as u64;
+            if seq > horizon {
+                break;
+            }
+            match (slot, run) {
+                (Slot::Missing(_), None) => run = Some(seq),
+                (Slot::Have(_), Some(start)) => {
+                    if !push_range(out, start, seq, cap) {
+                        return start - 1;
+                    }
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+        let known = self.known_max().min(horizon);
+        let start = run.unwrap_or(known + 1);
+        if horizon >= start && !push_range(out, start, horizon + 1, cap) {
+            return start - 1;
+        }
+        horizon.max(self.delivered_upto)
+    }
+
+    /// Calls `request(seq, attempts_so_far)` for each gap due for a (re)request, at most `max`
+    /// of them, and marks them requested now.
+    pub(crate) fn due_gaps(
+        &mut self,
+        now: Time,
+        delay: std::time::Duration,
+        timeout: std::time::Duration,
+        max: usize,
+        mut request: impl FnMut(u64, u32),
+    ) {
+        if self.missing == 0 {
+            return;
+        }
+        let mut taken = 0;
+        let mut seen = 0;
+        for (i, slot) in self.window.iter_mut().enumerate() {
+            if taken >= max || seen >= self.missing {
+                break;
+            }
+            let Slot::Missing(gap) = slot else { continue };
+            seen += 1;
+            let due = match gap.last_request {
+                None => now >= gap.noticed + delay,
+                Some(at) => now >= at + timeout,
+            };
+            if due {
+                request(self.delivered_upto + 1 + i as u64, gap.attempts);
+                gap.last_request = Some(now);
+                gap.attempts += 1;
+                taken += 1;
+            }
+        }
+    }
+
+    /// Marks the gaps for which `pick` returns true as requested now (from a ring neighbour that has
+    /// them), calling `requested(seq)` for each, at most `max`.
+    pub(crate) fn request_gaps_where(
+        &mut self,
+        now: Time,
+        max: usize,
+        mut pick: impl FnMut(u64) -> bool,
+        mut requested: impl FnMut(u64),
+    ) {
+        let mut taken = 0;
+        for (i, slot) in self.window.iter_mut().enumerate() {
+            if taken >= max {
+                break;
+            }
+            let Slot::Missing(gap) = slot else { continue };
+            let seq = self.delivered_upto + 1 + i as u64;
+            if pick(seq) {
+                requested(seq);
+                gap.last_request = Some(now);
+                gap.attempts += 1;
+                taken += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(id: u64) -> InMsg {
+        InMsg {
+            msg_id: MsgId(id),
+            topic: TopicId(1),
+            timestamp_us: 0,
+            payload: Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn delivers_in_order_exactly_once() {
+        let mut s = InboundStream::new(NodeId(1));
+        let mut got = Vec::new();
+        let t = Time::ZERO;
+        for seq in [3, 1, 3, 2, 5, 4, 1] {
+            s.receive(t, seq, msg(seq), 100, |seq, _| {
+                got.push(seq);
+                seq % 2 == 0
+            });
+        }
+        assert_eq!(got, vec![1, 2, 3, 4, 5]);
+        assert_eq!(s.cache_len(), 2);
+        assert!(s.get(2).is_some() && s.get(3).is_none());
+        assert_eq!(s.set_stable(3), 1);
+        assert!(s.get(2).is_none() && s.get(4).is_some());
+    }
+
+    #[test]
+    fn window_bounds_what_is_kept() {
+        let mut s = InboundStream::new(NodeId(1));
+        assert_eq!(
+            s.receive(Time::ZERO, 11, msg(11), 10, |_, _| false),
+            Arrival::OutOfWindow
+        );
+        assert_eq!(
+            s.receive(Time::ZERO, 10, msg(10), 10, |_, _| false),
+            Arrival::New
+        );
+        assert_eq!(s.missing_count(), 9);
+        s.note_exists(Time::ZERO, 1000, 10);
+        assert_eq!(s.known_max(), 10);
+    }
+
+    #[test]
+    fn missing_ranges_include_unknown_tail() {
+        let mut s = InboundStream::new(NodeId(1));
+        for seq in [1, 2, 5, 6, 9] {
+            s.receive(Time::ZERO, seq, msg(seq), 100, |_, _| false);
+        }
+        let mut out = Vec::new();
+        assert_eq!(s.missing_ranges(12, 10, &mut out), 12);
+        let got: Vec<(u64, u64)> = out.iter().map(|r| (r.start, r.end())).collect();
+        assert_eq!(got, vec![(3, 5), (7, 9), (10, 13)]);
+        assert_eq!(s.missing_ranges(12, 1, &mut out), 6);
+        assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn gaps_are_requested_after_delay_and_again_after_timeout() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let mut s = InboundStream::new(NodeId(1));
+        s.receive(Time::ZERO, 3, msg(3), 100, |_, _| false);
+        let mut asked = Vec::new();
+        s.due_gaps(Time::ZERO, ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
+        assert!(asked.is_empty());
+        let t = Time::ZERO + ms(2);
+        s.due_gaps(t, ms(2), ms(40), 1, |seq, a| asked.push((seq, a)));
+        assert_eq!(asked, vec![(1, 0)]);
+        s.due_gaps(t, ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
+        assert_eq!(asked, vec![(1, 0), (2, 0)]);
+        s.due_gaps(t + ms(40), ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
+        assert_eq!(&asked[2..], &[(1, 1), (2, 1)]);
+    }
+}

@@ -1,0 +1,1016 @@
+//! The state a node keeps for a region it is a member of: inbound streams, and its places in the
+//! hierarchy of token rings that recovers, aggregates and cleans up for all senders at once
+//! (paper 000 section 2, paper 001 section 3).
+//!
+//! The hierarchy: level 0 rings are the partitions; a ring at level `l + 1` is made of the leaders
+//! of at most `ring_fanout_max` rings of level `l`; the single ring at the top is led by the region
+//! leader. Each ring's leader releases a token at most every `token_interval`; rings at different
+//! levels do not wait for each other. A token carries one record per active sender; each member
+//! folds its state into the records (minimum contiguous prefix, maximum known, what is missing at
+//! every member) and compares them with its predecessor's state to push what the predecessor
+//! lacks or pull what it has. When a token returns to its leader the aggregate becomes the leader's
+//! state in the ring above. At the top, the region leader ACKs each sender with the region's
+//! contiguous minimum and NAKs what the caching partition of a message lost entirely.
+//!
+//! Cooperative caching: the caching partition of `seq` is `((seq - 1) / cache_block_msgs) mod
+//! partitions`; only its members keep `seq` after delivery, until the region reports it stable.
+//! A receiver missing `seq` asks a random member of that partition (parallel repair).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tidings_wire::{NodeId, RecordView, RegionId, SeqRange, TopicId, ViewId};
+
+use crate::config::Config;
+use crate::membership::RegionView;
+use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
+use crate::ranges;
+use crate::recv::InboundStream;
+use crate::send::OutboundStream;
+use crate::time::Time;
+use crate::{Destination, Event};
+
+/// A token record in memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OwnedRecord {
+    pub(crate) origin: NodeId,
+    pub(crate) stable_upto: u64,
+    pub(crate) agg_contiguous: u64,
+    pub(crate) agg_max: u64,
+    pub(crate) prev_contiguous: u64,
+    pub(crate) prev_max: u64,
+    pub(crate) missing_all: Vec<SeqRange>,
+    pub(crate) lost: Vec<SeqRange>,
+    pub(crate) prev_missing: Vec<SeqRange>,
+}
+
+impl OwnedRecord {
+    pub(crate) fn from_view(v: &RecordView<'_>) -> Self {
+        OwnedRecord {
+            origin: v.origin,
+            stable_upto: v.stable_upto,
+            agg_contiguous: v.agg_contiguous,
+            agg_max: v.agg_max,
+            prev_contiguous: v.prev_contiguous,
+            prev_max: v.prev_max,
+            missing_all: v.missing_all.iter().collect(),
+            lost: v.lost.iter().collect(),
+            prev_missing: v.prev_missing.iter().collect(),
+        }
+    }
+
+    pub(crate) fn as_wire(&self) -> tidings_wire::Record<'_> {
+        tidings_wire::Record {
+            origin: self.origin,
+            stable_upto: self.stable_upto,
+            agg_contiguous: self.agg_contiguous,
+            agg_max: self.agg_max,
+            prev_contiguous: self.prev_contiguous,
+            prev_max: self.prev_max,
+            missing_all: &self.missing_all,
+            lost: &self.lost,
+            prev_missing: &self.prev_missing,
+        }
+    }
+}
+
+/// A token in memory: which ring, which round, the records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OwnedToken {
+    pub(crate) level: u8,
+    pub(crate) ring: u16,
+    pub(crate) round: u64,
+    pub(crate) records: Vec<OwnedRecord>,
+}
+
+/// A member's own state for one sender at one level of the hierarchy.
+#[derive(Clone, Debug, Default)]
+struct MemberState {
+    contiguous: u64,
+    max: u64,
+    /// Level 0: what this node lacks in `(contiguous, exact_upto]`.
+    missing: Vec<SeqRange>,
+    /// The highest sequence number `missing` describes exactly.
+    exact_upto: u64,
+    /// Level 1 and up: what caching partitions below lost entirely.
+    lost: Vec<SeqRange>,
+}
+
+/// What a ring leader learned from the last completed round, per sender.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Report {
+    contiguous: u64,
+    max: u64,
+    /// Level 0: missing at every member of the partition. Higher: lost by caching partitions.
+    ranges: Vec<SeqRange>,
+}
+
+#[derive(Debug)]
+struct Lead {
+    /// Smoothed round-trip time of this ring's token (zero until measured).
+    rtt_smoothed: std::time::Duration,
+    round: u64,
+    in_flight: bool,
+    released_at: Time,
+    next_release: Time,
+    reports: BTreeMap<NodeId, Report>,
+    idle_rounds: BTreeMap<NodeId, u32>,
+}
+
+impl Lead {
+    /// How long to wait for the token before releasing a new round: the configured minimum, or
+    /// four smoothed round trips when the ring is slower (a busy ring is not a lossy one).
+    fn timeout(&self, config: &Config) -> std::time::Duration {
+        config.token_timeout.max(self.rtt_smoothed * 4)
+    }
+}
+
+/// This node's place in one ring.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    level: u8,
+    index: u16,
+    members: Vec<NodeId>,
+    pos: usize,
+    top: bool,
+    last_round_seen: u64,
+    lead: Option<Lead>,
+}
+
+impl Ring {
+    fn successor(&self) -> NodeId {
+        self.members[(self.pos + 1) % self.members.len()]
+    }
+
+    fn predecessor(&self) -> NodeId {
+        let n = self.members.len();
+        self.members[(self.pos + n - 1) % n]
+    }
+}
+
+/// The rings of a region view, level by level: `levels[l][r]` lists ring `r` of level `l`, leader
+/// first.
+pub(crate) fn hierarchy(view: &RegionView, fanout: usize) -> Vec<Vec<Vec<NodeId>>> {
+    let mut levels = vec![view.partitions.clone()];
+    while let Some(last) = levels.last() {
+        if last.len() <= 1 {
+            break;
+        }
+        let leaders: Vec<NodeId> = last.iter().map(|r| r[0]).collect();
+        levels.push(
+            leaders
+                .chunks(fanout.max(2))
+                .map(<[NodeId]>::to_vec)
+                .collect(),
+        );
+    }
+    levels
+}
+
+/// Which partition caches which sequence number: blocks of `block` sequence numbers, round-robin
+/// over the partitions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CachingRule {
+    my_partition: usize,
+    partitions: usize,
+    block: u64,
+}
+
+impl CachingRule {
+    /// The partition caching `seq`.
+    pub(crate) fn partition_of(&self, seq: u64) -> usize {
+        ((seq.saturating_sub(1) / self.block) % self.partitions as u64) as usize
+    }
+
+    /// Whether this node's partition caches `seq`.
+    pub(crate) fn caches(&self, seq: u64) -> bool {
+        self.partition_of(seq) == self.my_partition
+    }
+}
+
+/// The state of one region this node is a member of.
+#[derive(Debug)]
+pub(crate) struct RegionState {
+    pub(crate) region: RegionId,
+    pub(crate) view: ViewId,
+    me: NodeId,
+    /// Sorted topics this node subscribes to (the region's topics).
+    topics: Vec<TopicId>,
+    partitions: Vec<Vec<NodeId>>,
+    my_partition: usize,
+    cache_block: u64,
+    pub(crate) inbound: BTreeMap<NodeId, InboundStream>,
+    rings: Vec<Ring>,
+    /// Scratch lists reused across tokens.
+    scratch: Vec<SeqRange>,
+}
+
+impl RegionState {
+    /// Builds the state for `me`, which must be a member of `view`.
+    pub(crate) fn new(view: &RegionView, me: NodeId, config: &Config, now: Time) -> Option<Self> {
+        let my_partition = view.partition_of(me)?;
+        let levels = hierarchy(view, config.ring_fanout_max);
+        let top_level = levels.len() - 1;
+        let mut rings = Vec::new();
+        for (l, level) in levels.iter().enumerate() {
+            let Some((index, members)) = level
+                .iter()
+                .enumerate()
+                .find(|(_, ring)| ring.contains(&me))
+            else {
+                break;
+            };
+            let pos = members.iter().position(|&m| m == me)?;
+            let lead = (pos == 0).then(|| Lead {
+                rtt_smoothed: std::time::Duration::ZERO,
+                round: 0,
+                in_flight: false,
+                released_at: now,
+                next_release: now + config.token_interval,
+                reports: BTreeMap::new(),
+                idle_rounds: BTreeMap::new(),
+            });
+            rings.push(Ring {
+                level: l as u8,
+                index: index as u16,
+                members: members.clone(),
+                pos,
+                top: l == top_level,
+                last_round_seen: 0,
+                lead,
+            });
+        }
+        let mut topics = view.topics.clone();
+        topics.sort_unstable();
+        Some(RegionState {
+            region: view.region,
+            view: view.view,
+            me,
+            topics,
+            partitions: view.partitions.clone(),
+            my_partition,
+            cache_block: config.cache_block_msgs,
+            inbound: BTreeMap::new(),
+            rings,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Whether this node subscribes to `topic`.
+    pub(crate) fn subscribes(&self, topic: TopicId) -> bool {
+        self.topics.binary_search(&topic).is_ok()
+    }
+
+    /// The partition that caches `seq`.
+    pub(crate) fn caching_partition(&self, seq: u64) -> usize {
+        self.caching_rule().partition_of(seq)
+    }
+
+    /// Whether this node caches `seq`.
+    #[cfg(test)]
+    pub(crate) fn caches(&self, seq: u64) -> bool {
+        self.caching_rule().caches(seq)
+    }
+
+    /// Whether this node leads the top ring (the region leader).
+    pub(crate) fn is_region_leader(&self) -> bool {
+        self.rings.last().is_some_and(|r| r.top && r.pos == 0)
+    }
+
+    /// Whether `node` is a member of this region view.
+    pub(crate) fn is_member(&self, node: NodeId) -> bool {
+        self.partitions.iter().any(|p| p.contains(&node))
+    }
+
+    /// The caching rule of this node in this region view.
+    pub(crate) fn caching_rule(&self) -> CachingRule {
+        CachingRule {
+            my_partition: self.my_partition,
+            partitions: self.partitions.len().max(1),
+            block: self.cache_block,
+        }
+    }
+
+    /// What receiving needs at once: the stream of `origin` (created if there is room), the
+    /// caching rule and the subscribed topics.
+    pub(crate) fn receive_parts(
+        &mut self,
+        origin: NodeId,
+        config: &Config,
+    ) -> Option<(&mut InboundStream, CachingRule, &[TopicId])> {
+        let caching = self.caching_rule();
+        if origin == self.me
+            || (!self.inbound.contains_key(&origin) && self.inbound.len() >= config.streams_max)
+        {
+            return None;
+        }
+        let stream = self
+            .inbound
+            .entry(origin)
+            .or_insert_with(|| InboundStream::new(origin));
+        Some((stream, caching, &self.topics))
+    }
+
+    /// The inbound stream of `origin`, created if there is room.
+    pub(crate) fn stream_mut(
+        &mut self,
+        origin: NodeId,
+        config: &Config,
+    ) -> Option<&mut InboundStream> {
+        if origin == self.me {
+            return None;
+        }
+        if !self.inbound.contains_key(&origin) && self.inbound.len() >= config.streams_max {
+            return None;
+        }
+        Some(
+            self.inbound
+                .entry(origin)
+                .or_insert_with(|| InboundStream::new(origin)),
+        )
+    }
+
+    /// A random member of the caching partition of `seq` other than this node.
+    pub(crate) fn random_cacher(&self, seq: u64, rng: &mut fastrand::Rng) -> Option<NodeId> {
+        let members = &self.partitions[self.caching_partition(seq)];
+        let others = members.len() - usize::from(members.contains(&self.me));
+        if others == 0 {
+            return None;
+        }
+        let pick = rng.usize(..others);
+        members.iter().copied().filter(|&m| m != self.me).nth(pick)
+    }
+
+    /// The earliest deadline of this region's rings.
+    pub(crate) fn next_deadline(&self, config: &Config) -> Option<Time> {
+        self.rings
+            .iter()
+            .filter_map(|r| r.lead.as_ref())
+            .map(|l| {
+                if l.in_flight {
+                    l.released_at + l.timeout(config)
+                } else {
+                    l.next_release
+                }
+            })
+            .min()
+    }
+
+    /// Releases tokens whose time has come (and gives up on rounds that did not return).
+    pub(crate) fn on_timeout(
+        &mut self,
+        now: Time,
+        own: Option<&mut OutboundStream>,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let own = own.map(|s| &*s);
+        for level in 0..self.rings.len() {
+            let Some(lead) = self.rings[level].lead.as_mut() else {
+                continue;
+            };
+            if lead.in_flight {
+                if now < lead.released_at + lead.timeout(config) {
+                    continue;
+                }
+                lead.in_flight = false;
+                out.stats.tokens_lost += 1;
+            } else if now < lead.next_release {
+                continue;
+            }
+            self.release(now, level, own, config, out);
+        }
+    }
+
+    fn stable_known(&self, origin: NodeId, own: Option<&OutboundStream>) -> u64 {
+        if origin == self.me {
+            own.map_or(0, |s| s.stable_upto)
+        } else {
+            self.inbound.get(&origin).map_or(0, |s| s.stable_upto)
+        }
+    }
+
+    /// This node's state for `origin` at `level`; level-0 missing lists extend to `horizon`.
+    fn member_state(
+        &self,
+        level: usize,
+        origin: NodeId,
+        horizon: u64,
+        own: Option<&OutboundStream>,
+        cap: usize,
+        config: &Config,
+    ) -> MemberState {
+        if level == 0 {
+            if origin == self.me {
+                let sent = own.map_or(0, |s| s.sent_upto);
+                return MemberState {
+                    contiguous: sent,
+                    max: sent,
+                    exact_upto: sent,
+                    ..Default::default()
+                };
+            }
+            let Some(stream) = self.inbound.get(&origin) else {
+                let mut missing = Vec::new();
+                ranges::push_range(&mut missing, 1, horizon + 1, cap);
+                return MemberState {
+                    missing,
+                    exact_upto: horizon,
+                    ..Default::default()
+                };
+            };
+            let mut missing = Vec::new();
+            let horizon = horizon.max(stream.known_max());
+            let exact_upto = stream.missing_ranges(horizon, cap, &mut missing);
+            return MemberState {
+                contiguous: stream.delivered_upto,
+                max: stream.known_max(),
+                missing,
+                exact_upto,
+                lost: Vec::new(),
+            };
+        }
+        let below = &self.rings[level - 1];
+        let Some(report) = below.lead.as_ref().and_then(|l| l.reports.get(&origin)) else {
+            return MemberState::default();
+        };
+        let mut lost = Vec::new();
+        if level == 1 {
+            ranges::filter_partition(
+                &report.ranges,
+                self.my_partition,
+                self.partitions.len(),
+                config.cache_block_msgs,
+                cap,
+                &mut lost,
+            );
+        } else {
+            lost.extend(report.ranges.iter().take(cap).copied());
+        }
+        MemberState {
+            contiguous: report.contiguous,
+            max: report.max,
+            exact_upto: report.max,
+            missing: Vec::new(),
+            lost,
+        }
+    }
+
+    /// Origins this node has something to say about at `level`.
+    fn known_origins(&self, level: usize, own: Option<&OutboundStream>) -> BTreeSet<NodeId> {
+        if level == 0 {
+            let mut set: BTreeSet<NodeId> = self.inbound.keys().copied().collect();
+            if own.is_some_and(|s| s.sent_upto > 0) {
+                set.insert(self.me);
+            }
+            set
+        } else {
+            self.rings[level - 1]
+                .lead
+                .as_ref()
+                .map(|l| l.reports.keys().copied().collect())
+                .unwrap_or_default()
+        }
+    }
+
+    fn record_cap(config: &Config, records: usize) -> usize {
+        let budget = config.max_datagram_bytes
+            - tidings_wire::HEADER_LEN
+            - 13
+            - records * tidings_wire::RECORD_FIXED_LEN;
+        let per_list = budget / records.max(1) / (3 * tidings_wire::RANGE_LEN);
+        per_list.min(config.token_ranges_max)
+    }
+
+    /// Most records a token carries, so that each still has room for a couple of ranges per list.
+    fn records_max(config: &Config) -> usize {
+        (config.max_datagram_bytes - tidings_wire::HEADER_LEN - 13)
+            / (tidings_wire::RECORD_FIXED_LEN + 6 * tidings_wire::RANGE_LEN)
+    }
+
+    fn release(
+        &mut self,
+        now: Time,
+        level: usize,
+        own: Option<&OutboundStream>,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let mut origins: Vec<NodeId> = self
+            .known_origins(level, own)
+            .into_iter()
+            .filter(|&o| {
+                let lead = self.rings[level].lead.as_ref();
+                let idle = lead
+                    .and_then(|l| l.idle_rounds.get(&o))
+                    .copied()
+                    .unwrap_or(0);
+                let state_max = self.member_state(level, o, 0, own, 0, config).max;
+                !(idle >= config.idle_rounds_before_drop && state_max <= self.stable_known(o, own))
+            })
+            .collect();
+        let Some(lead) = self.rings[level].lead.as_mut() else {
+            return;
+        };
+        lead.next_release = now + config.token_interval;
+        if origins.is_empty() {
+            return;
+        }
+        let records_max = Self::records_max(config);
+        if origins.len() > records_max {
+            // Rotate which senders ride along so every one gets its turn.
+            let shift = (lead.round as usize) % origins.len();
+            origins.rotate_left(shift);
+            origins.truncate(records_max);
+        }
+        lead.round += 1;
+        lead.in_flight = true;
+        lead.released_at = now;
+        let round = lead.round;
+        let cap = Self::record_cap(config, origins.len());
+        let records = origins
+            .iter()
+            .map(|&o| {
+                let st = self.member_state(level, o, 0, own, cap, config);
+                OwnedRecord {
+                    origin: o,
+                    stable_upto: self.stable_known(o, own),
+                    agg_contiguous: st.contiguous,
+                    agg_max: st.max,
+                    prev_contiguous: st.contiguous,
+                    prev_max: st.exact_upto.max(st.contiguous),
+                    missing_all: st.missing.clone(),
+                    lost: st.lost,
+                    prev_missing: st.missing,
+                }
+            })
+            .collect();
+        out.stats.tokens_released += 1;
+        let ring = &self.rings[level];
+        let token = OwnedToken {
+            level: ring.level,
+            ring: ring.index,
+            round,
+            records,
+        };
+        if ring.members.len() == 1 {
+            self.complete_round(now, level, token, own, config, out);
+        } else {
+            out.send_token(
+                self.region,
+                self.view,
+                self.me,
+                ring.successor(),
+                &token,
+                config,
+            );
+        }
+    }
+
+    /// A token arrived from `from`.
+    pub(crate) fn on_token(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        token: OwnedToken,
+        own: Option<&OutboundStream>,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let level = usize::from(token.level);
+        let Some(ring) = self.rings.get_mut(level) else {
+            out.stats.invalid_dropped += 1;
+            return;
+        };
+        if ring.index != token.ring || ring.predecessor() != from {
+            out.stats.invalid_dropped += 1;
+            return;
+        }
+        if let Some(lead) = ring.lead.as_ref() {
+            if !lead.in_flight || lead.round != token.round {
+                out.stats.tokens_stale_dropped += 1;
+                return;
+            }
+            self.complete_round(now, level, token, own, config, out);
+            return;
+        }
+        if token.round <= ring.last_round_seen {
+            out.stats.tokens_stale_dropped += 1;
+            return;
+        }
+        ring.last_round_seen = token.round;
+        let successor = ring.successor();
+        let mut seen = BTreeSet::new();
+        let mut records = Vec::with_capacity(token.records.len() + 1);
+        let cap = Self::record_cap(config, token.records.len() + 1);
+        for rec in &token.records {
+            seen.insert(rec.origin);
+            self.learn(now, level, rec, config, out);
+            let st = self.member_state(level, rec.origin, rec.agg_max, own, cap, config);
+            if level == 0 {
+                self.compare_with_predecessor(now, from, rec, own, config, out);
+            }
+            records.push(self.merge(level, rec, st, cap, own));
+        }
+        // Senders this node knows of with unstable data that the token lacks: add a record whose
+        // aggregate claims nothing (earlier members did not report), so the leader learns of them.
+        if records.len() < Self::records_max(config) {
+            for o in self.known_origins(level, own) {
+                if seen.contains(&o) || records.len() >= Self::records_max(config) {
+                    continue;
+                }
+                let st = self.member_state(level, o, 0, own, cap, config);
+                let stable = self.stable_known(o, own);
+                if st.max <= stable {
+                    continue;
+                }
+                records.push(OwnedRecord {
+                    origin: o,
+                    stable_upto: stable,
+                    agg_contiguous: 0,
+                    agg_max: st.max,
+                    prev_contiguous: st.contiguous,
+                    prev_max: st.exact_upto.max(st.contiguous),
+                    prev_missing: st.missing,
+                    ..Default::default()
+                });
+            }
+        }
+        let token = OwnedToken { records, ..token };
+        out.stats.tokens_forwarded += 1;
+        out.send_token(self.region, self.view, self.me, successor, &token, config);
+    }
+
+    /// Folds this node's state into a record.
+    fn merge(
+        &mut self,
+        level: usize,
+        rec: &OwnedRecord,
+        st: MemberState,
+        cap: usize,
+        own: Option<&OutboundStream>,
+    ) -> OwnedRecord {
+        let mut merged = OwnedRecord {
+            origin: rec.origin,
+            stable_upto: rec.stable_upto.max(self.stable_known(rec.origin, own)),
+            agg_contiguous: rec.agg_contiguous.min(st.contiguous),
+            agg_max: rec.agg_max.max(st.max),
+            prev_contiguous: st.contiguous,
+            prev_max: st.exact_upto.max(st.contiguous),
+            ..Default::default()
+        };
+        if level == 0 {
+            ranges::intersect(&rec.missing_all, &st.missing, cap, &mut self.scratch);
+            merged.missing_all = self.scratch.clone();
+            merged.prev_missing = st.missing;
+        } else {
+            ranges::union(&rec.lost, &st.lost, cap, &mut self.scratch);
+            merged.lost = self.scratch.clone();
+        }
+        merged
+    }
+
+    /// What a record teaches this node: that messages exist (gap detection) and what is stable
+    /// (cleanup).
+    fn learn(
+        &mut self,
+        now: Time,
+        level: usize,
+        rec: &OwnedRecord,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let Some(stream) = self.stream_mut(rec.origin, config) else {
+            return;
+        };
+        if level == 0 {
+            stream.note_exists(now, rec.agg_max, config.receive_window_msgs);
+        }
+        let dropped = stream.set_stable(rec.stable_upto);
+        out.stats.cache_evictions += dropped as u64;
+    }
+
+    /// Neighbour comparison on a level-0 token from `pred`: push what it lacks and this node
+    /// holds; pull what this node lacks, its partition caches, and `pred` has.
+    fn compare_with_predecessor(
+        &mut self,
+        now: Time,
+        pred: NodeId,
+        rec: &OwnedRecord,
+        own: Option<&OutboundStream>,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let (region, view) = (self.region, self.view);
+        // Push: what the predecessor reported missing and this node holds.
+        let mut push = Vec::new();
+        let (mut pushed, mut scanned) = (0usize, 0usize);
+        let scan_max = config.push_max_per_token * 4;
+        'ranges: for r in &rec.prev_missing {
+            for seq in r.start..r.end() {
+                if pushed >= config.push_max_per_token || scanned >= scan_max {
+                    break 'ranges;
+                }
+                scanned += 1;
+                let have = if rec.origin == self.me {
+                    own.is_some_and(|s| seq <= s.sent_upto && s.get(seq).is_some())
+                } else {
+                    self.inbound
+                        .get(&rec.origin)
+                        .is_some_and(|s| s.get(seq).is_some())
+                };
+                if have {
+                    ranges::push_range(&mut push, seq, seq + 1, usize::MAX);
+                    pushed += 1;
+                }
+            }
+        }
+        for r in push {
+            let job = RepairJob::new(
+                Destination::Node(pred),
+                region,
+                view,
+                rec.origin,
+                r.start,
+                r.end(),
+                RepairCause::Push,
+            );
+            out.queue_repair(job, config);
+        }
+        // Pull.
+        if rec.origin == self.me {
+            return;
+        }
+        let caching = self.caching_rule();
+        let Some(stream) = self.inbound.get_mut(&rec.origin) else {
+            return;
+        };
+        let stable = stream.stable_upto;
+        let mut pulls = Vec::new();
+        stream.request_gaps_where(
+            now,
+            config.repair_inflight_max,
+            |seq| {
+                let cached_here = caching.caches(seq);
+                let pred_has = seq <= rec.prev_contiguous
+                    || (seq <= rec.prev_max && !ranges::contains(&rec.prev_missing, seq));
+                seq > stable && cached_here && pred_has
+            },
+            |seq| {
+                ranges::push_range(&mut pulls, seq, seq + 1, usize::MAX);
+            },
+        );
+        if !pulls.is_empty() {
+            out.stats.pulls_sent += 1;
+            out.stats.pull_seqs_requested += pulls.iter().map(|r| u64::from(r.len)).sum::<u64>();
+            out.control.push_back(Control::Pull {
+                to: pred,
+                region,
+                view,
+                origin: rec.origin,
+                ranges: pulls,
+            });
+        }
+    }
+
+    fn complete_round(
+        &mut self,
+        now: Time,
+        level: usize,
+        token: OwnedToken,
+        own: Option<&OutboundStream>,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let ring = &mut self.rings[level];
+        let top = ring.top;
+        let pred = ring.predecessor();
+        let single = ring.members.len() == 1;
+        let Some(lead) = ring.lead.as_mut() else {
+            return;
+        };
+        let rtt = now - lead.released_at;
+        lead.rtt_smoothed = if lead.rtt_smoothed.is_zero() {
+            rtt
+        } else {
+            (lead.rtt_smoothed * 7 + rtt) / 8
+        };
+        lead.in_flight = false;
+        lead.next_release = (lead.released_at + config.token_interval).max(now);
+        out.stats.token_rounds_completed += 1;
+        out.events.push_back(Event::TokenRound {
+            region: self.region,
+            level: token.level,
+            rtt,
+        });
+        for rec in token.records {
+            if !single {
+                self.learn(now, level, &rec, config, out);
+                if level == 0 {
+                    self.compare_with_predecessor(now, pred, &rec, own, config, out);
+                }
+            }
+            let Some(lead) = self.rings[level].lead.as_mut() else {
+                return;
+            };
+            let idle = rec.agg_contiguous == rec.agg_max && rec.stable_upto == rec.agg_max;
+            let count = lead.idle_rounds.entry(rec.origin).or_insert(0);
+            *count = if idle { count.saturating_add(1) } else { 0 };
+            let report = Report {
+                contiguous: rec.agg_contiguous,
+                max: rec.agg_max,
+                ranges: if level == 0 {
+                    rec.missing_all
+                } else {
+                    rec.lost
+                },
+            };
+            if top {
+                self.region_round(rec.origin, &report, own, config, out);
+            }
+            if let Some(lead) = self.rings[level].lead.as_mut() {
+                lead.reports.insert(rec.origin, report);
+            }
+        }
+    }
+
+    /// The region leader's duties for one sender after a top-level round: ACK the region's
+    /// contiguous minimum, NAK what caching partitions lost entirely.
+    fn region_round(
+        &mut self,
+        origin: NodeId,
+        report: &Report,
+        own: Option<&OutboundStream>,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let (region, view) = (self.region, self.view);
+        let stable = report.contiguous.max(self.stable_known(origin, own));
+        let lost = &report.ranges;
+        if origin == self.me {
+            out.self_acks.push((region, stable));
+            if !lost.is_empty() {
+                out.self_naks.push((region, lost.clone()));
+            }
+            return;
+        }
+        if let Some(stream) = self.stream_mut(origin, config) {
+            let dropped = stream.set_stable(stable);
+            out.stats.cache_evictions += dropped as u64;
+        }
+        if stable > 0 {
+            out.stats.acks_sent += 1;
+            out.control.push_back(Control::Ack {
+                to: origin,
+                region,
+                view,
+                origin,
+                stable_upto: stable,
+            });
+        }
+        if !lost.is_empty() {
+            out.stats.naks_sent += 1;
+            out.control.push_back(Control::Nak {
+                to: origin,
+                region,
+                view,
+                origin,
+                ranges: lost.clone(),
+            });
+        }
+    }
+
+    /// A silence heartbeat: gap detection for tail loss, and, at the region leader, a chance to
+    /// resend an ACK the sender did not get.
+    pub(crate) fn on_silence(
+        &mut self,
+        now: Time,
+        origin: NodeId,
+        last_seq: u64,
+        acked_upto: u64,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let leader = self.is_region_leader();
+        let (region, view) = (self.region, self.view);
+        let Some(stream) = self.stream_mut(origin, config) else {
+            return;
+        };
+        stream.note_exists(now, last_seq, config.receive_window_msgs);
+        if leader && acked_upto < stream.stable_upto {
+            out.stats.acks_sent += 1;
+            let stable_upto = stream.stable_upto;
+            out.control.push_back(Control::Ack {
+                to: origin,
+                region,
+                view,
+                origin,
+                stable_upto,
+            });
+        }
+    }
+
+    /// Asks for every gap that is due, from a random member of its caching partition, or from the
+    /// sender once caching members failed `repair_attempts_before_sender` times.
+    pub(crate) fn request_repairs(
+        &mut self,
+        now: Time,
+        config: &Config,
+        rng: &mut fastrand::Rng,
+        out: &mut Outbox,
+    ) {
+        let (region, view) = (self.region, self.view);
+        let mut by_target: BTreeMap<NodeId, Vec<SeqRange>> = BTreeMap::new();
+        let origins: Vec<NodeId> = self.inbound.keys().copied().collect();
+        for origin in origins {
+            let mut wanted: Vec<(u64, u32)> = Vec::new();
+            if let Some(stream) = self.inbound.get_mut(&origin) {
+                stream.due_gaps(
+                    now,
+                    config.repair_delay,
+                    config.repair_timeout,
+                    config.repair_inflight_max,
+                    |seq, attempts| wanted.push((seq, attempts)),
+                );
+            }
+            for (seq, attempts) in wanted {
+                let target = if attempts < config.repair_attempts_before_sender {
+                    self.random_cacher(seq, rng).unwrap_or(origin)
+                } else {
+                    origin
+                };
+                let list = by_target.entry(target).or_default();
+                let end = list.last().map_or(0, |r| r.end());
+                if seq >= end {
+                    ranges::push_range(list, seq, seq + 1, usize::MAX);
+                }
+            }
+            for (target, ranges) in std::mem::take(&mut by_target) {
+                if target == origin {
+                    out.stats.pulls_to_sender += 1;
+                } else {
+                    out.stats.pulls_sent += 1;
+                }
+                out.stats.pull_seqs_requested +=
+                    ranges.iter().map(|r| u64::from(r.len)).sum::<u64>();
+                out.control.push_back(Control::Pull {
+                    to: target,
+                    region,
+                    view,
+                    origin,
+                    ranges,
+                });
+            }
+        }
+    }
+
+    /// Whether any inbound stream has gaps to repair.
+    pub(crate) fn has_gaps(&self) -> bool {
+        self.inbound.values().any(|s| s.missing_count() > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(n: u32, size: usize) -> RegionView {
+        let members: Vec<NodeId> = (0..n).map(NodeId).collect();
+        RegionView {
+            region: RegionId(1),
+            view: ViewId(1),
+            topics: vec![TopicId(1)],
+            partitions: RegionView::partitioned(&members, size),
+        }
+    }
+
+    #[test]
+    fn hierarchy_has_log_levels_and_bounded_rings() {
+        let v = view(100, 5);
+        let h = hierarchy(&v, 4);
+        // 20 partitions -> 5 rings of 4 leaders -> 2 rings -> 1 ring.
+        assert_eq!(
+            h.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![20, 5, 2, 1]
+        );
+        for level in &h[1..] {
+            assert!(level.iter().all(|r| r.len() <= 4 && !r.is_empty()));
+        }
+        assert_eq!(h.last().unwrap()[0][0], NodeId(0));
+        let single = hierarchy(&view(3, 5), 4);
+        assert_eq!(single.len(), 1);
+    }
+
+    #[test]
+    fn caching_is_round_robin_over_partitions() {
+        let v = view(20, 5);
+        let st = RegionState::new(&v, NodeId(7), &Config::default(), Time::ZERO).unwrap();
+        let cached: Vec<u64> = (1..=12).filter(|&s| st.caches(s)).collect();
+        assert_eq!(cached, vec![2, 6, 10]);
+        let mut rng = fastrand::Rng::with_seed(1);
+        for seq in 1..50 {
+            let m = st.random_cacher(seq, &mut rng).unwrap();
+            assert_ne!(m, NodeId(7));
+            assert_eq!(v.partition_of(m), Some(st.caching_partition(seq)));
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The sending side: one stream per region view the node sends to, holding each payload once
+//! until the region acknowledges it, and the tracker that turns per-region ACKs into per-message
+//! stability.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use tidings_wire::{Message, MessagesWriter, MsgId, TopicId, ViewId};
+
+use crate::config::Config;
+use crate::time::Time;
+
+/// A published message waiting to be sent or to become stable in one region.
+#[derive(Clone, Debug)]
+pub(crate) struct OutMsg {
+    pub(crate) msg_id: MsgId,
+    pub(crate) topic: TopicId,
+    pub(crate) timestamp_us: u64,
+    /// Shared by every region the message goes to (stored once).
+    pub(crate) payload: Bytes,
+}
+
+/// What a sender keeps for one region view: sequence numbers `stable_upto + 1 ..= last_seq`.
+#[derive(Debug)]
+pub(crate) struct OutboundStream {
+    pub(crate) view: ViewId,
+    /// Messages after `stable_upto`, in sequence order (sent ones first, then unsent).
+    msgs: VecDeque<OutMsg>,
+    /// Everything up to here is stable in the region and released.
+    pub(crate) stable_upto: u64,
+    /// Everything up to here was transmitted at least once.
+    pub(crate) sent_upto: u64,
+    /// Payload bytes of all held messages.
+    queued_bytes: usize,
+    /// Payload bytes of sent, unstable messages.
+    unstable_bytes: usize,
+    /// Last time a data packet or silence went out.
+    pub(crate) last_send: Time,
+    /// A silence heartbeat is due (set by the timer, cleared when sent).
+    pub(crate) silence_pending: bool,
+}
+
+impl OutboundStream {
+    pub(crate) fn new(view: ViewId, now: Time) -> Self {
+        OutboundStream {
+            view,
+            msgs: VecDeque::new(),
+            stable_upto: 0,
+            sent_upto: 0,
+            queued_bytes: 0,
+            unstable_bytes: 0,
+            last_send: now,
+            silence_pending: false,
+        }
+    }
+
+    /// Highest sequence number assigned.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.stable_upto + self.msgs.len() as u64
+    }
+
+    /// Sent and not yet stable.
+    pub(crate) fn unstable_msgs(&self) -> u64 {
+        self.sent_upto - self.stable_upto
+    }
+
+    pub(crate) fn unstable_bytes(&self) -> usize {
+        self.unstable_bytes
+    }
+
+    /// Whether one more message of `len` bytes fits in the send queue (back pressure).
+    pub(crate) fn admits(&self, len: usize, config: &Config) -> bool {
+        self.msgs.len() < config.send_queue_msgs_max
+            && self.queued_bytes + len <= config.send_queue_bytes_max
+    }
+
+    /// Appends a message; returns its sequence number.
+    pub(crate) fn push(&mut self, msg: OutMsg) -> u64 {
+        self.queued_bytes += msg.payload.len();
+        self.msgs.push_back(msg);
+        self.last_seq()
+    }
+
+    /// Whether an unsent message may go out now (Horus' local window).
+    pub(crate) fn can_send(&self, config: &Config) -> bool {
+        self.sent_upto < self.last_seq()
+            && (self.unstable_msgs() as usize) < config.window_msgs_max
+            && self.unstable_bytes < config.window_bytes_max
+    }
+
+    /// A held message by sequence number (sent or not).
+    pub(crate) fn get(&self, seq: u64) -> Option<&OutMsg> {
+        if seq <= self.stable_upto {
+            return None;
+        }
+        self.msgs.get((seq - self.stable_upto - 1) as usize)
+    }
+
+    /// Packs unsent messages into `writer` while the window and the datagram allow; returns how
+    /// many were packed.
+    pub(crate) fn pack_unsent(
+        &mut self,
+        writer: &mut MessagesWriter<'_>,
+        config: &Config,
+    ) -> usize {
+        let mut packed = 0;
+        while self.can_send(config) {
+            let seq = self.sent_upto + 1;
+            let Some(m) = self.msgs.get((seq - self.stable_upto - 1) as usize) else {
+                break;
+            };
+            let message = Message {
+                seq,
+                msg_id: m.msg_id.0,
+                timestamp_us: m.timestamp_us,
+                topic: m.topic,
+                payload: &m.payload,
+            };
+            if writer.push(&message).is_err() {
+                break;
+            }
+            self.unstable_bytes += m.payload.len();
+            self.sent_upto = seq;
+            packed += 1;
+        }
+        packed
+    }
+
+    /// Applies a region ACK: releases everything up to `stable_upto`, calling `released` with each
+    /// message id. Returns false (and changes nothing) for an ACK beyond what was sent.
+    pub(crate) fn ack(&mut self, stable_upto: u64, mut released: impl FnMut(MsgId)) -> bool {
+        if stable_upto > self.sent_upto {
+            return false;
+        }
+        while self.stable_upto < stable_upto {
+            let Some(m) = self.msgs.pop_front() else {
+                break;
+            };
+            self.stable_upto += 1;
+            self.queued_bytes -= m.payload.len();
+            self.unstable_bytes -= m.payload.len();
+            released(m.msg_id);
+        }
+        true
+    }
+}
+
+/// Counts, per published message, the regions that have not yet acknowledged it. Message ids are
+/// assigned consecutively, so a deque indexed by id replaces a map.
+#[derive(Debug)]
+pub(crate) struct StabilityTracker {
+    /// Message id of `pending[0]`.
+    first: u64,
+    pending: VecDeque<u16>,
+}
+
+impl StabilityTracker {
+    pub(crate) fn new() -> Self {
+        StabilityTracker {
+            first: 1,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// Registers the next message id with the number of regions it was sent to.
+    pub(crate) fn register(&mut self, msg_id: MsgId, regions: u16) {
+        debug_assert_eq!(msg_id.0, self.first + self.pending.len() as u64);
+        self.pending.push_back(regions);
+        self.trim();
+    }
+
+    /// One region acknowledged `msg_id`; returns true if it is now stable everywhere.
+    pub(crate) fn acked(&mut self, msg_id: MsgId) -> bool {
+        let Some(idx) = msg_id.0.checked_sub(self.first) else {
+            return false;
+        };
+        let Some(count) = self.pending.get_mut(idx as usize) else {
+            return false;
+        };
+        debug_assert!(
+            *count > 0,
+            "message acknowledged by more regions than it was sent to"
+        );
+        *count = count.saturating_sub(1);
+        let stable = *count == 0;
+        self.trim();
+        stable
+    }
+
+    /// Whether `msg_id` (an id this node assigned) is stable.
+    pub(crate) fn is_stable(&self, msg_id: MsgId) -> bool {
+        match msg_id.0.checked_sub(self.first) {
+            None => true,
+            Some(idx) => self.pending.get(idx as usize).is_some_and(|&c| c == 0),
+        }
+    }
+
+    fn trim(&mut self) {
+        while self.pending.front() == Some(&0) {
+            self.pending.pop_front();
+            self.first += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_wire::{Header, Kind, NodeId, Packet, RegionId};
+
+    fn out(id: u64, len: usize) -> OutMsg {
+        OutMsg {
+            msg_id: MsgId(id),
+            topic: TopicId(1),
+            timestamp_us: 0,
+            payload: vec![0; len].into(),
+        }
+    }
+
+    #[test]
+    fn window_limits_sending_and_ack_releases() {
+        let config = Config {
+            window_msgs_max: 2,
+            ..Config::default()
+        };
+        let mut s = OutboundStream::new(ViewId(1), Time::ZERO);
+        for id in 1..=3 {
+            s.push(out(id, 10));
+        }
+        let header = Header {
+            kind: Kind::Data,
+            region: RegionId(1),
+            view: ViewId(1),
+            sender: NodeId(0),
+        };
+        let mut buf = [0u8; 1472];
+        let mut w = MessagesWriter::data(&mut buf, &header).unwrap();
+        assert_eq!(s.pack_unsent(&mut w, &config), 2);
+        let len = w.finish();
+        assert!(Packet::parse(&buf[..len]).is_ok());
+        assert!(!s.can_send(&config));
+        let mut released = Vec::new();
+        assert!(!s.ack(3, |m| released.push(m)));
+        assert!(s.ack(1, |m| released.push(m)));
+        assert_eq!(released, vec![MsgId(1)]);
+        assert!(s.can_send(&config));
+        assert!(s.get(1).is_none() && s.get(3).is_some());
+    }
+
+    #[test]
+    fn stability_needs_every_region() {
+        let mut t = StabilityTracker::new();
+        t.register(MsgId(1), 2);
+        t.register(MsgId(2), 1);
+        assert!(!t.acked(MsgId(1)));
+        assert!(t.acked(MsgId(2)));
+        assert!(t.is_stable(MsgId(2)) && !t.is_stable(MsgId(1)));
+        assert!(t.acked(MsgId(1)));
+        assert!(t.is_stable(MsgId(1)));
+        t.register(MsgId(3), 0);
+        assert!(t.is_stable(MsgId(3)));
+    }
+}

@@ -1,0 +1,106 @@
+//! Counters for everything an operator or a checker needs (STYLE.md item 11). Plain integers: the
+//! node is single-threaded; whoever drives it copies them out.
+
+/// The counters of one node. Monotonic unless the name says `_current`; `_max` are high-water marks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams handed out by `poll_transmit`.
+    pub datagrams_sent: u64,
+    /// Bytes handed out by `poll_transmit`.
+    pub bytes_sent: u64,
+    /// Datagrams given to `handle_datagram`.
+    pub datagrams_received: u64,
+    /// Bytes given to `handle_datagram`.
+    pub bytes_received: u64,
+    /// Datagrams that failed to decode (bad magic, version, lengths...), dropped.
+    pub malformed_dropped: u64,
+    /// Datagrams for a region or view this node is not part of, dropped.
+    pub foreign_dropped: u64,
+    /// Well-formed datagrams whose content no correct peer sends (ACK beyond what was sent, token of
+    /// a ring we are not in...), dropped.
+    pub invalid_dropped: u64,
+
+    /// Messages accepted by `publish`.
+    pub messages_published: u64,
+    /// `publish` calls refused with `WouldBlock` (back pressure).
+    pub publish_would_block: u64,
+    /// Data packets sent (first transmissions).
+    pub data_packets_sent: u64,
+    /// Messages sent for the first time (one per region they go to).
+    pub messages_sent: u64,
+    /// Messages reported stable to the application.
+    pub messages_stable: u64,
+    /// Unstable messages held for retransmission, summed over region streams (current).
+    pub unstable_msgs_current: u64,
+    /// Most unstable messages in any one region stream at any time.
+    pub unstable_msgs_max: u64,
+    /// Most unstable payload bytes in any one region stream at any time.
+    pub unstable_bytes_max: u64,
+    /// Silence heartbeats sent.
+    pub silences_sent: u64,
+
+    /// New messages received (first copy, within the receive window).
+    pub messages_received: u64,
+    /// Copies of messages already received or delivered, dropped.
+    pub duplicates_dropped: u64,
+    /// Messages beyond the receive window, dropped (they will be recovered later).
+    pub out_of_window_dropped: u64,
+    /// Messages delivered to the application, in order.
+    pub messages_delivered: u64,
+    /// Messages received in order on topics this node does not subscribe to (possible only with
+    /// approximate regions), not delivered.
+    pub messages_filtered: u64,
+    /// Silence heartbeats received.
+    pub silences_received: u64,
+
+    /// Pull requests sent to peers (caching members or the previous ring member).
+    pub pulls_sent: u64,
+    /// Pull requests sent to a stream's sender after caching members did not answer.
+    pub pulls_to_sender: u64,
+    /// Sequence numbers asked for in pull requests.
+    pub pull_seqs_requested: u64,
+    /// Pull requests received.
+    pub pulls_received: u64,
+    /// Requested messages this node did not hold (no longer cached, never received), skipped.
+    pub repair_misses: u64,
+    /// Retransmission requests dropped because the retransmit queue was full.
+    pub repair_queue_overflows: u64,
+    /// Messages pushed to the previous ring member after comparing token records.
+    pub messages_pushed: u64,
+    /// Messages resent in answer to pull requests.
+    pub messages_resent_on_pull: u64,
+    /// Messages re-multicast by a sender in answer to a region NAK.
+    pub messages_resent_on_nak: u64,
+    /// Retransmission packets sent.
+    pub retransmit_packets_sent: u64,
+    /// Retransmitted messages received that were new (repaired a gap).
+    pub repairs_received: u64,
+
+    /// Tokens released by this node as a ring leader.
+    pub tokens_released: u64,
+    /// Tokens passed on to the next ring member.
+    pub tokens_forwarded: u64,
+    /// Token rounds completed (the token came back to this leader).
+    pub token_rounds_completed: u64,
+    /// Rounds a leader gave up on because its token did not come back in time.
+    pub tokens_lost: u64,
+    /// Tokens of an old round, or duplicates, dropped.
+    pub tokens_stale_dropped: u64,
+    /// Aggregate ACKs sent (as region leader).
+    pub acks_sent: u64,
+    /// Aggregate ACKs received (as sender).
+    pub acks_received: u64,
+    /// NAKs sent (as region leader).
+    pub naks_sent: u64,
+    /// NAKs received (as sender).
+    pub naks_received: u64,
+
+    /// Messages put in this node's cooperative cache.
+    pub cache_inserts: u64,
+    /// Messages dropped from the cache once stable.
+    pub cache_evictions: u64,
+    /// Messages in the cache now.
+    pub cache_msgs_current: u64,
+    /// Most messages in the cache at any time.
+    pub cache_msgs_max: u64,
+}

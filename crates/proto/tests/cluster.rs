@@ -1,0 +1,190 @@
+//! A small in-memory cluster driving real `Node`s over a lossy network in virtual time: the
+//! protocol's own end-to-end test, independent of the simulator crate.
+
+#![allow(clippy::unwrap_used)]
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tidings_proto::{Config, Destination, Event, Membership, MsgId, Node, NodeId, Time, TopicId};
+
+/// Datagrams in flight: (arrival, insertion order, destination, bytes).
+type Wire = BinaryHeap<Reverse<(Time, u64, usize, Vec<u8>)>>;
+
+struct Cluster {
+    nodes: Vec<Node>,
+    membership: Membership,
+    now: Time,
+    wire: Wire,
+    order: u64,
+    rng: fastrand::Rng,
+    loss: f64,
+    delivered: Vec<Vec<(NodeId, MsgId, TopicId)>>,
+    stable: Vec<Vec<MsgId>>,
+}
+
+impl Cluster {
+    fn new(
+        n: u32,
+        subs: impl Fn(u32) -> Vec<TopicId>,
+        partition: usize,
+        loss: f64,
+        seed: u64,
+    ) -> Self {
+        let subscriptions: BTreeMap<NodeId, Vec<TopicId>> =
+            (0..n).map(|i| (NodeId(i), subs(i))).collect();
+        let membership = Membership::from_subscriptions(&subscriptions, partition);
+        let config = Config {
+            rng_seed: seed,
+            ..Config::default()
+        };
+        let nodes = (0..n)
+            .map(|i| Node::new(config.clone(), NodeId(i), membership.clone(), Time::ZERO).unwrap())
+            .collect();
+        Cluster {
+            nodes,
+            membership,
+            now: Time::ZERO,
+            wire: BinaryHeap::new(),
+            order: 0,
+            rng: fastrand::Rng::with_seed(seed),
+            loss,
+            delivered: vec![Vec::new(); n as usize],
+            stable: vec![Vec::new(); n as usize],
+        }
+    }
+
+    fn flush(&mut self, i: usize) {
+        while let Some(ev) = self.nodes[i].poll_event() {
+            match ev {
+                Event::Deliver(d) => self.delivered[i].push((d.origin, d.msg_id, d.topic)),
+                Event::Stable(m) => self.stable[i].push(m),
+                Event::TokenRound { .. } => {}
+            }
+        }
+        let mut buf = vec![0u8; 1472];
+        while let Some(t) = self.nodes[i].poll_transmit(self.now, &mut buf) {
+            let dests: Vec<usize> = match t.destination {
+                Destination::Node(n) => vec![n.0 as usize],
+                Destination::Region(r) => {
+                    self.membership.members(r).map(|n| n.0 as usize).collect()
+                }
+            };
+            for d in dests {
+                if d == i || self.rng.f64() < self.loss {
+                    continue;
+                }
+                self.order += 1;
+                let at = self.now + Duration::from_micros(100);
+                self.wire
+                    .push(Reverse((at, self.order, d, buf[..t.len].to_vec())));
+            }
+        }
+    }
+
+    /// Advances to the next event; false when nothing is left to do before `limit`.
+    fn step(&mut self, limit: Time) -> bool {
+        let next_packet = self.wire.peek().map(|Reverse((t, ..))| *t);
+        let next_timer = self.nodes.iter().filter_map(Node::poll_timeout).min();
+        let Some(next) = [next_packet, next_timer].into_iter().flatten().min() else {
+            return false;
+        };
+        if next > limit {
+            return false;
+        }
+        self.now = self.now.max(next);
+        while let Some(Reverse((t, ..))) = self.wire.peek() {
+            if *t > self.now {
+                break;
+            }
+            let Reverse((_, _, to, bytes)) = self.wire.pop().unwrap();
+            self.nodes[to].handle_datagram(self.now, Bytes::from(bytes));
+            self.flush(to);
+        }
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].poll_timeout().is_some_and(|t| t <= self.now) {
+                self.nodes[i].handle_timeout(self.now);
+            }
+            self.flush(i);
+        }
+        true
+    }
+}
+
+fn run_one_sender(receivers: u32, partition: usize, loss: f64, messages: u64, seed: u64) {
+    // Node 0 publishes on topic 1; nodes 1..=receivers subscribe to it.
+    let mut c = Cluster::new(
+        receivers + 1,
+        |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
+        partition,
+        loss,
+        seed,
+    );
+    let mut published = 0;
+    let limit = Time::ZERO + Duration::from_secs(60);
+    while c.now < limit {
+        while published < messages && c.nodes[0].can_publish(TopicId(1), 100) {
+            c.nodes[0]
+                .publish(c.now, TopicId(1), Bytes::from(vec![7u8; 100]))
+                .unwrap();
+            published += 1;
+        }
+        c.flush(0);
+        if published == messages && c.stable[0].len() as u64 == messages {
+            break;
+        }
+        if !c.step(limit) {
+            break;
+        }
+    }
+    assert_eq!(
+        c.stable[0].len() as u64,
+        messages,
+        "seed {seed}: sender saw {} stable",
+        c.stable[0].len()
+    );
+    for r in 1..=receivers as usize {
+        let ids: Vec<u64> = c.delivered[r].iter().map(|d| d.1 .0).collect();
+        let want: Vec<u64> = (1..=messages).collect();
+        assert_eq!(
+            ids, want,
+            "seed {seed}: receiver {r} delivered wrong sequence"
+        );
+    }
+    let s = c.nodes[0].stats();
+    assert!(s.unstable_msgs_max as usize <= Config::default().window_msgs_max);
+    let repaired: u64 = c.nodes.iter().map(|n| n.stats().repairs_received).sum();
+    if loss > 0.0 {
+        // Loss happened, so recovery must have done work.
+        assert!(repaired > 0, "seed {seed}: lossy run without any repair");
+    }
+    if std::env::var_os("CLUSTER_DEBUG").is_some() {
+        eprintln!("t={:?} sender {:?}", c.now, s);
+        eprintln!("receiver 1 {:?}", c.nodes[1].stats());
+    }
+}
+
+#[test]
+fn lossless_delivery_and_stability() {
+    run_one_sender(12, 3, 0.0, 2000, 1);
+}
+
+#[test]
+fn lossy_delivery_and_stability() {
+    for seed in 1..=5 {
+        run_one_sender(12, 3, 0.05, 2000, seed);
+    }
+}
+
+#[test]
+fn single_partition_region() {
+    run_one_sender(4, 5, 0.05, 500, 3);
+}
+
+#[test]
+fn deep_hierarchy() {
+    // 40 receivers in partitions of 2 -> 20 partitions; fanout 32 -> 2 levels.
+    run_one_sender(40, 2, 0.03, 1000, 4);
+}
