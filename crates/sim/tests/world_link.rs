@@ -1,0 +1,204 @@
+//! The link model: serialization, latency, FIFO order and exact drop-tail.
+
+// Helpers outside #[test] functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tidings_proto::Time;
+use tidings_sim::net::{Dropped, Link, LinkConfig, LinkConfigError};
+
+fn us(n: u64) -> Time {
+    Time::from_nanos(n * 1_000)
+}
+
+fn link(buffer_bytes: usize) -> Link {
+    Link::new(LinkConfig {
+        buffer_bytes,
+        ..LinkConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn defaults_are_the_papers_cluster() {
+    let c = LinkConfig::default();
+    assert_eq!(c.bandwidth_bps, 100_000_000);
+    assert_eq!(c.latency, Duration::from_micros(50));
+    assert_eq!(c.buffer_bytes, 256 * 1024);
+}
+
+#[test]
+fn serialization_and_latency_are_exact() {
+    let mut l = link(1 << 20);
+    // 1000 bytes at 100 Mbit/s = 80 us, then 50 us latency.
+    assert_eq!(l.offer(Time::ZERO, 1000), Ok(us(130)));
+    // Queued behind the first: starts at 80 us.
+    assert_eq!(l.offer(Time::ZERO, 1000), Ok(us(210)));
+    assert_eq!(l.free_at(), us(160));
+    // An offer after the link went idle starts at once.
+    assert_eq!(l.offer(us(1000), 500), Ok(us(1000 + 40 + 50)));
+    let s = l.stats();
+    assert_eq!(
+        (s.packets_offered, s.packets_sent, s.packets_dropped),
+        (3, 3, 0)
+    );
+    assert_eq!((s.bytes_offered, s.bytes_sent), (2500, 2500));
+    assert_eq!(s.queued_bytes_max, 2000);
+}
+
+#[test]
+fn odd_bandwidth_rounds_up_to_the_nanosecond() {
+    let mut l = Link::new(LinkConfig {
+        bandwidth_bps: 3,
+        latency: Duration::ZERO,
+        buffer_bytes: 10,
+    })
+    .unwrap();
+    // 8 bits at 3 bit/s = 2.666... s, rounded up.
+    assert_eq!(l.offer(Time::ZERO, 1), Ok(Time::from_nanos(2_666_666_667)));
+    assert_eq!(
+        LinkConfig {
+            bandwidth_bps: 1_000_000_007,
+            ..LinkConfig::default()
+        }
+        .transmit_time(1000),
+        // 7999.99994 ns, rounded up.
+        Duration::from_nanos(8_000)
+    );
+}
+
+#[test]
+fn tail_drop_counts_bytes_not_yet_fully_transmitted() {
+    let mut l = link(3000);
+    for _ in 0..3 {
+        assert!(l.offer(Time::ZERO, 1000).is_ok());
+    }
+    assert_eq!(
+        l.offer(Time::ZERO, 1000),
+        Err(Dropped {
+            queued_bytes: 3000,
+            len: 1000
+        })
+    );
+    // The first packet is still on the wire 1 ns before its last bit leaves.
+    assert_eq!(l.queued_bytes(Time::from_nanos(79_999)), 3000);
+    assert!(l.offer(Time::from_nanos(79_999), 1).is_err());
+    // Room for a max-size packet exactly when the first packet finishes.
+    assert_eq!(l.room_at(Time::from_nanos(79_999), 1000), us(80));
+    assert_eq!(l.room_at(Time::from_nanos(79_999), 1001), us(160));
+    assert_eq!(l.room_at(Time::from_nanos(79_999), 3001), Time::MAX);
+    assert_eq!(l.offer(us(80), 1000), Ok(us(80 * 4 + 50)));
+    // Fits exactly: 2000 queued + 1000 = buffer.
+    assert_eq!(l.queued_bytes(us(160)), 2000);
+    assert!(l.has_room(us(160), 1000));
+    assert!(!l.has_room(us(160), 1001));
+    let s = l.stats();
+    assert_eq!(
+        (s.packets_offered, s.packets_sent, s.packets_dropped),
+        (6, 4, 2)
+    );
+    assert_eq!(s.bytes_dropped, 1001);
+    assert_eq!(s.queued_bytes_max, 3000);
+    assert_eq!(l.room_at(us(10_000), 3000), us(10_000));
+}
+
+#[test]
+fn invalid_configs_are_rejected() {
+    let zero_bw = LinkConfig {
+        bandwidth_bps: 0,
+        ..LinkConfig::default()
+    };
+    assert_eq!(
+        Link::new(zero_bw).err(),
+        Some(LinkConfigError::ZeroBandwidth)
+    );
+    let zero_buf = LinkConfig {
+        buffer_bytes: 0,
+        ..LinkConfig::default()
+    };
+    assert_eq!(Link::new(zero_buf).err(), Some(LinkConfigError::ZeroBuffer));
+}
+
+/// A reference model that keeps every accepted packet forever and scans.
+struct Reference {
+    config: LinkConfig,
+    finishes: Vec<(u64, usize)>,
+    free_at: u64,
+}
+
+impl Reference {
+    fn offer(&mut self, now: u64, len: usize) -> Option<u64> {
+        let queued: usize = self
+            .finishes
+            .iter()
+            .filter(|(finish, _)| *finish > now)
+            .map(|(_, l)| l)
+            .sum();
+        if queued + len > self.config.buffer_bytes {
+            return None;
+        }
+        let tx = (len as u128 * 8_000_000_000).div_ceil(self.config.bandwidth_bps as u128) as u64;
+        let finish = self.free_at.max(now) + tx;
+        self.free_at = finish;
+        self.finishes.push((finish, len));
+        Some(finish + self.config.latency.as_nanos() as u64)
+    }
+}
+
+proptest! {
+    /// Against the reference: same accept/drop decisions and arrival times; arrivals are FIFO.
+    #[test]
+    fn link_matches_reference(
+        bandwidth_bps in prop::sample::select(vec![100_000_000u64, 1_000_000_000, 12_345_678]),
+        buffer_bytes in 1500usize..20_000,
+        offers in prop::collection::vec((0u64..200_000, 1usize..1500), 1..300),
+    ) {
+        let config = LinkConfig { bandwidth_bps, latency: Duration::from_micros(7), buffer_bytes };
+        let mut link = Link::new(config).unwrap();
+        let mut reference = Reference { config, finishes: Vec::new(), free_at: 0 };
+        let mut now = 0;
+        let mut last_arrival = Time::ZERO;
+        let mut dropped = 0;
+        for (gap, len) in offers {
+            now += gap;
+            let got = link.offer(Time::from_nanos(now), len).ok();
+            let want = reference.offer(now, len).map(Time::from_nanos);
+            prop_assert_eq!(got, want);
+            if let Some(arrival) = got {
+                prop_assert!(arrival >= last_arrival);
+                last_arrival = arrival;
+            } else {
+                dropped += 1;
+            }
+            prop_assert!(link.queued_bytes(Time::from_nanos(now)) <= buffer_bytes);
+        }
+        prop_assert_eq!(link.stats().packets_dropped, dropped);
+        prop_assert_eq!(
+            link.stats().packets_offered,
+            link.stats().packets_sent + link.stats().packets_dropped
+        );
+    }
+
+    /// `room_at` is the earliest time with room: room then, none a nanosecond before.
+    #[test]
+    fn room_at_is_tight(
+        offers in prop::collection::vec((0u64..50_000, 1usize..1500), 1..100),
+        len in 1usize..3000,
+    ) {
+        let mut link = link(6000);
+        let mut now = 0;
+        for (gap, l) in offers {
+            now += gap;
+            let _ = link.offer(Time::from_nanos(now), l);
+        }
+        let at = link.room_at(Time::from_nanos(now), len);
+        prop_assert!(at >= Time::from_nanos(now));
+        if at > Time::from_nanos(now) {
+            let mut probe = link.clone();
+            prop_assert!(!probe.has_room(Time::from_nanos(at.as_nanos() - 1), len));
+        }
+        prop_assert!(link.has_room(at, len));
+    }
+}
