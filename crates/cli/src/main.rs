@@ -1,1 +1,180 @@
-fn main() {}
+//! The `tidings` command line.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tidings_proto::Config;
+use tidings_sim::fault::FaultSpec;
+use tidings_sim::{Progress, Scenario};
+
+/// tidings: reliable multicast and publish-subscribe for many topics.
+#[derive(Parser, Debug)]
+#[command(name = "tidings", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// The deterministic simulator: real protocol nodes on a modeled network.
+    Sim {
+        #[command(subcommand)]
+        command: SimCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SimCommand {
+    /// Runs one scenario and prints throughput, time to stability, token round trips, pending
+    /// ACKs, cache occupancy, recovery counts and the checker's verdict. Exit status 1 if the
+    /// checker found a violation.
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Nodes in all (senders included).
+    #[arg(long, default_value_t = 21)]
+    nodes: u32,
+    /// Nodes 0..S publish.
+    #[arg(long, default_value_t = 1)]
+    senders: u32,
+    /// Topics.
+    #[arg(long, default_value_t = 1)]
+    topics: u32,
+    /// Faults: none, iid:P, bursty:P[:LEN], blackout[:10ms:1s], freeze[:500ms:5s], comma-separated.
+    #[arg(long, default_value = "none")]
+    loss: FaultSpec,
+    /// Seconds of publishing (simulated time).
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Seed: same seed, same output.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Interest profiles (regions); default 1 for one topic, else nodes/12 (at least 2).
+    #[arg(long)]
+    profiles: Option<u32>,
+    /// Apply the loss model to uplinks too (whole-region losses, repaired by NAKs).
+    #[arg(long)]
+    uplink_loss: bool,
+    /// Senders subscribe too (by default senders and receivers are distinct, as in the papers).
+    #[arg(long)]
+    senders_subscribe: bool,
+    /// Nodes that get the blackout and freeze windows.
+    #[arg(long, default_value_t = 1)]
+    flaky: u32,
+    /// Most simulated seconds after publishing for everything to become stable.
+    #[arg(long, default_value_t = 30.0)]
+    drain_seconds: f64,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 1000)]
+    message_bytes: usize,
+    /// Caching replicas per message (partition size).
+    #[arg(long, default_value_t = 5)]
+    replication: usize,
+    /// Per-sender publish rate, messages/s (default: as fast as flow control allows).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Link bandwidth, Mbit/s.
+    #[arg(long, default_value_t = 100.0)]
+    link_mbps: f64,
+    /// Token release interval of ring leaders, milliseconds.
+    #[arg(long)]
+    token_interval_ms: Option<u64>,
+    /// Sender window: unstable messages per region.
+    #[arg(long)]
+    window: Option<usize>,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn scenario(a: &RunArgs) -> Scenario {
+    let mut proto = Config::default();
+    if let Some(ms) = a.token_interval_ms {
+        proto.token_interval = Duration::from_millis(ms);
+    }
+    if let Some(w) = a.window {
+        proto.window_msgs_max = w;
+        proto.receive_window_msgs = proto.receive_window_msgs.max(w);
+    }
+    Scenario {
+        nodes: a.nodes,
+        senders: a.senders,
+        senders_subscribe: a.senders_subscribe,
+        topics: a.topics,
+        profiles: a.profiles,
+        faults: a.loss,
+        uplink_loss: a.uplink_loss,
+        flaky: a.flaky,
+        seconds: a.seconds,
+        drain_seconds: a.drain_seconds,
+        seed: a.seed,
+        message_bytes: a.message_bytes,
+        replication: a.replication,
+        publish_rate: a.rate,
+        link_mbps: a.link_mbps,
+        proto,
+    }
+}
+
+fn sim_run(a: &RunArgs) -> ExitCode {
+    let s = scenario(a);
+    let show = !a.quiet && std::io::stderr().is_terminal();
+    #[allow(clippy::disallowed_methods)] // wall time of the whole run, for the operator only
+    let started = std::time::Instant::now();
+    let mut progress = |p: &Progress| {
+        if show {
+            let t = p.now.as_nanos() as f64 / 1e9;
+            let phase = if t <= p.publish_seconds {
+                "publishing"
+            } else {
+                "draining"
+            };
+            eprint!(
+                "\r  simulated {t:6.1} s of {:.0}+ ({phase}): {} published, {} stable   ",
+                p.publish_seconds, p.published, p.stable
+            );
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let report = match tidings_sim::run(&s, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if show {
+        eprintln!(
+            "\r  done in {:.1} s of wall time{}",
+            started.elapsed().as_secs_f64(),
+            " ".repeat(40)
+        );
+    }
+    if a.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Sim {
+            command: SimCommand::Run(a),
+        } => sim_run(&a),
+    }
+}

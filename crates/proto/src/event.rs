@@ -34,6 +34,8 @@ pub enum Event {
         region: RegionId,
         /// Level of the ring (0 = partition).
         level: u8,
+        /// Whether this is the region's top ring (led by the region leader).
+        top: bool,
         /// Time from release to return.
         rtt: Duration,
     },

@@ -800,6 +800,7 @@ impl RegionState {
         out.events.push_back(Event::TokenRound {
             region: self.region,
             level: token.level,
+            top,
             rtt,
         });
         for rec in token.records {

@@ -30,8 +30,8 @@ pub(crate) struct OutboundStream {
     pub(crate) stable_upto: u64,
     /// Everything up to here was transmitted at least once.
     pub(crate) sent_upto: u64,
-    /// Payload bytes of all held messages.
-    queued_bytes: usize,
+    /// Payload bytes of held messages not yet sent.
+    unsent_bytes: usize,
     /// Payload bytes of sent, unstable messages.
     unstable_bytes: usize,
     /// Last time a data packet or silence went out.
@@ -47,7 +47,7 @@ impl OutboundStream {
             msgs: VecDeque::new(),
             stable_upto: 0,
             sent_upto: 0,
-            queued_bytes: 0,
+            unsent_bytes: 0,
             unstable_bytes: 0,
             last_send: now,
             silence_pending: false,
@@ -68,15 +68,23 @@ impl OutboundStream {
         self.unstable_bytes
     }
 
-    /// Whether one more message of `len` bytes fits in the send queue (back pressure).
+    /// Messages published and not yet sent.
+    pub(crate) fn unsent_msgs(&self) -> u64 {
+        self.last_seq() - self.sent_upto
+    }
+
+    /// Whether one more message of `len` bytes fits in the send queue (back pressure). A lone
+    /// message always fits an empty queue, so any payload `publish` accepts can be sent.
     pub(crate) fn admits(&self, len: usize, config: &Config) -> bool {
-        self.msgs.len() < config.send_queue_msgs_max
-            && self.queued_bytes + len <= config.send_queue_bytes_max
+        let unsent = self.unsent_msgs() as usize;
+        unsent == 0
+            || (unsent < config.send_queue_msgs_max
+                && self.unsent_bytes + len <= config.send_queue_bytes_max)
     }
 
     /// Appends a message; returns its sequence number.
     pub(crate) fn push(&mut self, msg: OutMsg) -> u64 {
-        self.queued_bytes += msg.payload.len();
+        self.unsent_bytes += msg.payload.len();
         self.msgs.push_back(msg);
         self.last_seq()
     }
@@ -120,6 +128,7 @@ impl OutboundStream {
                 break;
             }
             self.unstable_bytes += m.payload.len();
+            self.unsent_bytes -= m.payload.len();
             self.sent_upto = seq;
             packed += 1;
         }
@@ -137,7 +146,6 @@ impl OutboundStream {
                 break;
             };
             self.stable_upto += 1;
-            self.queued_bytes -= m.payload.len();
             self.unstable_bytes -= m.payload.len();
             released(m.msg_id);
         }

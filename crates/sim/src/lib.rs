@@ -1,3 +1,14 @@
 //! The deterministic simulator of DESIGN.md section 9.
 
 #![forbid(unsafe_code)]
+
+pub mod fault;
+pub mod net;
+pub mod world;
+
+pub mod checker;
+pub mod report;
+pub mod scenario;
+
+pub use report::RunReport;
+pub use scenario::{run, Progress, Scenario, ScenarioError};

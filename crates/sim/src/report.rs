@@ -1,0 +1,343 @@
+//! The result of a run: what the CLI prints (text or one JSON object) and what sweeps check.
+//! Nothing here depends on wall-clock time, so the same seed prints the same bytes.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use tidings_proto::{Membership, NodeId};
+
+use crate::checker::Ledger;
+use crate::scenario::{percentiles_ms, recovery_totals, Scenario, SimHost};
+use crate::world::{DropCounts, World};
+
+/// Percentiles of a distribution, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Number of samples.
+    pub count: u64,
+}
+
+/// Recovery work summed over all nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Recovery {
+    /// Pull requests to caching members or ring neighbours.
+    pub pulls_sent: u64,
+    /// Pull requests to senders (after caching members did not answer).
+    pub pulls_to_sender: u64,
+    /// Sequence numbers requested in pulls.
+    pub pull_seqs_requested: u64,
+    /// Messages that arrived by retransmission and filled a gap.
+    pub repairs_received: u64,
+    /// Messages pushed to ring neighbours after token comparison.
+    pub messages_pushed: u64,
+    /// Messages resent in answer to pulls.
+    pub messages_resent_on_pull: u64,
+    /// Messages re-multicast by senders after region NAKs.
+    pub messages_resent_on_nak: u64,
+    /// NAKs sent by region leaders.
+    pub naks_sent: u64,
+    /// ACKs sent by region leaders.
+    pub acks_sent: u64,
+    /// Token rounds given up (token lost or late).
+    pub tokens_lost: u64,
+    /// Token rounds completed, all rings.
+    pub token_rounds_completed: u64,
+    /// Duplicate messages dropped by receivers.
+    pub duplicates_dropped: u64,
+    /// Messages dropped beyond receive windows.
+    pub out_of_window_dropped: u64,
+    /// Requested messages the asked node no longer held.
+    pub repair_misses: u64,
+    /// Retransmission requests refused for a full queue.
+    pub repair_queue_overflows: u64,
+    /// Malformed or invalid datagrams dropped.
+    pub malformed_dropped: u64,
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunReport {
+    /// "pass" if the checker found nothing wrong, else "fail".
+    pub verdict: &'static str,
+    /// The first violations found.
+    pub violations: Vec<String>,
+    /// How many violations there were.
+    pub violation_count: u64,
+    /// The command that replays this run.
+    pub replay: String,
+    /// Seed.
+    pub seed: u64,
+    /// Nodes.
+    pub nodes: u32,
+    /// Senders.
+    pub senders: u32,
+    /// Topics.
+    pub topics: u32,
+    /// Regions formed.
+    pub regions: usize,
+    /// Members of the largest region.
+    pub region_size_max: usize,
+    /// The fault specification.
+    pub loss: String,
+    /// Seconds of publishing.
+    pub seconds: f64,
+    /// Simulated seconds until everything was stable (null if it never was).
+    pub completion_seconds: Option<f64>,
+    /// Messages published.
+    pub messages_published: u64,
+    /// Messages delivered, all receivers.
+    pub deliveries: u64,
+    /// Messages made stable (delivered to every subscriber) per second, all senders, from the
+    /// first publish until everything was stable.
+    pub throughput_msgs_per_sec: f64,
+    /// The same in payload megabytes per second.
+    pub throughput_mb_per_sec: f64,
+    /// Publish to stable.
+    pub time_to_stable_ms: Percentiles,
+    /// Publish to delivery, all receivers.
+    pub latency_ms: Percentiles,
+    /// Round trip of region-level (top) rings.
+    pub token_rtt_ms: Percentiles,
+    /// Round trip of partition (and intermediate) rings.
+    pub partition_token_rtt_ms: Percentiles,
+    /// Most messages any sender held pending ACK at any time.
+    pub pending_ack_max: u64,
+    /// Mean over 100 ms samples of messages pending ACK per sender.
+    pub pending_ack_mean: f64,
+    /// Largest share of the messages it received that any receiver cached.
+    pub cache_fraction_max: f64,
+    /// Mean of that share over receivers.
+    pub cache_fraction_mean: f64,
+    /// Share each node cached (0 for nodes that received nothing).
+    pub cache_fraction_per_node: Vec<f64>,
+    /// Recovery work.
+    pub recovery: Recovery,
+    /// Datagrams the network lost, by cause, all nodes.
+    pub network_drops: DropCounts,
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+impl RunReport {
+    pub(crate) fn build(
+        s: &Scenario,
+        world: &World<SimHost>,
+        ledger: &Ledger,
+        membership: &Membership,
+        pending_samples: &[u64],
+        completion: Option<tidings_proto::Time>,
+    ) -> RunReport {
+        let mut violations: Vec<String> = ledger.violations().0.to_vec();
+        let mut violation_count = ledger.violations().1;
+        let mut extra = |v: String, violations: &mut Vec<String>| {
+            violation_count += 1;
+            if violations.len() < 20 {
+                violations.push(v);
+            }
+        };
+        // Memory bounds: sender windows, and caching replicas of about replication / region size.
+        let mut pending_ack_max = 0;
+        let mut fractions = Vec::with_capacity(world.hosts().len());
+        for (i, h) in world.hosts().iter().enumerate() {
+            let node = h.node();
+            let st = node.stats();
+            pending_ack_max = pending_ack_max.max(st.unstable_msgs_max);
+            if st.unstable_msgs_max as usize > s.proto.window_msgs_max
+                || st.unstable_bytes_max as usize > s.proto.window_bytes_max
+            {
+                extra(
+                    format!(
+                        "node {i} held {} unstable messages / {} bytes, beyond its window",
+                        st.unstable_msgs_max, st.unstable_bytes_max
+                    ),
+                    &mut violations,
+                );
+            }
+            let partitions = membership
+                .region_of(NodeId(i as u32))
+                .map_or(1, |r| r.partitions.len()) as u64;
+            let block = s.proto.cache_block_msgs;
+            let (mut cached, mut received) = (0u64, 0u64);
+            for r in node.stream_reports() {
+                cached += r.cached_total;
+                received += r.delivered_upto;
+                let bound = (r.delivered_upto.div_ceil(block * partitions) + 1) * block;
+                if r.cached_total > bound {
+                    extra(format!("node {i} cached {} of {} messages of {}, beyond the cooperative share {bound}", r.cached_total, r.delivered_upto, r.origin), &mut violations);
+                }
+            }
+            fractions.push(if received == 0 {
+                0.0
+            } else {
+                round6(cached as f64 / received as f64)
+            });
+        }
+        let receiving: Vec<f64> = fractions.iter().copied().filter(|&f| f > 0.0).collect();
+        let cache_fraction_max = receiving.iter().copied().fold(0.0, f64::max);
+        let cache_fraction_mean = if receiving.is_empty() {
+            0.0
+        } else {
+            round6(receiving.iter().sum::<f64>() / receiving.len() as f64)
+        };
+        let mut drops = DropCounts::default();
+        for n in &world.stats().nodes {
+            let d = n.drops;
+            drops.loss_up += d.loss_up;
+            drops.loss_down += d.loss_down;
+            drops.tail_drop_up += d.tail_drop_up;
+            drops.tail_drop_down += d.tail_drop_down;
+            drops.blackout += d.blackout;
+            drops.socket_overflow += d.socket_overflow;
+            drops.crashed += d.crashed;
+        }
+        let published = ledger.published_total();
+        // Messages made stable (delivered everywhere) per second, from the first publish to the
+        // moment the last became stable; publishing stops at `seconds` and queues drain after.
+        let elapsed = completion.map_or(world.now().as_nanos() as f64 / 1e9, |t| {
+            t.as_nanos() as f64 / 1e9
+        });
+        let throughput = ledger.stable_total() as f64 / elapsed.max(1e-9);
+        RunReport {
+            verdict: if violation_count == 0 { "pass" } else { "fail" },
+            violations,
+            violation_count,
+            replay: s.replay_command(),
+            seed: s.seed,
+            nodes: s.nodes,
+            senders: s.senders,
+            topics: s.topics,
+            regions: membership.regions.len(),
+            region_size_max: membership
+                .regions
+                .values()
+                .map(|r| r.member_count())
+                .max()
+                .unwrap_or(0),
+            loss: s.faults.to_string(),
+            seconds: s.seconds,
+            completion_seconds: completion.map(|t| round3(t.as_nanos() as f64 / 1e9)),
+            messages_published: published,
+            deliveries: ledger.deliveries(),
+            throughput_msgs_per_sec: round3(throughput),
+            throughput_mb_per_sec: round3(throughput * s.message_bytes as f64 / 1e6),
+            time_to_stable_ms: percentiles_ms(&ledger.time_to_stable_us),
+            latency_ms: percentiles_ms(&ledger.latency_us),
+            token_rtt_ms: percentiles_ms(&ledger.token_rtt_us),
+            partition_token_rtt_ms: percentiles_ms(&ledger.partition_token_rtt_us),
+            pending_ack_max,
+            pending_ack_mean: if pending_samples.is_empty() {
+                0.0
+            } else {
+                round3(pending_samples.iter().sum::<u64>() as f64 / pending_samples.len() as f64)
+            },
+            cache_fraction_max,
+            cache_fraction_mean,
+            cache_fraction_per_node: fractions,
+            recovery: recovery_totals(world),
+            network_drops: drops,
+        }
+    }
+
+    /// Whether the checker passed.
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.verdict == "pass"
+    }
+
+    /// One JSON object.
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// A human-readable summary.
+    #[must_use]
+    pub fn to_text(&self) -> String {
+        let mut o = String::new();
+        let p = |x: &Percentiles| {
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                x.p50, x.p99, x.max
+            )
+        };
+        let _ = writeln!(o, "scenario      {} nodes, {} sender(s), {} topic(s) in {} region(s) (largest {}), loss {}, {} s, seed {}",
+            self.nodes, self.senders, self.topics, self.regions, self.region_size_max, self.loss, self.seconds, self.seed);
+        let _ = writeln!(
+            o,
+            "throughput    {:.0} msgs/s ({:.2} MB/s), {} published, {} deliveries",
+            self.throughput_msgs_per_sec,
+            self.throughput_mb_per_sec,
+            self.messages_published,
+            self.deliveries
+        );
+        match self.completion_seconds {
+            Some(c) => {
+                let _ = writeln!(o, "completion    everything stable at {c:.1} s");
+            }
+            None => {
+                let _ = writeln!(o, "completion    NOT everything became stable");
+            }
+        }
+        let _ = writeln!(o, "time to stable {}", p(&self.time_to_stable_ms));
+        let _ = writeln!(o, "latency       {}", p(&self.latency_ms));
+        let _ = writeln!(
+            o,
+            "token rtt     region {}; partition {}",
+            p(&self.token_rtt_ms),
+            p(&self.partition_token_rtt_ms)
+        );
+        let _ = writeln!(
+            o,
+            "pending ack   max {}, mean {:.0}",
+            self.pending_ack_max, self.pending_ack_mean
+        );
+        let receiving: Vec<f64> = self
+            .cache_fraction_per_node
+            .iter()
+            .copied()
+            .filter(|&f| f > 0.0)
+            .collect();
+        let min = receiving.iter().copied().fold(f64::INFINITY, f64::min);
+        let _ = writeln!(
+            o,
+            "cache         per receiver min {:.2}%, mean {:.2}%, max {:.2}% of messages",
+            if receiving.is_empty() {
+                0.0
+            } else {
+                min * 100.0
+            },
+            self.cache_fraction_mean * 100.0,
+            self.cache_fraction_max * 100.0
+        );
+        let r = &self.recovery;
+        let _ = writeln!(o, "recovery      {} repaired; pulls {} (+{} to senders) for {} seqs; pushed {}, resent on pull {}, on NAK {}; NAKs {}; tokens lost {}; duplicates {}",
+            r.repairs_received, r.pulls_sent, r.pulls_to_sender, r.pull_seqs_requested, r.messages_pushed, r.messages_resent_on_pull, r.messages_resent_on_nak, r.naks_sent, r.tokens_lost, r.duplicates_dropped);
+        let d = &self.network_drops;
+        let _ = writeln!(o, "network drops loss {} up / {} down, tail drop {} up / {} down, blackout {}, socket overflow {}",
+            d.loss_up, d.loss_down, d.tail_drop_up, d.tail_drop_down, d.blackout, d.socket_overflow);
+        let _ = writeln!(
+            o,
+            "verdict       {} ({} violation(s))",
+            self.verdict, self.violation_count
+        );
+        for v in &self.violations {
+            let _ = writeln!(o, "  - {v}");
+        }
+        if !self.passed() {
+            let _ = writeln!(o, "replay        {}", self.replay);
+        }
+        o
+    }
+}

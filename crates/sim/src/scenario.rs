@@ -1,0 +1,534 @@
+//! Scenarios: a cluster of real `proto` nodes with publishers, subscriptions and faults, run on the
+//! simulated network while the [`Ledger`] checks the delivery promise.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tidings_proto::{
+    Config, ConfigError, Destination, Event, Membership, Node, NodeId, Time, TopicId,
+};
+
+use crate::checker::{payload_for, Ledger, PAYLOAD_ID_LEN};
+use crate::fault::{FaultError, FaultSpec};
+use crate::net::LinkConfig;
+use crate::report::{Percentiles, Recovery, RunReport};
+use crate::world::{Host, NodeNetConfig, World, WorldConfig, WorldError};
+
+/// Everything that defines a run; the same scenario and seed give the same run, byte for byte.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    /// Nodes in all (senders included); every node subscribes according to its interest profile.
+    pub nodes: u32,
+    /// Nodes `0..senders` publish.
+    pub senders: u32,
+    /// Whether senders subscribe too (by their profile). Default false: as in the papers'
+    /// experiments, senders and receivers are distinct nodes.
+    pub senders_subscribe: bool,
+    /// Topics, numbered from 1.
+    pub topics: u32,
+    /// Interest profiles: node `i` has profile `i mod profiles`, and nodes of one profile subscribe
+    /// to the same topics, so each profile is a region. `None`: 1 for a single topic, else one
+    /// profile per 12 nodes (at least 2), so topics span several regions.
+    pub profiles: Option<u32>,
+    /// Loss on every node's downlink; blackout and freeze windows on the flaky nodes.
+    pub faults: FaultSpec,
+    /// Also apply the loss model to every uplink (a sender's uplink loss is a loss of the whole
+    /// region, repaired through the region leader's NAK). Default false.
+    pub uplink_loss: bool,
+    /// How many nodes (the highest-numbered ones, never senders) get the blackout and freeze
+    /// windows; each gets a random phase. Default 1, as in paper 000's perturbed-node experiments.
+    pub flaky: u32,
+    /// Seconds of publishing.
+    pub seconds: f64,
+    /// Most seconds after publishing stops for everything to become stable (the liveness phase).
+    pub drain_seconds: f64,
+    /// Seeds the network, the faults, the topics chosen and the protocol's random choices.
+    pub seed: u64,
+    /// Payload bytes per message. Default 1000 (the papers' experiments).
+    pub message_bytes: usize,
+    /// Caching replicas per message: the partition size. Default 5 (paper 000).
+    pub replication: usize,
+    /// Per-sender publish rate in messages per second; `None`: as fast as flow control allows.
+    pub publish_rate: Option<f64>,
+    /// Link bandwidth of every node, Mbit/s. Default 100 (the papers' cluster).
+    pub link_mbps: f64,
+    /// Protocol configuration of every node (its `rng_seed` is replaced by one derived from `seed`).
+    pub proto: Config,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            nodes: 21,
+            senders: 1,
+            senders_subscribe: false,
+            topics: 1,
+            profiles: None,
+            faults: FaultSpec::NONE,
+            uplink_loss: false,
+            flaky: 1,
+            seconds: 5.0,
+            drain_seconds: 30.0,
+            seed: 1,
+            message_bytes: 1000,
+            replication: 5,
+            publish_rate: None,
+            link_mbps: 100.0,
+            proto: Config::default(),
+        }
+    }
+}
+
+/// A scenario that cannot run, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// A field is out of range.
+    #[error("scenario: {0}")]
+    Invalid(String),
+    /// The protocol configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The fault specification is invalid.
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+    /// The simulated world refused the setup.
+    #[error(transparent)]
+    World(#[from] WorldError),
+}
+
+/// Progress of a running scenario, reported about once per simulated second.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Simulated time reached.
+    pub now: Time,
+    /// Seconds of publishing.
+    pub publish_seconds: f64,
+    /// Messages published so far.
+    pub published: u64,
+    /// Messages stable so far.
+    pub stable: u64,
+}
+
+impl Scenario {
+    /// Checks the scenario.
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        let bad = |s: String| Err(ScenarioError::Invalid(s));
+        if self.nodes == 0 || self.nodes > 100_000 {
+            return bad(format!("--nodes {} must be within 1..=100000", self.nodes));
+        }
+        if !self.senders_subscribe && self.senders >= self.nodes {
+            return bad(format!(
+                "--senders {} leaves no receiver among {} nodes",
+                self.senders, self.nodes
+            ));
+        }
+        if self.senders == 0 || self.senders > self.nodes {
+            return bad(format!(
+                "--senders {} must be within 1..=nodes ({})",
+                self.senders, self.nodes
+            ));
+        }
+        if self.topics == 0 || self.topics > 1_000_000 {
+            return bad(format!(
+                "--topics {} must be within 1..=1000000",
+                self.topics
+            ));
+        }
+        if self.profiles == Some(0) {
+            return bad("--profiles must be at least 1".into());
+        }
+        if !(self.seconds > 0.0 && self.seconds <= 86_400.0) {
+            return bad(format!(
+                "--seconds {} must be within (0, 86400]",
+                self.seconds
+            ));
+        }
+        if !(self.drain_seconds >= 0.0 && self.drain_seconds <= 86_400.0) {
+            return bad(format!(
+                "--drain-seconds {} must be within [0, 86400]",
+                self.drain_seconds
+            ));
+        }
+        if self.message_bytes < PAYLOAD_ID_LEN {
+            return bad(format!(
+                "--message-bytes {} must be at least {PAYLOAD_ID_LEN}",
+                self.message_bytes
+            ));
+        }
+        if self.replication == 0 {
+            return bad("--replication must be at least 1".into());
+        }
+        if let Some(r) = self.publish_rate {
+            if !(r > 0.0 && r.is_finite()) {
+                return bad(format!("--rate {r} must be positive"));
+            }
+        }
+        if !(self.link_mbps > 0.0 && self.link_mbps <= 1e6) {
+            return bad(format!(
+                "--link-mbps {} must be within (0, 1000000]",
+                self.link_mbps
+            ));
+        }
+        self.proto.validate()?;
+        Ok(())
+    }
+
+    /// Interest profiles in use.
+    #[must_use]
+    pub fn profile_count(&self) -> u32 {
+        self.profiles
+            .unwrap_or(if self.topics == 1 {
+                1
+            } else {
+                (self.nodes / 12).max(2)
+            })
+            .min(self.nodes)
+    }
+
+    /// The topics each node subscribes to (`[i]` for `NodeId(i)`): topic `t` is wanted by profile
+    /// `t mod profiles` and by each other profile with probability 0.3, so topics span several
+    /// regions and profiles overlap irregularly.
+    #[must_use]
+    pub fn subscriptions(&self) -> Vec<Vec<TopicId>> {
+        let k = self.profile_count() as usize;
+        let mut rng = fastrand::Rng::with_seed(self.seed ^ 0x5355_4253);
+        let mut by_profile: Vec<Vec<TopicId>> = vec![Vec::new(); k];
+        for t in 0..self.topics {
+            for (p, topics) in by_profile.iter_mut().enumerate() {
+                if p == t as usize % k || rng.f64() < 0.3 {
+                    topics.push(TopicId(t + 1));
+                }
+            }
+        }
+        (0..self.nodes as usize)
+            .map(|i| by_profile[i % k].clone())
+            .collect()
+    }
+
+    /// The command that replays this scenario.
+    #[must_use]
+    pub fn replay_command(&self) -> String {
+        let d = Scenario::default();
+        let mut cmd = format!(
+            "tidings sim run --nodes {} --senders {} --topics {} --loss {} --seconds {} --seed {}",
+            self.nodes, self.senders, self.topics, self.faults, self.seconds, self.seed
+        );
+        if let Some(p) = self.profiles {
+            cmd += &format!(" --profiles {p}");
+        }
+        if self.uplink_loss {
+            cmd += " --uplink-loss";
+        }
+        if self.senders_subscribe {
+            cmd += " --senders-subscribe";
+        }
+        if self.flaky != d.flaky {
+            cmd += &format!(" --flaky {}", self.flaky);
+        }
+        if self.drain_seconds != d.drain_seconds {
+            cmd += &format!(" --drain-seconds {}", self.drain_seconds);
+        }
+        if self.message_bytes != d.message_bytes {
+            cmd += &format!(" --message-bytes {}", self.message_bytes);
+        }
+        if self.replication != d.replication {
+            cmd += &format!(" --replication {}", self.replication);
+        }
+        if let Some(r) = self.publish_rate {
+            cmd += &format!(" --rate {r}");
+        }
+        if self.link_mbps != d.link_mbps {
+            cmd += &format!(" --link-mbps {}", self.link_mbps);
+        }
+        cmd
+    }
+}
+
+/// A publisher's plan.
+#[derive(Debug)]
+struct Publisher {
+    topics: Vec<TopicId>,
+    rng: fastrand::Rng,
+    next_topic: TopicId,
+    until: Time,
+    interval: Option<Duration>,
+    next_at: Time,
+    /// Waiting for back pressure to ease (no timer until an input arrives).
+    blocked: bool,
+    len: usize,
+}
+
+/// A simulated node: the real protocol node, its publisher, and the shared checker.
+#[derive(Debug)]
+pub struct SimHost {
+    node: Node,
+    ledger: Rc<RefCell<Ledger>>,
+    publisher: Option<Publisher>,
+}
+
+impl SimHost {
+    /// The protocol node.
+    #[must_use]
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    fn after_input(&mut self, now: Time) {
+        let me = self.node.id();
+        if let Some(p) = self.publisher.as_mut() {
+            p.blocked = false;
+            while now < p.until && now >= p.next_at {
+                if !self.node.can_publish(p.next_topic, p.len) {
+                    p.blocked = true;
+                    break;
+                }
+                let id = self.node.stats().messages_published + 1;
+                let payload = Bytes::from(payload_for(me, id, p.len));
+                match self.node.publish(now, p.next_topic, payload) {
+                    Ok(msg_id) => self
+                        .ledger
+                        .borrow_mut()
+                        .published(me, msg_id, p.next_topic, now),
+                    Err(_) => {
+                        p.blocked = true;
+                        break;
+                    }
+                }
+                p.next_topic = p.topics[p.rng.usize(..p.topics.len())];
+                if let Some(iv) = p.interval {
+                    p.next_at += iv;
+                }
+            }
+            if now >= p.until {
+                // Done publishing: no more publisher timer.
+                p.next_at = Time::MAX;
+            }
+        }
+        let mut ledger = self.ledger.borrow_mut();
+        while let Some(ev) = self.node.poll_event() {
+            match ev {
+                Event::Deliver(d) => ledger.delivered(me, &d, now),
+                Event::Stable(m) => ledger.stable(me, m, now),
+                Event::TokenRound { top, rtt, .. } => ledger.token_round(top, rtt),
+            }
+        }
+    }
+}
+
+impl Host for SimHost {
+    fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
+        self.node.handle_datagram(now, datagram);
+        self.after_input(now);
+    }
+
+    fn handle_timeout(&mut self, now: Time) {
+        if self.node.poll_timeout().is_some_and(|t| t <= now) {
+            self.node.handle_timeout(now);
+        }
+        self.after_input(now);
+    }
+
+    fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Destination, usize)> {
+        self.node
+            .poll_transmit(now, buf)
+            .map(|t| (t.destination, t.len))
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        let publish = self
+            .publisher
+            .as_ref()
+            .filter(|p| !p.blocked && p.next_at < p.until)
+            .map(|p| p.next_at);
+        [self.node.poll_timeout(), publish]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// A built scenario: the world of hosts, the shared checker, and the membership the nodes were
+/// given.
+pub type Built = (World<SimHost>, Rc<RefCell<Ledger>>, Membership);
+
+/// Builds the world of a scenario: the nodes, their subscriptions and faults.
+pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
+    s.validate()?;
+    let subs = s.subscriptions();
+    let map: BTreeMap<NodeId, Vec<TopicId>> = subs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (NodeId(i as u32), t.clone()))
+        .collect();
+    let membership = Membership::from_subscriptions(&map, s.replication);
+    let ledger = Rc::new(RefCell::new(Ledger::new(&subs)));
+    let all_topics: Vec<TopicId> = (1..=s.topics).map(TopicId).collect();
+    let mut hosts = Vec::with_capacity(s.nodes as usize);
+    for i in 0..s.nodes {
+        let config = Config {
+            rng_seed: s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(i),
+            ..s.proto.clone()
+        };
+        let node = Node::new(config, NodeId(i), membership.clone(), Time::ZERO)?;
+        let publisher = (i < s.senders).then(|| {
+            let mut rng = fastrand::Rng::with_seed(s.seed ^ (u64::from(i) << 40) ^ 0x0050_5542);
+            let next_topic = all_topics[rng.usize(..all_topics.len())];
+            Publisher {
+                topics: all_topics.clone(),
+                rng,
+                next_topic,
+                until: Time::ZERO + secs(s.seconds),
+                interval: s.publish_rate.map(|r| secs(1.0 / r)),
+                next_at: Time::ZERO,
+                blocked: false,
+                len: s.message_bytes,
+            }
+        });
+        hosts.push(SimHost {
+            node,
+            ledger: ledger.clone(),
+            publisher,
+        });
+    }
+    let link = LinkConfig {
+        bandwidth_bps: (s.link_mbps * 1e6) as u64,
+        ..LinkConfig::default()
+    };
+    let base = NodeNetConfig {
+        uplink: link,
+        downlink: link,
+        ..NodeNetConfig::default()
+    };
+    let mut world_config = WorldConfig::uniform(s.seed, s.nodes as usize, &base);
+    world_config.max_datagram = s.proto.max_datagram_bytes;
+    let mut rng = fastrand::Rng::with_seed(s.seed ^ 0x464c_414b);
+    let flaky_from = s.nodes.saturating_sub(s.flaky).max(s.senders);
+    let horizon = secs(s.seconds);
+    for (i, node) in world_config.nodes.iter_mut().enumerate() {
+        let loss_only = FaultSpec {
+            blackout: None,
+            freeze: None,
+            ..s.faults
+        };
+        node.apply_faults(&loss_only)?;
+        if s.uplink_loss {
+            if let Some(loss) = &s.faults.loss {
+                node.loss_up = loss.model()?;
+            }
+        }
+        if i as u32 >= flaky_from {
+            // A random phase within the run, so even a short run sees the perturbation.
+            let phase = |period: Duration, rng: &mut fastrand::Rng| {
+                let span = period.min(horizon).as_nanos().max(1) as u64;
+                Duration::from_nanos(rng.u64(..span))
+            };
+            if let Some(b) = s.faults.blackout {
+                node.blackout = Some(b.with_phase(phase(b.period, &mut rng)));
+            }
+            if let Some(f) = s.faults.freeze {
+                node.freeze = Some(f.with_phase(phase(f.period, &mut rng)));
+            }
+        }
+    }
+    let regions = membership
+        .regions
+        .iter()
+        .map(|(&r, v)| (r, v.members().collect()))
+        .collect();
+    let world = World::new(world_config, hosts, regions)?;
+    Ok((world, ledger, membership))
+}
+
+/// Runs a scenario to completion (everything stable) or to the end of its drain time, calling
+/// `progress` about once per simulated second.
+pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunReport, ScenarioError> {
+    let (mut world, ledger, membership) = build(s)?;
+    let step = Duration::from_millis(100);
+    let publish_end = Time::ZERO + secs(s.seconds);
+    let hard_end = publish_end + secs(s.drain_seconds);
+    let mut t = Time::ZERO;
+    let mut pending_samples: Vec<u64> = Vec::new();
+    let mut next_progress = Time::ZERO + Duration::from_secs(1);
+    let completion = loop {
+        t += step;
+        world.run_until(t);
+        for i in 0..s.senders {
+            pending_samples.push(world.host(NodeId(i)).node().stats().unstable_msgs_current);
+        }
+        let (published, stable, all_stable) = {
+            let l = ledger.borrow();
+            (l.published_total(), l.stable_total(), l.all_stable())
+        };
+        if t >= next_progress {
+            progress(&Progress {
+                now: t,
+                publish_seconds: s.seconds,
+                published,
+                stable,
+            });
+            next_progress += Duration::from_secs(1);
+        }
+        if t >= publish_end && all_stable {
+            break Some(t);
+        }
+        if t >= hard_end {
+            break None;
+        }
+    };
+    ledger.borrow_mut().finish();
+    let report = RunReport::build(
+        s,
+        &world,
+        &ledger.borrow(),
+        &membership,
+        &pending_samples,
+        completion,
+    );
+    Ok(report)
+}
+
+/// Per-node and summed protocol counters (helpers for the report).
+pub(crate) fn recovery_totals(world: &World<SimHost>) -> Recovery {
+    let mut r = Recovery::default();
+    for h in world.hosts() {
+        let s = h.node().stats();
+        r.pulls_sent += s.pulls_sent;
+        r.pulls_to_sender += s.pulls_to_sender;
+        r.pull_seqs_requested += s.pull_seqs_requested;
+        r.repairs_received += s.repairs_received;
+        r.messages_pushed += s.messages_pushed;
+        r.messages_resent_on_pull += s.messages_resent_on_pull;
+        r.messages_resent_on_nak += s.messages_resent_on_nak;
+        r.naks_sent += s.naks_sent;
+        r.acks_sent += s.acks_sent;
+        r.tokens_lost += s.tokens_lost;
+        r.token_rounds_completed += s.token_rounds_completed;
+        r.duplicates_dropped += s.duplicates_dropped;
+        r.out_of_window_dropped += s.out_of_window_dropped;
+        r.repair_misses += s.repair_misses;
+        r.repair_queue_overflows += s.repair_queue_overflows;
+        r.malformed_dropped += s.malformed_dropped + s.invalid_dropped;
+    }
+    r
+}
+
+/// Percentiles of a histogram in milliseconds.
+pub(crate) fn percentiles_ms(h: &hdrhistogram::Histogram<u64>) -> Percentiles {
+    let ms = |us: u64| us as f64 / 1000.0;
+    if h.is_empty() {
+        return Percentiles::default();
+    }
+    Percentiles {
+        p50: ms(h.value_at_quantile(0.5)),
+        p99: ms(h.value_at_quantile(0.99)),
+        max: ms(h.max()),
+        count: h.len(),
+    }
+}
