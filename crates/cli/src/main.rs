@@ -32,10 +32,69 @@ enum SimCommand {
     /// ACKs, cache occupancy, recovery counts and the checker's verdict. Exit status 1 if the
     /// checker found a violation.
     Run(RunArgs),
+    /// Runs one scenario over many seeds and fault specifications on all cores, and reports every
+    /// failing seed with the command that replays it. Exit status 1 if any run failed.
+    Sweep(SweepArgs),
 }
 
 #[derive(Args, Debug)]
 struct RunArgs {
+    #[command(flatten)]
+    scenario: ScenarioArgs,
+    /// Faults: none, iid:P, bursty:P[:LEN], blackout[:10ms:1s], freeze[:500ms:5s], comma-separated.
+    #[arg(long, default_value = "none")]
+    loss: FaultSpec,
+    /// Seed: same seed, same output.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct SweepArgs {
+    #[command(flatten)]
+    scenario: ScenarioArgs,
+    /// Fault specifications to sweep, one per flag (each as for `run --loss`).
+    #[arg(long = "loss", required = true)]
+    losses: Vec<FaultSpec>,
+    /// Seeds, as FIRST..=LAST (or FIRST..LAST, inclusive as well).
+    #[arg(long, default_value = "1..=100", value_parser = parse_seeds)]
+    seeds: std::ops::RangeInclusive<u64>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn parse_seeds(text: &str) -> Result<std::ops::RangeInclusive<u64>, String> {
+    let (a, b) = text
+        .split_once("..=")
+        .or_else(|| text.split_once(".."))
+        .ok_or_else(|| format!("seeds {text:?}: expected FIRST..=LAST, e.g. 1..=100"))?;
+    let a: u64 = a
+        .trim()
+        .parse()
+        .map_err(|e| format!("seeds {text:?}: {e}"))?;
+    let b: u64 = b
+        .trim()
+        .parse()
+        .map_err(|e| format!("seeds {text:?}: {e}"))?;
+    if a > b {
+        return Err(format!("seeds {text:?}: FIRST is after LAST"));
+    }
+    Ok(a..=b)
+}
+
+/// What defines a scenario, besides its seed and faults.
+#[derive(Args, Debug)]
+struct ScenarioArgs {
     /// Nodes in all (senders included).
     #[arg(long, default_value_t = 21)]
     nodes: u32,
@@ -45,18 +104,9 @@ struct RunArgs {
     /// Topics.
     #[arg(long, default_value_t = 1)]
     topics: u32,
-    /// Faults: none, iid:P, bursty:P[:LEN], blackout[:10ms:1s], freeze[:500ms:5s], comma-separated.
-    #[arg(long, default_value = "none")]
-    loss: FaultSpec,
     /// Seconds of publishing (simulated time).
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
-    /// Seed: same seed, same output.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    json: bool,
     /// Interest profiles (regions); default 1 for one topic, else nodes/12 (at least 2).
     #[arg(long)]
     profiles: Option<u32>,
@@ -90,12 +140,9 @@ struct RunArgs {
     /// Sender window: unstable messages per region.
     #[arg(long)]
     window: Option<usize>,
-    /// No progress on stderr.
-    #[arg(long, short)]
-    quiet: bool,
 }
 
-fn scenario(a: &RunArgs) -> Scenario {
+fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
     let mut proto = Config::default();
     if let Some(ms) = a.token_interval_ms {
         proto.token_interval = Duration::from_millis(ms);
@@ -110,12 +157,12 @@ fn scenario(a: &RunArgs) -> Scenario {
         senders_subscribe: a.senders_subscribe,
         topics: a.topics,
         profiles: a.profiles,
-        faults: a.loss,
+        faults,
         uplink_loss: a.uplink_loss,
         flaky: a.flaky,
         seconds: a.seconds,
         drain_seconds: a.drain_seconds,
-        seed: a.seed,
+        seed,
         message_bytes: a.message_bytes,
         replication: a.replication,
         publish_rate: a.rate,
@@ -125,7 +172,7 @@ fn scenario(a: &RunArgs) -> Scenario {
 }
 
 fn sim_run(a: &RunArgs) -> ExitCode {
-    let s = scenario(a);
+    let s = scenario(&a.scenario, a.loss, a.seed);
     let show = !a.quiet && std::io::stderr().is_terminal();
     #[allow(clippy::disallowed_methods)] // wall time of the whole run, for the operator only
     let started = std::time::Instant::now();
@@ -170,11 +217,82 @@ fn sim_run(a: &RunArgs) -> ExitCode {
     }
 }
 
+fn sim_sweep(a: &SweepArgs) -> ExitCode {
+    let base = scenario(&a.scenario, FaultSpec::NONE, *a.seeds.start());
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let show = !a.quiet && std::io::stderr().is_terminal();
+    let done = |finished: usize, total: usize| {
+        if show {
+            eprint!("\r  {finished}/{total} runs");
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let runs = match tidings_sim::sweep(&base, &a.losses, a.seeds.clone(), jobs, &done) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if show {
+        eprintln!();
+    }
+    let mut failed = 0;
+    for fault in &a.losses {
+        let of_fault: Vec<_> = runs
+            .iter()
+            .filter(|r| r.scenario.faults == *fault)
+            .collect();
+        let reports: Vec<_> = of_fault
+            .iter()
+            .filter_map(|r| r.result.as_ref().ok())
+            .collect();
+        let passed = of_fault.iter().filter(|r| r.passed()).count();
+        let mean = |f: &dyn Fn(&tidings_sim::RunReport) -> f64| {
+            reports.iter().map(|r| f(r)).sum::<f64>() / reports.len().max(1) as f64
+        };
+        let worst_p99 = reports
+            .iter()
+            .map(|r| r.time_to_stable_ms.p99)
+            .fold(0.0, f64::max);
+        println!(
+            "{:<28} {passed}/{} pass; throughput mean {:.0} msgs/s; time to stable p50 mean {:.0} ms, worst p99 {:.0} ms; repaired mean {:.0}",
+            fault.to_string(),
+            of_fault.len(),
+            mean(&|r| r.throughput_msgs_per_sec),
+            mean(&|r| r.time_to_stable_ms.p50),
+            worst_p99,
+            mean(&|r| r.recovery.repairs_received as f64),
+        );
+        for r in of_fault.iter().filter(|r| !r.passed()) {
+            failed += 1;
+            let why = match &r.result {
+                Ok(report) => report.violations.first().cloned().unwrap_or_default(),
+                Err(e) => e.clone(),
+            };
+            println!("  FAIL seed {}: {why}", r.scenario.seed);
+            println!("    replay: {}", r.scenario.replay_command());
+        }
+    }
+    if failed == 0 {
+        println!("all {} runs passed", runs.len());
+        ExitCode::SUCCESS
+    } else {
+        println!("{failed} of {} runs failed", runs.len());
+        ExitCode::from(1)
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Sim {
             command: SimCommand::Run(a),
         } => sim_run(&a),
+        Command::Sim {
+            command: SimCommand::Sweep(a),
+        } => sim_sweep(&a),
     }
 }

@@ -837,6 +837,16 @@ impl Node {
             .collect()
     }
 
+    /// A dump of the token rings' state of every region, for debugging.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn debug_rings(&self) -> String {
+        self.regions
+            .values()
+            .map(RegionState::debug_rings)
+            .collect()
+    }
+
     /// Messages held unstable (sent, not yet acknowledged) per region this node sends to.
     #[must_use]
     pub fn unstable_by_region(&self) -> Vec<(RegionId, u64)> {

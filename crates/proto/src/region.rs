@@ -964,6 +964,30 @@ impl RegionState {
         }
     }
 
+    /// A dump of the rings' state, for debugging.
+    pub(crate) fn debug_rings(&self) -> String {
+        let mut out = String::new();
+        for r in &self.rings {
+            out += &format!(
+                "  ring level {} index {} pos {} top {} members {:?} last_round_seen {}\n",
+                r.level, r.index, r.pos, r.top, r.members, r.last_round_seen
+            );
+            if let Some(l) = &r.lead {
+                out += &format!(
+                    "    lead round {} in_flight {} idle {:?}\n",
+                    l.round, l.in_flight, l.idle_rounds
+                );
+                for (o, rep) in &l.reports {
+                    out += &format!(
+                        "    report {o}: contiguous {} max {} ranges {:?}\n",
+                        rep.contiguous, rep.max, rep.ranges
+                    );
+                }
+            }
+        }
+        out
+    }
+
     /// Whether any inbound stream has gaps to repair.
     pub(crate) fn has_gaps(&self) -> bool {
         self.inbound.values().any(|s| s.missing_count() > 0)

@@ -32,19 +32,30 @@ pub fn payload_for(origin: NodeId, msg_id: u64, len: usize) -> Vec<u8> {
     p
 }
 
-fn payload_ok(d: &Delivery) -> bool {
+/// Whether a delivered payload is the one published. Identity and length are checked on every
+/// delivery; the filler on one message id in 64 at every receiver (payloads are zero-copy slices of
+/// datagrams, so a wrong slice shows in identity or length, and checking every byte of tens of
+/// millions of deliveries would dominate a run).
+fn payload_ok(d: &Delivery, expected_len: usize) -> bool {
     let p = &d.payload[..];
-    p.len() >= PAYLOAD_ID_LEN
+    let identity = p.len() == expected_len
+        && p.len() >= PAYLOAD_ID_LEN
         && p[0..4] == d.origin.0.to_be_bytes()
-        && p[4..12] == d.msg_id.0.to_be_bytes()
-        && p[12..]
-            .iter()
-            .all(|&b| b == (d.msg_id.0 as u8) ^ (d.origin.0 as u8))
+        && p[4..12] == d.msg_id.0.to_be_bytes();
+    if !identity {
+        return false;
+    }
+    if !d.msg_id.0.is_multiple_of(64) {
+        return true;
+    }
+    let fill = (d.msg_id.0 as u8) ^ (d.origin.0 as u8);
+    p[PAYLOAD_ID_LEN..].iter().all(|&b| b == fill)
 }
 
 #[derive(Debug, Default)]
 struct SenderLog {
     topics: Vec<TopicId>,
+    lens: Vec<u32>,
     published_at: Vec<Time>,
     stable: Vec<bool>,
     stable_count: u64,
@@ -118,11 +129,19 @@ impl Ledger {
             .is_some_and(|s| s.binary_search(&topic).is_ok())
     }
 
-    /// A sender published `msg_id` on `topic`.
-    pub fn published(&mut self, origin: NodeId, msg_id: MsgId, topic: TopicId, now: Time) {
+    /// A sender published `msg_id` on `topic` with a payload of `len` bytes.
+    pub fn published(
+        &mut self,
+        origin: NodeId,
+        msg_id: MsgId,
+        topic: TopicId,
+        len: usize,
+        now: Time,
+    ) {
         let log = self.senders.entry(origin).or_default();
         let expected = log.topics.len() as u64 + 1;
         log.topics.push(topic);
+        log.lens.push(u32::try_from(len).unwrap_or(u32::MAX));
         log.published_at.push(now);
         log.stable.push(false);
         if msg_id.0 != expected {
@@ -136,7 +155,12 @@ impl Ledger {
     /// `receiver` delivered `d`.
     pub fn delivered(&mut self, receiver: NodeId, d: &Delivery, now: Time) {
         self.deliveries += 1;
-        if !payload_ok(d) {
+        let expected_len = self
+            .senders
+            .get(&d.origin)
+            .and_then(|l| l.lens.get(d.msg_id.0.saturating_sub(1) as usize))
+            .map_or(usize::MAX, |&l| l as usize);
+        if !payload_ok(d, expected_len) {
             self.violation(format!(
                 "{receiver} got a corrupt payload for {}#{}",
                 d.origin, d.msg_id.0
@@ -326,8 +350,8 @@ mod tests {
     fn accepts_a_correct_history() {
         let mut l = Ledger::new(&[vec![], vec![TopicId(1)], vec![TopicId(1), TopicId(2)]]);
         let t = Time::ZERO;
-        l.published(NodeId(0), MsgId(1), TopicId(2), t);
-        l.published(NodeId(0), MsgId(2), TopicId(1), t);
+        l.published(NodeId(0), MsgId(1), TopicId(2), 40, t);
+        l.published(NodeId(0), MsgId(2), TopicId(1), 40, t);
         l.delivered(NodeId(2), &delivery(0, 1, 2), t);
         l.delivered(NodeId(1), &delivery(0, 2, 1), t);
         l.stable(NodeId(0), MsgId(1), t);
@@ -342,7 +366,7 @@ mod tests {
         let mut l = Ledger::new(&[vec![], vec![TopicId(1)]]);
         let t = Time::ZERO;
         for id in 1..=3 {
-            l.published(NodeId(0), MsgId(id), TopicId(1), t);
+            l.published(NodeId(0), MsgId(id), TopicId(1), 40, t);
         }
         l.delivered(NodeId(1), &delivery(0, 2, 1), t); // gap
         assert_eq!(l.violations().1, 1);
@@ -351,7 +375,7 @@ mod tests {
         l.stable(NodeId(0), MsgId(3), t); // not delivered yet
         assert_eq!(l.violations().1, 3);
         let mut bad = delivery(0, 3, 1);
-        bad.payload = Bytes::from(payload_for(NodeId(0), 2, 40));
+        bad.payload = Bytes::from(payload_for(NodeId(0), 3, 39));
         l.delivered(NodeId(1), &bad, t); // corrupt
         assert_eq!(l.violations().1, 4);
         l.finish(); // messages 1 and 2 never stable

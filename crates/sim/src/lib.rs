@@ -9,6 +9,8 @@ pub mod world;
 pub mod checker;
 pub mod report;
 pub mod scenario;
+pub mod sweep;
 
 pub use report::RunReport;
 pub use scenario::{run, Progress, Scenario, ScenarioError};
+pub use sweep::{sweep, SweepRun};

@@ -204,7 +204,13 @@ impl Scenario {
             }
         }
         (0..self.nodes as usize)
-            .map(|i| by_profile[i % k].clone())
+            .map(|i| {
+                if (i as u32) < self.senders && !self.senders_subscribe {
+                    Vec::new()
+                } else {
+                    by_profile[i % k].clone()
+                }
+            })
             .collect()
     }
 
@@ -288,10 +294,11 @@ impl SimHost {
                 let id = self.node.stats().messages_published + 1;
                 let payload = Bytes::from(payload_for(me, id, p.len));
                 match self.node.publish(now, p.next_topic, payload) {
-                    Ok(msg_id) => self
-                        .ledger
-                        .borrow_mut()
-                        .published(me, msg_id, p.next_topic, now),
+                    Ok(msg_id) => {
+                        self.ledger
+                            .borrow_mut()
+                            .published(me, msg_id, p.next_topic, p.len, now)
+                    }
                     Err(_) => {
                         p.blocked = true;
                         break;

@@ -1,0 +1,135 @@
+//! The delivery promise over seeds and faults, at a size that suits `cargo test`; `scripts/test`
+//! runs the same matrix over 100 seeds each on the release binary (`tidings sim sweep`).
+
+#![allow(clippy::unwrap_used)]
+
+use tidings_sim::fault::FaultSpec;
+use tidings_sim::{run, sweep, Scenario};
+
+const FAULTS: [&str; 6] = [
+    "none",
+    "iid:0.01",
+    "iid:0.05",
+    "bursty:0.01",
+    "blackout",
+    "freeze",
+];
+
+fn faults() -> Vec<FaultSpec> {
+    FAULTS.iter().map(|f| f.parse().unwrap()).collect()
+}
+
+fn check_sweep(base: &Scenario, seeds: std::ops::RangeInclusive<u64>) {
+    let runs = sweep(base, &faults(), seeds, 2, &|_, _| {}).unwrap();
+    let failures: Vec<String> = runs
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| {
+            let why = match &r.result {
+                Ok(report) => report.violations.join("; "),
+                Err(e) => e.clone(),
+            };
+            format!(
+                "seed {} failed: {why}\n  replay: {}",
+                r.scenario.seed,
+                r.scenario.replay_command()
+            )
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One sender, 20 receivers, one topic (a single region of four partitions).
+fn one_sender() -> Scenario {
+    Scenario {
+        nodes: 21,
+        senders: 1,
+        topics: 1,
+        seconds: 0.4,
+        ..Scenario::default()
+    }
+}
+
+/// Three senders that also subscribe, 50 nodes, 200 topics over several regions, with loss on
+/// uplinks too so whole-region losses exercise the NAK path.
+fn many_topics() -> Scenario {
+    Scenario {
+        nodes: 50,
+        senders: 3,
+        senders_subscribe: true,
+        topics: 200,
+        uplink_loss: true,
+        seconds: 0.3,
+        ..Scenario::default()
+    }
+}
+
+#[test]
+fn one_sender_twenty_receivers_over_seeds() {
+    check_sweep(&one_sender(), 1..=4);
+}
+
+#[test]
+fn three_senders_two_hundred_topics_over_seeds() {
+    check_sweep(&many_topics(), 1..=2);
+}
+
+#[test]
+fn same_seed_same_bytes() {
+    let s = Scenario {
+        faults: "iid:0.05,freeze".parse().unwrap(),
+        seed: 7,
+        ..one_sender()
+    };
+    let a = run(&s, &mut |_| {}).unwrap().to_json();
+    let b = run(&s, &mut |_| {}).unwrap().to_json();
+    assert_eq!(a, b);
+    let other = run(&Scenario { seed: 8, ..s }, &mut |_| {})
+        .unwrap()
+        .to_json();
+    assert_ne!(
+        a, other,
+        "different seeds should give different runs under loss"
+    );
+}
+
+#[test]
+fn cooperative_caching_bounds_receiver_memory() {
+    // 40 receivers in partitions of 5: each caches one message in eight.
+    let s = Scenario {
+        nodes: 41,
+        seconds: 0.3,
+        faults: "iid:0.01".parse().unwrap(),
+        ..one_sender()
+    };
+    let r = run(&s, &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}", r.violations);
+    assert!(
+        r.cache_fraction_max <= 0.126,
+        "cache fraction {}",
+        r.cache_fraction_max
+    );
+    assert!(
+        r.cache_fraction_max >= 0.124,
+        "cache fraction {}",
+        r.cache_fraction_max
+    );
+}
+
+#[test]
+fn a_lost_region_is_repaired_through_naks() {
+    // Uplink loss at the sender loses packets for the whole region; only the region leader's NAK
+    // (or the fallback pull to the sender) can repair them.
+    let s = Scenario {
+        faults: "iid:0.05".parse().unwrap(),
+        uplink_loss: true,
+        ..one_sender()
+    };
+    let r = run(&s, &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}", r.violations);
+    assert!(
+        r.recovery.naks_sent > 0 && r.recovery.messages_resent_on_nak > 0,
+        "{:?}",
+        r.recovery
+    );
+}
