@@ -54,20 +54,24 @@ pub struct Config {
     /// How long a gap must exist before it is requested (absorbs reordering). Default 2 ms.
     pub repair_delay: Duration,
     /// How long a requested message may stay missing before it is requested again, from another
-    /// random caching member. Default 40 ms.
+    /// random caching member; doubled after every attempt, up to 4 times. Default 40 ms.
     pub repair_timeout: Duration,
-    /// Requests to caching members for one message before asking its sender. Default 8 (about
-    /// 320 ms with the default timeout: later than a region NAK, which repairs a loss of the whole
-    /// region with one multicast instead of one unicast per receiver).
+    /// Requests to caching members for one message before asking its sender. Default 4 (about
+    /// 280 ms with the default timeout and its doubling: later than a region NAK, which repairs a
+    /// loss of the whole caching partition with one multicast instead of one unicast per receiver).
     pub repair_attempts_before_sender: u32,
-    /// Most messages a receiver requests per stream per `repair_timeout`: the bound on the recovery
-    /// rate (a fixed NACK window; congestion control makes it adaptive). Default 512.
+    /// Most messages a receiver has requested and not yet received (nor timed out) per stream: the
+    /// bound on the recovery rate (a fixed NACK window; congestion control makes it adaptive).
+    /// Default 512.
     pub repair_inflight_max: usize,
     /// Interval of the scan that requests missing messages. Default 5 ms.
     pub repair_interval: Duration,
     /// Most messages queued for retransmission (pushes, pull answers, NAK answers) at one node;
     /// requests beyond it are dropped and counted (the requester asks again). Default 8192.
     pub retransmit_queue_max: usize,
+    /// A queued retransmission not sent within this time is dropped (its requester has asked
+    /// again by then; sending it late only feeds a repair storm). Default 250 ms.
+    pub repair_queue_ttl: Duration,
     /// Most messages pushed to the previous ring member per token visit. Default 256.
     pub push_max_per_token: usize,
     /// Most inbound streams (senders) per region; records for more are ignored and counted.
@@ -96,10 +100,11 @@ impl Default for Config {
             silence_idle_interval: Duration::from_secs(1),
             repair_delay: Duration::from_millis(2),
             repair_timeout: Duration::from_millis(40),
-            repair_attempts_before_sender: 8,
+            repair_attempts_before_sender: 4,
             repair_inflight_max: 512,
             repair_interval: Duration::from_millis(5),
             retransmit_queue_max: 8192,
+            repair_queue_ttl: Duration::from_millis(250),
             push_max_per_token: 256,
             streams_max: 1024,
             rng_seed: 1,
@@ -200,6 +205,7 @@ impl Config {
             ("silence_idle_interval", self.silence_idle_interval),
             ("repair_timeout", self.repair_timeout),
             ("repair_interval", self.repair_interval),
+            ("repair_queue_ttl", self.repair_queue_ttl),
         ] {
             if d.is_zero() {
                 return Err(invalid(field, d, "must be positive"));

@@ -292,7 +292,7 @@ impl Node {
                 };
                 let own = self.outbound.get(&h.region);
                 region.on_token(now, h.sender, token, own, &self.config, &mut self.out);
-                self.apply_self_feedback();
+                self.apply_self_feedback(now);
             }
             Body::Ack {
                 origin,
@@ -319,6 +319,7 @@ impl Node {
                         start,
                         end,
                         RepairCause::Nak,
+                        now,
                     );
                     self.out.queue_repair(job, &self.config);
                 }
@@ -347,6 +348,7 @@ impl Node {
                         r.start,
                         r.end(),
                         RepairCause::Pull,
+                        now,
                     );
                     self.out.queue_repair(job, &self.config);
                 }
@@ -484,7 +486,7 @@ impl Node {
     }
 
     /// Applies ACKs and NAKs this node owes itself as region leader of its own streams.
-    fn apply_self_feedback(&mut self) {
+    fn apply_self_feedback(&mut self, now: Time) {
         for (region, stable) in std::mem::take(&mut self.out.self_acks) {
             let stable = stable.min(self.outbound.get(&region).map_or(0, |s| s.sent_upto));
             self.apply_ack(region, stable);
@@ -503,6 +505,7 @@ impl Node {
                     r.start.max(stable + 1),
                     r.end().min(sent + 1),
                     RepairCause::Nak,
+                    now,
                 );
                 self.out.queue_repair(job, &self.config);
             }
@@ -519,7 +522,7 @@ impl Node {
                 &mut self.out,
             );
         }
-        self.apply_self_feedback();
+        self.apply_self_feedback(now);
         if now >= self.next_repair_scan {
             self.next_repair_scan = now + self.config.repair_interval;
             for region in self.regions.values_mut() {
@@ -569,7 +572,7 @@ impl Node {
         let buf = &mut buf[..buf_len];
         let t = self
             .poll_control(buf)
-            .or_else(|| self.poll_repair(buf))
+            .or_else(|| self.poll_repair(now, buf))
             .or_else(|| self.poll_data(now, buf))
             .or_else(|| self.poll_silence(now, buf));
         if let Some(t) = t {
@@ -662,8 +665,9 @@ impl Node {
         None
     }
 
-    fn poll_repair(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+    fn poll_repair(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
         loop {
+            self.expire_repairs(now);
             let first = self.out.repairs.front()?.clone();
             let header = self.header(Kind::Retransmit, first.region, first.view);
             let Ok(mut w) = MessagesWriter::retransmit(buf, &header, first.origin) else {
@@ -723,6 +727,19 @@ impl Node {
                     priority: Priority::Recovery,
                 });
             }
+        }
+    }
+
+    /// Drops queued retransmissions that waited longer than `repair_queue_ttl`.
+    fn expire_repairs(&mut self, now: Time) {
+        while let Some(job) = self.out.repairs.front() {
+            if now < job.queued_at + self.config.repair_queue_ttl {
+                break;
+            }
+            let left = (job.end - job.next) as usize;
+            self.out.repairs_queued -= left;
+            self.out.stats.repair_queue_expired += left as u64;
+            self.out.repairs.pop_front();
         }
     }
 

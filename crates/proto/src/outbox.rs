@@ -10,6 +10,7 @@ use tidings_wire::{NodeId, RegionId, SeqRange, ViewId};
 use crate::config::Config;
 use crate::region::OwnedToken;
 use crate::stats::Stats;
+use crate::time::Time;
 use crate::{Destination, Event};
 
 /// A control packet waiting to be sent.
@@ -64,9 +65,13 @@ pub(crate) struct RepairJob {
     pub(crate) next: u64,
     pub(crate) end: u64,
     pub(crate) cause: RepairCause,
+    /// When the job was queued; a job older than `repair_queue_ttl` is dropped unsent (its
+    /// requester has asked again, or elsewhere, by then).
+    pub(crate) queued_at: Time,
 }
 
 impl RepairJob {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         to: Destination,
         region: RegionId,
@@ -75,6 +80,7 @@ impl RepairJob {
         start: u64,
         end: u64,
         cause: RepairCause,
+        queued_at: Time,
     ) -> Self {
         RepairJob {
             to,
@@ -84,6 +90,7 @@ impl RepairJob {
             next: start,
             end,
             cause,
+            queued_at,
         }
     }
 
@@ -155,6 +162,11 @@ impl Outbox {
             return;
         };
         for rec in &token.records {
+            // Our own bug if it fails: peers would drop the token as invalid.
+            debug_assert!(
+                rec.agg_contiguous <= rec.agg_max && rec.prev_contiguous <= rec.prev_max,
+                "token record claims a prefix beyond its maximum: {rec:?}"
+            );
             if w.push(&rec.as_wire()).is_err() {
                 // Records were sized to fit; one that does not is left for a later round.
                 break;

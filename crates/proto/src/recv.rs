@@ -205,38 +205,53 @@ impl InboundStream {
         horizon.max(self.delivered_upto)
     }
 
-    /// Calls `request(seq, attempts_so_far)` for each gap due for a (re)request, at most `max`
-    /// of them, and marks them requested now.
+    /// Calls `request(seq, attempts_so_far)` for each gap due for a (re)request and marks it
+    /// requested now, keeping at most `inflight_max` gaps requested and not yet timed out (the NACK
+    /// window). The wait before asking again doubles with every attempt, up to 4 times `timeout`,
+    /// so that requests slow down when answers are slow instead of piling up in queues.
     pub(crate) fn due_gaps(
         &mut self,
         now: Time,
         delay: std::time::Duration,
         timeout: std::time::Duration,
-        max: usize,
+        inflight_max: usize,
         mut request: impl FnMut(u64, u32),
     ) {
         if self.missing == 0 {
             return;
         }
-        let mut taken = 0;
+        let pending = |gap: &Gap| {
+            gap.last_request
+                .is_some_and(|at| now < at + Self::backoff(timeout, gap.attempts))
+        };
+        let mut inflight = self
+            .window
+            .iter()
+            .filter(|slot| matches!(slot, Slot::Missing(gap) if pending(gap)))
+            .count();
         let mut seen = 0;
         for (i, slot) in self.window.iter_mut().enumerate() {
-            if taken >= max || seen >= self.missing {
+            if inflight >= inflight_max || seen >= self.missing {
                 break;
             }
             let Slot::Missing(gap) = slot else { continue };
             seen += 1;
             let due = match gap.last_request {
                 None => now >= gap.noticed + delay,
-                Some(at) => now >= at + timeout,
+                Some(_) => !pending(gap),
             };
             if due {
                 request(self.delivered_upto + 1 + i as u64, gap.attempts);
                 gap.last_request = Some(now);
                 gap.attempts += 1;
-                taken += 1;
+                inflight += 1;
             }
         }
+    }
+
+    /// How long to wait for an answer after `attempts` requests.
+    pub(crate) fn backoff(timeout: std::time::Duration, attempts: u32) -> std::time::Duration {
+        timeout * (1u32 << attempts.saturating_sub(1).min(2))
     }
 
     /// Marks the gaps for which `pick` returns true as requested now (from a ring neighbour that has
@@ -340,7 +355,20 @@ mod tests {
         assert_eq!(asked, vec![(1, 0)]);
         s.due_gaps(t, ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
         assert_eq!(asked, vec![(1, 0), (2, 0)]);
-        s.due_gaps(t + ms(40), ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
+        // Both are in flight: the window of 2 is full until they time out.
+        s.receive(Time::ZERO, 6, msg(6), 100, |_, _| false);
+        s.due_gaps(t, ms(2), ms(40), 2, |seq, a| asked.push((seq, a)));
+        assert_eq!(asked.len(), 2);
+        s.due_gaps(t + ms(40), ms(2), ms(40), 2, |seq, a| asked.push((seq, a)));
         assert_eq!(&asked[2..], &[(1, 1), (2, 1)]);
+        // The second wait is twice as long.
+        s.due_gaps(t + ms(100), ms(2), ms(40), 10, |seq, a| {
+            asked.push((seq, a))
+        });
+        assert_eq!(&asked[4..], &[(4, 0), (5, 0)]);
+        s.due_gaps(t + ms(120), ms(2), ms(40), 10, |seq, a| {
+            asked.push((seq, a))
+        });
+        assert_eq!(&asked[6..], &[(1, 2), (2, 2)]);
     }
 }

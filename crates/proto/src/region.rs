@@ -733,6 +733,7 @@ impl RegionState {
                 r.start,
                 r.end(),
                 RepairCause::Push,
+                now,
             );
             out.queue_repair(job, config);
         }

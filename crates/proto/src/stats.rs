@@ -65,6 +65,8 @@ pub struct Stats {
     pub repair_misses: u64,
     /// Retransmission requests dropped because the retransmit queue was full.
     pub repair_queue_overflows: u64,
+    /// Queued retransmissions dropped unsent because they waited longer than `repair_queue_ttl`.
+    pub repair_queue_expired: u64,
     /// Messages pushed to the previous ring member after comparing token records.
     pub messages_pushed: u64,
     /// Messages resent in answer to pull requests.

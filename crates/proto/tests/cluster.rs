@@ -188,3 +188,42 @@ fn deep_hierarchy() {
     // 40 receivers in partitions of 2 -> 20 partitions; fanout 32 -> 2 levels.
     run_one_sender(40, 2, 0.03, 1000, 4);
 }
+
+#[test]
+fn idle_senders_leave_the_token() {
+    // Once everything is stable, records of the idle sender leave the token after a few rounds,
+    // and rings with nothing to carry stop circulating.
+    let mut c = Cluster::new(
+        13,
+        |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
+        3,
+        0.0,
+        9,
+    );
+    for _ in 0..100 {
+        c.nodes[0]
+            .publish(c.now, TopicId(1), Bytes::from(vec![1u8; 100]))
+            .unwrap();
+    }
+    c.flush(0);
+    let limit = Time::ZERO + Duration::from_secs(2);
+    while c.step(limit) {}
+    assert_eq!(c.stable[0].len(), 100);
+    let released = |c: &Cluster| {
+        c.nodes
+            .iter()
+            .map(|n| n.stats().tokens_released)
+            .sum::<u64>()
+    };
+    let before = released(&c);
+    let limit = Time::ZERO + Duration::from_secs(5);
+    while c.step(limit) {}
+    let after = released(&c);
+    // 5 rings (4 partitions and the ring of their leaders) released tokens every 100 ms until
+    // idle; for the last 3 s none should be needed.
+    assert!(
+        before > 20,
+        "rings circulated while the sender was active ({before})"
+    );
+    assert_eq!(after, before, "tokens kept circulating for an idle sender");
+}

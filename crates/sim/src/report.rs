@@ -56,6 +56,8 @@ pub struct Recovery {
     pub repair_misses: u64,
     /// Retransmission requests refused for a full queue.
     pub repair_queue_overflows: u64,
+    /// Queued retransmissions dropped for waiting too long.
+    pub repair_queue_expired: u64,
     /// Malformed or invalid datagrams dropped.
     pub malformed_dropped: u64,
 }

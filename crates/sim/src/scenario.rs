@@ -521,6 +521,7 @@ pub(crate) fn recovery_totals(world: &World<SimHost>) -> Recovery {
         r.out_of_window_dropped += s.out_of_window_dropped;
         r.repair_misses += s.repair_misses;
         r.repair_queue_overflows += s.repair_queue_overflows;
+        r.repair_queue_expired += s.repair_queue_expired;
         r.malformed_dropped += s.malformed_dropped + s.invalid_dropped;
     }
     r
