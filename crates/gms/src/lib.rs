@@ -1,0 +1,1 @@
+//! The global membership service (DESIGN.md section 6). Under construction.
