@@ -1,0 +1,407 @@
+//! The scheduling loop of Fig. 1b, shared by worker threads, `run_once` and the loom models.
+
+use crate::bucket::{BucketQueue, MutexBucketQueue, TaskSet};
+use crate::clock::Clock;
+use crate::config::{SchedConfig, TaskSetKind};
+use crate::credit::{bucket_for_credit, full_credit_ns};
+use crate::error::TryPushError;
+use crate::sync::{
+    handshake_fence, lock, wait, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering,
+};
+use crate::task::{Handler, Task};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::TryLockError;
+use std::task::Waker;
+
+/// What one scheduling step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Ran one event of the task with the most credit and charged its duration.
+    Ran,
+    /// The best task had no credit left: this step started a new period (reset every credit).
+    Reset,
+    /// The task taken had a credit from an earlier period (another thread reset meanwhile); its
+    /// credit was renewed and it was put back without running.
+    Requeued,
+    /// The task taken had been removed; its queued events were dropped.
+    Discarded,
+    /// No task had events.
+    Idle,
+}
+
+/// Scheduler-wide counters.
+#[derive(Default)]
+pub(crate) struct CoreCounters {
+    pub(crate) events_run: AtomicU64,
+    pub(crate) resets: AtomicU64,
+    pub(crate) requeues: AtomicU64,
+    pub(crate) idle_waits: AtomicU64,
+    pub(crate) handler_panics: AtomicU64,
+    pub(crate) events_discarded: AtomicU64,
+}
+
+/// The shared state of a scheduler: the schedulable set, the epoch, the clock.
+pub(crate) struct Core<E> {
+    period_ns: u64,
+    bucket_count: usize,
+    task_queue_capacity: usize,
+    set: TaskSet<Arc<Task<E>>>,
+    /// Incremented at every credit reset (section III-B).
+    epoch: AtomicU64,
+    /// A `std` Arc even under loom: the clock is an input, not part of the protocol.
+    clock: std::sync::Arc<dyn Clock>,
+    /// Workers asleep (or about to sleep) in `wait_for_work`.
+    idle_workers: AtomicUsize,
+    idle_lock: Mutex<()>,
+    idle_cv: Condvar,
+    /// Shutdown has begun: no new events are accepted.
+    closed: AtomicBool,
+    /// Workers must exit after their current event.
+    stop: AtomicBool,
+    next_task_id: AtomicU64,
+    pub(crate) counters: CoreCounters,
+}
+
+impl<E: Send + 'static> Core<E> {
+    /// A core for a validated `config`.
+    pub(crate) fn new(config: &SchedConfig, clock: std::sync::Arc<dyn Clock>) -> Self {
+        let bucket_total = config.bucket_count + 1;
+        let set = match config.task_set {
+            TaskSetKind::LockFree => TaskSet::LockFree(BucketQueue::new(
+                bucket_total,
+                config.effective_bucket_group_size(),
+            )),
+            TaskSetKind::Mutex => TaskSet::Mutex(MutexBucketQueue::new(bucket_total)),
+        };
+        Self {
+            period_ns: config.period_ns,
+            bucket_count: config.bucket_count,
+            task_queue_capacity: config.task_queue_capacity,
+            set,
+            epoch: AtomicU64::new(0),
+            clock,
+            idle_workers: AtomicUsize::new(0),
+            idle_lock: Mutex::new(()),
+            idle_cv: Condvar::new(),
+            closed: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            next_task_id: AtomicU64::new(0),
+            counters: CoreCounters::default(),
+        }
+    }
+
+    /// A new task with a validated `share`, a full credit, and no events (so not in the set).
+    pub(crate) fn new_task(&self, share: f64, handler: Handler<E>) -> Arc<Task<E>> {
+        let id = self.next_task_id.fetch_add(1, Ordering::Relaxed);
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let credit_ns = full_credit_ns(share, self.period_ns);
+        Arc::new(Task::new(
+            id,
+            self.task_queue_capacity,
+            share,
+            credit_ns,
+            epoch,
+            handler,
+        ))
+    }
+
+    /// The current epoch (number of credit resets so far).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Whether shutdown has begun.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Whether workers must stop now.
+    pub(crate) fn must_stop(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Puts a task that the caller holds into the schedulable set.
+    ///
+    /// If a reset happened since the task's credit was set, the credit is renewed first, minus
+    /// `charge_ns` (the event the holder just ran, which belongs to the new period): this is the
+    /// epoch check of section III-B that corrects a task that was busy during a reset.
+    ///
+    /// `wake_idle` wakes a sleeping worker. Writers (a task becoming schedulable) and resets do;
+    /// a worker putting back the task it just ran does not, because it is itself about to take
+    /// the best task: waking another worker there would cost a futex call per event and, with
+    /// one busy task, wake a thread that finds nothing to do. Any task a worker may skip in favour
+    /// of a better one was put by a writer or a reset, which woke a worker for it.
+    fn put_task(&self, task: Arc<Task<E>>, charge_ns: u64, wake_idle: bool) {
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        if task.credit_epoch() != epoch {
+            task.set_credit(full_credit_ns(task.share(), self.period_ns), epoch);
+            task.charge(charge_ns);
+        }
+        let bucket = bucket_for_credit(task.credit_ns(), self.period_ns, self.bucket_count);
+        self.set.put(task, bucket);
+        if !wake_idle {
+            return;
+        }
+        // Pairs with `wait_for_work`: the put raised the set's counts, an idle worker raises
+        // `idle_workers`; each then fences and reads the other's, so one of the two sees the other.
+        handshake_fence();
+        if self.idle_workers.load(Ordering::SeqCst) > 0 {
+            let _guard = lock(&self.idle_lock);
+            self.idle_cv.notify_one();
+        }
+    }
+
+    /// `try_push`: enqueue without waiting, and put the task into the set if it had no events.
+    pub(crate) fn try_push(&self, task: &Arc<Task<E>>, event: E) -> Result<(), TryPushError<E>> {
+        if self.is_closed() {
+            return Err(TryPushError::Closed(event));
+        }
+        if task.enqueue(event)? {
+            self.put_task(Arc::clone(task), 0, true);
+        }
+        Ok(())
+    }
+
+    /// `push`: enqueue, sleeping while the task's queue is full. `Err` hands back the event of a
+    /// closed task.
+    pub(crate) fn push_blocking(&self, task: &Arc<Task<E>>, mut event: E) -> Result<(), E> {
+        loop {
+            match self.try_push(task, event) {
+                Ok(()) => return Ok(()),
+                Err(TryPushError::Closed(back)) => return Err(back),
+                Err(TryPushError::Full(back)) => event = back,
+            }
+            if self.is_closed() {
+                return Err(event);
+            }
+            match task.enqueue_or_wait(event) {
+                Ok(schedulable) => {
+                    if schedulable {
+                        self.put_task(Arc::clone(task), 0, true);
+                    }
+                    return Ok(());
+                }
+                Err(TryPushError::Closed(back)) => return Err(back),
+                Err(TryPushError::Full(back)) => event = back,
+            }
+        }
+    }
+
+    /// One poll of an asynchronous push: `Ok(Ok(()))` done, `Ok(Err(e))` still full (the waker is
+    /// parked), `Err(e)` closed.
+    pub(crate) fn poll_push(
+        &self,
+        task: &Arc<Task<E>>,
+        event: E,
+        waker: &Waker,
+    ) -> Result<Result<(), E>, E> {
+        let event = match self.try_push(task, event) {
+            Ok(()) => return Ok(Ok(())),
+            Err(TryPushError::Closed(back)) => return Err(back),
+            Err(TryPushError::Full(back)) => back,
+        };
+        if self.is_closed() {
+            return Err(event);
+        }
+        match task.enqueue_or_park(event, waker) {
+            Ok(schedulable) => {
+                if schedulable {
+                    self.put_task(Arc::clone(task), 0, true);
+                }
+                Ok(Ok(()))
+            }
+            Err(TryPushError::Closed(back)) => Err(back),
+            Err(TryPushError::Full(back)) => Ok(Err(back)),
+        }
+    }
+
+    /// One iteration of the scheduling thread of Fig. 1b.
+    pub(crate) fn step(&self) -> Step {
+        let Some((task, _bucket)) = self.set.get() else {
+            return Step::Idle;
+        };
+        if task.is_discarding() {
+            let dropped = task.drop_queued();
+            self.counters
+                .events_discarded
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+            if task.finish(dropped) {
+                // A writer raced with the removal: its event is dropped on the next visit.
+                self.put_task(task, 0, false);
+            }
+            return Step::Discarded;
+        }
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        if task.credit_epoch() != epoch {
+            // Put into the set before a reset that did not drain it: renew and retry.
+            self.counters.requeues.fetch_add(1, Ordering::Relaxed);
+            self.put_task(task, 0, false);
+            return Step::Requeued;
+        }
+        if task.credit_ns() <= 0 {
+            // The task with the most credit has none: the period is over (line 3 of Fig. 1b).
+            // Only the thread that moves the epoch on resets; a thread that loses the race just
+            // renews this task's credit (the epoch has moved) and puts it back.
+            if self
+                .epoch
+                .compare_exchange(epoch, epoch + 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                self.reset_all_credits(task);
+                return Step::Reset;
+            }
+            self.counters.requeues.fetch_add(1, Ordering::Relaxed);
+            self.put_task(task, 0, false);
+            return Step::Requeued;
+        }
+        let run_ns = self.run_one_event(&task);
+        self.counters.events_run.fetch_add(1, Ordering::Relaxed);
+        if task.finish(1) {
+            self.put_task(task, run_ns, false);
+        }
+        Step::Ran
+    }
+
+    /// Runs the task's next event and charges its measured duration (lines 7-10 of Fig. 1b).
+    fn run_one_event(&self, task: &Task<E>) -> u64 {
+        let event = task.dequeue();
+        let mut handler = match task.handler.try_lock() {
+            Ok(handler) => handler,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                panic!("task {} dispatched on two threads at once", task.id)
+            }
+        };
+        let start_ns = self.clock.now_ns();
+        let outcome = catch_unwind(AssertUnwindSafe(|| (*handler)(event)));
+        let end_ns = self.clock.now_ns();
+        drop(handler);
+        if outcome.is_err() {
+            // The application's bug, not ours: count it and keep delivering.
+            self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+        }
+        let run_ns = end_ns.saturating_sub(start_ns);
+        task.charge(run_ns);
+        task.counters.events_run.fetch_add(1, Ordering::Relaxed);
+        task.counters.run_ns.fetch_add(run_ns, Ordering::Relaxed);
+        run_ns
+    }
+
+    /// Starts a new period: takes every task out of the set, renews its credit for the new epoch
+    /// and puts it back (section III-B). Tasks held by other threads are renewed when those
+    /// threads put them back. Terminates: each task is in the set at most once and the drained
+    /// ones are held here until the end.
+    fn reset_all_credits(&self, first: Arc<Task<E>>) {
+        self.counters.resets.fetch_add(1, Ordering::Relaxed);
+        let mut drained = vec![first];
+        while let Some((task, _bucket)) = self.set.get() {
+            drained.push(task);
+        }
+        for task in drained {
+            self.put_task(task, 0, true);
+        }
+    }
+
+    /// Sleeps until a task may be schedulable or shutdown begins; `false` if it returned at once
+    /// because the set may already hold a task (possibly one whose put is still in flight: the
+    /// caller should back off briefly and step again). Spurious returns are allowed.
+    pub(crate) fn wait_for_work(&self) -> bool {
+        let guard = lock(&self.idle_lock);
+        self.idle_workers.fetch_add(1, Ordering::SeqCst);
+        handshake_fence();
+        let sleep = !self.set.maybe_nonempty() && !self.is_closed() && !self.must_stop();
+        if sleep {
+            self.counters.idle_waits.fetch_add(1, Ordering::Relaxed);
+            let guard = wait(&self.idle_cv, guard);
+            drop(guard);
+        }
+        self.idle_workers.fetch_sub(1, Ordering::SeqCst);
+        sleep
+    }
+
+    /// Begins shutdown: refuse new events, and with `stop_now` make workers exit after their
+    /// current event. Wakes idle workers.
+    pub(crate) fn begin_shutdown(&self, stop_now: bool) {
+        self.closed.store(true, Ordering::SeqCst);
+        if stop_now {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+        let _guard = lock(&self.idle_lock);
+        self.idle_cv.notify_all();
+    }
+
+    /// Whether the set may hold a task (for shutdown draining).
+    pub(crate) fn maybe_has_work(&self) -> bool {
+        self.set.maybe_nonempty()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::sync::{OnceLock, Weak};
+
+    /// Section III-B: a thread that was running a task while another thread reset the credits
+    /// renews that task's credit (minus the event it just ran) before putting it back.
+    ///
+    /// The "other thread" is simulated deterministically: X's first handler itself calls `step`,
+    /// which finds only the exhausted task Y and resets.
+    #[test]
+    fn a_task_busy_during_a_reset_is_corrected_at_put_back() {
+        let clock = Arc::new(ManualClock::new(0));
+        let config = SchedConfig {
+            period_ns: 1_000_000,
+            worker_threads: 0,
+            ..SchedConfig::default()
+        };
+        let core: Arc<Core<&'static str>> = Arc::new(Core::new(&config, clock.clone()));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let me: Arc<OnceLock<Weak<Core<&'static str>>>> = Arc::new(OnceLock::new());
+        let (x_clock, x_order, x_me) = (clock.clone(), order.clone(), me.clone());
+        // X: share 0.5 (500 µs), events cost 100 µs; its first event triggers the nested step.
+        let x = core.new_task(
+            0.5,
+            Box::new(move |event| {
+                lock(&x_order).push(event);
+                x_clock.advance_ns(100_000);
+                if event == "x1" {
+                    let core = x_me.get().and_then(Weak::upgrade).expect("core alive");
+                    assert_eq!(core.step(), Step::Reset);
+                }
+            }),
+        );
+        // Y: share 0.6 (600 µs), events cost 700 µs: one event exhausts it.
+        let (y_clock, y_order) = (clock.clone(), order.clone());
+        let y = core.new_task(
+            0.6,
+            Box::new(move |event| {
+                lock(&y_order).push(event);
+                y_clock.advance_ns(700_000);
+            }),
+        );
+        me.set(Arc::downgrade(&core)).expect("set once");
+        for (task, event) in [(&y, "y1"), (&y, "y2"), (&x, "x1"), (&x, "x2")] {
+            assert!(core.try_push(task, event).is_ok());
+        }
+        // Y (600 µs) is ahead of X (500 µs): Y1 runs and leaves Y exhausted (-100 µs).
+        assert_eq!(core.step(), Step::Ran);
+        assert_eq!(y.credit_ns(), -100_000);
+        // X1 runs; meanwhile the nested step finds only exhausted Y and resets (epoch 0 -> 1).
+        assert_eq!(core.step(), Step::Ran);
+        assert_eq!(core.epoch(), 1);
+        // X was busy during the reset: it comes back renewed for epoch 1, minus X1's 100 µs.
+        assert_eq!(x.credit_epoch(), 1);
+        assert_eq!(x.credit_ns(), 400_000);
+        let mut steps = Vec::new();
+        loop {
+            match core.step() {
+                Step::Idle => break,
+                step => steps.push(step),
+            }
+        }
+        assert_eq!(*lock(&order), vec!["y1", "x1", "y2", "x2"]);
+        assert_eq!(steps, vec![Step::Ran, Step::Ran], "no stale requeue");
+        assert_eq!(core.counters.requeues.load(Ordering::Relaxed), 0);
+    }
+}
