@@ -77,6 +77,12 @@ pub struct Config {
     /// Most inbound streams (senders) per region; records for more are ignored and counted.
     /// Default 1024.
     pub streams_max: usize,
+    /// After a view change a sender waits this long before sending into the new view, so that
+    /// receivers install it first (they buffer what arrives early anyway). Default 5 ms.
+    pub view_change_pause: Duration,
+    /// Most datagrams of views this node does not know yet that it keeps until the view arrives
+    /// (the oldest are dropped beyond it). Default 4096.
+    pub future_datagrams_max: usize,
     /// Seed of the node's random choices (which caching member to ask). Default 1.
     pub rng_seed: u64,
 }
@@ -107,6 +113,8 @@ impl Default for Config {
             repair_queue_ttl: Duration::from_millis(250),
             push_max_per_token: 256,
             streams_max: 1024,
+            view_change_pause: Duration::from_millis(5),
+            future_datagrams_max: 4096,
             rng_seed: 1,
         }
     }

@@ -93,6 +93,21 @@ pub struct Node {
     next_repair_scan: Time,
     /// Round-robin position over outbound streams for data.
     data_rr: usize,
+    /// Datagrams of views not known yet, oldest first (bounded by `future_datagrams_max`).
+    future: std::collections::VecDeque<Bytes>,
+}
+
+/// Where a datagram's view stands relative to what this node knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ViewStatus {
+    /// A view this node is in (or sends to): process it.
+    Current,
+    /// A later view, or a region not known yet: keep it until the membership catches up.
+    Future,
+    /// An ended view: drop it.
+    Stale,
+    /// Nothing to do with this node.
+    Foreign,
 }
 
 impl Node {
@@ -123,6 +138,7 @@ impl Node {
             rng,
             next_repair_scan: now,
             data_rr: 0,
+            future: std::collections::VecDeque::new(),
         })
     }
 
@@ -269,6 +285,26 @@ impl Node {
             self.out.stats.foreign_dropped += 1;
             return;
         }
+        match self.view_status(&h, &packet.body) {
+            ViewStatus::Current => {}
+            ViewStatus::Future => {
+                if self.future.len() >= self.config.future_datagrams_max {
+                    self.future.pop_front();
+                    self.out.stats.future_view_overflows += 1;
+                }
+                self.out.stats.future_view_buffered += 1;
+                self.future.push_back(datagram.clone());
+                return;
+            }
+            ViewStatus::Stale => {
+                self.out.stats.stale_view_dropped += 1;
+                return;
+            }
+            ViewStatus::Foreign => {
+                self.out.stats.foreign_dropped += 1;
+                return;
+            }
+        }
         match packet.body {
             Body::Data(messages) => {
                 self.receive_messages(now, &h, h.sender, messages, &datagram, false);
@@ -357,6 +393,132 @@ impl Node {
         self.update_gauges();
     }
 
+    /// Where the datagram's view stands: packets of a region this node is in are compared with
+    /// that region's view, ACKs and NAKs with the view of the stream they acknowledge.
+    fn view_status(&self, h: &Header, body: &Body<'_>) -> ViewStatus {
+        let compare = |known: tidings_wire::ViewId| match h.view.cmp(&known) {
+            std::cmp::Ordering::Equal => ViewStatus::Current,
+            std::cmp::Ordering::Greater => ViewStatus::Future,
+            std::cmp::Ordering::Less => ViewStatus::Stale,
+        };
+        let to_sender = match body {
+            Body::Ack { .. } | Body::Nak { .. } => true,
+            Body::Pull { origin, .. } => *origin == self.me,
+            _ => false,
+        };
+        if to_sender {
+            return match self.outbound.get(&h.region) {
+                Some(s) => compare(s.view),
+                None => match self.membership.regions.get(&h.region) {
+                    Some(v) if h.view > v.view => ViewStatus::Future,
+                    _ => ViewStatus::Foreign,
+                },
+            };
+        }
+        match self.regions.get(&h.region) {
+            Some(r) => compare(r.view),
+            // A region this node is not in: a later view may add it (buffer), an older or current
+            // one does not concern it.
+            None => match self.membership.regions.get(&h.region) {
+                Some(v) if h.view <= v.view => ViewStatus::Foreign,
+                _ => ViewStatus::Future,
+            },
+        }
+    }
+
+    /// Installs a new membership (from the GMS): region views this node is in are rebuilt when
+    /// their view changed (fresh streams and rings; message ids delivered before are remembered
+    /// so resent messages are not delivered twice); what this node had published and was not yet
+    /// stable in a changed region is sent again into the regions its topic spans now, after
+    /// `view_change_pause`; datagrams buffered for the new views are processed.
+    pub fn set_membership(&mut self, now: Time, membership: Membership) {
+        self.out.stats.view_changes += 1;
+        // Receiving side.
+        let mut floors: BTreeMap<NodeId, u64> = BTreeMap::new();
+        for region in self.regions.values() {
+            for (origin, floor) in region.msg_id_floors() {
+                let f = floors.entry(origin).or_insert(0);
+                *f = (*f).max(floor);
+            }
+        }
+        let mut old = std::mem::take(&mut self.regions);
+        for view in membership.regions.values() {
+            match old.remove(&view.region) {
+                Some(state) if state.view == view.view => {
+                    self.regions.insert(view.region, state);
+                }
+                _ => {
+                    if let Some(mut state) = RegionState::new(view, self.me, &self.config, now) {
+                        state.set_msg_id_floors(floors.clone());
+                        self.regions.insert(view.region, state);
+                    }
+                }
+            }
+        }
+        // Sending side: streams whose view ended give up their messages, which go to the
+        // regions their topics span now.
+        let changed: Vec<RegionId> = self
+            .outbound
+            .iter()
+            .filter(|(r, s)| membership.regions.get(r).is_none_or(|v| v.view != s.view))
+            .map(|(&r, _)| r)
+            .collect();
+        let mut orphans: BTreeMap<MsgId, OutMsg> = BTreeMap::new();
+        for region in &changed {
+            if let Some(mut stream) = self.outbound.remove(region) {
+                for m in stream.drain_all() {
+                    orphans.entry(m.msg_id).or_insert(m);
+                }
+            }
+        }
+        let pause_until = now + self.config.view_change_pause;
+        for (msg_id, m) in orphans {
+            let regions = membership
+                .topic_regions
+                .get(&m.topic)
+                .cloned()
+                .unwrap_or_default();
+            let mut pending = 0u16;
+            for region in regions {
+                if let Some(stream) = self.outbound.get(&region) {
+                    if stream.holds(msg_id) {
+                        // An unchanged region still has it in flight.
+                        pending += 1;
+                        continue;
+                    }
+                    if !changed.contains(&region) {
+                        // An unchanged region that already acknowledged it.
+                        continue;
+                    }
+                }
+                let Some(view) = membership.regions.get(&region).map(|v| v.view) else {
+                    continue;
+                };
+                let stream = self.outbound.entry(region).or_insert_with(|| {
+                    let mut s = OutboundStream::new(view, now);
+                    s.paused_until = pause_until;
+                    s
+                });
+                stream.push(m.clone());
+                self.out.stats.messages_rehomed += 1;
+                pending += 1;
+            }
+            if self.stability.reset(msg_id, pending) {
+                self.out.stats.messages_stable += 1;
+                self.out.events.push_back(Event::Stable(msg_id));
+            }
+        }
+        self.membership = membership;
+        self.data_rr = 0;
+        // Datagrams that waited for this membership.
+        for datagram in std::mem::take(&mut self.future) {
+            self.out.stats.datagrams_received -= 1;
+            self.out.stats.bytes_received -= datagram.len() as u64;
+            self.handle_datagram(now, datagram);
+        }
+        self.update_gauges();
+    }
+
     /// Whether `h` belongs to a region view this node is in and its sender is a member.
     fn check_member_region(&mut self, h: &Header) -> bool {
         match self.regions.get(&h.region) {
@@ -402,9 +564,15 @@ impl Node {
                 timestamp_us: m.timestamp_us,
                 payload: datagram.slice_ref(m.payload),
             };
-            let arrival =
-                stream.receive(now, m.seq, msg, config.receive_window_msgs, |seq, msg| {
-                    if topics.binary_search(&msg.topic).is_ok() {
+            let arrival = stream.receive(
+                now,
+                m.seq,
+                msg,
+                config.receive_window_msgs,
+                |seq, msg, fresh| {
+                    if !fresh {
+                        out.stats.view_duplicates_dropped += 1;
+                    } else if topics.binary_search(&msg.topic).is_ok() {
                         out.stats.messages_delivered += 1;
                         out.events.push_back(Event::Deliver(Delivery {
                             origin,
@@ -421,7 +589,8 @@ impl Node {
                         out.stats.cache_inserts += 1;
                     }
                     cache
-                });
+                },
+            );
             match arrival {
                 Arrival::New => {
                     out.stats.messages_received += 1;
@@ -530,6 +699,9 @@ impl Node {
             }
         }
         for stream in self.outbound.values_mut() {
+            if stream.paused_until != Time::ZERO && now >= stream.paused_until {
+                stream.paused_until = Time::ZERO;
+            }
             if let Some(deadline) = silence_deadline(stream, &self.config) {
                 if now >= deadline {
                     stream.silence_pending = true;
@@ -556,7 +728,12 @@ impl Node {
             .outbound
             .values()
             .filter_map(|s| silence_deadline(s, &self.config));
-        rings.chain(repair).chain(silence).min()
+        let pauses = self
+            .outbound
+            .values()
+            .filter(|s| s.paused_until != Time::ZERO)
+            .map(|s| s.paused_until);
+        rings.chain(repair).chain(silence).chain(pauses).min()
     }
 
     /// The next event for the application, if any.

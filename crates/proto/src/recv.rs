@@ -62,6 +62,10 @@ pub(crate) struct InboundStream {
     pub(crate) stable_upto: u64,
     /// Messages ever put in the cache (for the cache-fraction figure).
     pub(crate) cached_total: u64,
+    /// Highest message id of this origin handed to the application, carried across views: after a
+    /// view change the sender resends what was unstable, and what this node already delivered is
+    /// recognised by its id (a sender's ids increase along each stream).
+    pub(crate) msg_id_floor: u64,
 }
 
 impl InboundStream {
@@ -74,6 +78,7 @@ impl InboundStream {
             cache: VecDeque::new(),
             stable_upto: 0,
             cached_total: 0,
+            msg_id_floor: 0,
         }
     }
 
@@ -108,14 +113,16 @@ impl InboundStream {
     }
 
     /// Stores a received message, then delivers every message that became in order, calling
-    /// `deliver(seq, msg)` for each; `deliver` returns whether the message must be cached.
+    /// `deliver(seq, msg, fresh)` for each, where `fresh` is false for a message already delivered
+    /// in an earlier view (not to be handed to the application again); `deliver` returns whether
+    /// the message must be cached.
     pub(crate) fn receive(
         &mut self,
         now: Time,
         seq: u64,
         msg: InMsg,
         receive_window: usize,
-        mut deliver: impl FnMut(u64, &InMsg) -> bool,
+        mut deliver: impl FnMut(u64, &InMsg, bool) -> bool,
     ) -> Arrival {
         if seq <= self.delivered_upto {
             return Arrival::Duplicate;
@@ -138,7 +145,9 @@ impl InboundStream {
             };
             self.delivered_upto += 1;
             let seq = self.delivered_upto;
-            if deliver(seq, &msg) && seq > self.stable_upto {
+            let fresh = msg.msg_id.0 > self.msg_id_floor;
+            self.msg_id_floor = self.msg_id_floor.max(msg.msg_id.0);
+            if deliver(seq, &msg, fresh) && seq > self.stable_upto {
                 self.cache.push_back((seq, msg));
                 self.cached_total += 1;
             }
@@ -299,7 +308,7 @@ mod tests {
         let mut got = Vec::new();
         let t = Time::ZERO;
         for seq in [3, 1, 3, 2, 5, 4, 1] {
-            s.receive(t, seq, msg(seq), 100, |seq, _| {
+            s.receive(t, seq, msg(seq), 100, |seq, _, _| {
                 got.push(seq);
                 seq % 2 == 0
             });
@@ -315,11 +324,11 @@ mod tests {
     fn window_bounds_what_is_kept() {
         let mut s = InboundStream::new(NodeId(1));
         assert_eq!(
-            s.receive(Time::ZERO, 11, msg(11), 10, |_, _| false),
+            s.receive(Time::ZERO, 11, msg(11), 10, |_, _, _| false),
             Arrival::OutOfWindow
         );
         assert_eq!(
-            s.receive(Time::ZERO, 10, msg(10), 10, |_, _| false),
+            s.receive(Time::ZERO, 10, msg(10), 10, |_, _, _| false),
             Arrival::New
         );
         assert_eq!(s.missing_count(), 9);
@@ -331,7 +340,7 @@ mod tests {
     fn missing_ranges_include_unknown_tail() {
         let mut s = InboundStream::new(NodeId(1));
         for seq in [1, 2, 5, 6, 9] {
-            s.receive(Time::ZERO, seq, msg(seq), 100, |_, _| false);
+            s.receive(Time::ZERO, seq, msg(seq), 100, |_, _, _| false);
         }
         let mut out = Vec::new();
         assert_eq!(s.missing_ranges(12, 10, &mut out), 12);
@@ -346,7 +355,7 @@ mod tests {
         use std::time::Duration;
         let ms = Duration::from_millis;
         let mut s = InboundStream::new(NodeId(1));
-        s.receive(Time::ZERO, 3, msg(3), 100, |_, _| false);
+        s.receive(Time::ZERO, 3, msg(3), 100, |_, _, _| false);
         let mut asked = Vec::new();
         s.due_gaps(Time::ZERO, ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
         assert!(asked.is_empty());
@@ -356,7 +365,7 @@ mod tests {
         s.due_gaps(t, ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
         assert_eq!(asked, vec![(1, 0), (2, 0)]);
         // Both are in flight: the window of 2 is full until they time out.
-        s.receive(Time::ZERO, 6, msg(6), 100, |_, _| false);
+        s.receive(Time::ZERO, 6, msg(6), 100, |_, _, _| false);
         s.due_gaps(t, ms(2), ms(40), 2, |seq, a| asked.push((seq, a)));
         assert_eq!(asked.len(), 2);
         s.due_gaps(t + ms(40), ms(2), ms(40), 2, |seq, a| asked.push((seq, a)));
@@ -370,5 +379,31 @@ mod tests {
             asked.push((seq, a))
         });
         assert_eq!(&asked[6..], &[(1, 2), (2, 2)]);
+    }
+}
+
+#[cfg(test)]
+mod view_tests {
+    use super::*;
+
+    #[test]
+    fn messages_delivered_in_an_earlier_view_are_not_fresh() {
+        let mut s = InboundStream::new(NodeId(1));
+        s.msg_id_floor = 5;
+        let mut fresh = Vec::new();
+        for (seq, id) in [(1, 4), (2, 5), (3, 6), (4, 7)] {
+            let m = InMsg {
+                msg_id: MsgId(id),
+                topic: TopicId(1),
+                timestamp_us: 0,
+                payload: Bytes::new(),
+            };
+            s.receive(Time::ZERO, seq, m, 100, |_, m, f| {
+                fresh.push((m.msg_id.0, f));
+                false
+            });
+        }
+        assert_eq!(fresh, vec![(4, false), (5, false), (6, true), (7, true)]);
+        assert_eq!(s.msg_id_floor, 7);
     }
 }

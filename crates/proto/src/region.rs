@@ -200,6 +200,8 @@ pub(crate) struct RegionState {
     cache_block: u64,
     pub(crate) inbound: BTreeMap<NodeId, InboundStream>,
     rings: Vec<Ring>,
+    /// Per origin, the highest message id delivered in earlier views (seeds new streams).
+    msg_id_floors: BTreeMap<NodeId, u64>,
     /// Scratch lists reused across tokens.
     scratch: Vec<SeqRange>,
 }
@@ -251,6 +253,7 @@ impl RegionState {
             cache_block: config.cache_block_msgs,
             inbound: BTreeMap::new(),
             rings,
+            msg_id_floors: BTreeMap::new(),
             scratch: Vec::new(),
         })
     }
@@ -303,10 +306,12 @@ impl RegionState {
         {
             return None;
         }
-        let stream = self
-            .inbound
-            .entry(origin)
-            .or_insert_with(|| InboundStream::new(origin));
+        let floor = self.msg_id_floors.get(&origin).copied().unwrap_or(0);
+        let stream = self.inbound.entry(origin).or_insert_with(|| {
+            let mut s = InboundStream::new(origin);
+            s.msg_id_floor = floor;
+            s
+        });
         Some((stream, caching, &self.topics))
     }
 
@@ -322,11 +327,25 @@ impl RegionState {
         if !self.inbound.contains_key(&origin) && self.inbound.len() >= config.streams_max {
             return None;
         }
-        Some(
-            self.inbound
-                .entry(origin)
-                .or_insert_with(|| InboundStream::new(origin)),
-        )
+        let floor = self.msg_id_floors.get(&origin).copied().unwrap_or(0);
+        Some(self.inbound.entry(origin).or_insert_with(|| {
+            let mut s = InboundStream::new(origin);
+            s.msg_id_floor = floor;
+            s
+        }))
+    }
+
+    /// Seeds the per-origin floors of message ids delivered in earlier views.
+    pub(crate) fn set_msg_id_floors(&mut self, floors: BTreeMap<NodeId, u64>) {
+        self.msg_id_floors = floors;
+    }
+
+    /// Per origin, the highest message id delivered in this view or seeded from earlier ones.
+    pub(crate) fn msg_id_floors(&self) -> impl Iterator<Item = (NodeId, u64)> + '_ {
+        self.msg_id_floors
+            .iter()
+            .map(|(&o, &f)| (o, f))
+            .chain(self.inbound.values().map(|s| (s.origin, s.msg_id_floor)))
     }
 
     /// A random member of the caching partition of `seq` other than this node.

@@ -38,6 +38,9 @@ pub(crate) struct OutboundStream {
     pub(crate) last_send: Time,
     /// A silence heartbeat is due (set by the timer, cleared when sent).
     pub(crate) silence_pending: bool,
+    /// After a view change, nothing is sent before this time (receivers install the new view);
+    /// `Time::ZERO` when not paused. Cleared by the node's timer.
+    pub(crate) paused_until: Time,
 }
 
 impl OutboundStream {
@@ -51,6 +54,7 @@ impl OutboundStream {
             unstable_bytes: 0,
             last_send: now,
             silence_pending: false,
+            paused_until: Time::ZERO,
         }
     }
 
@@ -92,6 +96,7 @@ impl OutboundStream {
     /// Whether an unsent message may go out now (Horus' local window).
     pub(crate) fn can_send(&self, config: &Config) -> bool {
         self.sent_upto < self.last_seq()
+            && self.paused_until == Time::ZERO
             && (self.unstable_msgs() as usize) < config.window_msgs_max
             && self.unstable_bytes < config.window_bytes_max
     }
@@ -133,6 +138,21 @@ impl OutboundStream {
             packed += 1;
         }
         packed
+    }
+
+    /// Every message held (unstable or unsent), in sequence order, leaving the stream empty; used
+    /// when the stream's view ends.
+    pub(crate) fn drain_all(&mut self) -> impl Iterator<Item = OutMsg> + '_ {
+        self.unsent_bytes = 0;
+        self.unstable_bytes = 0;
+        self.sent_upto = self.stable_upto;
+        self.msgs.drain(..)
+    }
+
+    /// Whether the stream holds message `msg_id` (ids increase along the stream).
+    pub(crate) fn holds(&self, msg_id: MsgId) -> bool {
+        let idx = self.msgs.partition_point(|m| m.msg_id < msg_id);
+        self.msgs.get(idx).is_some_and(|m| m.msg_id == msg_id)
     }
 
     /// Applies a region ACK: releases everything up to `stable_upto`, calling `released` with each
@@ -193,6 +213,23 @@ impl StabilityTracker {
         let stable = *count == 0;
         self.trim();
         stable
+    }
+
+    /// Sets how many regions must still acknowledge `msg_id` (after a view change re-homed it);
+    /// returns true if that makes it stable.
+    pub(crate) fn reset(&mut self, msg_id: MsgId, regions: u16) -> bool {
+        let Some(idx) = msg_id.0.checked_sub(self.first) else {
+            return false;
+        };
+        let Some(count) = self.pending.get_mut(idx as usize) else {
+            return false;
+        };
+        if *count == 0 {
+            return false;
+        }
+        *count = regions;
+        self.trim();
+        regions == 0
     }
 
     /// Whether `msg_id` (an id this node assigned) is stable.

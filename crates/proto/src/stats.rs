@@ -97,6 +97,20 @@ pub struct Stats {
     /// NAKs received (as sender).
     pub naks_received: u64,
 
+    /// Memberships applied (view changes).
+    pub view_changes: u64,
+    /// Messages resent into a new view because they were unstable in the old one.
+    pub messages_rehomed: u64,
+    /// Messages received in a new view that this node had delivered in an earlier one, not
+    /// delivered again.
+    pub view_duplicates_dropped: u64,
+    /// Datagrams of a view not known yet, kept until it arrives.
+    pub future_view_buffered: u64,
+    /// Datagrams of a future view dropped because the buffer was full.
+    pub future_view_overflows: u64,
+    /// Datagrams of a view that has ended, dropped.
+    pub stale_view_dropped: u64,
+
     /// Messages put in this node's cooperative cache.
     pub cache_inserts: u64,
     /// Messages dropped from the cache once stable.
