@@ -140,6 +140,15 @@ struct ScenarioArgs {
     /// Sender window: unstable messages per region.
     #[arg(long)]
     window: Option<usize>,
+    /// Random membership events (crash, leave, join, resubscribe) during publishing.
+    #[arg(long, default_value_t = 0)]
+    churn: u32,
+    /// Crash the largest region's leader and one of its partition leaders during publishing.
+    #[arg(long)]
+    crash_leaders: bool,
+    /// How long a crash goes unnoticed by the membership, milliseconds.
+    #[arg(long, default_value_t = 300)]
+    detection_ms: u64,
 }
 
 fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
@@ -168,6 +177,10 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         publish_rate: a.rate,
         link_mbps: a.link_mbps,
         proto,
+        churn: a.churn,
+        churn_events: Vec::new(),
+        crash_leaders: a.crash_leaders,
+        detection: Duration::from_millis(a.detection_ms),
     }
 }
 

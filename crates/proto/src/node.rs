@@ -95,6 +95,9 @@ pub struct Node {
     data_rr: usize,
     /// Datagrams of views not known yet, oldest first (bounded by `future_datagrams_max`).
     future: std::collections::VecDeque<Bytes>,
+    /// Per origin, the highest message id delivered in views that ended; kept even while this node
+    /// is in no region, so a node that leaves and joins again never delivers a message twice.
+    msg_id_floors: BTreeMap<NodeId, u64>,
 }
 
 /// Where a datagram's view stands relative to what this node knows.
@@ -139,6 +142,7 @@ impl Node {
             next_repair_scan: now,
             data_rr: 0,
             future: std::collections::VecDeque::new(),
+            msg_id_floors: BTreeMap::new(),
         })
     }
 
@@ -434,13 +438,13 @@ impl Node {
     pub fn set_membership(&mut self, now: Time, membership: Membership) {
         self.out.stats.view_changes += 1;
         // Receiving side.
-        let mut floors: BTreeMap<NodeId, u64> = BTreeMap::new();
         for region in self.regions.values() {
             for (origin, floor) in region.msg_id_floors() {
-                let f = floors.entry(origin).or_insert(0);
+                let f = self.msg_id_floors.entry(origin).or_insert(0);
                 *f = (*f).max(floor);
             }
         }
+        let floors = self.msg_id_floors.clone();
         let mut old = std::mem::take(&mut self.regions);
         for view in membership.regions.values() {
             match old.remove(&view.region) {

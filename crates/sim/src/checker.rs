@@ -1,15 +1,16 @@
 //! The oracle: checks the delivery promise of DESIGN.md section 1 on every event of a run.
 //!
-//! - every message a sender publishes on topic T is delivered to every subscriber of T,
-//! - exactly once and in sender order (a per receiver and sender cursor over the sender's
-//!   publication log must advance one subscribed message at a time),
+//! - every message a sender publishes on topic T is delivered to every node subscribed to T at
+//!   that moment that stays alive and subscribed (membership may change during a run),
+//! - exactly once and in sender order (message ids from one sender only increase at a receiver),
 //! - with the payload that was published,
 //! - and a message is reported stable only when every subscriber has delivered it.
 //!
-//! It works incrementally (O(1) per delivery, O(subscribers) per stability report) so it can watch
-//! tens of millions of deliveries without keeping them.
+//! It works incrementally (O(1) per delivery, O(subscribers) per stability report, one bit per
+//! delivered message) so it can watch tens of millions of deliveries.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use tidings_proto::{Delivery, MsgId, NodeId, Time, TopicId};
@@ -61,18 +62,59 @@ struct SenderLog {
     stable_count: u64,
 }
 
+/// Which message ids of one sender a receiver delivered (bit `msg_id - 1`).
+#[derive(Clone, Debug, Default)]
+struct Delivered {
+    bits: Vec<u64>,
+    last: u64,
+}
+
+impl Delivered {
+    fn set(&mut self, msg_id: u64) {
+        let i = (msg_id - 1) as usize;
+        if self.bits.len() <= i / 64 {
+            self.bits.resize(i / 64 + 1, 0);
+        }
+        self.bits[i / 64] |= 1 << (i % 64);
+    }
+
+    fn get(&self, msg_id: u64) -> bool {
+        let i = (msg_id - 1) as usize;
+        self.bits
+            .get(i / 64)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+}
+
+/// A view change whose pause is being measured: the live subscribers that have not delivered
+/// anything since it happened.
+#[derive(Debug)]
+struct PendingPause {
+    at: Time,
+    awaiting: BTreeSet<NodeId>,
+    longest: Duration,
+}
+
 /// What the checker saw.
+///
+/// Membership may change during a run (churn): a receiver must deliver a message if it was
+/// subscribed to the message's topic when it was published and stays alive and subscribed to the
+/// end (or, for the stability check, until the message became stable); it may deliver a message
+/// of any topic it subscribes to at the time of delivery; from each sender it delivers in
+/// increasing message id order, each at most once.
 #[derive(Debug)]
 pub struct Ledger {
-    /// Sorted subscriptions per node.
-    subscriptions: Vec<Vec<TopicId>>,
-    subscribers: BTreeMap<TopicId, Vec<NodeId>>,
+    /// Per node, its topics and since when it subscribes to each (`None`: from the start).
+    since: Vec<BTreeMap<TopicId, Option<Time>>>,
+    alive: Vec<bool>,
+    subscribers: BTreeMap<TopicId, BTreeSet<NodeId>>,
     senders: BTreeMap<NodeId, SenderLog>,
-    /// `cursors[r][s]`: index in sender `s`'s log just after the last message `r` delivered.
-    cursors: Vec<BTreeMap<NodeId, usize>>,
+    /// `delivered[r][s]`: what receiver `r` delivered of sender `s`.
+    delivered: Vec<BTreeMap<NodeId, Delivered>>,
     violations: Vec<String>,
     violation_count: u64,
     deliveries: u64,
+    pause: Option<PendingPause>,
     /// Publish to stable, microseconds.
     pub time_to_stable_us: Histogram<u64>,
     /// Publish to delivery at each receiver, microseconds.
@@ -81,6 +123,8 @@ pub struct Ledger {
     pub token_rtt_us: Histogram<u64>,
     /// Round trips of lower rings (partitions and intermediate levels), microseconds.
     pub partition_token_rtt_us: Histogram<u64>,
+    /// Per view change: from the change until every live subscriber delivered again, microseconds.
+    pub view_change_pause_us: Histogram<u64>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -88,32 +132,38 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant histogram bounds are valid")
 }
 
+fn record(h: &mut Histogram<u64>, d: Duration) {
+    let _ = h.record((d.as_micros() as u64).max(1));
+}
+
 impl Ledger {
-    /// A ledger for nodes with the given subscriptions (`subscriptions[i]` for `NodeId(i)`).
+    /// A ledger for nodes with the given subscriptions (`subscriptions[i]` for `NodeId(i)`), held
+    /// from the start of the run.
     #[must_use]
     pub fn new(subscriptions: &[Vec<TopicId>]) -> Self {
-        let mut subs: Vec<Vec<TopicId>> = subscriptions.to_vec();
-        let mut subscribers: BTreeMap<TopicId, Vec<NodeId>> = BTreeMap::new();
-        for (i, s) in subs.iter_mut().enumerate() {
-            s.sort_unstable();
-            s.dedup();
-            for &t in s.iter() {
-                subscribers.entry(t).or_default().push(NodeId(i as u32));
-            }
-        }
-        Ledger {
-            cursors: vec![BTreeMap::new(); subs.len()],
-            subscriptions: subs,
-            subscribers,
+        let mut l = Ledger {
+            since: vec![BTreeMap::new(); subscriptions.len()],
+            alive: vec![true; subscriptions.len()],
+            subscribers: BTreeMap::new(),
             senders: BTreeMap::new(),
+            delivered: vec![BTreeMap::new(); subscriptions.len()],
             violations: Vec::new(),
             violation_count: 0,
             deliveries: 0,
+            pause: None,
             time_to_stable_us: histogram(),
             latency_us: histogram(),
             token_rtt_us: histogram(),
             partition_token_rtt_us: histogram(),
+            view_change_pause_us: histogram(),
+        };
+        for (i, topics) in subscriptions.iter().enumerate() {
+            for &t in topics {
+                l.since[i].insert(t, None);
+                l.subscribers.entry(t).or_default().insert(NodeId(i as u32));
+            }
         }
+        l
     }
 
     fn violation(&mut self, text: String) {
@@ -123,10 +173,70 @@ impl Ledger {
         }
     }
 
-    fn subscribes(&self, node: NodeId, topic: TopicId) -> bool {
-        self.subscriptions
-            .get(node.0 as usize)
-            .is_some_and(|s| s.binary_search(&topic).is_ok())
+    /// Whether `node` must deliver a message on `topic` published at `at`.
+    fn required(&self, node: NodeId, topic: TopicId, at: Time) -> bool {
+        self.alive[node.0 as usize]
+            && self.since[node.0 as usize]
+                .get(&topic)
+                .is_some_and(|s| s.is_none_or(|s| s < at))
+    }
+
+    /// From `now` on, `node` subscribes to exactly `topics` (the membership that says so was just
+    /// installed everywhere).
+    pub fn set_subscriptions(&mut self, node: NodeId, topics: &[TopicId], now: Time) {
+        let i = node.0 as usize;
+        let old: Vec<TopicId> = self.since[i].keys().copied().collect();
+        for t in old {
+            if !topics.contains(&t) {
+                self.since[i].remove(&t);
+                if let Some(s) = self.subscribers.get_mut(&t) {
+                    s.remove(&node);
+                }
+            }
+        }
+        for &t in topics {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.since[i].entry(t) {
+                e.insert(Some(now));
+                self.subscribers.entry(t).or_default().insert(node);
+            }
+        }
+    }
+
+    /// `node` crashed: nothing is required of it any more.
+    pub fn crashed(&mut self, node: NodeId) {
+        self.alive[node.0 as usize] = false;
+        if let Some(p) = self.pause.as_mut() {
+            p.awaiting.remove(&node);
+        }
+    }
+
+    /// A membership change took effect at `now`: starts measuring how long until every live
+    /// subscriber delivers again (closing the previous measurement if still open).
+    pub fn view_change(&mut self, now: Time) {
+        self.close_pause(now);
+        let awaiting: BTreeSet<NodeId> = self
+            .subscribers
+            .values()
+            .flatten()
+            .copied()
+            .filter(|n| self.alive[n.0 as usize])
+            .collect();
+        self.pause = Some(PendingPause {
+            at: now,
+            awaiting,
+            longest: Duration::ZERO,
+        });
+    }
+
+    fn close_pause(&mut self, now: Time) {
+        if let Some(p) = self.pause.take() {
+            let longest = if p.awaiting.is_empty() {
+                p.longest
+            } else {
+                now - p.at
+            };
+            record(&mut self.view_change_pause_us, longest);
+        }
     }
 
     /// A sender published `msg_id` on `topic` with a payload of `len` bytes.
@@ -155,23 +265,6 @@ impl Ledger {
     /// `receiver` delivered `d`.
     pub fn delivered(&mut self, receiver: NodeId, d: &Delivery, now: Time) {
         self.deliveries += 1;
-        let expected_len = self
-            .senders
-            .get(&d.origin)
-            .and_then(|l| l.lens.get(d.msg_id.0.saturating_sub(1) as usize))
-            .map_or(usize::MAX, |&l| l as usize);
-        if !payload_ok(d, expected_len) {
-            self.violation(format!(
-                "{receiver} got a corrupt payload for {}#{}",
-                d.origin, d.msg_id.0
-            ));
-        }
-        if !self.subscribes(receiver, d.topic) {
-            self.violation(format!(
-                "{receiver} got {}#{} on topic {} it does not subscribe to",
-                d.origin, d.msg_id.0, d.topic
-            ));
-        }
         let Some(log) = self.senders.get(&d.origin) else {
             self.violation(format!(
                 "{receiver} got {}#{} that was never published",
@@ -179,33 +272,59 @@ impl Ledger {
             ));
             return;
         };
-        let subs = &self.subscriptions[receiver.0 as usize];
-        let mut idx = self.cursors[receiver.0 as usize]
-            .get(&d.origin)
-            .copied()
-            .unwrap_or(0);
-        while idx < log.topics.len() && subs.binary_search(&log.topics[idx]).is_err() {
-            idx += 1;
-        }
-        let expected = idx as u64 + 1;
-        if let Some(&at) = log.published_at.get(d.msg_id.0.saturating_sub(1) as usize) {
-            let _ = self
-                .latency_us
-                .record(now.saturating_duration_since(at).as_micros().max(1) as u64);
-        }
-        if d.msg_id.0 != expected {
-            let what = if d.msg_id.0 < expected {
-                "duplicate or reordered"
-            } else {
-                "gap before"
-            };
+        let idx = d.msg_id.0.saturating_sub(1) as usize;
+        let (Some(&topic), Some(&len), Some(&at)) = (
+            log.topics.get(idx),
+            log.lens.get(idx),
+            log.published_at.get(idx),
+        ) else {
             self.violation(format!(
-                "{receiver} delivered {}#{} ({what}); expected #{expected}",
+                "{receiver} got {}#{} that was never published",
+                d.origin, d.msg_id.0
+            ));
+            return;
+        };
+        if !payload_ok(d, len as usize) || d.topic != topic {
+            self.violation(format!(
+                "{receiver} got a corrupt payload for {}#{}",
                 d.origin, d.msg_id.0
             ));
         }
-        let next = (d.msg_id.0 as usize).max(idx);
-        self.cursors[receiver.0 as usize].insert(d.origin, next);
+        if !self.since[receiver.0 as usize].contains_key(&d.topic) {
+            self.violation(format!(
+                "{receiver} got {}#{} on topic {} it does not subscribe to",
+                d.origin, d.msg_id.0, d.topic
+            ));
+        }
+        record(&mut self.latency_us, now - at);
+        let seen = self.delivered[receiver.0 as usize]
+            .entry(d.origin)
+            .or_default();
+        if d.msg_id.0 <= seen.last {
+            let what = if seen.get(d.msg_id.0) {
+                "twice"
+            } else {
+                "out of order"
+            };
+            let last = seen.last;
+            self.violation(format!(
+                "{receiver} delivered {}#{} {what} (after #{last})",
+                d.origin, d.msg_id.0
+            ));
+        }
+        let seen = self.delivered[receiver.0 as usize]
+            .entry(d.origin)
+            .or_default();
+        seen.last = seen.last.max(d.msg_id.0);
+        seen.set(d.msg_id.0);
+        if let Some(p) = self.pause.as_mut() {
+            if p.awaiting.remove(&receiver) {
+                p.longest = p.longest.max(now - p.at);
+                if p.awaiting.is_empty() {
+                    self.close_pause(now);
+                }
+            }
+        }
     }
 
     /// `origin` reported `msg_id` stable.
@@ -231,16 +350,13 @@ impl Ledger {
         }
         log.stable[idx] = true;
         log.stable_count += 1;
-        let _ = self
-            .time_to_stable_us
-            .record(now.saturating_duration_since(at).as_micros().max(1) as u64);
+        record(&mut self.time_to_stable_us, now - at);
         let mut missing = Vec::new();
-        for &r in self.subscribers.get(&topic).map_or(&[][..], Vec::as_slice) {
-            let cursor = self.cursors[r.0 as usize]
+        for &r in self.subscribers.get(&topic).into_iter().flatten() {
+            let done = self.delivered[r.0 as usize]
                 .get(&origin)
-                .copied()
-                .unwrap_or(0);
-            if cursor <= idx {
+                .is_some_and(|d| d.get(msg_id.0));
+            if !done && self.required(r, topic, at) {
                 missing.push(r);
             }
         }
@@ -254,14 +370,13 @@ impl Ledger {
     }
 
     /// Records a token round trip.
-    pub fn token_round(&mut self, top: bool, rtt: std::time::Duration) {
-        let us = rtt.as_micros().max(1) as u64;
+    pub fn token_round(&mut self, top: bool, rtt: Duration) {
         let h = if top {
             &mut self.token_rtt_us
         } else {
             &mut self.partition_token_rtt_us
         };
-        let _ = h.record(us);
+        record(h, rtt);
     }
 
     /// Messages published in all.
@@ -290,30 +405,33 @@ impl Ledger {
             .all(|l| l.stable_count == l.topics.len() as u64)
     }
 
-    /// The end-of-run check: every subscriber delivered every message of its topics, and every
-    /// message became stable. Adds violations for what is missing.
-    pub fn finish(&mut self) {
+    /// The end-of-run check: every receiver delivered every message it had to, and every message
+    /// became stable. Adds violations for what is missing.
+    pub fn finish(&mut self, now: Time) {
+        self.close_pause(now);
         let mut found = Vec::new();
-        for (r, subs) in self.subscriptions.iter().enumerate() {
-            for (&s, log) in &self.senders {
-                let mut idx = self.cursors[r].get(&s).copied().unwrap_or(0);
-                let mut undelivered = 0u64;
-                let mut first = None;
-                while idx < log.topics.len() {
-                    if subs.binary_search(&log.topics[idx]).is_ok() {
-                        undelivered += 1;
-                        first.get_or_insert(idx + 1);
+        for (&s, log) in &self.senders {
+            if !self.alive[s.0 as usize] {
+                // The promise is for live senders.
+                continue;
+            }
+            let mut undelivered: BTreeMap<NodeId, (u64, usize)> = BTreeMap::new();
+            for (idx, (&topic, &at)) in log.topics.iter().zip(&log.published_at).enumerate() {
+                for &r in self.subscribers.get(&topic).into_iter().flatten() {
+                    let done = self.delivered[r.0 as usize]
+                        .get(&s)
+                        .is_some_and(|d| d.get(idx as u64 + 1));
+                    if !done && self.required(r, topic, at) {
+                        let e = undelivered.entry(r).or_insert((0, idx + 1));
+                        e.0 += 1;
                     }
-                    idx += 1;
-                }
-                if let Some(first) = first {
-                    found.push(format!(
-                        "node {r} never delivered {undelivered} message(s) of {s} (first #{first})"
-                    ));
                 }
             }
-        }
-        for (&s, log) in &self.senders {
+            for (r, (count, first)) in undelivered {
+                found.push(format!(
+                    "{r} never delivered {count} message(s) of {s} (first #{first})"
+                ));
+            }
             let unstable = log.topics.len() as u64 - log.stable_count;
             if unstable > 0 {
                 found.push(format!("{unstable} message(s) of {s} never became stable"));
@@ -357,20 +475,22 @@ mod tests {
         l.stable(NodeId(0), MsgId(1), t);
         l.delivered(NodeId(2), &delivery(0, 2, 1), t);
         l.stable(NodeId(0), MsgId(2), t);
-        l.finish();
+        l.finish(t);
         assert_eq!(l.violations().1, 0, "{:?}", l.violations().0);
     }
 
     #[test]
-    fn catches_gaps_duplicates_early_stability_and_loss() {
+    fn catches_duplicates_reordering_early_stability_corruption_and_loss() {
         let mut l = Ledger::new(&[vec![], vec![TopicId(1)]]);
         let t = Time::ZERO;
         for id in 1..=3 {
             l.published(NodeId(0), MsgId(id), TopicId(1), 40, t);
         }
-        l.delivered(NodeId(1), &delivery(0, 2, 1), t); // gap
+        l.delivered(NodeId(1), &delivery(0, 2, 1), t);
+        assert_eq!(l.violations().1, 0);
+        l.delivered(NodeId(1), &delivery(0, 2, 1), t); // twice
         assert_eq!(l.violations().1, 1);
-        l.delivered(NodeId(1), &delivery(0, 2, 1), t); // duplicate
+        l.delivered(NodeId(1), &delivery(0, 1, 1), t); // out of order
         assert_eq!(l.violations().1, 2);
         l.stable(NodeId(0), MsgId(3), t); // not delivered yet
         assert_eq!(l.violations().1, 3);
@@ -378,7 +498,31 @@ mod tests {
         bad.payload = Bytes::from(payload_for(NodeId(0), 3, 39));
         l.delivered(NodeId(1), &bad, t); // corrupt
         assert_eq!(l.violations().1, 4);
-        l.finish(); // messages 1 and 2 never stable
-        assert!(l.violations().1 >= 5);
+        l.finish(t); // messages 1 and 2 never stable
+        assert_eq!(l.violations().1, 5);
+    }
+
+    #[test]
+    fn churn_changes_what_is_required() {
+        let ms = |m| Time::ZERO + Duration::from_millis(m);
+        let mut l = Ledger::new(&[vec![], vec![TopicId(1)], vec![TopicId(1)], vec![]]);
+        l.published(NodeId(0), MsgId(1), TopicId(1), 40, ms(1));
+        // Node 3 joins after message 1 and may, but need not, get it; node 2 crashes.
+        l.set_subscriptions(NodeId(3), &[TopicId(1)], ms(2));
+        l.crashed(NodeId(2));
+        l.published(NodeId(0), MsgId(2), TopicId(1), 40, ms(3));
+        for id in 1..=2 {
+            l.delivered(NodeId(1), &delivery(0, id, 1), ms(4));
+        }
+        l.delivered(NodeId(3), &delivery(0, 2, 1), ms(4));
+        l.stable(NodeId(0), MsgId(1), ms(5));
+        l.stable(NodeId(0), MsgId(2), ms(5));
+        l.finish(ms(6));
+        assert_eq!(l.violations().1, 0, "{:?}", l.violations().0);
+        // Node 1 leaves; a delivery after that is on a topic it does not subscribe to.
+        l.set_subscriptions(NodeId(1), &[], ms(7));
+        l.published(NodeId(0), MsgId(3), TopicId(1), 40, ms(8));
+        l.delivered(NodeId(1), &delivery(0, 3, 1), ms(9));
+        assert_eq!(l.violations().1, 1);
     }
 }

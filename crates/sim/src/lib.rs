@@ -7,6 +7,7 @@ pub mod net;
 pub mod world;
 
 pub mod checker;
+pub mod churn;
 pub mod report;
 pub mod scenario;
 pub mod sweep;

@@ -122,6 +122,12 @@ pub struct RunReport {
     pub recovery: Recovery,
     /// Datagrams the network lost, by cause, all nodes.
     pub network_drops: DropCounts,
+    /// Memberships installed during the run (view changes).
+    pub view_changes: u64,
+    /// Per view change, the time until every live subscriber delivered again.
+    pub view_change_pause_ms: Percentiles,
+    /// The membership events of the run.
+    pub churn: Vec<String>,
 }
 
 fn round3(x: f64) -> f64 {
@@ -249,6 +255,9 @@ impl RunReport {
             cache_fraction_per_node: fractions,
             recovery: recovery_totals(world),
             network_drops: drops,
+            view_changes: 0,
+            view_change_pause_ms: percentiles_ms(&ledger.view_change_pause_us),
+            churn: Vec::new(),
         }
     }
 
@@ -329,6 +338,17 @@ impl RunReport {
         let d = &self.network_drops;
         let _ = writeln!(o, "network drops loss {} up / {} down, tail drop {} up / {} down, blackout {}, socket overflow {}",
             d.loss_up, d.loss_down, d.tail_drop_up, d.tail_drop_down, d.blackout, d.socket_overflow);
+        if self.view_changes > 0 {
+            let _ = writeln!(
+                o,
+                "membership    {} view change(s), pause until every subscriber delivers again {}",
+                self.view_changes,
+                p(&self.view_change_pause_ms)
+            );
+            for c in &self.churn {
+                let _ = writeln!(o, "  churn {c}");
+            }
+        }
         let _ = writeln!(
             o,
             "verdict       {} ({} violation(s))",

@@ -2,7 +2,6 @@
 //! simulated network while the [`Ledger`] checks the delivery promise.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use tidings_proto::{
 };
 
 use crate::checker::{payload_for, Ledger, PAYLOAD_ID_LEN};
+use crate::churn::{ChurnEvent, ChurnKind, Install, MembershipOracle, DETECTION_DEFAULT};
 use crate::fault::{FaultError, FaultSpec};
 use crate::net::LinkConfig;
 use crate::report::{Percentiles, Recovery, RunReport};
@@ -57,6 +57,15 @@ pub struct Scenario {
     pub link_mbps: f64,
     /// Protocol configuration of every node (its `rng_seed` is replaced by one derived from `seed`).
     pub proto: Config,
+    /// Random membership events (crash, leave, join, resubscribe) spread over the middle of the
+    /// publishing phase; senders never churn. Default 0.
+    pub churn: u32,
+    /// Membership events at given times, besides the random ones.
+    pub churn_events: Vec<ChurnEvent>,
+    /// Crash the largest region's leader and one of its partition leaders during publishing.
+    pub crash_leaders: bool,
+    /// How long a crash goes unnoticed by the membership. Default 300 ms.
+    pub detection: Duration,
 }
 
 impl Default for Scenario {
@@ -78,6 +87,10 @@ impl Default for Scenario {
             publish_rate: None,
             link_mbps: 100.0,
             proto: Config::default(),
+            churn: 0,
+            churn_events: Vec::new(),
+            crash_leaders: false,
+            detection: DETECTION_DEFAULT,
         }
     }
 }
@@ -214,6 +227,106 @@ impl Scenario {
             .collect()
     }
 
+    /// The topics a joining or resubscribing node takes: those of another receiver's initial
+    /// profile (chosen by the node's id, so the run stays deterministic).
+    fn profile_topics(&self, node: NodeId) -> Vec<TopicId> {
+        let subs = self.subscriptions();
+        let current = subs.get(node.0 as usize).cloned().unwrap_or_default();
+        let k = self.profile_count().max(1);
+        for shift in 1..=k {
+            let other = (node.0 + shift) as usize;
+            let candidate = subs
+                .get(other % subs.len().max(1))
+                .cloned()
+                .unwrap_or_default();
+            if !candidate.is_empty() && candidate != current {
+                return candidate;
+            }
+        }
+        current
+    }
+
+    /// The membership events of the run: the given ones, the leader crashes if asked, and
+    /// `churn` random ones spread over 20%..80% of the publishing phase. Senders never churn.
+    #[must_use]
+    pub fn churn_plan(&self, membership: &Membership) -> Vec<ChurnEvent> {
+        let mut plan = self.churn_events.clone();
+        let at = |f: f64| Time::ZERO + secs(self.seconds * f);
+        if self.crash_leaders {
+            // The promise is for live senders, so only receivers are crashed: the leader of the
+            // largest region whose leader is not a sender, then a partition leader of it.
+            let receiver = |n: &NodeId| n.0 >= self.senders;
+            let region = membership
+                .regions
+                .values()
+                .filter(|r| {
+                    r.partitions
+                        .first()
+                        .and_then(|p| p.first())
+                        .is_some_and(receiver)
+                })
+                .max_by_key(|r| (r.member_count(), r.region));
+            if let Some(r) = region {
+                plan.push(ChurnEvent {
+                    at: at(0.3),
+                    kind: ChurnKind::Crash,
+                    node: r.partitions[0][0],
+                });
+                let other = r
+                    .partitions
+                    .iter()
+                    .skip(1)
+                    .filter_map(|p| p.first())
+                    .find(|n| receiver(n));
+                if let Some(&node) = other {
+                    plan.push(ChurnEvent {
+                        at: at(0.6),
+                        kind: ChurnKind::Crash,
+                        node,
+                    });
+                }
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(self.seed ^ 0x4348_5552_4e00);
+        let receivers: Vec<NodeId> = (self.senders..self.nodes).map(NodeId).collect();
+        let mut left: Vec<NodeId> = Vec::new();
+        let mut gone: Vec<NodeId> = plan
+            .iter()
+            .filter(|e| e.kind == ChurnKind::Crash)
+            .map(|e| e.node)
+            .collect();
+        for k in 0..self.churn {
+            let time = at(0.2 + 0.6 * (f64::from(k) + 0.5) / f64::from(self.churn));
+            let active: Vec<NodeId> = receivers
+                .iter()
+                .copied()
+                .filter(|n| !gone.contains(n) && !left.contains(n))
+                .collect();
+            let kind = match rng.u8(..4) {
+                0 => ChurnKind::Crash,
+                1 => ChurnKind::Leave,
+                2 if !left.is_empty() => ChurnKind::Join,
+                _ => ChurnKind::Resubscribe,
+            };
+            let node = match kind {
+                ChurnKind::Join => left.remove(rng.usize(..left.len())),
+                _ if active.len() <= 2 => continue,
+                _ => active[rng.usize(..active.len())],
+            };
+            match kind {
+                ChurnKind::Crash => gone.push(node),
+                ChurnKind::Leave => left.push(node),
+                _ => {}
+            }
+            plan.push(ChurnEvent {
+                at: time,
+                kind,
+                node,
+            });
+        }
+        plan
+    }
+
     /// The command that replays this scenario.
     #[must_use]
     pub fn replay_command(&self) -> String {
@@ -245,6 +358,15 @@ impl Scenario {
         }
         if let Some(r) = self.publish_rate {
             cmd += &format!(" --rate {r}");
+        }
+        if self.churn > 0 {
+            cmd += &format!(" --churn {}", self.churn);
+        }
+        if self.crash_leaders {
+            cmd += " --crash-leaders";
+        }
+        if self.detection != DETECTION_DEFAULT {
+            cmd += &format!(" --detection-ms {}", self.detection.as_millis());
         }
         if self.link_mbps != d.link_mbps {
             cmd += &format!(" --link-mbps {}", self.link_mbps);
@@ -280,6 +402,12 @@ impl SimHost {
     #[must_use]
     pub fn node(&self) -> &Node {
         &self.node
+    }
+
+    /// Installs a new membership (a view change) on the node.
+    pub fn apply_membership(&mut self, now: Time, membership: Membership) {
+        self.node.set_membership(now, membership);
+        self.after_input(now);
     }
 
     fn after_input(&mut self, now: Time) {
@@ -361,20 +489,25 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
 
-/// A built scenario: the world of hosts, the shared checker, and the membership the nodes were
-/// given.
-pub type Built = (World<SimHost>, Rc<RefCell<Ledger>>, Membership);
+/// A built scenario: the world of hosts, the shared checker, the membership service and the
+/// initial membership.
+pub struct Built {
+    /// The simulated world of hosts.
+    pub world: World<SimHost>,
+    /// The checker, shared with every host.
+    pub ledger: Rc<RefCell<Ledger>>,
+    /// The membership service of the run.
+    pub oracle: MembershipOracle,
+    /// The initial membership.
+    pub membership: Membership,
+}
 
 /// Builds the world of a scenario: the nodes, their subscriptions and faults.
 pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     s.validate()?;
     let subs = s.subscriptions();
-    let map: BTreeMap<NodeId, Vec<TopicId>> = subs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (NodeId(i as u32), t.clone()))
-        .collect();
-    let membership = Membership::from_subscriptions(&map, s.replication);
+    let mut oracle = MembershipOracle::new(&subs, s.replication);
+    let membership = oracle.membership();
     let ledger = Rc::new(RefCell::new(Ledger::new(&subs)));
     let all_topics: Vec<TopicId> = (1..=s.topics).map(TopicId).collect();
     let mut hosts = Vec::with_capacity(s.nodes as usize);
@@ -450,22 +583,104 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
         .map(|(&r, v)| (r, v.members().collect()))
         .collect();
     let world = World::new(world_config, hosts, regions)?;
-    Ok((world, ledger, membership))
+    Ok(Built {
+        world,
+        ledger,
+        oracle,
+        membership,
+    })
 }
 
 /// Runs a scenario to completion (everything stable) or to the end of its drain time, calling
 /// `progress` about once per simulated second.
 pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunReport, ScenarioError> {
-    let (mut world, ledger, membership) = build(s)?;
+    let Built {
+        mut world,
+        ledger,
+        mut oracle,
+        membership,
+    } = build(s)?;
+    let mut events = s.churn_plan(&membership);
+    events.sort_by_key(|e| e.at);
+    let mut events = std::collections::VecDeque::from(events);
+    let mut installs: Vec<Install> = Vec::new();
+    let mut crashed = vec![false; s.nodes as usize];
+    let mut churn_log = Vec::new();
+    let mut view_changes = 0u64;
     let step = Duration::from_millis(100);
     let publish_end = Time::ZERO + secs(s.seconds);
     let hard_end = publish_end + secs(s.drain_seconds);
     let mut t = Time::ZERO;
+    let mut next_sample = Time::ZERO;
     let mut pending_samples: Vec<u64> = Vec::new();
     let mut next_progress = Time::ZERO + Duration::from_secs(1);
     let completion = loop {
-        t += step;
+        let next_event = events.front().map(|e| e.at);
+        let next_install = installs.iter().map(|i| i.at).min();
+        t = [Some(next_sample + step), next_event, next_install]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(t + step);
         world.run_until(t);
+        // Membership events due now.
+        while events.front().is_some_and(|e| e.at <= t) {
+            let Some(e) = events.pop_front() else { break };
+            if crashed[e.node.0 as usize] {
+                continue;
+            }
+            churn_log.push(e.to_string());
+            match e.kind {
+                ChurnKind::Crash => {
+                    crashed[e.node.0 as usize] = true;
+                    world.crash(e.node, t)?;
+                    ledger.borrow_mut().crashed(e.node);
+                    installs.push(Install {
+                        at: t + s.detection,
+                        cause: e,
+                    });
+                }
+                ChurnKind::Leave | ChurnKind::Join | ChurnKind::Resubscribe => {
+                    let topics = match e.kind {
+                        ChurnKind::Leave => Vec::new(),
+                        _ => s.profile_topics(e.node),
+                    };
+                    oracle.set(e.node, &topics);
+                    ledger.borrow_mut().set_subscriptions(e.node, &topics, t);
+                    installs.push(Install { at: t, cause: e });
+                }
+            }
+        }
+        // Memberships that take effect now.
+        let (due, later): (Vec<Install>, Vec<Install>) =
+            installs.drain(..).partition(|i| i.at <= t);
+        installs = later;
+        if !due.is_empty() {
+            for i in &due {
+                if i.cause.kind == ChurnKind::Crash {
+                    oracle.remove(i.cause.node);
+                }
+            }
+            let m = oracle.membership();
+            world.set_regions(
+                m.regions
+                    .iter()
+                    .map(|(&r, v)| (r, v.members().collect()))
+                    .collect(),
+            )?;
+            view_changes += 1;
+            ledger.borrow_mut().view_change(t);
+            for n in 0..s.nodes {
+                if !crashed[n as usize] {
+                    world.host_mut(NodeId(n)).apply_membership(t, m.clone());
+                    world.wake(NodeId(n))?;
+                }
+            }
+        }
+        if t < next_sample + step {
+            continue;
+        }
+        next_sample = t;
         for i in 0..s.senders {
             pending_samples.push(world.host(NodeId(i)).node().stats().unstable_msgs_current);
         }
@@ -482,22 +697,25 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
             });
             next_progress += Duration::from_secs(1);
         }
-        if t >= publish_end && all_stable {
+        if t >= publish_end && all_stable && events.is_empty() && installs.is_empty() {
             break Some(t);
         }
         if t >= hard_end {
             break None;
         }
     };
-    ledger.borrow_mut().finish();
-    let report = RunReport::build(
+    ledger.borrow_mut().finish(world.now());
+    let final_membership = oracle.membership();
+    let mut report = RunReport::build(
         s,
         &world,
         &ledger.borrow(),
-        &membership,
+        &final_membership,
         &pending_samples,
         completion,
     );
+    report.view_changes = view_changes;
+    report.churn = churn_log;
     Ok(report)
 }
 

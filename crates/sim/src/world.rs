@@ -475,18 +475,7 @@ impl<H: Host> World<H> {
                 batch_max: config.batch_max,
             });
         }
-        for (&region, members) in &regions {
-            let mut seen = vec![false; n];
-            for &node in members {
-                let index = node.0 as usize;
-                if index >= n {
-                    return Err(WorldError::UnknownMember { region, node });
-                }
-                if std::mem::replace(&mut seen[index], true) {
-                    return Err(WorldError::DuplicateMember { region, node });
-                }
-            }
-        }
+        check_regions(&regions, n)?;
         let mut nodes = Vec::with_capacity(n);
         let mut events = EventQueue::default();
         for (i, c) in config.nodes.iter().enumerate() {
@@ -587,6 +576,17 @@ impl<H: Host> World<H> {
     #[must_use]
     pub fn regions(&self) -> &BTreeMap<RegionId, Vec<NodeId>> {
         &self.regions
+    }
+
+    /// Replaces the region map (multicast group membership changes with the views, as IP
+    /// multicast joins and leaves would). Datagrams already at the switch keep their old fan-out.
+    pub fn set_regions(
+        &mut self,
+        regions: BTreeMap<RegionId, Vec<NodeId>>,
+    ) -> Result<(), WorldError> {
+        check_regions(&regions, self.hosts.len())?;
+        self.regions = regions;
+        Ok(())
     }
 
     /// All hosts; `hosts()[i]` is `NodeId(i)`.
@@ -988,4 +988,21 @@ fn forward(
             state.arrivals.push_back((arrival, datagram));
         }
     }
+}
+
+/// Every member of every region is a node of the world, listed once.
+fn check_regions(regions: &BTreeMap<RegionId, Vec<NodeId>>, n: usize) -> Result<(), WorldError> {
+    for (&region, members) in regions {
+        let mut seen = vec![false; n];
+        for &node in members {
+            let index = node.0 as usize;
+            if index >= n {
+                return Err(WorldError::UnknownMember { region, node });
+            }
+            if std::mem::replace(&mut seen[index], true) {
+                return Err(WorldError::DuplicateMember { region, node });
+            }
+        }
+    }
+    Ok(())
 }

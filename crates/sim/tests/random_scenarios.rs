@@ -1,5 +1,6 @@
 //! Property test: the delivery promise holds for randomly shaped clusters (sizes, partitions of
-//! one, tiny and large messages, several senders and topics, rate limits, every fault kind).
+//! one, tiny and large messages, several senders and topics, rate limits, every fault kind,
+//! membership churn and leader crashes).
 
 #![allow(clippy::unwrap_used)]
 
@@ -31,6 +32,8 @@ proptest! {
         rate in prop_oneof![Just(None), (200.0f64..4000.0).prop_map(Some)],
         uplink_loss in any::<bool>(),
         faults in fault(),
+        churn in 0u32..6,
+        crash_leaders in any::<bool>(),
         seed in 1u64..1_000_000,
     ) {
         let s = Scenario {
@@ -44,6 +47,8 @@ proptest! {
             uplink_loss,
             faults: faults.parse().unwrap(),
             seconds: 0.3,
+            churn,
+            crash_leaders,
             seed,
             ..Scenario::default()
         };

@@ -133,3 +133,54 @@ fn a_lost_region_is_repaired_through_naks() {
         r.recovery
     );
 }
+
+#[test]
+fn churn_keeps_the_promise_for_nodes_that_stay() {
+    // Joins, leaves, crashes and subscription changes while 3 senders publish on 100 topics with
+    // 1% loss.
+    let base = Scenario {
+        nodes: 50,
+        senders: 3,
+        topics: 100,
+        seconds: 0.6,
+        churn: 8,
+        faults: "iid:0.01".parse().unwrap(),
+        ..Scenario::default()
+    };
+    for seed in 1..=3 {
+        let r = run(
+            &Scenario {
+                seed,
+                ..base.clone()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        assert!(
+            r.passed(),
+            "seed {seed}: {:?}\nreplay: {}",
+            r.violations,
+            r.replay
+        );
+        assert!(
+            r.view_changes >= 6,
+            "seed {seed}: only {} view changes",
+            r.view_changes
+        );
+    }
+}
+
+#[test]
+fn region_and_partition_leader_crashes_lose_nothing() {
+    let s = Scenario {
+        nodes: 31,
+        seconds: 1.0,
+        crash_leaders: true,
+        faults: "iid:0.01".parse().unwrap(),
+        ..one_sender()
+    };
+    let r = run(&s, &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}\nreplay: {}", r.violations, r.replay);
+    assert_eq!(r.churn.len(), 2, "{:?}", r.churn);
+    assert_eq!(r.view_change_pause_ms.count, 2);
+}
