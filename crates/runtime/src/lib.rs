@@ -1,0 +1,1 @@
+//! The node runtime (DESIGN.md section 5). Under construction.
