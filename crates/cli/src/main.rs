@@ -35,6 +35,63 @@ enum SimCommand {
     /// Runs one scenario over many seeds and fault specifications on all cores, and reports every
     /// failing seed with the command that replays it. Exit status 1 if any run failed.
     Sweep(SweepArgs),
+    /// Forms regions for a synthetic workload (paper 001, Figures 5-6): nodes subscribing to a
+    /// share of Zipf-popular topics, fed to the GMS's incremental planner one subscription at a
+    /// time; reports regions per node and per topic, region sizes, the share of a node's traffic
+    /// in its two busiest regions, and the time the computation took.
+    Regions(RegionsArgs),
+}
+
+#[derive(Args, Debug)]
+struct RegionsArgs {
+    /// Nodes.
+    #[arg(long, default_value_t = 2000)]
+    nodes: usize,
+    /// Topics.
+    #[arg(long, default_value_t = 10000)]
+    topics: usize,
+    /// Share of the topics each node subscribes to.
+    #[arg(long, default_value_t = 0.1)]
+    interest: f64,
+    /// Exponent of the Zipf popularity of topics.
+    #[arg(long, default_value_t = 1.0)]
+    zipf: f64,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also run the batch (from scratch, largest first) greedy for comparison.
+    #[arg(long)]
+    batch: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn sim_regions(a: &RegionsArgs) -> ExitCode {
+    if a.nodes == 0
+        || a.topics == 0
+        || !(a.interest > 0.0 && a.interest <= 1.0)
+        || a.zipf.is_nan()
+        || a.zipf < 0.0
+    {
+        eprintln!("error: --nodes and --topics must be positive, --interest within (0, 1], --zipf at least 0");
+        return ExitCode::from(2);
+    }
+    let mut params = tidings_gms::RegionsParams::new(a.nodes, a.topics, a.interest, a.zipf, a.seed);
+    params.compare_batch = a.batch;
+    let report = tidings_gms::regions_report(&params);
+    if a.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        print!("{}", report.to_text());
+    }
+    ExitCode::SUCCESS
 }
 
 #[derive(Args, Debug)]
@@ -307,5 +364,8 @@ fn main() -> ExitCode {
         Command::Sim {
             command: SimCommand::Sweep(a),
         } => sim_sweep(&a),
+        Command::Sim {
+            command: SimCommand::Regions(a),
+        } => sim_regions(&a),
     }
 }

@@ -1,1 +1,36 @@
-//! The global membership service (DESIGN.md section 6). Under construction.
+//! The global membership service of tidings (DESIGN.md section 6), sans-IO.
+//!
+//! - [`regions`]: the region planner. Topics are split into subsets whose memberships overlap
+//!   regularly (paper 001's greedy), and within a subset nodes with identical subscriptions form a
+//!   region; incremental, it reports exactly which regions and topics each change touches.
+//!   [`regions_report`] is the `tidings sim regions` experiment.
+//! - [`Gms`]: the service. Joins, leaves, subscriptions by topic name, failure detection
+//!   (heartbeats, plus suspicions from ring neighbours), region views with partitions and a
+//!   multicast address each, and one reliable, ordered update stream per node carrying only what
+//!   concerns that node. Its state changes are [`Command`]s.
+//! - [`GmsClient`]: the node side; it turns the update stream into
+//!   [`tidings_proto::Membership`] values for the protocol node.
+//! - [`message`]: the messages between them and their checked encoding.
+//!
+//! Nothing here reads a clock, opens a socket or spawns a thread: time and seeds are inputs.
+//! See `docs/gms.md`.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod client;
+mod config;
+pub mod message;
+pub mod regions;
+mod service;
+#[cfg(test)]
+mod tests;
+
+pub use client::{ClientEvent, ClientStats, GmsClient, RequestError};
+pub use config::{ClientConfig, ConfigError, GmsConfig, MulticastPool};
+pub use message::{DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request};
+pub use regions::{
+    regions_report, Changes, Planner, PlannerConfig, PlannerConfigError, PlannerStats, Region,
+    RegionsParams, RegionsReport, SubsetId,
+};
+pub use service::{Command, Gms, GmsEvent, GmsStats, GmsTransmit, Peer, RemoveCause};

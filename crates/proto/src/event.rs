@@ -28,6 +28,15 @@ pub enum Event {
     /// A message this node published is stable: every member of every region its topic spans has
     /// it. Its memory is released.
     Stable(MsgId),
+    /// The next member of one of this node's rings did not confirm a token after every resend:
+    /// it may have failed. For the membership service (with missed heartbeats, a reason to
+    /// remove it faster); the protocol itself keeps the member until a new view says otherwise.
+    Suspect {
+        /// The region.
+        region: RegionId,
+        /// The suspected member.
+        node: NodeId,
+    },
     /// A ring this node leads completed a token round.
     TokenRound {
         /// The region.

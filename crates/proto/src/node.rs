@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use tidings_wire::{
-    write_ack, write_ranges, write_silence, Body, Header, Kind, Message, MessagesWriter, MsgId,
-    NodeId, Packet, Priority, RegionId, Silence, TopicId, MESSAGE_HEADER_LEN,
+    write_ack, write_ranges, write_silence, write_token_ack, Body, Header, Kind, Message,
+    MessagesWriter, MsgId, NodeId, Packet, Priority, RegionId, Silence, TopicId,
+    MESSAGE_HEADER_LEN,
 };
 
 use crate::config::{Config, ConfigError};
@@ -338,6 +339,14 @@ impl Node {
                 origin,
                 stable_upto,
             } => self.on_ack(&h, origin, stable_upto),
+            Body::TokenAck { level, ring, round } => {
+                if !self.check_member_region(&h) {
+                    return;
+                }
+                if let Some(region) = self.regions.get_mut(&h.region) {
+                    region.on_token_ack(h.sender, level, ring, round, &mut self.out);
+                }
+            }
             Body::Nak { origin, ranges } => {
                 let Some(stream) = self.outbound.get(&h.region) else {
                     self.out.stats.foreign_dropped += 1;
@@ -786,6 +795,20 @@ impl Node {
                     };
                     dst.copy_from_slice(&bytes);
                     return Some(control(to, bytes.len()));
+                }
+                Control::TokenAck {
+                    to,
+                    region,
+                    view,
+                    level,
+                    ring,
+                    round,
+                } => {
+                    let h = self.header(Kind::TokenAck, region, view);
+                    let Ok(len) = write_token_ack(buf, &h, level, ring, round) else {
+                        continue;
+                    };
+                    return Some(control(to, len));
                 }
                 Control::Ack {
                     to,

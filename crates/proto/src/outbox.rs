@@ -26,6 +26,15 @@ pub(crate) enum Control {
         origin: NodeId,
         ranges: Vec<SeqRange>,
     },
+    /// Confirms to `to` that its token arrived.
+    TokenAck {
+        to: NodeId,
+        region: RegionId,
+        view: ViewId,
+        level: u8,
+        ring: u16,
+        round: u64,
+    },
     /// An aggregate ACK to a sender.
     Ack {
         to: NodeId,
@@ -135,7 +144,8 @@ impl Outbox {
         self.repairs.push_back(job);
     }
 
-    /// Encodes a token for `to` and queues it.
+    /// Encodes a token for `to`, queues it, and returns the encoding (kept for retransmission
+    /// until the next member confirms it).
     pub(crate) fn send_token(
         &mut self,
         region: RegionId,
@@ -144,7 +154,7 @@ impl Outbox {
         to: NodeId,
         token: &OwnedToken,
         config: &Config,
-    ) {
+    ) -> Vec<u8> {
         let mut bytes = vec![0u8; config.max_datagram_bytes];
         let header = tidings_wire::Header {
             kind: tidings_wire::Kind::Token,
@@ -159,7 +169,7 @@ impl Outbox {
             token.ring,
             token.round,
         ) else {
-            return;
+            return Vec::new();
         };
         for rec in &token.records {
             // Our own bug if it fails: peers would drop the token as invalid.
@@ -174,6 +184,10 @@ impl Outbox {
         }
         let len = w.finish();
         bytes.truncate(len);
-        self.control.push_back(Control::Token { to, bytes });
+        self.control.push_back(Control::Token {
+            to,
+            bytes: bytes.clone(),
+        });
+        bytes
     }
 }

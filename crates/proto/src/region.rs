@@ -124,6 +124,16 @@ impl Lead {
     }
 }
 
+/// A token handed to the next member and not yet confirmed.
+#[derive(Debug)]
+struct Handoff {
+    to: NodeId,
+    round: u64,
+    bytes: Vec<u8>,
+    sent_at: Time,
+    attempts: u32,
+}
+
 /// This node's place in one ring.
 #[derive(Debug)]
 pub(crate) struct Ring {
@@ -134,6 +144,8 @@ pub(crate) struct Ring {
     top: bool,
     last_round_seen: u64,
     lead: Option<Lead>,
+    /// The token this node passed on, until the next member confirms it.
+    handoff: Option<Handoff>,
 }
 
 impl Ring {
@@ -239,6 +251,7 @@ impl RegionState {
                 top: l == top_level,
                 last_round_seen: 0,
                 lead,
+                handoff: None,
             });
         }
         let mut topics = view.topics.clone();
@@ -371,6 +384,12 @@ impl RegionState {
                     l.next_release
                 }
             })
+            .chain(
+                self.rings
+                    .iter()
+                    .filter_map(|r| r.handoff.as_ref())
+                    .map(|h| h.sent_at + config.token_handoff_timeout),
+            )
             .min()
     }
 
@@ -383,6 +402,7 @@ impl RegionState {
         out: &mut Outbox,
     ) {
         let own = own.map(|s| &*s);
+        self.check_handoffs(now, config, out);
         for level in 0..self.rings.len() {
             let Some(lead) = self.rings[level].lead.as_mut() else {
                 continue;
@@ -574,14 +594,15 @@ impl RegionState {
         if ring.members.len() == 1 {
             self.complete_round(now, level, token, own, config, out);
         } else {
-            out.send_token(
-                self.region,
-                self.view,
-                self.me,
-                ring.successor(),
-                &token,
-                config,
-            );
+            let to = ring.successor();
+            let bytes = out.send_token(self.region, self.view, self.me, to, &token, config);
+            self.rings[level].handoff = Some(Handoff {
+                to,
+                round,
+                bytes,
+                sent_at: now,
+                attempts: 0,
+            });
         }
     }
 
@@ -604,6 +625,15 @@ impl RegionState {
             out.stats.invalid_dropped += 1;
             return;
         }
+        // Confirm even a duplicate, so the sender stops resending.
+        out.control.push_back(Control::TokenAck {
+            to: from,
+            region: self.region,
+            view: self.view,
+            level: token.level,
+            ring: token.ring,
+            round: token.round,
+        });
         if let Some(lead) = ring.lead.as_ref() {
             if !lead.in_flight || lead.round != token.round {
                 out.stats.tokens_stale_dropped += 1;
@@ -656,7 +686,68 @@ impl RegionState {
         }
         let token = OwnedToken { records, ..token };
         out.stats.tokens_forwarded += 1;
-        out.send_token(self.region, self.view, self.me, successor, &token, config);
+        let bytes = out.send_token(self.region, self.view, self.me, successor, &token, config);
+        self.rings[level].handoff = Some(Handoff {
+            to: successor,
+            round: token.round,
+            bytes,
+            sent_at: now,
+            attempts: 0,
+        });
+    }
+
+    /// The next member confirmed a token this node passed on.
+    pub(crate) fn on_token_ack(
+        &mut self,
+        from: NodeId,
+        level: u8,
+        ring: u16,
+        round: u64,
+        out: &mut Outbox,
+    ) {
+        let Some(r) = self.rings.get_mut(usize::from(level)) else {
+            out.stats.invalid_dropped += 1;
+            return;
+        };
+        if r.index != ring {
+            out.stats.invalid_dropped += 1;
+            return;
+        }
+        if r.handoff
+            .as_ref()
+            .is_some_and(|h| h.to == from && h.round == round)
+        {
+            r.handoff = None;
+        }
+    }
+
+    /// Resends tokens the next member did not confirm; after `token_handoff_retries` resends,
+    /// reports it as suspected (the membership service decides) and stops trying.
+    fn check_handoffs(&mut self, now: Time, config: &Config, out: &mut Outbox) {
+        for ring in &mut self.rings {
+            let Some(h) = ring.handoff.as_mut() else {
+                continue;
+            };
+            if now < h.sent_at + config.token_handoff_timeout {
+                continue;
+            }
+            if h.attempts < config.token_handoff_retries {
+                h.attempts += 1;
+                h.sent_at = now;
+                out.stats.tokens_resent += 1;
+                out.control.push_back(Control::Token {
+                    to: h.to,
+                    bytes: h.bytes.clone(),
+                });
+            } else {
+                out.stats.suspicions += 1;
+                out.events.push_back(Event::Suspect {
+                    region: self.region,
+                    node: h.to,
+                });
+                ring.handoff = None;
+            }
+        }
     }
 
     /// Folds this node's state into a record.

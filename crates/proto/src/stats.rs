@@ -86,6 +86,10 @@ pub struct Stats {
     pub token_rounds_completed: u64,
     /// Rounds a leader gave up on because its token did not come back in time.
     pub tokens_lost: u64,
+    /// Tokens resent because the next member did not confirm them in time.
+    pub tokens_resent: u64,
+    /// Ring members reported as suspected (`Event::Suspect`).
+    pub suspicions: u64,
     /// Tokens of an old round, or duplicates, dropped.
     pub tokens_stale_dropped: u64,
     /// Aggregate ACKs sent (as region leader).

@@ -28,6 +28,8 @@ struct Cluster {
     stable: Vec<Vec<MsgId>>,
     /// Crashed nodes: they neither receive nor act.
     dead: Vec<bool>,
+    /// Suspicions reported: (reporter, suspect).
+    suspects: Vec<(usize, NodeId)>,
 }
 
 impl Cluster {
@@ -59,6 +61,7 @@ impl Cluster {
             delivered: vec![Vec::new(); n as usize],
             stable: vec![Vec::new(); n as usize],
             dead: vec![false; n as usize],
+            suspects: Vec::new(),
         }
     }
 
@@ -67,6 +70,7 @@ impl Cluster {
             match ev {
                 Event::Deliver(d) => self.delivered[i].push((d.origin, d.msg_id, d.topic)),
                 Event::Stable(m) => self.stable[i].push(m),
+                Event::Suspect { node, .. } => self.suspects.push((i, node)),
                 Event::TokenRound { .. } => {}
             }
         }
@@ -370,4 +374,60 @@ fn view_changes_lose_nothing() {
         c.nodes[0].stats().messages_rehomed > 0,
         "nothing was unstable at the view change"
     );
+}
+
+#[test]
+fn a_silent_ring_member_is_suspected_by_its_predecessor() {
+    // Receivers 1..=6 in partitions [1,2,3] and [4,5,6]; node 2 crashes and the membership is
+    // not told: node 1, which hands it the token, must resend and then report it.
+    let mut c = Cluster::new(
+        7,
+        |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
+        3,
+        0.0,
+        3,
+    );
+    for _ in 0..200 {
+        c.nodes[0]
+            .publish(c.now, TopicId(1), Bytes::from(vec![1u8; 100]))
+            .unwrap();
+    }
+    c.flush(0);
+    c.dead[2] = true;
+    let limit = Time::ZERO + Duration::from_secs(2);
+    while c.step(limit) {}
+    assert!(
+        c.suspects.contains(&(1, NodeId(2))),
+        "suspicions: {:?}",
+        c.suspects
+    );
+    assert!(
+        c.suspects.iter().all(|&(_, s)| s == NodeId(2)),
+        "false suspicion: {:?}",
+        c.suspects
+    );
+    assert!(c.nodes[1].stats().tokens_resent >= 3);
+}
+
+#[test]
+fn lost_tokens_are_resent_without_false_suspicion() {
+    let mut c = Cluster::new(
+        13,
+        |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
+        3,
+        0.1,
+        4,
+    );
+    for _ in 0..500 {
+        c.nodes[0]
+            .publish(c.now, TopicId(1), Bytes::from(vec![1u8; 100]))
+            .unwrap();
+    }
+    c.flush(0);
+    let limit = Time::ZERO + Duration::from_secs(3);
+    while c.step(limit) {}
+    let resent: u64 = c.nodes.iter().map(|n| n.stats().tokens_resent).sum();
+    assert!(resent > 0, "10% loss and no token was ever resent");
+    assert!(c.suspects.is_empty(), "false suspicions: {:?}", c.suspects);
+    assert_eq!(c.stable[0].len(), 500);
 }

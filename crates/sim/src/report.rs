@@ -46,6 +46,10 @@ pub struct Recovery {
     pub acks_sent: u64,
     /// Token rounds given up (token lost or late).
     pub tokens_lost: u64,
+    /// Tokens resent to a ring member that did not confirm them.
+    pub tokens_resent: u64,
+    /// Ring members reported as suspected.
+    pub suspicions: u64,
     /// Token rounds completed, all rings.
     pub token_rounds_completed: u64,
     /// Duplicate messages dropped by receivers.

@@ -448,6 +448,9 @@ impl SimHost {
                 Event::Deliver(d) => ledger.delivered(me, &d, now),
                 Event::Stable(m) => ledger.stable(me, m, now),
                 Event::TokenRound { top, rtt, .. } => ledger.token_round(top, rtt),
+                // The membership oracle learns of crashes by its own detection delay; the GMS,
+                // when it drives simulated nodes, takes suspicions as an input.
+                Event::Suspect { .. } => {}
             }
         }
     }
@@ -734,6 +737,8 @@ pub(crate) fn recovery_totals(world: &World<SimHost>) -> Recovery {
         r.naks_sent += s.naks_sent;
         r.acks_sent += s.acks_sent;
         r.tokens_lost += s.tokens_lost;
+        r.tokens_resent += s.tokens_resent;
+        r.suspicions += s.suspicions;
         r.token_rounds_completed += s.token_rounds_completed;
         r.duplicates_dropped += s.duplicates_dropped;
         r.out_of_window_dropped += s.out_of_window_dropped;

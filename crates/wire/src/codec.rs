@@ -20,6 +20,7 @@ const RETRANSMIT_FIXED_LEN: usize = 6;
 const SILENCE_LEN: usize = 24;
 const TOKEN_FIXED_LEN: usize = 13;
 const ACK_LEN: usize = 12;
+const TOKEN_ACK_LEN: usize = 11;
 const RANGES_FIXED_LEN: usize = 6;
 
 /// What a packet is; the fourth byte of the header.
@@ -40,6 +41,9 @@ pub enum Kind {
     Nak = 6,
     /// A request for retransmission of ranges, from a receiver to a peer or to the sender.
     Pull = 7,
+    /// The next ring member confirms it received a token (a missing confirmation makes the
+    /// holder resend the token and, after some tries, suspect the member).
+    TokenAck = 8,
 }
 
 impl Kind {
@@ -54,6 +58,7 @@ impl Kind {
             5 => Kind::Ack,
             6 => Kind::Nak,
             7 => Kind::Pull,
+            8 => Kind::TokenAck,
             _ => return None,
         })
     }
@@ -63,7 +68,7 @@ impl Kind {
     #[must_use]
     pub fn priority(self) -> Priority {
         match self {
-            Kind::Token | Kind::Ack | Kind::Nak => Priority::Control,
+            Kind::Token | Kind::TokenAck | Kind::Ack | Kind::Nak => Priority::Control,
             Kind::Pull | Kind::Retransmit => Priority::Recovery,
             Kind::Data | Kind::Silence => Priority::Data,
         }
@@ -248,6 +253,15 @@ pub enum Body<'a> {
         /// The ranges.
         ranges: RangesView<'a>,
     },
+    /// The header's sender received token `round` of ring `ring` at `level`.
+    TokenAck {
+        /// Level of the ring.
+        level: u8,
+        /// Index of the ring within its level.
+        ring: u16,
+        /// The round received.
+        round: u64,
+    },
 }
 
 /// A bounds-checked cursor. Every read returns `None` past the end, so no read can panic.
@@ -358,6 +372,13 @@ impl<'a> Packet<'a> {
                     origin,
                     stable_upto,
                 }
+            }
+            Kind::TokenAck => {
+                let t = DecodeError::Truncated("token ack");
+                let level = r.u8().ok_or(t)?;
+                let ring = r.u16().ok_or(t)?;
+                let round = r.u64().ok_or(t)?;
+                Body::TokenAck { level, ring, round }
             }
             Kind::Nak | Kind::Pull => {
                 let t = DecodeError::Truncated("ranges");
@@ -912,6 +933,25 @@ pub fn write_ack(
     w.header(&with_kind(header, Kind::Ack))?;
     w.put(&origin.0.to_be_bytes())?;
     w.put(&stable_upto.to_be_bytes())?;
+    Ok(w.pos)
+}
+
+/// Writes a token acknowledgement and returns its length.
+pub fn write_token_ack(
+    buf: &mut [u8],
+    header: &Header,
+    level: u8,
+    ring: u16,
+    round: u64,
+) -> Result<usize, BufferFull> {
+    let mut w = Writer::new(buf);
+    if w.remaining() < HEADER_LEN + TOKEN_ACK_LEN {
+        return Err(BufferFull);
+    }
+    w.header(&with_kind(header, Kind::TokenAck))?;
+    w.put(&[level])?;
+    w.put(&ring.to_be_bytes())?;
+    w.put(&round.to_be_bytes())?;
     Ok(w.pos)
 }
 

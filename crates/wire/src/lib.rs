@@ -19,6 +19,7 @@
 //! | Token | level u8, ring u16, round u64, count u16, then `count` records |
 //! | Ack | origin u32, stable_upto u64 |
 //! | Nak, Pull | origin u32, count u16, then `count` ranges |
+//! | TokenAck | level u8, ring u16, round u64 |
 //!
 //! A message is `seq u64, msg_id u64, timestamp_us u64, topic u32, len u16, payload[len]`; a range
 //! is `start u64, len u32`; a token record is `origin u32, stable_upto u64, agg_contiguous u64,
@@ -31,7 +32,7 @@ mod codec;
 mod ids;
 
 pub use codec::{
-    peek_kind, write_ack, write_ranges, write_silence, Body, BufferFull, DecodeError, Header, Kind,
+    peek_kind, write_ack, write_ranges, write_silence, write_token_ack, Body, BufferFull, DecodeError, Header, Kind,
     Message, MessagesIter, MessagesView, MessagesWriter, Packet, Priority, RangesIter, RangesView,
     Record, RecordView, RecordsIter, Silence, TokenView, TokenWriter, HEADER_LEN, MAGIC,
     MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,

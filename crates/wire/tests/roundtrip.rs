@@ -77,6 +77,7 @@ fn kind_bytes_and_priorities() {
         (5, Kind::Ack, Priority::Control),
         (6, Kind::Nak, Priority::Control),
         (7, Kind::Pull, Priority::Recovery),
+        (8, Kind::TokenAck, Priority::Control),
     ];
     for b in 0..=u8::MAX {
         let want = expected.iter().find(|e| e.0 == b);

@@ -6,7 +6,7 @@
 //! the fuzzers, the corpus replay and the property tests share one oracle.
 
 use tidings_wire::{
-    peek_kind, write_ack, write_ranges, write_silence, Body, BufferFull, DecodeError, Header, Kind,
+    peek_kind, write_ack, write_ranges, write_silence, write_token_ack, Body, BufferFull, DecodeError, Header, Kind,
     Message, MessagesView, MessagesWriter, NodeId, Packet, RangesView, Record, RecordView,
     RegionId, SeqRange, Silence, TokenWriter, TopicId, ViewId, HEADER_LEN, MAGIC,
     MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
@@ -18,6 +18,7 @@ pub(crate) const RETRANSMIT_FIXED_LEN: usize = 4 + 2;
 pub(crate) const SILENCE_LEN: usize = 3 * 8;
 pub(crate) const TOKEN_FIXED_LEN: usize = 1 + 2 + 8 + 2;
 pub(crate) const ACK_LEN: usize = 4 + 8;
+pub(crate) const TOKEN_ACK_LEN: usize = 1 + 2 + 8;
 pub(crate) const RANGES_FIXED_LEN: usize = 4 + 2;
 
 /// An owned message.
@@ -132,6 +133,11 @@ pub(crate) enum OwnedBody {
         origin: NodeId,
         ranges: Vec<SeqRange>,
     },
+    TokenAck {
+        level: u8,
+        ring: u16,
+        round: u64,
+    },
 }
 
 impl OwnedBody {
@@ -144,6 +150,7 @@ impl OwnedBody {
             OwnedBody::Ack { .. } => Kind::Ack,
             OwnedBody::Nak { .. } => Kind::Nak,
             OwnedBody::Pull { .. } => Kind::Pull,
+            OwnedBody::TokenAck { .. } => Kind::TokenAck,
         }
     }
 }
@@ -220,6 +227,7 @@ impl OwnedPacket {
                 origin,
                 ranges: ranges_from_view(&ranges),
             },
+            Body::TokenAck { level, ring, round } => OwnedBody::TokenAck { level, ring, round },
         };
         assert_eq!(
             p.header.kind,
@@ -248,6 +256,7 @@ impl OwnedPacket {
                     TOKEN_FIXED_LEN + records.iter().map(OwnedRecord::wire_len).sum::<usize>()
                 }
                 OwnedBody::Ack { .. } => ACK_LEN,
+                OwnedBody::TokenAck { .. } => TOKEN_ACK_LEN,
                 OwnedBody::Nak { ranges, .. } | OwnedBody::Pull { ranges, .. } => {
                     RANGES_FIXED_LEN + RANGE_LEN * ranges.len()
                 }
@@ -289,6 +298,9 @@ impl OwnedPacket {
                 origin,
                 stable_upto,
             } => write_ack(buf, h, *origin, *stable_upto),
+            OwnedBody::TokenAck { level, ring, round } => {
+                write_token_ack(buf, h, *level, *ring, *round)
+            }
             OwnedBody::Nak { origin, ranges } | OwnedBody::Pull { origin, ranges } => {
                 let (len, fit) = write_ranges(buf, h, self.body.kind(), *origin, ranges)?;
                 if fit == ranges.len() {

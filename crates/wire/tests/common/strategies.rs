@@ -144,10 +144,13 @@ pub(crate) fn body(kind: Kind) -> BoxedStrategy<OwnedBody> {
         Kind::Pull => (origin, ranges(20))
             .prop_map(|(origin, ranges)| OwnedBody::Pull { origin, ranges })
             .boxed(),
+        Kind::TokenAck => (any::<u8>(), any::<u16>(), edgy_u64())
+            .prop_map(|(level, ring, round)| OwnedBody::TokenAck { level, ring, round })
+            .boxed(),
     }
 }
 
-pub(crate) const ALL_KINDS: [Kind; 7] = [
+pub(crate) const ALL_KINDS: [Kind; 8] = [
     Kind::Data,
     Kind::Retransmit,
     Kind::Silence,
@@ -155,6 +158,7 @@ pub(crate) const ALL_KINDS: [Kind; 7] = [
     Kind::Ack,
     Kind::Nak,
     Kind::Pull,
+    Kind::TokenAck,
 ];
 
 pub(crate) fn kind() -> impl Strategy<Value = Kind> {

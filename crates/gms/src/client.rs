@@ -1,0 +1,446 @@
+//! The node side of the membership service.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use tidings_proto::{Membership, Time};
+use tidings_wire::{NodeId, RegionId, TopicId};
+
+use crate::config::{ClientConfig, ConfigError};
+use crate::message::{
+    GmsMessage, GmsRegionView, Item, RegionAddress, Request, TOPIC_NAME_BYTES_MAX,
+};
+
+/// What the client reports to its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// The GMS gave this node its id.
+    Joined(NodeId),
+    /// A topic name this node subscribed to or advertised is bound to this id.
+    TopicBound {
+        /// The name.
+        name: String,
+        /// The id.
+        topic: TopicId,
+    },
+    /// The full membership this node must now use (after every committed batch of updates).
+    Membership(Membership),
+    /// The GMS removed this node; it must stop and may join again with a new client.
+    Removed,
+}
+
+/// Why a request was not queued.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The topic name is empty or longer than [`TOPIC_NAME_BYTES_MAX`].
+    #[error("topic name must be 1..={TOPIC_NAME_BYTES_MAX} bytes")]
+    Name,
+    /// `requests_queued_max` requests are waiting.
+    #[error("too many requests queued")]
+    QueueFull,
+    /// The node was removed or has left.
+    #[error("not a member")]
+    NotMember,
+}
+
+/// Counters of the client.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Messages that failed to decode (dropped).
+    pub malformed: u64,
+    /// Messages of a kind or state the client does not expect (dropped).
+    pub unexpected: u64,
+    /// Update items received again (already applied).
+    pub updates_duplicate: u64,
+    /// Update items received ahead of a missing one and buffered.
+    pub updates_reordered: u64,
+    /// Update items dropped because the reorder buffer was full.
+    pub updates_dropped: u64,
+    /// Update items applied.
+    pub updates_applied: u64,
+    /// Requests sent again.
+    pub requests_retransmitted: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Joining { sent_at: Option<Time> },
+    Member(NodeId),
+    Removed,
+}
+
+#[derive(Clone, Debug)]
+struct PendingRequest {
+    req: u64,
+    body: Request,
+    sent_at: Option<Time>,
+}
+
+/// The named timers of the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    Join,
+    Heartbeat,
+    Retransmit,
+}
+
+/// A node's view of the membership service, sans-IO.
+///
+/// Drive it like [`Gms`](crate::Gms): `handle_*` with `now`, then drain
+/// [`poll_transmit`](GmsClient::poll_transmit) (every message goes to the GMS) and
+/// [`poll_event`](GmsClient::poll_event), and call [`handle_timeout`](GmsClient::handle_timeout)
+/// at [`poll_timeout`](GmsClient::poll_timeout). The client joins at once, heartbeats, sends its
+/// requests reliably and in order, applies the GMS's update stream in order exactly once, and
+/// after each committed batch emits [`ClientEvent::Membership`] with everything the protocol
+/// node needs.
+#[derive(Debug)]
+pub struct GmsClient {
+    config: ClientConfig,
+    nonce: u64,
+    state: State,
+    next_req: u64,
+    requests: VecDeque<PendingRequest>,
+    last_heartbeat: Option<Time>,
+    /// The next update sequence number expected.
+    next_update: u64,
+    reorder: BTreeMap<u64, Item>,
+    ack_due: bool,
+    regions: BTreeMap<RegionId, GmsRegionView>,
+    topic_regions: BTreeMap<TopicId, Vec<RegionId>>,
+    topics: BTreeMap<String, TopicId>,
+    outbox: VecDeque<GmsMessage>,
+    events: VecDeque<ClientEvent>,
+    stats: ClientStats,
+}
+
+impl GmsClient {
+    /// A client that will join at the first [`handle_timeout`](GmsClient::handle_timeout). Fails
+    /// if the configuration is invalid.
+    pub fn new(config: ClientConfig) -> Result<GmsClient, ConfigError> {
+        config.validate()?;
+        let nonce = fastrand::Rng::with_seed(config.seed).u64(..);
+        Ok(GmsClient {
+            config,
+            nonce,
+            state: State::Joining { sent_at: None },
+            next_req: 1,
+            requests: VecDeque::new(),
+            last_heartbeat: None,
+            next_update: 1,
+            reorder: BTreeMap::new(),
+            ack_due: false,
+            regions: BTreeMap::new(),
+            topic_regions: BTreeMap::new(),
+            topics: BTreeMap::new(),
+            outbox: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: ClientStats::default(),
+        })
+    }
+
+    /// The join nonce (the runtime maps it to this client until it has a node id).
+    #[must_use]
+    pub fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// This node's id, once joined.
+    #[must_use]
+    pub fn node(&self) -> Option<NodeId> {
+        match self.state {
+            State::Member(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Whether the GMS removed this node (or it left).
+    #[must_use]
+    pub fn is_removed(&self) -> bool {
+        self.state == State::Removed
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> &ClientStats {
+        &self.stats
+    }
+
+    /// The id of a topic name, once bound.
+    #[must_use]
+    pub fn topic_id(&self, name: &str) -> Option<TopicId> {
+        self.topics.get(name).copied()
+    }
+
+    /// The address of a region this node knows.
+    #[must_use]
+    pub fn region_address(&self, region: RegionId) -> Option<RegionAddress> {
+        self.regions.get(&region).map(|v| v.address)
+    }
+
+    /// The region views this node knows, with their addresses.
+    pub fn region_views(&self) -> impl Iterator<Item = &GmsRegionView> + '_ {
+        self.regions.values()
+    }
+
+    /// The membership as of the last committed batch (also emitted as an event).
+    #[must_use]
+    pub fn membership(&self) -> Membership {
+        Membership {
+            regions: self
+                .regions
+                .iter()
+                .map(|(&r, v)| (r, v.view.clone()))
+                .collect(),
+            topic_regions: self.topic_regions.clone(),
+        }
+    }
+
+    /// Subscribes to a topic by name.
+    pub fn subscribe(&mut self, name: &str) -> Result<(), RequestError> {
+        self.request_named(name, Request::Subscribe)
+    }
+
+    /// Unsubscribes from a topic by name.
+    pub fn unsubscribe(&mut self, name: &str) -> Result<(), RequestError> {
+        self.request_named(name, Request::Unsubscribe)
+    }
+
+    /// Declares that this node publishes on a topic: it will be told the topic's regions.
+    pub fn advertise(&mut self, name: &str) -> Result<(), RequestError> {
+        self.request_named(name, Request::Advertise)
+    }
+
+    /// Withdraws [`advertise`](GmsClient::advertise).
+    pub fn unadvertise(&mut self, name: &str) -> Result<(), RequestError> {
+        self.request_named(name, Request::Unadvertise)
+    }
+
+    /// Reports that a ring neighbour seems dead.
+    pub fn suspect(&mut self, node: NodeId) -> Result<(), RequestError> {
+        self.request(Request::Suspect(node))
+    }
+
+    /// Leaves the system (the GMS removes this node once the request arrives).
+    pub fn leave(&mut self) -> Result<(), RequestError> {
+        self.request(Request::Leave)
+    }
+
+    fn request_named(
+        &mut self,
+        name: &str,
+        make: fn(String) -> Request,
+    ) -> Result<(), RequestError> {
+        if name.is_empty() || name.len() > TOPIC_NAME_BYTES_MAX {
+            return Err(RequestError::Name);
+        }
+        self.request(make(name.to_owned()))
+    }
+
+    fn request(&mut self, body: Request) -> Result<(), RequestError> {
+        if self.state == State::Removed {
+            return Err(RequestError::NotMember);
+        }
+        if self.requests.len() >= self.config.requests_queued_max {
+            return Err(RequestError::QueueFull);
+        }
+        self.requests.push_back(PendingRequest {
+            req: self.next_req,
+            body,
+            sent_at: None,
+        });
+        self.next_req += 1;
+        Ok(())
+    }
+
+    /// A datagram from the GMS. Malformed ones are counted and dropped.
+    pub fn handle_datagram(&mut self, now: Time, bytes: &[u8]) {
+        match GmsMessage::decode(bytes) {
+            Ok(msg) => self.handle_message(now, msg),
+            Err(_) => self.stats.malformed += 1,
+        }
+    }
+
+    /// A decoded message from the GMS.
+    pub fn handle_message(&mut self, now: Time, msg: GmsMessage) {
+        match (self.state, msg) {
+            (State::Removed, _) => self.stats.unexpected += 1,
+            (State::Joining { .. }, GmsMessage::Welcome { nonce, node }) if nonce == self.nonce => {
+                self.state = State::Member(node);
+                self.events.push_back(ClientEvent::Joined(node));
+                self.send_requests(now);
+            }
+            (State::Member(_), GmsMessage::Welcome { nonce, .. }) if nonce == self.nonce => {
+                // A repeated answer to a resent Join.
+            }
+            (
+                _,
+                GmsMessage::Update {
+                    item: Item::Removed,
+                    ..
+                },
+            ) if self.node().is_some() => self.removed(),
+            (State::Member(_), GmsMessage::Update { seq, item }) => self.on_update(seq, item),
+            (State::Member(_), GmsMessage::RequestAck { upto }) => {
+                while self.requests.front().is_some_and(|r| r.req <= upto) {
+                    self.requests.pop_front();
+                }
+                self.send_requests(now);
+            }
+            _ => self.stats.unexpected += 1,
+        }
+    }
+
+    fn removed(&mut self) {
+        self.state = State::Removed;
+        self.requests.clear();
+        self.reorder.clear();
+        self.events.push_back(ClientEvent::Removed);
+    }
+
+    fn on_update(&mut self, seq: u64, item: Item) {
+        self.ack_due = true;
+        if seq < self.next_update {
+            self.stats.updates_duplicate += 1;
+            return;
+        }
+        if seq > self.next_update {
+            if self.reorder.len() >= self.config.reorder_max && !self.reorder.contains_key(&seq) {
+                self.stats.updates_dropped += 1;
+            } else if self.reorder.insert(seq, item).is_none() {
+                self.stats.updates_reordered += 1;
+            }
+            return;
+        }
+        self.apply(item);
+        self.next_update += 1;
+        while let Some(item) = self.reorder.remove(&self.next_update) {
+            self.apply(item);
+            self.next_update += 1;
+        }
+    }
+
+    fn apply(&mut self, item: Item) {
+        self.stats.updates_applied += 1;
+        match item {
+            Item::TopicBound { name, topic } => {
+                self.topics.insert(name.clone(), topic);
+                self.events
+                    .push_back(ClientEvent::TopicBound { name, topic });
+            }
+            Item::Region(v) => {
+                self.regions.insert(v.view.region, v);
+            }
+            Item::RegionGone(r) => {
+                self.regions.remove(&r);
+            }
+            Item::TopicRegions { topic, regions } => {
+                self.topic_regions.insert(topic, regions);
+            }
+            Item::TopicGone(t) => {
+                self.topic_regions.remove(&t);
+            }
+            Item::Commit => {
+                let m = self.membership();
+                self.events.push_back(ClientEvent::Membership(m));
+            }
+            Item::Removed => self.removed(),
+        }
+    }
+
+    /// Time has passed: join retries, heartbeats, request retransmission.
+    pub fn handle_timeout(&mut self, now: Time) {
+        match self.state {
+            State::Removed => {}
+            State::Joining { sent_at } => {
+                if sent_at.is_none_or(|t| now >= t + self.config.retransmit_interval) {
+                    self.outbox
+                        .push_back(GmsMessage::Join { nonce: self.nonce });
+                    self.state = State::Joining { sent_at: Some(now) };
+                }
+            }
+            State::Member(_) => {
+                if self
+                    .last_heartbeat
+                    .is_none_or(|t| now >= t + self.config.heartbeat_interval)
+                {
+                    self.outbox.push_back(GmsMessage::Heartbeat);
+                    self.last_heartbeat = Some(now);
+                }
+                self.send_requests(now);
+            }
+        }
+    }
+
+    /// Sends unsent requests within the window, and resends all unacknowledged ones (in order:
+    /// the GMS applies only the next one) once the oldest has timed out.
+    fn send_requests(&mut self, now: Time) {
+        if self.node().is_none() {
+            return;
+        }
+        let interval = self.config.retransmit_interval;
+        let resend = self
+            .requests
+            .front()
+            .and_then(|r| r.sent_at)
+            .is_some_and(|t| now >= t + interval);
+        for r in self
+            .requests
+            .iter_mut()
+            .take(self.config.requests_inflight_max)
+        {
+            if r.sent_at.is_none() || resend {
+                if r.sent_at.is_some() {
+                    self.stats.requests_retransmitted += 1;
+                }
+                r.sent_at = Some(now);
+                self.outbox.push_back(GmsMessage::Request {
+                    req: r.req,
+                    body: r.body.clone(),
+                });
+            }
+        }
+    }
+
+    fn timer(&self, timer: Timer) -> Option<Time> {
+        match (timer, self.state) {
+            (Timer::Join, State::Joining { sent_at }) => {
+                Some(sent_at.map_or(Time::ZERO, |t| t + self.config.retransmit_interval))
+            }
+            (Timer::Heartbeat, State::Member(_)) => Some(
+                self.last_heartbeat
+                    .map_or(Time::ZERO, |t| t + self.config.heartbeat_interval),
+            ),
+            (Timer::Retransmit, State::Member(_)) => self
+                .requests
+                .front()
+                .and_then(|r| r.sent_at)
+                .map(|t| t + self.config.retransmit_interval),
+            _ => None,
+        }
+    }
+
+    /// The next time [`handle_timeout`](GmsClient::handle_timeout) must be called (the earliest
+    /// of the join, heartbeat and retransmission timers).
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        [Timer::Join, Timer::Heartbeat, Timer::Retransmit]
+            .into_iter()
+            .filter_map(|t| self.timer(t))
+            .min()
+    }
+
+    /// The next message to the GMS (an acknowledgement of received updates comes first).
+    pub fn poll_transmit(&mut self) -> Option<GmsMessage> {
+        if self.ack_due {
+            self.ack_due = false;
+            return Some(GmsMessage::Ack {
+                upto: self.next_update - 1,
+            });
+        }
+        self.outbox.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+}

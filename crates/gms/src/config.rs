@@ -1,0 +1,188 @@
+//! Configuration of the service and of its clients: every limit explicit, with its default and why.
+
+use std::time::Duration;
+
+use crate::regions::{PlannerConfig, PlannerConfigError};
+
+/// The pool multicast addresses of regions are taken from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MulticastPool {
+    /// First address of the range (its host bits are ignored).
+    pub base: [u8; 4],
+    /// Prefix length of the range: `32 - prefix_len` host bits. Must be 8..=32.
+    pub prefix_len: u8,
+    /// UDP port of every region group.
+    pub port: u16,
+}
+
+impl MulticastPool {
+    /// Number of addresses in the pool.
+    #[must_use]
+    pub fn size(&self) -> u32 {
+        1u32.checked_shl(32 - u32::from(self.prefix_len.min(32)))
+            .unwrap_or(u32::MAX)
+    }
+
+    /// The `i`-th address of the pool.
+    #[must_use]
+    pub fn address(&self, i: u32) -> [u8; 4] {
+        let mask = self.size().wrapping_sub(1);
+        let base = u32::from_be_bytes(self.base) & !mask;
+        (base | (i & mask)).to_be_bytes()
+    }
+}
+
+/// Configuration of the [`Gms`](crate::Gms).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GmsConfig {
+    /// The region planner's tuning.
+    pub planner: PlannerConfig,
+    /// Members per partition (the lowest token ring). Default 6: DESIGN.md asks for about 5-8;
+    /// [`RegionView::partitioned`](tidings_proto::RegionView::partitioned) keeps sizes within
+    /// `size..2*size`.
+    pub partition_size: usize,
+    /// A node not heard from (any message) for this long is removed. Default 3 s: six client
+    /// heartbeats at the default 500 ms, so one or two lost heartbeats never remove a node.
+    pub heartbeat_timeout: Duration,
+    /// A node suspected by a ring neighbour and not heard from for this long is removed (the
+    /// faster path). Default 1 s: two missed heartbeats.
+    pub suspicion_timeout: Duration,
+    /// An update not acknowledged within this time is sent again. Default 200 ms (a LAN round
+    /// trip is well under 1 ms; the slack covers a busy client).
+    pub retransmit_interval: Duration,
+    /// Sends of one update before the node is declared failed. Default 20 (4 s at the default
+    /// interval, longer than `heartbeat_timeout`, so a live node is never removed for this alone).
+    pub retransmit_attempts_max: u32,
+    /// Updates sent and not acknowledged per node. Default 64.
+    pub updates_inflight_max: usize,
+    /// Updates queued per node (sent or not); a node that falls further behind is removed, so
+    /// the GMS's memory stays bounded. Default 65536.
+    pub updates_queued_max: usize,
+    /// Most nodes; joins beyond are ignored and counted. Default 65536.
+    pub nodes_max: usize,
+    /// Most topic names the GMS binds. Default 1 048 576.
+    pub topics_max: usize,
+    /// Multicast addresses for regions; `None` (or an exhausted pool) makes regions unicast.
+    /// Default 239.192.0.0/14 port 7400: the organisation-local scope, 262 144 groups.
+    pub multicast_pool: Option<MulticastPool>,
+}
+
+impl Default for GmsConfig {
+    fn default() -> Self {
+        GmsConfig {
+            planner: PlannerConfig::default(),
+            partition_size: 6,
+            heartbeat_timeout: Duration::from_secs(3),
+            suspicion_timeout: Duration::from_secs(1),
+            retransmit_interval: Duration::from_millis(200),
+            retransmit_attempts_max: 20,
+            updates_inflight_max: 64,
+            updates_queued_max: 65_536,
+            nodes_max: 65_536,
+            topics_max: 1 << 20,
+            multicast_pool: Some(MulticastPool {
+                base: [239, 192, 0, 0],
+                prefix_len: 14,
+                port: 7400,
+            }),
+        }
+    }
+}
+
+/// An invalid configuration.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The planner's part is invalid.
+    #[error(transparent)]
+    Planner(#[from] PlannerConfigError),
+    /// A field that must be positive is zero.
+    #[error("gms config: {0} must be positive")]
+    Zero(&'static str),
+    /// `suspicion_timeout` exceeds `heartbeat_timeout` (suspicion must speed removal up).
+    #[error("gms config: suspicion_timeout must not exceed heartbeat_timeout")]
+    SuspicionSlower,
+    /// The multicast pool's prefix is outside 8..=32.
+    #[error("gms config: multicast prefix length {0} outside 8..=32")]
+    Prefix(u8),
+}
+
+impl GmsConfig {
+    /// Checks every field and the relations between them.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.planner.validate()?;
+        for (name, zero) in [
+            ("partition_size", self.partition_size == 0),
+            ("heartbeat_timeout", self.heartbeat_timeout.is_zero()),
+            ("suspicion_timeout", self.suspicion_timeout.is_zero()),
+            ("retransmit_interval", self.retransmit_interval.is_zero()),
+            ("retransmit_attempts_max", self.retransmit_attempts_max == 0),
+            ("updates_inflight_max", self.updates_inflight_max == 0),
+            ("updates_queued_max", self.updates_queued_max == 0),
+            ("nodes_max", self.nodes_max == 0),
+            ("topics_max", self.topics_max == 0),
+        ] {
+            if zero {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        if self.suspicion_timeout > self.heartbeat_timeout {
+            return Err(ConfigError::SuspicionSlower);
+        }
+        if let Some(p) = self.multicast_pool {
+            if !(8..=32).contains(&p.prefix_len) {
+                return Err(ConfigError::Prefix(p.prefix_len));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Configuration of a [`GmsClient`](crate::GmsClient).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Interval of heartbeats to the GMS. Default 500 ms (the GMS's default timeout is six of
+    /// these).
+    pub heartbeat_interval: Duration,
+    /// A join or request not answered within this time is sent again. Default 200 ms.
+    pub retransmit_interval: Duration,
+    /// Requests sent and not acknowledged. Default 64.
+    pub requests_inflight_max: usize,
+    /// Requests queued (sent or not); beyond it the request methods return an error. Default 4096.
+    pub requests_queued_max: usize,
+    /// Out-of-order updates buffered ahead of the next expected one; later ones are dropped (the
+    /// GMS sends them again). Default 1024 (well above the GMS's default in-flight window).
+    pub reorder_max: usize,
+    /// Seed of the join nonce (the client's only random choice).
+    pub seed: u64,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            heartbeat_interval: Duration::from_millis(500),
+            retransmit_interval: Duration::from_millis(200),
+            requests_inflight_max: 64,
+            requests_queued_max: 4096,
+            reorder_max: 1024,
+            seed: 1,
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, zero) in [
+            ("heartbeat_interval", self.heartbeat_interval.is_zero()),
+            ("retransmit_interval", self.retransmit_interval.is_zero()),
+            ("requests_inflight_max", self.requests_inflight_max == 0),
+            ("requests_queued_max", self.requests_queued_max == 0),
+            ("reorder_max", self.reorder_max == 0),
+        ] {
+            if zero {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,571 @@
+//! The messages between the GMS and its clients, and their checked binary encoding.
+//!
+//! Layout: one tag byte, then the fields in order, integers little-endian, strings and lists
+//! prefixed by a `u16` (strings) or `u32` (lists) length. Decoding checks every length against the
+//! bytes left and against the bounds below, so a malformed message is an `Err`, never a panic,
+//! and never allocates more than the message's own size.
+
+use tidings_proto::RegionView;
+use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
+
+/// Longest topic name, in bytes.
+pub const TOPIC_NAME_BYTES_MAX: usize = 256;
+/// Most members of one region view on the wire.
+pub const REGION_MEMBERS_MAX: usize = 65_536;
+/// Most topics of one region view, or regions of one topic, on the wire.
+pub const LIST_MAX: usize = 65_536;
+
+/// How the members of a region are reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionAddress {
+    /// One IP multicast group (IPv4 address and UDP port) from the configured pool.
+    Multicast {
+        /// The IPv4 group address.
+        group: [u8; 4],
+        /// The UDP port.
+        port: u16,
+    },
+    /// No multicast address: senders fan out by unicast to the members of the view.
+    Unicast,
+}
+
+/// A region view as the GMS issues it: the protocol's view plus how to reach the region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GmsRegionView {
+    /// The view (members in partitions, ring order, epoch, topics).
+    pub view: RegionView,
+    /// The region's address.
+    pub address: RegionAddress,
+}
+
+/// What a client asks of the GMS (sent reliably, in order, as [`GmsMessage::Request`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Subscribe to the topic of this name (created if new).
+    Subscribe(String),
+    /// Unsubscribe from the topic of this name.
+    Unsubscribe(String),
+    /// Declare that this node publishes on the topic of this name: it is then told the regions
+    /// the topic spans, member or not.
+    Advertise(String),
+    /// Withdraw an [`Advertise`](Request::Advertise).
+    Unadvertise(String),
+    /// This node's ring neighbour seems dead (missed tokens or heartbeats).
+    Suspect(NodeId),
+    /// Leave the system.
+    Leave,
+}
+
+/// One element of a node's update stream. A [`Commit`](Item::Commit) ends each consistent batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Item {
+    /// The id the GMS gave a topic this node subscribed to or advertised.
+    TopicBound {
+        /// The topic's name.
+        name: String,
+        /// Its id.
+        topic: TopicId,
+    },
+    /// A new or newer view of a region this node is in or publishes to.
+    Region(GmsRegionView),
+    /// A region this node no longer needs to know (it left it, or the region is gone).
+    RegionGone(RegionId),
+    /// The regions a topic this node publishes on now spans.
+    TopicRegions {
+        /// The topic.
+        topic: TopicId,
+        /// Its regions.
+        regions: Vec<RegionId>,
+    },
+    /// This node no longer publishes on (or the system no longer has) this topic.
+    TopicGone(TopicId),
+    /// The end of a batch: the membership is consistent; use it.
+    Commit,
+    /// This node was removed (declared failed, or it left). Rejoin to take part again.
+    Removed,
+}
+
+/// A message between a client and the GMS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GmsMessage {
+    /// Client to GMS: please give me a node id. `nonce` identifies the joiner until then.
+    Join {
+        /// The joiner's random nonce.
+        nonce: u64,
+    },
+    /// GMS to joiner: your node id.
+    Welcome {
+        /// The joiner's nonce.
+        nonce: u64,
+        /// The node id given.
+        node: NodeId,
+    },
+    /// Client to GMS: request number `req` (1, 2, 3 ... per node).
+    Request {
+        /// The request's sequence number.
+        req: u64,
+        /// The request.
+        body: Request,
+    },
+    /// GMS to client: requests up to `upto` are applied.
+    RequestAck {
+        /// Highest request applied.
+        upto: u64,
+    },
+    /// Client to GMS: I am alive.
+    Heartbeat,
+    /// GMS to client: item `seq` (1, 2, 3 ... per node) of the node's update stream.
+    Update {
+        /// The item's sequence number.
+        seq: u64,
+        /// The item.
+        item: Item,
+    },
+    /// Client to GMS: update items up to `upto` are received.
+    Ack {
+        /// Highest item received in order.
+        upto: u64,
+    },
+}
+
+/// Why a message failed to decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The message ended early.
+    #[error("message truncated")]
+    Truncated,
+    /// Bytes left over after the message.
+    #[error("trailing bytes")]
+    Trailing,
+    /// Unknown tag byte.
+    #[error("unknown tag {0}")]
+    Tag(u8),
+    /// A length beyond its bound.
+    #[error("length beyond bound")]
+    TooLong,
+    /// A string that is not UTF-8.
+    #[error("string is not UTF-8")]
+    Utf8,
+    /// A field with an impossible value (empty partition, zero id ...).
+    #[error("invalid field")]
+    Invalid,
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (a, b) = self.buf.split_at(n);
+        self.buf = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    /// A list length, checked against `max` and against the bytes left (each element takes at
+    /// least `elem_bytes_min`), so a forged length cannot make us allocate.
+    fn len(&mut self, max: usize, elem_bytes_min: usize) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        if n > max || n.saturating_mul(elem_bytes_min) > self.buf.len() {
+            return Err(DecodeError::TooLong);
+        }
+        Ok(n)
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        let n = usize::from(self.u16()?);
+        if n > TOPIC_NAME_BYTES_MAX {
+            return Err(DecodeError::TooLong);
+        }
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::Utf8)
+    }
+    fn ids(&mut self, max: usize) -> Result<Vec<u32>, DecodeError> {
+        let n = self.len(max, 4)?;
+        (0..n).map(|_| self.u32()).collect()
+    }
+}
+
+fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_len(out: &mut Vec<u8>, n: usize) {
+    put_u32(out, u32::try_from(n).unwrap_or(u32::MAX));
+}
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    // Names are validated at the API (`TOPIC_NAME_BYTES_MAX`); truncating here keeps the encoder
+    // total. A truncated multi-byte character would fail decoding, which is counted, not a panic.
+    let b = &s.as_bytes()[..s.len().min(TOPIC_NAME_BYTES_MAX)];
+    put_u16(out, b.len() as u16);
+    out.extend_from_slice(b);
+}
+
+const T_JOIN: u8 = 1;
+const T_WELCOME: u8 = 2;
+const T_REQUEST: u8 = 3;
+const T_REQUEST_ACK: u8 = 4;
+const T_HEARTBEAT: u8 = 5;
+const T_UPDATE: u8 = 6;
+const T_ACK: u8 = 7;
+
+const R_SUBSCRIBE: u8 = 1;
+const R_UNSUBSCRIBE: u8 = 2;
+const R_ADVERTISE: u8 = 3;
+const R_UNADVERTISE: u8 = 4;
+const R_SUSPECT: u8 = 5;
+const R_LEAVE: u8 = 6;
+
+const I_TOPIC_BOUND: u8 = 1;
+const I_REGION: u8 = 2;
+const I_REGION_GONE: u8 = 3;
+const I_TOPIC_REGIONS: u8 = 4;
+const I_TOPIC_GONE: u8 = 5;
+const I_COMMIT: u8 = 6;
+const I_REMOVED: u8 = 7;
+
+const A_UNICAST: u8 = 0;
+const A_MULTICAST: u8 = 1;
+
+impl GmsMessage {
+    /// Appends the encoding of the message to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            GmsMessage::Join { nonce } => {
+                out.push(T_JOIN);
+                put_u64(out, *nonce);
+            }
+            GmsMessage::Welcome { nonce, node } => {
+                out.push(T_WELCOME);
+                put_u64(out, *nonce);
+                put_u32(out, node.0);
+            }
+            GmsMessage::Request { req, body } => {
+                out.push(T_REQUEST);
+                put_u64(out, *req);
+                match body {
+                    Request::Subscribe(n) => {
+                        out.push(R_SUBSCRIBE);
+                        put_string(out, n);
+                    }
+                    Request::Unsubscribe(n) => {
+                        out.push(R_UNSUBSCRIBE);
+                        put_string(out, n);
+                    }
+                    Request::Advertise(n) => {
+                        out.push(R_ADVERTISE);
+                        put_string(out, n);
+                    }
+                    Request::Unadvertise(n) => {
+                        out.push(R_UNADVERTISE);
+                        put_string(out, n);
+                    }
+                    Request::Suspect(node) => {
+                        out.push(R_SUSPECT);
+                        put_u32(out, node.0);
+                    }
+                    Request::Leave => out.push(R_LEAVE),
+                }
+            }
+            GmsMessage::RequestAck { upto } => {
+                out.push(T_REQUEST_ACK);
+                put_u64(out, *upto);
+            }
+            GmsMessage::Heartbeat => out.push(T_HEARTBEAT),
+            GmsMessage::Update { seq, item } => {
+                out.push(T_UPDATE);
+                put_u64(out, *seq);
+                encode_item(item, out);
+            }
+            GmsMessage::Ack { upto } => {
+                out.push(T_ACK);
+                put_u64(out, *upto);
+            }
+        }
+    }
+
+    /// The encoding as a new vector.
+    #[must_use]
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.encode(&mut v);
+        v
+    }
+
+    /// Decodes one message that must fill `buf` exactly.
+    pub fn decode(buf: &[u8]) -> Result<GmsMessage, DecodeError> {
+        let mut r = Reader { buf };
+        let msg = match r.u8()? {
+            T_JOIN => GmsMessage::Join { nonce: r.u64()? },
+            T_WELCOME => GmsMessage::Welcome {
+                nonce: r.u64()?,
+                node: NodeId(r.u32()?),
+            },
+            T_REQUEST => {
+                let req = r.u64()?;
+                let body = match r.u8()? {
+                    R_SUBSCRIBE => Request::Subscribe(r.string()?),
+                    R_UNSUBSCRIBE => Request::Unsubscribe(r.string()?),
+                    R_ADVERTISE => Request::Advertise(r.string()?),
+                    R_UNADVERTISE => Request::Unadvertise(r.string()?),
+                    R_SUSPECT => Request::Suspect(NodeId(r.u32()?)),
+                    R_LEAVE => Request::Leave,
+                    t => return Err(DecodeError::Tag(t)),
+                };
+                GmsMessage::Request { req, body }
+            }
+            T_REQUEST_ACK => GmsMessage::RequestAck { upto: r.u64()? },
+            T_HEARTBEAT => GmsMessage::Heartbeat,
+            T_UPDATE => GmsMessage::Update {
+                seq: r.u64()?,
+                item: decode_item(&mut r)?,
+            },
+            T_ACK => GmsMessage::Ack { upto: r.u64()? },
+            t => return Err(DecodeError::Tag(t)),
+        };
+        if !r.buf.is_empty() {
+            return Err(DecodeError::Trailing);
+        }
+        Ok(msg)
+    }
+}
+
+fn encode_item(item: &Item, out: &mut Vec<u8>) {
+    match item {
+        Item::TopicBound { name, topic } => {
+            out.push(I_TOPIC_BOUND);
+            put_string(out, name);
+            put_u32(out, topic.0);
+        }
+        Item::Region(v) => {
+            out.push(I_REGION);
+            put_u32(out, v.view.region.0);
+            put_u32(out, v.view.view.0);
+            put_len(out, v.view.topics.len());
+            for t in &v.view.topics {
+                put_u32(out, t.0);
+            }
+            put_len(out, v.view.partitions.len());
+            for p in &v.view.partitions {
+                put_len(out, p.len());
+                for n in p {
+                    put_u32(out, n.0);
+                }
+            }
+            match v.address {
+                RegionAddress::Unicast => out.push(A_UNICAST),
+                RegionAddress::Multicast { group, port } => {
+                    out.push(A_MULTICAST);
+                    out.extend_from_slice(&group);
+                    put_u16(out, port);
+                }
+            }
+        }
+        Item::RegionGone(r) => {
+            out.push(I_REGION_GONE);
+            put_u32(out, r.0);
+        }
+        Item::TopicRegions { topic, regions } => {
+            out.push(I_TOPIC_REGIONS);
+            put_u32(out, topic.0);
+            put_len(out, regions.len());
+            for r in regions {
+                put_u32(out, r.0);
+            }
+        }
+        Item::TopicGone(t) => {
+            out.push(I_TOPIC_GONE);
+            put_u32(out, t.0);
+        }
+        Item::Commit => out.push(I_COMMIT),
+        Item::Removed => out.push(I_REMOVED),
+    }
+}
+
+fn decode_item(r: &mut Reader<'_>) -> Result<Item, DecodeError> {
+    Ok(match r.u8()? {
+        I_TOPIC_BOUND => Item::TopicBound {
+            name: r.string()?,
+            topic: TopicId(r.u32()?),
+        },
+        I_REGION => {
+            let region = RegionId(r.u32()?);
+            let view = ViewId(r.u32()?);
+            let topics = r.ids(LIST_MAX)?.into_iter().map(TopicId).collect();
+            // Each partition takes at least its 4-byte length.
+            let parts = r.len(REGION_MEMBERS_MAX, 4)?;
+            let mut partitions = Vec::with_capacity(parts);
+            let mut members = 0usize;
+            for _ in 0..parts {
+                let p: Vec<NodeId> = r.ids(REGION_MEMBERS_MAX)?.into_iter().map(NodeId).collect();
+                if p.is_empty() {
+                    return Err(DecodeError::Invalid);
+                }
+                members += p.len();
+                partitions.push(p);
+            }
+            if members > REGION_MEMBERS_MAX || partitions.is_empty() {
+                return Err(DecodeError::Invalid);
+            }
+            let address = match r.u8()? {
+                A_UNICAST => RegionAddress::Unicast,
+                A_MULTICAST => {
+                    let g = r.take(4)?;
+                    RegionAddress::Multicast {
+                        group: [g[0], g[1], g[2], g[3]],
+                        port: r.u16()?,
+                    }
+                }
+                t => return Err(DecodeError::Tag(t)),
+            };
+            Item::Region(GmsRegionView {
+                view: RegionView {
+                    region,
+                    view,
+                    topics,
+                    partitions,
+                },
+                address,
+            })
+        }
+        I_REGION_GONE => Item::RegionGone(RegionId(r.u32()?)),
+        I_TOPIC_REGIONS => Item::TopicRegions {
+            topic: TopicId(r.u32()?),
+            regions: r.ids(LIST_MAX)?.into_iter().map(RegionId).collect(),
+        },
+        I_TOPIC_GONE => Item::TopicGone(TopicId(r.u32()?)),
+        I_COMMIT => Item::Commit,
+        I_REMOVED => Item::Removed,
+        t => return Err(DecodeError::Tag(t)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn samples() -> Vec<GmsMessage> {
+        vec![
+            GmsMessage::Join { nonce: 7 },
+            GmsMessage::Welcome {
+                nonce: 7,
+                node: NodeId(3),
+            },
+            GmsMessage::Request {
+                req: 1,
+                body: Request::Subscribe("prices/eu".into()),
+            },
+            GmsMessage::Request {
+                req: 2,
+                body: Request::Suspect(NodeId(9)),
+            },
+            GmsMessage::Request {
+                req: 3,
+                body: Request::Leave,
+            },
+            GmsMessage::RequestAck { upto: 3 },
+            GmsMessage::Heartbeat,
+            GmsMessage::Ack { upto: 12 },
+            GmsMessage::Update {
+                seq: 4,
+                item: Item::Region(GmsRegionView {
+                    view: RegionView {
+                        region: RegionId(2),
+                        view: ViewId(5),
+                        topics: vec![TopicId(1), TopicId(4)],
+                        partitions: vec![vec![NodeId(1), NodeId(2)], vec![NodeId(3)]],
+                    },
+                    address: RegionAddress::Multicast {
+                        group: [239, 1, 0, 2],
+                        port: 7000,
+                    },
+                }),
+            },
+            GmsMessage::Update {
+                seq: 5,
+                item: Item::TopicRegions {
+                    topic: TopicId(1),
+                    regions: vec![RegionId(2), RegionId(3)],
+                },
+            },
+            GmsMessage::Update {
+                seq: 6,
+                item: Item::Commit,
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trips() {
+        for m in samples() {
+            assert_eq!(GmsMessage::decode(&m.to_bytes()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn truncations_and_trailing_bytes_are_errors() {
+        for m in samples() {
+            let b = m.to_bytes();
+            for cut in 0..b.len() {
+                assert!(GmsMessage::decode(&b[..cut]).is_err());
+            }
+            let mut longer = b.clone();
+            longer.push(0);
+            assert_eq!(GmsMessage::decode(&longer), Err(DecodeError::Trailing));
+        }
+    }
+
+    #[test]
+    fn forged_lengths_do_not_allocate() {
+        // A region claiming 4 billion topics in a 20-byte message.
+        let mut b = vec![T_UPDATE];
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.push(I_REGION);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(GmsMessage::decode(&b), Err(DecodeError::TooLong));
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = GmsMessage::decode(&bytes);
+        }
+
+        #[test]
+        fn mutated_messages_never_panic(i in 0usize..11, at in 0usize..64, byte in any::<u8>()) {
+            let mut b = samples()[i].to_bytes();
+            let at = at % b.len();
+            b[at] = byte;
+            if let Ok(m) = GmsMessage::decode(&b) {
+                // Whatever decodes re-encodes to a message that decodes the same.
+                prop_assert_eq!(GmsMessage::decode(&m.to_bytes()), Ok(m));
+            }
+        }
+    }
+}

@@ -1,0 +1,1101 @@
+//! The region planner: topics are split into *subsets* whose memberships overlap regularly
+//! (paper 001 section 3, after its reference [28]), and within each subset the nodes with identical
+//! subscriptions (restricted to that subset's topics) form a *region*. A node is therefore in at
+//! most one region per subset, and a topic spans the regions of its subset that contain it.
+//!
+//! # The regularity rule
+//!
+//! Paper 001 describes the partitioning in one garbled sentence: "we start by choosing the largest
+//! group, and then look for another group that is either contained in it, or [...] produce small
+//! regions. We keep adding groups to the set as long as maintaining regular overlap is possible,
+//! and then simply start a new set". Its results say what "regular" must buy: regions of 5-10
+//! members or more, and no group fragmented into more than about 5 regions. We read the missing
+//! words as "disjoint from it, or overlaps it without producing small regions", and state the rule
+//! on the regions of the subset, which is what the protocol pays for:
+//!
+//! A topic `T` (not yet in subset `S`) may join `S` iff, after it joins,
+//! 1. every region `R` of `S` is either contained in `T`, disjoint from `T`, or split by `T` into
+//!    two parts of at least [`PlannerConfig::min_region_size`] members each;
+//! 2. the subscribers of `T` that are in no region of `S` (they form one new region) are none or at
+//!    least `min_region_size`;
+//! 3. `T` spans at most [`PlannerConfig::max_regions_per_topic`] regions of `S`, and no topic
+//!    already in `S` spans more than that because of the splits.
+//!
+//! Containment and disjointness (the hierarchical overlap of the paper) never violate 1 and 2; a
+//! laminar family passes 3 as long as no group has more than `max_regions_per_topic - 1` direct
+//! sub-groups. Among the subsets `T` may join, it joins the one holding most of its subscribers
+//! already (fewest new node-region memberships), then the one creating fewest regions; if none
+//! admits it, it starts a subset of its own. A topic alone in its subset always satisfies the rule.
+//!
+//! # Incremental operation
+//!
+//! The paper's greedy runs over the final group sizes, largest first. A service sees one
+//! subscription at a time, so the planner keeps the rule as an invariant instead:
+//!
+//! - A new topic starts in a subset of its own (one region: its subscribers).
+//! - A topic alone in its subset looks for a subset to join when its subscriber count reaches
+//!   [`PlannerConfig::first_placement_subscribers`], and again each time the count has grown by
+//!   [`PlannerConfig::placement_growth_factor`] (a group's size is only meaningful once it has some
+//!   members; the geometric schedule bounds the work per subscription by a constant on average).
+//! - A subscribe or unsubscribe moves one node between two regions of one subset. If that makes a
+//!   topic span more than `max_regions_per_topic` regions, the topic that caused it (or the topic
+//!   that now violates) is *evicted* to a subset of its own, which restores the bound.
+//!   Min-region-size is checked when a topic is placed, not on every later change: every region
+//!   grows from one member, and forcing the rule on each step would evict every topic constantly.
+//!
+//! Each operation touches only the subsets of the topics it changes and returns the [`Changes`]
+//! (regions created, changed and removed; topics whose region list changed), so the service can
+//! issue new views for exactly those. [`Planner::from_scratch`] runs the paper's batch greedy
+//! (largest topic first) on a full subscription table, for comparison; both satisfy
+//! [`Planner::check_invariants`].
+
+mod report;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tidings_proto::{Membership, RegionView};
+use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
+
+pub use report::{regions_report, RegionsParams, RegionsReport};
+
+/// A subset of topics whose memberships overlap regularly; each has its own regions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SubsetId(pub u32);
+
+/// Tuning of the region planner. Every field has a documented default; check with
+/// [`PlannerConfig::validate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannerConfig {
+    /// Least members of a region that placing a topic may create (rule 1 and 2 of the module
+    /// docs). Default 5: paper 001 reports regions of 5-10 members, and a partition (the lowest
+    /// token ring) needs a few members to be worth running.
+    pub min_region_size: usize,
+    /// Most regions a topic may span within its subset. Default 5: paper 001 reports no group
+    /// fragmented into more than about 5 regions; a sender sends each message once per region.
+    pub max_regions_per_topic: usize,
+    /// Most candidate subsets evaluated when placing a topic. Default 16: each evaluation scans
+    /// the topic's subscribers, so this bounds the work of one placement.
+    pub placement_candidates_max: usize,
+    /// Subscribers of a topic sampled to find candidate subsets (the subsets those nodes are in).
+    /// Default 8.
+    pub placement_sample_nodes: usize,
+    /// Subscriber count at which a topic alone in its subset first looks for a subset to join.
+    /// Default 10 (twice `min_region_size`: a smaller topic can only join by being contained in a
+    /// region, which random early members rarely are).
+    pub first_placement_subscribers: usize,
+    /// Factor by which a topic's subscriber count must grow before it looks again. Default 2
+    /// (at least 2, so the placement work per topic is a geometric series).
+    pub placement_growth_factor: usize,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        PlannerConfig {
+            min_region_size: 5,
+            max_regions_per_topic: 5,
+            placement_candidates_max: 16,
+            placement_sample_nodes: 8,
+            first_placement_subscribers: 10,
+            placement_growth_factor: 2,
+        }
+    }
+}
+
+/// An invalid [`PlannerConfig`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlannerConfigError {
+    /// A field that must be at least 1 is 0.
+    #[error("planner config: {0} must be at least 1")]
+    Zero(&'static str),
+    /// `placement_growth_factor` is below 2.
+    #[error("planner config: placement_growth_factor must be at least 2 (got {0})")]
+    GrowthFactor(usize),
+}
+
+impl PlannerConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), PlannerConfigError> {
+        for (name, v) in [
+            ("min_region_size", self.min_region_size),
+            ("max_regions_per_topic", self.max_regions_per_topic),
+            ("placement_candidates_max", self.placement_candidates_max),
+            ("placement_sample_nodes", self.placement_sample_nodes),
+            (
+                "first_placement_subscribers",
+                self.first_placement_subscribers,
+            ),
+        ] {
+            if v == 0 {
+                return Err(PlannerConfigError::Zero(name));
+            }
+        }
+        if self.placement_growth_factor < 2 {
+            return Err(PlannerConfigError::GrowthFactor(
+                self.placement_growth_factor,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What one planner operation changed, so the service can issue new views for exactly these.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Regions that did not exist before the operation.
+    pub regions_created: BTreeSet<RegionId>,
+    /// Regions that existed before and after, whose members changed.
+    pub regions_changed: BTreeSet<RegionId>,
+    /// Regions that existed before and no longer do.
+    pub regions_removed: BTreeSet<RegionId>,
+    /// Topics whose list of regions changed (including topics created or dropped).
+    pub topics_changed: BTreeSet<TopicId>,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.regions_created.is_empty()
+            && self.regions_changed.is_empty()
+            && self.regions_removed.is_empty()
+            && self.topics_changed.is_empty()
+    }
+
+    /// Folds `later` (the changes of a following operation) into `self`.
+    pub fn merge(&mut self, later: Changes) {
+        for r in later.regions_created {
+            if self.regions_removed.remove(&r) {
+                // Ids are never reused, so this cannot happen; treat it as a change to stay total.
+                self.regions_changed.insert(r);
+            } else {
+                self.regions_created.insert(r);
+            }
+        }
+        for r in later.regions_changed {
+            if !self.regions_created.contains(&r) {
+                self.regions_changed.insert(r);
+            }
+        }
+        for r in later.regions_removed {
+            self.regions_changed.remove(&r);
+            if !self.regions_created.remove(&r) {
+                self.regions_removed.insert(r);
+            }
+        }
+        self.topics_changed.extend(later.topics_changed);
+    }
+
+    fn created(&mut self, r: RegionId) {
+        self.regions_created.insert(r);
+    }
+
+    fn changed(&mut self, r: RegionId) {
+        if !self.regions_created.contains(&r) {
+            self.regions_changed.insert(r);
+        }
+    }
+
+    fn removed(&mut self, r: RegionId) {
+        self.regions_changed.remove(&r);
+        // A region created and removed within one operation was never seen by anyone.
+        if !self.regions_created.remove(&r) {
+            self.regions_removed.insert(r);
+        }
+    }
+}
+
+/// One region: the nodes whose subscriptions, restricted to the topics of `subset`, are exactly
+/// `topics`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// The subset the region belongs to.
+    pub subset: SubsetId,
+    /// The topics every member subscribes to (within the subset), sorted.
+    pub topics: Vec<TopicId>,
+    /// The members, sorted (this is also the ring order).
+    pub members: BTreeSet<NodeId>,
+}
+
+/// Counters of the planner's work.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlannerStats {
+    /// Placements attempted (a topic looking for a subset to join).
+    pub placements_tried: u64,
+    /// Placements that moved a topic into another subset.
+    pub placements_moved: u64,
+    /// Candidate subsets evaluated.
+    pub candidates_evaluated: u64,
+    /// Topics evicted to a subset of their own because they broke `max_regions_per_topic`.
+    pub evictions: u64,
+    /// Node moves between regions (the unit of work of every operation).
+    pub node_moves: u64,
+}
+
+#[derive(Clone, Debug)]
+struct TopicState {
+    subscribers: BTreeSet<NodeId>,
+    subset: SubsetId,
+    regions: BTreeSet<RegionId>,
+    /// Subscriber count at which the topic next looks for a subset to join.
+    next_placement_at: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+struct NodeState {
+    topics: BTreeSet<TopicId>,
+    regions: BTreeMap<SubsetId, RegionId>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Subset {
+    topics: BTreeSet<TopicId>,
+    /// The regions of the subset by their topic set (their "signature").
+    by_sig: BTreeMap<Vec<TopicId>, RegionId>,
+}
+
+/// How good a subset is for a topic (see the module docs); larger is better.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Fit {
+    /// Subscribers of the topic already in a region of the subset.
+    inside: usize,
+    /// Negated count of regions the placement creates.
+    fewer_new_regions: std::cmp::Reverse<usize>,
+}
+
+/// The incremental region planner. See the module docs for the rule it keeps.
+#[derive(Clone, Debug)]
+pub struct Planner {
+    config: PlannerConfig,
+    topics: BTreeMap<TopicId, TopicState>,
+    nodes: BTreeMap<NodeId, NodeState>,
+    subsets: BTreeMap<SubsetId, Subset>,
+    regions: BTreeMap<RegionId, Region>,
+    next_region: u32,
+    next_subset: u32,
+    /// Ids of removed subsets, reused so subset ids stay below the number of live subsets plus
+    /// one (subset ids are internal: nothing outside the planner holds them across operations).
+    free_subsets: Vec<u32>,
+    /// Scratch counters indexed by subset id, all zero between calls of `best_subset`.
+    candidate_counts: Vec<u32>,
+    stats: PlannerStats,
+}
+
+impl Planner {
+    /// An empty planner. Fails if the configuration is invalid.
+    pub fn new(config: PlannerConfig) -> Result<Planner, PlannerConfigError> {
+        config.validate()?;
+        Ok(Planner::with_valid(config))
+    }
+
+    /// An empty planner with a configuration already validated.
+    fn with_valid(config: PlannerConfig) -> Planner {
+        Planner {
+            config,
+            topics: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            subsets: BTreeMap::new(),
+            regions: BTreeMap::new(),
+            next_region: 0,
+            next_subset: 0,
+            free_subsets: Vec::new(),
+            candidate_counts: Vec::new(),
+            stats: PlannerStats::default(),
+        }
+    }
+
+    /// The paper's batch greedy over a full subscription table: topics are placed largest first
+    /// (ties by id), each with all its subscribers, into the best admitting subset or a new one.
+    pub fn from_scratch(
+        config: PlannerConfig,
+        subscriptions: &BTreeMap<NodeId, BTreeSet<TopicId>>,
+    ) -> Result<Planner, PlannerConfigError> {
+        config.validate()?;
+        Ok(Planner::from_scratch_valid(config, subscriptions))
+    }
+
+    fn from_scratch_valid(
+        config: PlannerConfig,
+        subscriptions: &BTreeMap<NodeId, BTreeSet<TopicId>>,
+    ) -> Planner {
+        let mut p = Planner::with_valid(config);
+        let mut by_topic: BTreeMap<TopicId, Vec<NodeId>> = BTreeMap::new();
+        for (&n, ts) in subscriptions {
+            for &t in ts {
+                by_topic.entry(t).or_default().push(n);
+            }
+        }
+        let mut order: Vec<(TopicId, Vec<NodeId>)> = by_topic.into_iter().collect();
+        order.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+        let mut ch = Changes::default();
+        for (t, subs) in order {
+            let members: BTreeSet<NodeId> = subs.into_iter().collect();
+            let best = p.best_subset(t, &members, None);
+            let subset = best.unwrap_or_else(|| p.new_subset());
+            let next = members
+                .len()
+                .saturating_mul(p.config.placement_growth_factor);
+            p.topics.insert(
+                t,
+                TopicState {
+                    subscribers: members.clone(),
+                    subset,
+                    regions: BTreeSet::new(),
+                    next_placement_at: next,
+                },
+            );
+            p.subset_mut(subset).topics.insert(t);
+            for n in members {
+                p.nodes.entry(n).or_default().topics.insert(t);
+                let sig = p.sig_plus(n, subset, t);
+                p.set_sig(n, subset, sig, &mut ch);
+            }
+        }
+        p
+    }
+
+    /// The configuration in force.
+    #[must_use]
+    pub fn config(&self) -> &PlannerConfig {
+        &self.config
+    }
+
+    /// The work counters.
+    #[must_use]
+    pub fn stats(&self) -> &PlannerStats {
+        &self.stats
+    }
+
+    /// `node` subscribes to `topic` (a new topic or node is created on first use). Returns what
+    /// changed; nothing if the subscription already existed.
+    pub fn subscribe(&mut self, node: NodeId, topic: TopicId) -> Changes {
+        let mut ch = Changes::default();
+        if !self.nodes.entry(node).or_default().topics.insert(topic) {
+            return ch;
+        }
+        let Some(state) = self.topics.get_mut(&topic) else {
+            let subset = self.new_subset();
+            self.subset_mut(subset).topics.insert(topic);
+            self.topics.insert(
+                topic,
+                TopicState {
+                    subscribers: BTreeSet::from([node]),
+                    subset,
+                    regions: BTreeSet::new(),
+                    next_placement_at: self.config.first_placement_subscribers,
+                },
+            );
+            ch.topics_changed.insert(topic);
+            self.set_sig(node, subset, vec![topic], &mut ch);
+            return ch;
+        };
+        state.subscribers.insert(node);
+        let subset = state.subset;
+        let sig = self.sig_plus(node, subset, topic);
+        self.set_sig(node, subset, sig.clone(), &mut ch);
+        self.repair(subset, &sig, Some(topic), &mut ch);
+        // Checked after the repair: an evicted topic has had its threshold raised.
+        let due = self
+            .topics
+            .get(&topic)
+            .is_some_and(|ts| ts.subscribers.len() >= ts.next_placement_at);
+        if due {
+            self.place(topic, &mut ch);
+        }
+        ch
+    }
+
+    /// `node` unsubscribes from `topic`. Returns what changed; nothing if it was not subscribed.
+    pub fn unsubscribe(&mut self, node: NodeId, topic: TopicId) -> Changes {
+        let mut ch = Changes::default();
+        let Some(ns) = self.nodes.get_mut(&node) else {
+            return ch;
+        };
+        if !ns.topics.remove(&topic) {
+            return ch;
+        }
+        let node_empty = ns.topics.is_empty();
+        let Some(state) = self.topics.get_mut(&topic) else {
+            return ch;
+        };
+        state.subscribers.remove(&node);
+        let subset = state.subset;
+        let topic_empty = state.subscribers.is_empty();
+        let sig = self.sig_minus(node, subset, topic);
+        self.set_sig(node, subset, sig.clone(), &mut ch);
+        if topic_empty {
+            self.drop_topic(topic, &mut ch);
+        } else {
+            self.repair(subset, &sig, None, &mut ch);
+        }
+        if node_empty {
+            self.nodes.remove(&node);
+        }
+        ch
+    }
+
+    /// `node` leaves (or failed): it leaves every region and topic. Only regions shrink or
+    /// disappear, so no topic can break the bounds.
+    pub fn remove_node(&mut self, node: NodeId) -> Changes {
+        let mut ch = Changes::default();
+        let Some(ns) = self.nodes.remove(&node) else {
+            return ch;
+        };
+        for (_, r) in ns.regions {
+            self.leave_region(node, r, &mut ch);
+        }
+        for t in ns.topics {
+            let empty = match self.topics.get_mut(&t) {
+                Some(s) => {
+                    s.subscribers.remove(&node);
+                    s.subscribers.is_empty()
+                }
+                None => false,
+            };
+            if empty {
+                self.drop_topic(t, &mut ch);
+            }
+        }
+        ch
+    }
+
+    /// A region.
+    #[must_use]
+    pub fn region(&self, region: RegionId) -> Option<&Region> {
+        self.regions.get(&region)
+    }
+
+    /// All regions, by id.
+    pub fn regions(&self) -> impl Iterator<Item = (RegionId, &Region)> + '_ {
+        self.regions.iter().map(|(&r, reg)| (r, reg))
+    }
+
+    /// The regions `topic` spans (empty if unknown).
+    pub fn topic_regions(&self, topic: TopicId) -> impl Iterator<Item = RegionId> + '_ {
+        self.topics
+            .get(&topic)
+            .into_iter()
+            .flat_map(|s| s.regions.iter().copied())
+    }
+
+    /// The subscribers of `topic` (empty if unknown).
+    pub fn subscribers(&self, topic: TopicId) -> impl Iterator<Item = NodeId> + '_ {
+        self.topics
+            .get(&topic)
+            .into_iter()
+            .flat_map(|s| s.subscribers.iter().copied())
+    }
+
+    /// The topics `node` subscribes to (empty if unknown).
+    pub fn subscriptions(&self, node: NodeId) -> impl Iterator<Item = TopicId> + '_ {
+        self.nodes
+            .get(&node)
+            .into_iter()
+            .flat_map(|s| s.topics.iter().copied())
+    }
+
+    /// The regions `node` is in, one per subset.
+    pub fn node_regions(&self, node: NodeId) -> impl Iterator<Item = (SubsetId, RegionId)> + '_ {
+        self.nodes
+            .get(&node)
+            .into_iter()
+            .flat_map(|s| s.regions.iter().map(|(&s, &r)| (s, r)))
+    }
+
+    /// The subset `topic` is in.
+    #[must_use]
+    pub fn subset_of(&self, topic: TopicId) -> Option<SubsetId> {
+        self.topics.get(&topic).map(|s| s.subset)
+    }
+
+    /// The topics of `subset` (empty if unknown).
+    pub fn subset_topics(&self, subset: SubsetId) -> impl Iterator<Item = TopicId> + '_ {
+        self.subsets
+            .get(&subset)
+            .into_iter()
+            .flat_map(|s| s.topics.iter().copied())
+    }
+
+    /// Number of subsets.
+    #[must_use]
+    pub fn subset_count(&self) -> usize {
+        self.subsets.len()
+    }
+
+    /// Number of regions.
+    #[must_use]
+    pub fn region_count(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Number of topics with at least one subscriber.
+    #[must_use]
+    pub fn topic_count(&self) -> usize {
+        self.topics.len()
+    }
+
+    /// Number of nodes with at least one subscription.
+    #[must_use]
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// All topics with subscribers, sorted.
+    pub fn topics(&self) -> impl Iterator<Item = TopicId> + '_ {
+        self.topics.keys().copied()
+    }
+
+    /// All nodes with subscriptions, sorted.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes.keys().copied()
+    }
+
+    /// The view of `region` at epoch `view`, its members (in id order, which is the ring order)
+    /// split into partitions of `partition_size` (see [`RegionView::partitioned`]).
+    #[must_use]
+    pub fn region_view(
+        &self,
+        region: RegionId,
+        view: ViewId,
+        partition_size: usize,
+    ) -> Option<RegionView> {
+        let r = self.regions.get(&region)?;
+        let members: Vec<NodeId> = r.members.iter().copied().collect();
+        Some(RegionView {
+            region,
+            view,
+            topics: r.topics.clone(),
+            partitions: RegionView::partitioned(&members, partition_size),
+        })
+    }
+
+    /// The regions `node` must know: those it is a member of, and those spanned by the topics in
+    /// `publishes` (a sender sends to every region of its topic, member or not).
+    #[must_use]
+    pub fn relevant_regions(&self, node: NodeId, publishes: &[TopicId]) -> BTreeSet<RegionId> {
+        let mut out: BTreeSet<RegionId> = self.node_regions(node).map(|(_, r)| r).collect();
+        for &t in publishes {
+            out.extend(self.topic_regions(t));
+        }
+        out
+    }
+
+    /// The membership `node` must use: the views of its [relevant
+    /// regions](Planner::relevant_regions) at the epochs `view_of` gives, and the region lists of
+    /// the topics it publishes to.
+    pub fn membership(
+        &self,
+        node: NodeId,
+        publishes: &[TopicId],
+        partition_size: usize,
+        view_of: impl Fn(RegionId) -> ViewId,
+    ) -> Membership {
+        let mut m = Membership::default();
+        for r in self.relevant_regions(node, publishes) {
+            if let Some(v) = self.region_view(r, view_of(r), partition_size) {
+                m.regions.insert(r, v);
+            }
+        }
+        for &t in publishes {
+            m.topic_regions
+                .insert(t, self.topic_regions(t).collect::<Vec<_>>());
+        }
+        m
+    }
+
+    /// Checks every invariant of the structure; `Err` names the first violated. Used by tests
+    /// and debug builds of the service.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (&r, reg) in &self.regions {
+            if reg.members.is_empty() || reg.topics.is_empty() {
+                return Err(format!("region {r} is empty"));
+            }
+            if !reg.topics.windows(2).all(|w| w[0] < w[1]) {
+                return Err(format!("region {r} topics not sorted"));
+            }
+            let Some(sub) = self.subsets.get(&reg.subset) else {
+                return Err(format!("region {r} in unknown subset"));
+            };
+            if sub.by_sig.get(reg.topics.as_slice()) != Some(&r) {
+                return Err(format!("region {r} not indexed by its signature"));
+            }
+            for &n in &reg.members {
+                let Some(ns) = self.nodes.get(&n) else {
+                    return Err(format!("region {r} member {n} unknown"));
+                };
+                if ns.regions.get(&reg.subset) != Some(&r) {
+                    return Err(format!("node {n} does not record region {r}"));
+                }
+                // Members subscribe exactly to the region's topics within the subset.
+                let within: Vec<TopicId> = ns
+                    .topics
+                    .iter()
+                    .copied()
+                    .filter(|t| sub.topics.contains(t))
+                    .collect();
+                if within != reg.topics {
+                    return Err(format!(
+                        "node {n} subscribes to {within:?} in subset {:?}, region {r} has {:?}",
+                        reg.subset, reg.topics
+                    ));
+                }
+            }
+        }
+        for (&n, ns) in &self.nodes {
+            if ns.topics.is_empty() {
+                return Err(format!("node {n} kept without subscriptions"));
+            }
+            for (&s, &r) in &ns.regions {
+                match self.regions.get(&r) {
+                    Some(reg) if reg.subset == s && reg.members.contains(&n) => {}
+                    _ => return Err(format!("node {n} records region {r} wrongly")),
+                }
+            }
+            for t in &ns.topics {
+                let Some(ts) = self.topics.get(t) else {
+                    return Err(format!("node {n} subscribes to unknown topic {t}"));
+                };
+                if !ts.subscribers.contains(&n) || !ns.regions.contains_key(&ts.subset) {
+                    return Err(format!("node {n} topic {t} not mirrored"));
+                }
+            }
+        }
+        for (&t, ts) in &self.topics {
+            let Some(sub) = self.subsets.get(&ts.subset) else {
+                return Err(format!("topic {t} in unknown subset"));
+            };
+            if !sub.topics.contains(&t) {
+                return Err(format!("subset does not list topic {t}"));
+            }
+            let expected: BTreeSet<RegionId> = sub
+                .by_sig
+                .iter()
+                .filter(|(sig, _)| sig.binary_search(&t).is_ok())
+                .map(|(_, &r)| r)
+                .collect();
+            if expected != ts.regions {
+                return Err(format!("topic {t} region list is stale"));
+            }
+            // The subscribers are exactly the union of the members of the topic's regions.
+            let mut union = BTreeSet::new();
+            for r in &ts.regions {
+                if let Some(reg) = self.regions.get(r) {
+                    union.extend(reg.members.iter().copied());
+                }
+            }
+            if union != ts.subscribers {
+                return Err(format!("topic {t} subscribers differ from its regions"));
+            }
+            if ts.regions.len() > self.config.max_regions_per_topic {
+                return Err(format!(
+                    "topic {t} spans {} regions, more than {}",
+                    ts.regions.len(),
+                    self.config.max_regions_per_topic
+                ));
+            }
+        }
+        for (&s, sub) in &self.subsets {
+            if sub.topics.is_empty() {
+                return Err(format!("subset {s:?} kept without topics"));
+            }
+            for t in &sub.topics {
+                if self.topics.get(t).map(|ts| ts.subset) != Some(s) {
+                    return Err(format!("subset {s:?} lists topic {t} of another subset"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ----- internals -----
+
+    fn new_subset(&mut self) -> SubsetId {
+        let id = match self.free_subsets.pop() {
+            Some(id) => SubsetId(id),
+            None => {
+                let id = SubsetId(self.next_subset);
+                // At most one live subset per topic, so this never nears u32::MAX.
+                self.next_subset = self.next_subset.saturating_add(1);
+                id
+            }
+        };
+        self.subsets.insert(id, Subset::default());
+        id
+    }
+
+    fn remove_subset(&mut self, id: SubsetId) {
+        if self.subsets.remove(&id).is_some() {
+            self.free_subsets.push(id.0);
+        }
+    }
+
+    fn subset_mut(&mut self, s: SubsetId) -> &mut Subset {
+        self.subsets.entry(s).or_default()
+    }
+
+    fn new_region_id(&mut self) -> RegionId {
+        // Region ids are never reused (a node may still hold an old view of a removed region), so
+        // skip any id still in use should the counter ever wrap.
+        loop {
+            self.next_region = self.next_region.wrapping_add(1);
+            let id = RegionId(self.next_region);
+            if self.next_region != 0 && !self.regions.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// The node's current signature in `subset`.
+    fn sig(&self, node: NodeId, subset: SubsetId) -> &[TopicId] {
+        self.nodes
+            .get(&node)
+            .and_then(|ns| ns.regions.get(&subset))
+            .and_then(|r| self.regions.get(r))
+            .map_or(&[], |reg| reg.topics.as_slice())
+    }
+
+    fn sig_plus(&self, node: NodeId, subset: SubsetId, t: TopicId) -> Vec<TopicId> {
+        let mut sig = self.sig(node, subset).to_vec();
+        if let Err(at) = sig.binary_search(&t) {
+            sig.insert(at, t);
+        }
+        sig
+    }
+
+    fn sig_minus(&self, node: NodeId, subset: SubsetId, t: TopicId) -> Vec<TopicId> {
+        let mut sig = self.sig(node, subset).to_vec();
+        if let Ok(at) = sig.binary_search(&t) {
+            sig.remove(at);
+        }
+        sig
+    }
+
+    /// Moves `node` in `subset` to the region of signature `sig` (none if empty).
+    fn set_sig(&mut self, node: NodeId, subset: SubsetId, sig: Vec<TopicId>, ch: &mut Changes) {
+        let old = self
+            .nodes
+            .get(&node)
+            .and_then(|ns| ns.regions.get(&subset).copied());
+        if let Some(r) = old {
+            if self.regions.get(&r).is_some_and(|reg| reg.topics == sig) {
+                return;
+            }
+            self.leave_region(node, r, ch);
+        }
+        self.stats.node_moves += 1;
+        if sig.is_empty() {
+            return;
+        }
+        let existing = self
+            .subsets
+            .get(&subset)
+            .and_then(|s| s.by_sig.get(sig.as_slice()).copied());
+        let r = match existing {
+            Some(r) => {
+                ch.changed(r);
+                r
+            }
+            None => self.create_region(subset, sig),
+        };
+        if let Some(reg) = self.regions.get_mut(&r) {
+            reg.members.insert(node);
+        }
+        self.nodes
+            .entry(node)
+            .or_default()
+            .regions
+            .insert(subset, r);
+        if existing.is_none() {
+            ch.created(r);
+            if let Some(reg) = self.regions.get(&r) {
+                ch.topics_changed.extend(reg.topics.iter().copied());
+            }
+        }
+    }
+
+    fn create_region(&mut self, subset: SubsetId, sig: Vec<TopicId>) -> RegionId {
+        let id = self.new_region_id();
+        for t in &sig {
+            if let Some(ts) = self.topics.get_mut(t) {
+                ts.regions.insert(id);
+            }
+        }
+        self.subset_mut(subset).by_sig.insert(sig.clone(), id);
+        self.regions.insert(
+            id,
+            Region {
+                subset,
+                topics: sig,
+                members: BTreeSet::new(),
+            },
+        );
+        id
+    }
+
+    /// Removes `node` from region `r` (and the region, if it empties).
+    fn leave_region(&mut self, node: NodeId, r: RegionId, ch: &mut Changes) {
+        let Some(reg) = self.regions.get_mut(&r) else {
+            return;
+        };
+        reg.members.remove(&node);
+        let subset = reg.subset;
+        if let Some(ns) = self.nodes.get_mut(&node) {
+            if ns.regions.get(&subset) == Some(&r) {
+                ns.regions.remove(&subset);
+            }
+        }
+        if !reg.members.is_empty() {
+            ch.changed(r);
+            return;
+        }
+        let Some(reg) = self.regions.remove(&r) else {
+            return;
+        };
+        if let Some(s) = self.subsets.get_mut(&reg.subset) {
+            s.by_sig.remove(reg.topics.as_slice());
+        }
+        for t in &reg.topics {
+            if let Some(ts) = self.topics.get_mut(t) {
+                ts.regions.remove(&r);
+            }
+            ch.topics_changed.insert(*t);
+        }
+        ch.removed(r);
+    }
+
+    /// Forgets a topic without subscribers (its regions are gone already).
+    fn drop_topic(&mut self, topic: TopicId, ch: &mut Changes) {
+        let Some(ts) = self.topics.remove(&topic) else {
+            return;
+        };
+        debug_assert!(
+            ts.regions.is_empty(),
+            "a topic without subscribers has no region"
+        );
+        ch.topics_changed.insert(topic);
+        if let Some(s) = self.subsets.get_mut(&ts.subset) {
+            s.topics.remove(&topic);
+            if s.topics.is_empty() {
+                self.remove_subset(ts.subset);
+            }
+        }
+    }
+
+    /// After a node moved in `subset` to signature `sig`, evicts topics that now span too many
+    /// regions: `cause` (the topic just subscribed to) first, then any remaining violator.
+    fn repair(
+        &mut self,
+        subset: SubsetId,
+        sig: &[TopicId],
+        cause: Option<TopicId>,
+        ch: &mut Changes,
+    ) {
+        let max = self.config.max_regions_per_topic;
+        let violates = |p: &Planner, t: &TopicId| {
+            p.topics
+                .get(t)
+                .is_some_and(|ts| ts.subset == subset && ts.regions.len() > max)
+        };
+        if !sig.iter().any(|t| violates(self, t)) {
+            return;
+        }
+        if let Some(c) = cause {
+            self.evict(c, ch);
+        }
+        // Eviction only merges regions, so this loop ends; it rarely runs more than once.
+        while let Some(&t) = sig.iter().find(|t| violates(self, t)) {
+            if !self.evict(t, ch) {
+                break;
+            }
+        }
+    }
+
+    /// Moves `topic` out of its subset into a subset of its own. Returns false if it is alone.
+    fn evict(&mut self, topic: TopicId, ch: &mut Changes) -> bool {
+        let Some(ts) = self.topics.get(&topic) else {
+            return false;
+        };
+        let from = ts.subset;
+        if self.subsets.get(&from).is_none_or(|s| s.topics.len() <= 1) {
+            return false;
+        }
+        self.stats.evictions += 1;
+        let to = self.new_subset();
+        self.move_topic(topic, from, to, ch);
+        if let Some(ts) = self.topics.get_mut(&topic) {
+            // Wait for growth before looking for a new home, so an evicted topic cannot thrash.
+            ts.next_placement_at = ts
+                .subscribers
+                .len()
+                .saturating_mul(self.config.placement_growth_factor)
+                .max(ts.next_placement_at);
+        }
+        true
+    }
+
+    /// Moves `topic` with all its subscribers from subset `from` to subset `to`.
+    fn move_topic(&mut self, topic: TopicId, from: SubsetId, to: SubsetId, ch: &mut Changes) {
+        let Some(ts) = self.topics.get(&topic) else {
+            return;
+        };
+        let subscribers: Vec<NodeId> = ts.subscribers.iter().copied().collect();
+        for &n in &subscribers {
+            let sig = self.sig_minus(n, from, topic);
+            self.set_sig(n, from, sig, ch);
+        }
+        if let Some(s) = self.subsets.get_mut(&from) {
+            s.topics.remove(&topic);
+            if s.topics.is_empty() {
+                self.remove_subset(from);
+            }
+        }
+        self.subset_mut(to).topics.insert(topic);
+        if let Some(ts) = self.topics.get_mut(&topic) {
+            ts.subset = to;
+        }
+        ch.topics_changed.insert(topic);
+        for &n in &subscribers {
+            let sig = self.sig_plus(n, to, topic);
+            self.set_sig(n, to, sig, ch);
+        }
+    }
+
+    /// A topic alone in its subset whose subscriber count reached its threshold looks for a
+    /// subset to join.
+    fn place(&mut self, topic: TopicId, ch: &mut Changes) {
+        let Some(ts) = self.topics.get_mut(&topic) else {
+            return;
+        };
+        ts.next_placement_at = ts
+            .subscribers
+            .len()
+            .saturating_mul(self.config.placement_growth_factor);
+        let from = ts.subset;
+        if self.subsets.get(&from).is_some_and(|s| s.topics.len() > 1) {
+            // Already shares a subset: moving it would churn views for no gain in the bound.
+            return;
+        }
+        self.stats.placements_tried += 1;
+        let members = ts.subscribers.clone();
+        if let Some(to) = self.best_subset(topic, &members, Some(from)) {
+            self.stats.placements_moved += 1;
+            self.move_topic(topic, from, to, ch);
+        }
+    }
+
+    /// The best subset (other than `exclude`) that admits a topic with `members` as subscribers,
+    /// among candidates found through a sample of the members.
+    fn best_subset(
+        &mut self,
+        topic: TopicId,
+        members: &BTreeSet<NodeId>,
+        exclude: Option<SubsetId>,
+    ) -> Option<SubsetId> {
+        let sample_max = self.config.placement_sample_nodes;
+        let step = (members.len() / sample_max).max(1);
+        // Dense counters indexed by subset id (ids are reused, so the vector stays small); this
+        // loop is the planner's hot spot: a node is in one region per subset, often hundreds.
+        let needed = self.next_subset as usize;
+        if self.candidate_counts.len() < needed {
+            self.candidate_counts.resize(needed, 0);
+        }
+        let mut touched: Vec<SubsetId> = Vec::new();
+        for n in members.iter().step_by(step).take(sample_max) {
+            if let Some(ns) = self.nodes.get(n) {
+                for &s in ns.regions.keys() {
+                    if let Some(c) = self.candidate_counts.get_mut(s.0 as usize) {
+                        if *c == 0 {
+                            touched.push(s);
+                        }
+                        *c += 1;
+                    }
+                }
+            }
+        }
+        let mut candidates: Vec<(u32, SubsetId)> = Vec::with_capacity(touched.len());
+        for s in touched {
+            if let Some(c) = self.candidate_counts.get_mut(s.0 as usize) {
+                if Some(s) != exclude {
+                    candidates.push((*c, s));
+                }
+                *c = 0;
+            }
+        }
+        // Most sampled members first, then lowest id, so the result is deterministic.
+        let order = |a: &(u32, SubsetId), b: &(u32, SubsetId)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
+        let keep = self.config.placement_candidates_max;
+        if candidates.len() > keep {
+            candidates.select_nth_unstable_by(keep - 1, order);
+            candidates.truncate(keep);
+        }
+        candidates.sort_by(order);
+        let mut best: Option<(Fit, SubsetId)> = None;
+        for (_, s) in candidates {
+            self.stats.candidates_evaluated += 1;
+            if let Some(fit) = self.evaluate(topic, members, s) {
+                if best.is_none_or(|(b, _)| fit > b) {
+                    best = Some((fit, s));
+                }
+            }
+        }
+        best.map(|(_, s)| s)
+    }
+
+    /// Whether subset `s` admits a topic with subscribers `members` (rules 1-3 of the module
+    /// docs), and how well.
+    fn evaluate(&self, topic: TopicId, members: &BTreeSet<NodeId>, s: SubsetId) -> Option<Fit> {
+        let min = self.config.min_region_size;
+        let max = self.config.max_regions_per_topic;
+        let mut counts: BTreeMap<RegionId, usize> = BTreeMap::new();
+        let mut outside = 0usize;
+        for n in members {
+            match self.nodes.get(n).and_then(|ns| ns.regions.get(&s)) {
+                Some(&r) => {
+                    *counts.entry(r).or_default() += 1;
+                    // Fail early: most candidates break the bound after a few subscribers.
+                    if counts.len() + usize::from(outside > 0) > max {
+                        return None;
+                    }
+                }
+                None => {
+                    outside += 1;
+                    if counts.len() + 1 > max {
+                        return None;
+                    }
+                }
+            }
+        }
+        if outside > 0 && outside < min {
+            return None;
+        }
+        let mut new_regions = usize::from(outside > 0);
+        let mut extra: BTreeMap<TopicId, usize> = BTreeMap::new();
+        for (&r, &c) in &counts {
+            let reg = self.regions.get(&r)?;
+            let size = reg.members.len();
+            if c < size {
+                if c < min || size - c < min {
+                    return None;
+                }
+                new_regions += 1;
+                for &u in &reg.topics {
+                    *extra.entry(u).or_default() += 1;
+                }
+            }
+        }
+        for (u, e) in extra {
+            if u == topic {
+                continue;
+            }
+            let span = self.topics.get(&u).map_or(0, |ts| ts.regions.len());
+            if span + e > max {
+                return None;
+            }
+        }
+        Some(Fit {
+            inside: members.len() - outside,
+            fewer_new_regions: std::cmp::Reverse(new_regions),
+        })
+    }
+}

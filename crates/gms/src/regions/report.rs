@@ -1,0 +1,532 @@
+//! The `tidings sim regions` experiment: paper 001's Figures 5 and 6 on a generated workload.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use tidings_wire::{NodeId, TopicId};
+
+use super::{Planner, PlannerConfig, PlannerStats, SubsetId};
+
+/// The workload of the experiment. Build with [`RegionsParams::new`] (or `Default`) and adjust.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionsParams {
+    /// Nodes (paper 001: 250 to 2000).
+    pub nodes: usize,
+    /// Topics (paper 001: 1000 to 10000).
+    pub topics: usize,
+    /// Fraction of the topics each node subscribes to (paper 001: "some 10%", so 0.1).
+    pub interest: f64,
+    /// Exponent of the Zipf popularity of topics: topic of rank `r` (1-based) has weight
+    /// `1 / r^zipf` (paper 001 uses Zipf popularity; 1.0 is the classic law).
+    pub zipf: f64,
+    /// Seed of the workload; the same seed gives the same figures.
+    pub seed: u64,
+    /// The planner's tuning.
+    pub planner: PlannerConfig,
+    /// Also run the paper's batch greedy ([`Planner::from_scratch`]) on the final subscriptions
+    /// and report its figures (`batch`). Default false: it doubles the run time (about 10 s more
+    /// at 2000 nodes x 10000 topics).
+    pub compare_batch: bool,
+}
+
+impl Default for RegionsParams {
+    fn default() -> Self {
+        RegionsParams {
+            nodes: 2000,
+            topics: 10000,
+            interest: 0.1,
+            zipf: 1.0,
+            seed: 1,
+            planner: PlannerConfig::default(),
+            compare_batch: false,
+        }
+    }
+}
+
+impl RegionsParams {
+    /// The workload with default planner tuning.
+    #[must_use]
+    pub fn new(nodes: usize, topics: usize, interest: f64, zipf: f64, seed: u64) -> RegionsParams {
+        RegionsParams {
+            nodes,
+            topics,
+            interest,
+            zipf,
+            seed,
+            ..RegionsParams::default()
+        }
+    }
+}
+
+/// How many regions have a size in `min..=max`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SizeBucket {
+    /// Smallest size in the bucket.
+    pub min: usize,
+    /// Largest size in the bucket (`usize::MAX` for the last).
+    pub max: usize,
+    /// Regions with a size in the bucket.
+    pub regions: usize,
+}
+
+/// The figures of one region structure.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StructureFigures {
+    /// Regions per node with at least one subscription, mean (paper 001 Figure 5: 4-14).
+    pub regions_per_node_mean: f64,
+    /// Regions per node, max.
+    pub regions_per_node_max: usize,
+    /// Regions per topic with at least one subscriber, max (paper 001: about 5).
+    pub regions_per_topic_max: usize,
+    /// Regions per topic, mean.
+    pub regions_per_topic_mean: f64,
+    /// Members per region, mean over regions (paper 001: 5-10).
+    pub region_size_mean: f64,
+    /// Members per region, max.
+    pub region_size_max: usize,
+    /// Size of the region of an average (node, region) membership: what a node sees.
+    pub region_size_member_weighted_mean: f64,
+    /// Mean over nodes of the share of the node's received packets that fall in its two busiest
+    /// regions, each topic publishing at a rate proportional to its popularity (paper 001
+    /// Figure 6: about 95%).
+    pub top2_region_traffic_share: f64,
+    /// The same with every topic publishing at the same rate.
+    pub top2_region_traffic_share_uniform: f64,
+    /// Subsets of regularly overlapping topics.
+    pub subsets: usize,
+    /// Regions.
+    pub regions: usize,
+    /// Topics alone in their subset (they could not join any other).
+    pub singleton_subsets: usize,
+    /// Region sizes.
+    pub region_size_histogram: Vec<SizeBucket>,
+    /// Wall time of building the structure, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// The result of [`regions_report`]. The JSON names of the headline figures are fixed (the CLI's
+/// `--json` prints this).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RegionsReport {
+    /// Nodes.
+    pub nodes: usize,
+    /// Topics.
+    pub topics: usize,
+    /// Interest (fraction of topics per node).
+    pub interest: f64,
+    /// Zipf exponent.
+    pub zipf: f64,
+    /// Seed.
+    pub seed: u64,
+    /// Subscriptions fed to the planner.
+    pub subscriptions: usize,
+    /// Topics with at least one subscriber.
+    pub topics_subscribed: usize,
+    /// Regions per node, mean (incremental planner).
+    pub regions_per_node_mean: f64,
+    /// Regions per node, max.
+    pub regions_per_node_max: usize,
+    /// Regions per topic, max.
+    pub regions_per_topic_max: usize,
+    /// Regions per topic, mean.
+    pub regions_per_topic_mean: f64,
+    /// Members per region, mean.
+    pub region_size_mean: f64,
+    /// Members per region, max.
+    pub region_size_max: usize,
+    /// Share of a node's packets in its two busiest regions (popularity-proportional rates).
+    pub top2_region_traffic_share: f64,
+    /// Wall time of the incremental computation (every subscription fed one by one), in ms.
+    pub elapsed_ms: u64,
+    /// Wall time of generating the workload, in ms (not included in `elapsed_ms`).
+    pub workload_ms: u64,
+    /// All figures of the incremental planner.
+    pub incremental: StructureFigures,
+    /// The planner's work counters.
+    pub planner_stats: PlannerStatsReport,
+    /// The figures of the paper's batch greedy on the same final subscriptions, if requested.
+    pub batch: Option<StructureFigures>,
+}
+
+/// [`PlannerStats`] in serializable form.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannerStatsReport {
+    /// Placements attempted.
+    pub placements_tried: u64,
+    /// Placements that moved a topic.
+    pub placements_moved: u64,
+    /// Candidate subsets evaluated.
+    pub candidates_evaluated: u64,
+    /// Topics evicted for breaking the regions-per-topic bound.
+    pub evictions: u64,
+    /// Node moves between regions.
+    pub node_moves: u64,
+}
+
+impl From<&PlannerStats> for PlannerStatsReport {
+    fn from(s: &PlannerStats) -> Self {
+        PlannerStatsReport {
+            placements_tried: s.placements_tried,
+            placements_moved: s.placements_moved,
+            candidates_evaluated: s.candidates_evaluated,
+            evictions: s.evictions,
+            node_moves: s.node_moves,
+        }
+    }
+}
+
+/// The subscriptions of the workload: for each node (in order), its topics in the order it
+/// subscribes to them, plus each topic's publishing weight (its popularity).
+#[derive(Clone, Debug)]
+pub(crate) struct Workload {
+    pub(crate) subscriptions: Vec<(NodeId, Vec<TopicId>)>,
+    pub(crate) weight: Vec<f64>,
+}
+
+/// Generates the workload of paper 001: each node subscribes to `round(interest * topics)`
+/// distinct topics drawn by Zipf popularity (weighted sampling without replacement,
+/// Efraimidis-Spirakis: the `k` largest of `ln(u) / w`), in a random order. Topic of rank `r` is
+/// `TopicId(r)`, node `i` is `NodeId(i + 1)`.
+pub(crate) fn workload(params: &RegionsParams) -> Workload {
+    let mut rng = fastrand::Rng::with_seed(params.seed);
+    let weight: Vec<f64> = (1..=params.topics)
+        .map(|r| 1.0 / (r as f64).powf(params.zipf))
+        .collect();
+    let interest = params.interest.clamp(0.0, 1.0);
+    let k = ((interest * params.topics as f64).round() as usize).min(params.topics);
+    let mut subscriptions = Vec::with_capacity(params.nodes);
+    let mut keys: Vec<(f64, u32)> = Vec::with_capacity(params.topics);
+    for i in 0..params.nodes {
+        keys.clear();
+        for (t, &w) in weight.iter().enumerate() {
+            // ln(u) < 0; divided by the weight, popular topics get keys nearer zero (larger).
+            let u = rng.f64().max(f64::MIN_POSITIVE);
+            keys.push((u.ln() / w, t as u32 + 1));
+        }
+        let chosen: Vec<TopicId> = if k == 0 {
+            Vec::new()
+        } else {
+            keys.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
+            let mut c: Vec<TopicId> = keys[..k].iter().map(|&(_, t)| TopicId(t)).collect();
+            rng.shuffle(&mut c);
+            c
+        };
+        subscriptions.push((NodeId(i as u32 + 1), chosen));
+    }
+    Workload {
+        subscriptions,
+        weight,
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs the experiment: generates the workload, feeds it to the planner one subscription at a
+/// time (node by node), and measures the structure as paper 001's Figures 5 and 6 do.
+#[must_use]
+pub fn regions_report(params: &RegionsParams) -> RegionsReport {
+    // The experiment measures its own wall time; this is the CLI's report, not protocol code.
+    #[allow(clippy::disallowed_methods)]
+    let start = std::time::Instant::now();
+    let load = workload(params);
+    let workload_ms = millis(start.elapsed());
+
+    // An invalid planner config falls back to the defaults (the report states the config used).
+    let config = match params.planner.validate() {
+        Ok(()) => params.planner.clone(),
+        Err(_) => PlannerConfig::default(),
+    };
+    #[allow(clippy::disallowed_methods)]
+    let start = std::time::Instant::now();
+    let mut planner = Planner::with_valid(config.clone());
+    let mut subscriptions = 0usize;
+    for (n, ts) in &load.subscriptions {
+        for &t in ts {
+            let _changes = planner.subscribe(*n, t);
+            subscriptions += 1;
+        }
+    }
+    let elapsed_ms = millis(start.elapsed());
+    let mut incremental = figures(&planner, &load.weight);
+    incremental.elapsed_ms = elapsed_ms;
+
+    let batch = params.compare_batch.then(|| {
+        let table: BTreeMap<NodeId, BTreeSet<TopicId>> = load
+            .subscriptions
+            .iter()
+            .map(|(n, ts)| (*n, ts.iter().copied().collect()))
+            .collect();
+        #[allow(clippy::disallowed_methods)]
+        let start = std::time::Instant::now();
+        let p = Planner::from_scratch_valid(config.clone(), &table);
+        let ms = millis(start.elapsed());
+        let mut f = figures(&p, &load.weight);
+        f.elapsed_ms = ms;
+        f
+    });
+
+    RegionsReport {
+        nodes: params.nodes,
+        topics: params.topics,
+        interest: params.interest,
+        zipf: params.zipf,
+        seed: params.seed,
+        subscriptions,
+        topics_subscribed: planner.topic_count(),
+        regions_per_node_mean: incremental.regions_per_node_mean,
+        regions_per_node_max: incremental.regions_per_node_max,
+        regions_per_topic_max: incremental.regions_per_topic_max,
+        regions_per_topic_mean: incremental.regions_per_topic_mean,
+        region_size_mean: incremental.region_size_mean,
+        region_size_max: incremental.region_size_max,
+        top2_region_traffic_share: incremental.top2_region_traffic_share,
+        elapsed_ms,
+        workload_ms,
+        planner_stats: PlannerStatsReport::from(planner.stats()),
+        incremental,
+        batch,
+    }
+}
+
+const BUCKETS: [(usize, usize); 9] = [
+    (1, 1),
+    (2, 4),
+    (5, 10),
+    (11, 20),
+    (21, 50),
+    (51, 100),
+    (101, 500),
+    (501, 1000),
+    (1001, usize::MAX),
+];
+
+/// Measures a structure. `weight[t - 1]` is topic `t`'s publishing rate.
+fn figures(planner: &Planner, weight: &[f64]) -> StructureFigures {
+    let rate = |t: TopicId| {
+        weight
+            .get((t.0 as usize).wrapping_sub(1))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let mut per_node_sum = 0usize;
+    let mut per_node_max = 0usize;
+    let mut share_sum = 0.0;
+    let mut share_uniform_sum = 0.0;
+    let mut nodes = 0usize;
+    let mut traffic: Vec<f64> = Vec::new();
+    let mut traffic_uniform: Vec<f64> = Vec::new();
+    for n in planner.nodes() {
+        let regions: Vec<_> = planner.node_regions(n).map(|(_, r)| r).collect();
+        nodes += 1;
+        per_node_sum += regions.len();
+        per_node_max = per_node_max.max(regions.len());
+        traffic.clear();
+        traffic_uniform.clear();
+        for r in regions {
+            if let Some(reg) = planner.region(r) {
+                traffic.push(reg.topics.iter().map(|&t| rate(t)).sum());
+                traffic_uniform.push(reg.topics.len() as f64);
+            }
+        }
+        share_sum += top2_share(&mut traffic);
+        share_uniform_sum += top2_share(&mut traffic_uniform);
+    }
+    let mut per_topic_sum = 0usize;
+    let mut per_topic_max = 0usize;
+    for t in planner.topics() {
+        let c = planner.topic_regions(t).count();
+        per_topic_sum += c;
+        per_topic_max = per_topic_max.max(c);
+    }
+    let mut size_sum = 0usize;
+    let mut size_sq_sum = 0usize;
+    let mut size_max = 0usize;
+    let mut histogram: Vec<SizeBucket> = BUCKETS
+        .iter()
+        .map(|&(min, max)| SizeBucket {
+            min,
+            max,
+            regions: 0,
+        })
+        .collect();
+    let mut singletons = BTreeSet::new();
+    let mut subset_topics: BTreeMap<SubsetId, usize> = BTreeMap::new();
+    for t in planner.topics() {
+        if let Some(s) = planner.subset_of(t) {
+            *subset_topics.entry(s).or_default() += 1;
+        }
+    }
+    for (s, c) in subset_topics {
+        if c == 1 {
+            singletons.insert(s);
+        }
+    }
+    for (_, reg) in planner.regions() {
+        let size = reg.members.len();
+        size_sum += size;
+        size_sq_sum += size * size;
+        size_max = size_max.max(size);
+        if let Some(b) = histogram
+            .iter_mut()
+            .find(|b| size >= b.min && size <= b.max)
+        {
+            b.regions += 1;
+        }
+    }
+    let ratio = |a: f64, b: usize| if b == 0 { 0.0 } else { a / b as f64 };
+    StructureFigures {
+        regions_per_node_mean: ratio(per_node_sum as f64, nodes),
+        regions_per_node_max: per_node_max,
+        regions_per_topic_max: per_topic_max,
+        regions_per_topic_mean: ratio(per_topic_sum as f64, planner.topic_count()),
+        region_size_mean: ratio(size_sum as f64, planner.region_count()),
+        region_size_max: size_max,
+        region_size_member_weighted_mean: ratio(size_sq_sum as f64, size_sum),
+        top2_region_traffic_share: ratio(share_sum, nodes),
+        top2_region_traffic_share_uniform: ratio(share_uniform_sum, nodes),
+        subsets: planner.subset_count(),
+        regions: planner.region_count(),
+        singleton_subsets: singletons.len(),
+        region_size_histogram: histogram,
+        elapsed_ms: 0,
+    }
+}
+
+/// The share of the two largest entries in the total (1 for one or two entries).
+fn top2_share(traffic: &mut [f64]) -> f64 {
+    let total: f64 = traffic.iter().sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    traffic.sort_by(|a, b| b.total_cmp(a));
+    traffic.iter().take(2).sum::<f64>() / total
+}
+
+impl RegionsReport {
+    /// The report for humans, with paper 001's figures alongside.
+    #[must_use]
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "regions: {} nodes, {} topics ({} subscribed), interest {}, zipf {}, seed {}: {} subscriptions",
+            self.nodes,
+            self.topics,
+            self.topics_subscribed,
+            self.interest,
+            self.zipf,
+            self.seed,
+            self.subscriptions
+        );
+        let _ = writeln!(
+            s,
+            "{:<38} {:>14} {:>14}   paper 001",
+            "", "incremental", "batch greedy"
+        );
+        let b = self.batch.as_ref();
+        let i = &self.incremental;
+        let row = |s: &mut String, name: &str, inc: String, bat: Option<String>, paper: &str| {
+            let _ = writeln!(
+                s,
+                "{name:<38} {inc:>14} {:>14}   {paper}",
+                bat.unwrap_or_else(|| "-".into())
+            );
+        };
+        row(
+            &mut s,
+            "regions per node, mean / max",
+            format!(
+                "{:.1} / {}",
+                i.regions_per_node_mean, i.regions_per_node_max
+            ),
+            b.map(|b| {
+                format!(
+                    "{:.1} / {}",
+                    b.regions_per_node_mean, b.regions_per_node_max
+                )
+            }),
+            "4-14 (mean)",
+        );
+        row(
+            &mut s,
+            "regions per topic, mean / max",
+            format!(
+                "{:.2} / {}",
+                i.regions_per_topic_mean, i.regions_per_topic_max
+            ),
+            b.map(|b| {
+                format!(
+                    "{:.2} / {}",
+                    b.regions_per_topic_mean, b.regions_per_topic_max
+                )
+            }),
+            "max ~5",
+        );
+        row(
+            &mut s,
+            "region size, mean / max",
+            format!("{:.1} / {}", i.region_size_mean, i.region_size_max),
+            b.map(|b| format!("{:.1} / {}", b.region_size_mean, b.region_size_max)),
+            "5-10 members",
+        );
+        row(
+            &mut s,
+            "region size seen by a member, mean",
+            format!("{:.1}", i.region_size_member_weighted_mean),
+            b.map(|b| format!("{:.1}", b.region_size_member_weighted_mean)),
+            "",
+        );
+        row(
+            &mut s,
+            "traffic in top-2 regions (by popularity)",
+            format!("{:.1}%", 100.0 * i.top2_region_traffic_share),
+            b.map(|b| format!("{:.1}%", 100.0 * b.top2_region_traffic_share)),
+            "~95%",
+        );
+        row(
+            &mut s,
+            "traffic in top-2 regions (uniform)",
+            format!("{:.1}%", 100.0 * i.top2_region_traffic_share_uniform),
+            b.map(|b| format!("{:.1}%", 100.0 * b.top2_region_traffic_share_uniform)),
+            "",
+        );
+        row(
+            &mut s,
+            "subsets (alone) / regions",
+            format!("{} ({}) / {}", i.subsets, i.singleton_subsets, i.regions),
+            b.map(|b| format!("{} ({}) / {}", b.subsets, b.singleton_subsets, b.regions)),
+            "",
+        );
+        row(
+            &mut s,
+            "elapsed",
+            format!("{} ms", i.elapsed_ms),
+            b.map(|b| format!("{} ms", b.elapsed_ms)),
+            "",
+        );
+        let _ = write!(s, "region sizes (incremental):");
+        for bucket in &i.region_size_histogram {
+            if bucket.max == usize::MAX {
+                let _ = write!(s, " >{}: {}", bucket.min - 1, bucket.regions);
+            } else {
+                let _ = write!(s, " {}-{}: {}", bucket.min, bucket.max, bucket.regions);
+            }
+        }
+        let _ = writeln!(s);
+        let p = &self.planner_stats;
+        let _ = writeln!(
+            s,
+            "planner work: {} placements tried, {} moved, {} candidates, {} evictions, {} node moves; workload {} ms",
+            p.placements_tried,
+            p.placements_moved,
+            p.candidates_evaluated,
+            p.evictions,
+            p.node_moves,
+            self.workload_ms
+        );
+        s
+    }
+}

@@ -1,0 +1,304 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
+
+use super::*;
+
+fn small_config() -> PlannerConfig {
+    PlannerConfig {
+        min_region_size: 1,
+        max_regions_per_topic: 3,
+        placement_candidates_max: 4,
+        placement_sample_nodes: 4,
+        first_placement_subscribers: 2,
+        placement_growth_factor: 2,
+    }
+}
+
+fn snapshot(p: &Planner) -> BTreeMap<RegionId, BTreeSet<NodeId>> {
+    p.regions()
+        .map(|(r, reg)| (r, reg.members.clone()))
+        .collect()
+}
+
+fn topic_regions(p: &Planner) -> BTreeMap<TopicId, BTreeSet<RegionId>> {
+    p.topics()
+        .map(|t| (t, p.topic_regions(t).collect()))
+        .collect()
+}
+
+/// The reported changes match the difference between two snapshots.
+fn check_changes(
+    before: &BTreeMap<RegionId, BTreeSet<NodeId>>,
+    tr_before: &BTreeMap<TopicId, BTreeSet<RegionId>>,
+    p: &Planner,
+    ch: &Changes,
+) -> Result<(), TestCaseError> {
+    let after = snapshot(p);
+    let created: BTreeSet<RegionId> = after
+        .keys()
+        .filter(|r| !before.contains_key(r))
+        .copied()
+        .collect();
+    let removed: BTreeSet<RegionId> = before
+        .keys()
+        .filter(|r| !after.contains_key(r))
+        .copied()
+        .collect();
+    let changed: BTreeSet<RegionId> = after
+        .iter()
+        .filter(|(r, m)| before.get(r).is_some_and(|b| b != *m))
+        .map(|(r, _)| *r)
+        .collect();
+    prop_assert_eq!(&ch.regions_created, &created);
+    prop_assert_eq!(&ch.regions_removed, &removed);
+    // A region may be reported changed when a node left and came back within one operation.
+    prop_assert!(ch.regions_changed.is_superset(&changed));
+    let tr_after = topic_regions(p);
+    let topics: BTreeSet<TopicId> = tr_before.keys().chain(tr_after.keys()).copied().collect();
+    for t in topics {
+        if tr_before.get(&t) != tr_after.get(&t) {
+            prop_assert!(
+                ch.topics_changed.contains(&t),
+                "topic {} change not reported",
+                t
+            );
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Sub(u32, u32),
+    Unsub(u32, u32),
+    Remove(u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (1u32..13, 1u32..9).prop_map(|(n, t)| Op::Sub(n, t)),
+        2 => (1u32..13, 1u32..9).prop_map(|(n, t)| Op::Unsub(n, t)),
+        1 => (1u32..13).prop_map(Op::Remove),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// After every operation: every invariant holds (at most one region per node and subset,
+    /// identical subscriptions within a region, topic subscribers = union of its regions, bounded
+    /// regions per topic), and the reported changes are exact.
+    #[test]
+    fn incremental_operations_keep_invariants(ops in proptest::collection::vec(op(), 1..120),
+                                              max_regions in 1usize..4) {
+        let config = PlannerConfig { max_regions_per_topic: max_regions, ..small_config() };
+        let mut p = Planner::new(config.clone()).unwrap();
+        let mut table: BTreeMap<NodeId, BTreeSet<TopicId>> = BTreeMap::new();
+        for op in ops {
+            let before = snapshot(&p);
+            let tr_before = topic_regions(&p);
+            let ch = match op {
+                Op::Sub(n, t) => {
+                    table.entry(NodeId(n)).or_default().insert(TopicId(t));
+                    p.subscribe(NodeId(n), TopicId(t))
+                }
+                Op::Unsub(n, t) => {
+                    if let Some(s) = table.get_mut(&NodeId(n)) {
+                        s.remove(&TopicId(t));
+                    }
+                    p.unsubscribe(NodeId(n), TopicId(t))
+                }
+                Op::Remove(n) => {
+                    table.remove(&NodeId(n));
+                    p.remove_node(NodeId(n))
+                }
+            };
+            table.retain(|_, s| !s.is_empty());
+            if let Err(e) = p.check_invariants() {
+                prop_assert!(false, "{}", e);
+            }
+            check_changes(&before, &tr_before, &p, &ch)?;
+        }
+        // The planner's subscriptions are the table's.
+        for (n, ts) in &table {
+            let got: BTreeSet<TopicId> = p.subscriptions(*n).collect();
+            prop_assert_eq!(&got, ts);
+        }
+        prop_assert_eq!(p.node_count(), table.len());
+        // Building from scratch gives an equally valid structure with the same topic memberships.
+        let batch = Planner::from_scratch(config, &table).unwrap();
+        if let Err(e) = batch.check_invariants() {
+            prop_assert!(false, "batch: {}", e);
+        }
+        for t in p.topics() {
+            let a: BTreeSet<NodeId> = p.subscribers(t).collect();
+            let b: BTreeSet<NodeId> = batch.subscribers(t).collect();
+            prop_assert_eq!(a, b);
+        }
+    }
+}
+
+#[test]
+fn identical_topics_share_one_subset_and_one_region() {
+    // Three topics with the same five subscribers: each is contained in the others' region.
+    let mut p = Planner::new(PlannerConfig {
+        first_placement_subscribers: 5,
+        ..PlannerConfig::default()
+    })
+    .unwrap();
+    for n in 1..=5 {
+        for t in 1..=3 {
+            p.subscribe(NodeId(n), TopicId(t));
+        }
+    }
+    p.check_invariants().unwrap();
+    assert_eq!(p.subset_count(), 1, "containment keeps one subset");
+    assert_eq!(p.region_count(), 1);
+    assert_eq!(p.node_regions(NodeId(1)).count(), 1);
+}
+
+#[test]
+fn the_rule_refuses_small_regions_and_admits_even_splits() {
+    // Topic 1: nodes 1-10. Topic 2: nodes 1-8 (would split off a region of 2 < 5). Topic 3:
+    // nodes 1-5 (splits topic 1's region 5 + 5, topic 2's 5 + 3).
+    let mut table: BTreeMap<NodeId, BTreeSet<TopicId>> = BTreeMap::new();
+    for n in 1..=10 {
+        let ts = table.entry(NodeId(n)).or_default();
+        ts.insert(TopicId(1));
+        if n <= 8 {
+            ts.insert(TopicId(2));
+        }
+        if n <= 5 {
+            ts.insert(TopicId(3));
+        }
+    }
+    let p = Planner::from_scratch(PlannerConfig::default(), &table).unwrap();
+    p.check_invariants().unwrap();
+    assert_ne!(p.subset_of(TopicId(1)), p.subset_of(TopicId(2)));
+    assert_eq!(p.subset_of(TopicId(3)), p.subset_of(TopicId(1)));
+    assert_eq!(p.topic_regions(TopicId(1)).count(), 2);
+    assert_eq!(p.node_regions(NodeId(1)).count(), 2);
+    assert_eq!(p.node_regions(NodeId(10)).count(), 1);
+}
+
+#[test]
+fn too_many_regions_evicts_the_topic() {
+    let mut p = Planner::new(PlannerConfig {
+        max_regions_per_topic: 2,
+        ..small_config()
+    })
+    .unwrap();
+    // Topics 1 and 2 identical on nodes 1-4: one subset, one region.
+    for n in 1..=4 {
+        p.subscribe(NodeId(n), TopicId(1));
+        p.subscribe(NodeId(n), TopicId(2));
+    }
+    assert_eq!(p.subset_of(TopicId(1)), p.subset_of(TopicId(2)));
+    // Nodes 5, 6 subscribe to topic 1 only, node 7 to topic 2 only, then 8 and 9 to others.
+    for (n, t) in [(5, 1), (6, 1), (7, 2), (8, 2), (9, 3), (9, 1)] {
+        p.subscribe(NodeId(n), TopicId(t));
+        p.check_invariants().unwrap();
+    }
+    for t in p.topics().collect::<Vec<_>>() {
+        assert!(p.topic_regions(t).count() <= 2);
+    }
+}
+
+#[test]
+fn membership_holds_own_regions_and_published_topics() {
+    let mut p = Planner::new(small_config()).unwrap();
+    for n in 1..=3 {
+        p.subscribe(NodeId(n), TopicId(1));
+    }
+    p.subscribe(NodeId(4), TopicId(2));
+    let m = p.membership(NodeId(4), &[TopicId(1)], 2, |_| ViewId(7));
+    // Node 4 is in topic 2's region and publishes to topic 1's.
+    assert_eq!(m.regions.len(), 2);
+    assert_eq!(m.topic_regions.len(), 1);
+    let r1 = m.topic_regions[&TopicId(1)][0];
+    assert_eq!(m.regions[&r1].member_count(), 3);
+    assert_eq!(m.regions[&r1].view, ViewId(7));
+    assert_eq!(m.regions[&r1].partitions.len(), 1);
+    assert!(m.region_of(NodeId(4)).is_some());
+    let m1 = p.membership(NodeId(1), &[], 2, |_| ViewId(1));
+    assert_eq!(m1.regions.len(), 1);
+    assert!(m1.topic_regions.is_empty());
+}
+
+#[test]
+fn config_is_validated() {
+    assert!(PlannerConfig::default().validate().is_ok());
+    let bad = PlannerConfig {
+        min_region_size: 0,
+        ..PlannerConfig::default()
+    };
+    assert_eq!(
+        bad.validate(),
+        Err(PlannerConfigError::Zero("min_region_size"))
+    );
+    let bad = PlannerConfig {
+        placement_growth_factor: 1,
+        ..PlannerConfig::default()
+    };
+    assert!(Planner::new(bad).is_err());
+}
+
+#[test]
+fn report_is_deterministic_and_names_its_figures() {
+    let params = RegionsParams {
+        compare_batch: true,
+        ..RegionsParams::new(60, 200, 0.1, 1.0, 7)
+    };
+    let a = regions_report(&params);
+    let b = regions_report(&params);
+    assert_eq!(a.subscriptions, 60 * 20);
+    assert_eq!(a.regions_per_node_mean, b.regions_per_node_mean);
+    assert_eq!(
+        a.incremental.region_size_histogram,
+        b.incremental.region_size_histogram
+    );
+    assert!(a.regions_per_node_mean >= 1.0);
+    assert!(a.regions_per_topic_max <= params.planner.max_regions_per_topic);
+    assert!(a.top2_region_traffic_share > 0.0 && a.top2_region_traffic_share <= 1.0);
+    let json = serde_json::to_value(&a).unwrap();
+    for name in [
+        "regions_per_node_mean",
+        "regions_per_node_max",
+        "regions_per_topic_max",
+        "region_size_mean",
+        "top2_region_traffic_share",
+        "elapsed_ms",
+    ] {
+        assert!(json.get(name).is_some(), "missing {name}");
+    }
+    assert!(a.to_text().contains("regions per node"));
+    let batch = a.batch.unwrap();
+    assert!(batch.regions_per_topic_max <= params.planner.max_regions_per_topic);
+}
+
+#[test]
+fn workload_draws_popular_topics_more_often() {
+    let params = RegionsParams::new(200, 1000, 0.1, 1.0, 3);
+    let w = report::workload(&params);
+    let mut count = vec![0usize; 1001];
+    for (_, ts) in &w.subscriptions {
+        assert_eq!(ts.len(), 100);
+        assert_eq!(
+            ts.iter().collect::<BTreeSet<_>>().len(),
+            100,
+            "distinct topics"
+        );
+        for t in ts {
+            count[t.0 as usize] += 1;
+        }
+    }
+    assert!(
+        count[1] > 190,
+        "the top topic is nearly universal: {}",
+        count[1]
+    );
+    let tail: usize = count[900..].iter().sum::<usize>() / 101;
+    assert!(tail < count[10], "tail {tail} vs rank 10 {}", count[10]);
+}

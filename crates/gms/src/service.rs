@@ -1,0 +1,819 @@
+//! The membership service: a deterministic state machine driven by messages and time.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use tidings_proto::Time;
+use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
+
+use crate::config::{ConfigError, GmsConfig};
+use crate::message::{
+    GmsMessage, GmsRegionView, Item, RegionAddress, Request, TOPIC_NAME_BYTES_MAX,
+};
+use crate::regions::{Changes, Planner};
+
+/// Who a message comes from or goes to: a member, or a joiner that has no node id yet (the runtime
+/// maps the nonce to the address the `Join` came from).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Peer {
+    /// A member.
+    Node(NodeId),
+    /// A joiner, by the nonce of its `Join`.
+    Joiner(u64),
+}
+
+/// A message to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GmsTransmit {
+    /// The destination.
+    pub to: Peer,
+    /// The message ([`GmsMessage::encode`] gives the bytes).
+    pub msg: GmsMessage,
+}
+
+/// Why a node was removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoveCause {
+    /// It asked to leave.
+    Left,
+    /// Not heard from for `heartbeat_timeout`.
+    HeartbeatTimeout,
+    /// Suspected by a ring neighbour and not heard from for `suspicion_timeout`.
+    Suspected,
+    /// It did not acknowledge an update after `retransmit_attempts_max` sends, or fell more than
+    /// `updates_queued_max` updates behind.
+    Unresponsive,
+}
+
+/// A state change of the service: the only way its membership state changes, so a log of these
+/// (with their times) replays it exactly, and a consensus layer could replicate it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// A joiner (by nonce) becomes a member.
+    Join {
+        /// The joiner's nonce.
+        nonce: u64,
+    },
+    /// A member subscribes to a topic by name.
+    Subscribe {
+        /// The member.
+        node: NodeId,
+        /// The topic's name.
+        name: String,
+    },
+    /// A member unsubscribes.
+    Unsubscribe {
+        /// The member.
+        node: NodeId,
+        /// The topic's name.
+        name: String,
+    },
+    /// A member declares it publishes on a topic.
+    Advertise {
+        /// The member.
+        node: NodeId,
+        /// The topic's name.
+        name: String,
+    },
+    /// A member withdraws that declaration.
+    Unadvertise {
+        /// The member.
+        node: NodeId,
+        /// The topic's name.
+        name: String,
+    },
+    /// A member is removed.
+    Remove {
+        /// The member.
+        node: NodeId,
+        /// Why.
+        cause: RemoveCause,
+    },
+}
+
+/// What the service reports to its host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GmsEvent {
+    /// A node joined.
+    Joined(NodeId),
+    /// A node was removed.
+    Removed {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        cause: RemoveCause,
+    },
+    /// A topic name was bound to an id.
+    TopicCreated {
+        /// The name.
+        name: String,
+        /// The id.
+        topic: TopicId,
+    },
+}
+
+/// Counters of the service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GmsStats {
+    /// Messages that failed to decode (dropped).
+    pub malformed: u64,
+    /// Messages from unknown nodes, or of a kind the GMS does not accept (dropped).
+    pub unexpected: u64,
+    /// Requests received again (re-acknowledged, not re-applied).
+    pub requests_duplicate: u64,
+    /// Requests received ahead of a missing one (dropped; the client resends in order).
+    pub requests_out_of_order: u64,
+    /// Requests refused (topic name too long, too many topics).
+    pub requests_refused: u64,
+    /// Update items sent for the first time.
+    pub updates_sent: u64,
+    /// Update items sent again.
+    pub updates_retransmitted: u64,
+    /// Region views issued (new view epochs).
+    pub views_issued: u64,
+    /// Suspicions accepted (from a ring neighbour).
+    pub suspicions_accepted: u64,
+    /// Suspicions ignored (not from a ring neighbour, or of an unknown node).
+    pub suspicions_ignored: u64,
+    /// Joins refused because `nodes_max` was reached.
+    pub joins_refused: u64,
+    /// Commands applied.
+    pub commands: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Pending {
+    seq: u64,
+    item: Item,
+    sent_at: Option<Time>,
+    attempts: u32,
+}
+
+#[derive(Clone, Debug)]
+struct NodeEntry {
+    nonce: u64,
+    last_heard: Time,
+    suspected: bool,
+    publishes: BTreeSet<TopicId>,
+    req_upto: u64,
+    next_seq: u64,
+    queue: VecDeque<Pending>,
+    /// The region views this node has been sent (and not told gone), at their epochs.
+    known_regions: BTreeMap<RegionId, ViewId>,
+    /// The region lists of published topics this node has been sent.
+    known_topics: BTreeMap<TopicId, Vec<RegionId>>,
+}
+
+/// The global membership service, sans-IO.
+///
+/// Drive it with [`handle_datagram`](Gms::handle_datagram) (or
+/// [`handle_message`](Gms::handle_message)) and [`handle_timeout`](Gms::handle_timeout); after
+/// each call, drain [`poll_transmit`](Gms::poll_transmit) and [`poll_event`](Gms::poll_event)
+/// until they return `None`, then call `handle_timeout` at [`poll_timeout`](Gms::poll_timeout)
+/// (or earlier). It never reads a clock: `now` is an input.
+///
+/// Each member has one reliable update stream: items numbered 1, 2, 3 ..., at most
+/// `updates_inflight_max` unacknowledged, resent every `retransmit_interval`. A member is sent only
+/// the views of the regions it is in or publishes to, and the region lists of the topics it
+/// publishes on; each batch ends with [`Item::Commit`].
+#[derive(Debug)]
+pub struct Gms {
+    config: GmsConfig,
+    planner: Planner,
+    nodes: BTreeMap<NodeId, NodeEntry>,
+    joins: BTreeMap<u64, NodeId>,
+    next_node: u32,
+    topic_ids: BTreeMap<String, TopicId>,
+    next_topic: u32,
+    views: BTreeMap<RegionId, ViewId>,
+    addresses: BTreeMap<RegionId, RegionAddress>,
+    pool_next: u32,
+    pool_free: BTreeSet<u32>,
+    publishers: BTreeMap<TopicId, BTreeSet<NodeId>>,
+    known_by: BTreeMap<RegionId, BTreeSet<NodeId>>,
+    outbox: VecDeque<GmsTransmit>,
+    events: VecDeque<GmsEvent>,
+    stats: GmsStats,
+}
+
+impl Gms {
+    /// A service with no members. Fails if the configuration is invalid.
+    pub fn new(config: GmsConfig) -> Result<Gms, ConfigError> {
+        config.validate()?;
+        let planner = Planner::new(config.planner.clone())?;
+        Ok(Gms {
+            config,
+            planner,
+            nodes: BTreeMap::new(),
+            joins: BTreeMap::new(),
+            next_node: 1,
+            topic_ids: BTreeMap::new(),
+            next_topic: 1,
+            views: BTreeMap::new(),
+            addresses: BTreeMap::new(),
+            pool_next: 0,
+            pool_free: BTreeSet::new(),
+            publishers: BTreeMap::new(),
+            known_by: BTreeMap::new(),
+            outbox: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: GmsStats::default(),
+        })
+    }
+
+    /// The configuration in force.
+    #[must_use]
+    pub fn config(&self) -> &GmsConfig {
+        &self.config
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> &GmsStats {
+        &self.stats
+    }
+
+    /// The region planner (read only).
+    #[must_use]
+    pub fn planner(&self) -> &Planner {
+        &self.planner
+    }
+
+    /// The members, sorted.
+    pub fn members(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes.keys().copied()
+    }
+
+    /// The id bound to a topic name.
+    #[must_use]
+    pub fn topic_id(&self, name: &str) -> Option<TopicId> {
+        self.topic_ids.get(name).copied()
+    }
+
+    /// The current epoch of a region's view.
+    #[must_use]
+    pub fn view_of(&self, region: RegionId) -> Option<ViewId> {
+        self.views.get(&region).copied()
+    }
+
+    /// The address of a region.
+    #[must_use]
+    pub fn address_of(&self, region: RegionId) -> Option<RegionAddress> {
+        self.addresses.get(&region).copied()
+    }
+
+    /// A datagram from `from`. Malformed ones are counted and dropped.
+    pub fn handle_datagram(&mut self, now: Time, from: Peer, bytes: &[u8]) {
+        match GmsMessage::decode(bytes) {
+            Ok(msg) => self.handle_message(now, from, msg),
+            Err(_) => self.stats.malformed += 1,
+        }
+    }
+
+    /// A decoded message from `from`.
+    pub fn handle_message(&mut self, now: Time, from: Peer, msg: GmsMessage) {
+        match (from, msg) {
+            (_, GmsMessage::Join { nonce }) => self.on_join(now, nonce),
+            (Peer::Node(node), msg) => {
+                let Some(entry) = self.nodes.get_mut(&node) else {
+                    // A removed (or never joined) node: tell it, so it can rejoin.
+                    self.stats.unexpected += 1;
+                    self.outbox.push_back(GmsTransmit {
+                        to: Peer::Node(node),
+                        msg: GmsMessage::Update {
+                            seq: 0,
+                            item: Item::Removed,
+                        },
+                    });
+                    return;
+                };
+                entry.last_heard = now;
+                // Heard from: whatever a neighbour suspected, it is alive.
+                entry.suspected = false;
+                match msg {
+                    GmsMessage::Heartbeat => {}
+                    GmsMessage::Ack { upto } => self.on_ack(now, node, upto),
+                    GmsMessage::Request { req, body } => self.on_request(now, node, req, body),
+                    _ => self.stats.unexpected += 1,
+                }
+            }
+            (Peer::Joiner(_), _) => self.stats.unexpected += 1,
+        }
+    }
+
+    /// Time has passed: failure detection and retransmission.
+    pub fn handle_timeout(&mut self, now: Time) {
+        let mut failed: Vec<(NodeId, RemoveCause)> = Vec::new();
+        for (&node, e) in &self.nodes {
+            if now >= e.last_heard + self.config.heartbeat_timeout {
+                failed.push((node, RemoveCause::HeartbeatTimeout));
+            } else if e.suspected && now >= e.last_heard + self.config.suspicion_timeout {
+                failed.push((node, RemoveCause::Suspected));
+            } else if e
+                .queue
+                .iter()
+                .any(|p| p.attempts >= self.config.retransmit_attempts_max && self.due(p, now))
+            {
+                failed.push((node, RemoveCause::Unresponsive));
+            }
+        }
+        for (node, cause) in failed {
+            self.apply(now, Command::Remove { node, cause });
+        }
+        let nodes: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for node in nodes {
+            self.send_window(now, node);
+        }
+    }
+
+    /// The next time [`handle_timeout`](Gms::handle_timeout) must be called: the earliest of every
+    /// member's liveness deadline and retransmission deadline.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.nodes
+            .values()
+            .flat_map(|e| {
+                let live = if e.suspected {
+                    e.last_heard + self.config.suspicion_timeout
+                } else {
+                    e.last_heard + self.config.heartbeat_timeout
+                };
+                let resend = e
+                    .queue
+                    .iter()
+                    .filter_map(|p| p.sent_at)
+                    .min()
+                    .map(|t| t + self.config.retransmit_interval);
+                std::iter::once(live).chain(resend)
+            })
+            .min()
+    }
+
+    /// The next message to send.
+    pub fn poll_transmit(&mut self) -> Option<GmsTransmit> {
+        self.outbox.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<GmsEvent> {
+        self.events.pop_front()
+    }
+
+    /// Applies one state change and queues the updates it causes. Public so that a host can
+    /// replay or replicate a command log; [`handle_message`](Gms::handle_message) and
+    /// [`handle_timeout`](Gms::handle_timeout) call it for every change they make.
+    pub fn apply(&mut self, now: Time, cmd: Command) {
+        self.stats.commands += 1;
+        match cmd {
+            Command::Join { nonce } => {
+                if self.joins.contains_key(&nonce) || self.nodes.len() >= self.config.nodes_max {
+                    return;
+                }
+                let node = NodeId(self.next_node);
+                self.next_node = self.next_node.saturating_add(1);
+                self.joins.insert(nonce, node);
+                self.nodes.insert(
+                    node,
+                    NodeEntry {
+                        nonce,
+                        last_heard: now,
+                        suspected: false,
+                        publishes: BTreeSet::new(),
+                        req_upto: 0,
+                        next_seq: 1,
+                        queue: VecDeque::new(),
+                        known_regions: BTreeMap::new(),
+                        known_topics: BTreeMap::new(),
+                    },
+                );
+                self.events.push_back(GmsEvent::Joined(node));
+                // The Welcome goes out before the first update, so the joiner knows its id when
+                // the update arrives.
+                self.outbox.push_back(GmsTransmit {
+                    to: Peer::Joiner(nonce),
+                    msg: GmsMessage::Welcome { nonce, node },
+                });
+                // An empty first batch: the node learns it has an (empty) membership.
+                self.push_items(now, node, vec![Item::Commit]);
+            }
+            Command::Subscribe { node, .. }
+            | Command::Unsubscribe { node, .. }
+            | Command::Advertise { node, .. }
+            | Command::Unadvertise { node, .. }
+                if !self.nodes.contains_key(&node) =>
+            {
+                self.stats.requests_refused += 1;
+            }
+            Command::Subscribe { node, name } => {
+                let Some(topic) = self.bind(&name) else {
+                    return;
+                };
+                let ch = self.planner.subscribe(node, topic);
+                self.push_items(now, node, vec![Item::TopicBound { name, topic }]);
+                self.propagate(now, ch, [node].into());
+            }
+            Command::Unsubscribe { node, name } => {
+                let Some(topic) = self.topic_ids.get(&name).copied() else {
+                    return;
+                };
+                let ch = self.planner.unsubscribe(node, topic);
+                self.propagate(now, ch, [node].into());
+            }
+            Command::Advertise { node, name } => {
+                let Some(topic) = self.bind(&name) else {
+                    return;
+                };
+                if let Some(e) = self.nodes.get_mut(&node) {
+                    e.publishes.insert(topic);
+                }
+                self.publishers.entry(topic).or_default().insert(node);
+                self.push_items(now, node, vec![Item::TopicBound { name, topic }]);
+                self.propagate(now, Changes::default(), [node].into());
+            }
+            Command::Unadvertise { node, name } => {
+                let Some(topic) = self.topic_ids.get(&name).copied() else {
+                    return;
+                };
+                if let Some(e) = self.nodes.get_mut(&node) {
+                    e.publishes.remove(&topic);
+                }
+                if let Some(p) = self.publishers.get_mut(&topic) {
+                    p.remove(&node);
+                    if p.is_empty() {
+                        self.publishers.remove(&topic);
+                    }
+                }
+                self.propagate(now, Changes::default(), [node].into());
+            }
+            Command::Remove { node, cause } => {
+                let Some(e) = self.nodes.remove(&node) else {
+                    return;
+                };
+                self.joins.remove(&e.nonce);
+                for t in &e.publishes {
+                    if let Some(p) = self.publishers.get_mut(t) {
+                        p.remove(&node);
+                        if p.is_empty() {
+                            self.publishers.remove(t);
+                        }
+                    }
+                }
+                for r in e.known_regions.keys() {
+                    if let Some(k) = self.known_by.get_mut(r) {
+                        k.remove(&node);
+                    }
+                }
+                // Best effort (its stream is gone): tell the node, in case it is alive.
+                self.outbox.push_back(GmsTransmit {
+                    to: Peer::Node(node),
+                    msg: GmsMessage::Update {
+                        seq: 0,
+                        item: Item::Removed,
+                    },
+                });
+                self.events.push_back(GmsEvent::Removed { node, cause });
+                let ch = self.planner.remove_node(node);
+                self.propagate(now, ch, BTreeSet::new());
+            }
+        }
+    }
+
+    fn bind(&mut self, name: &str) -> Option<TopicId> {
+        if let Some(&t) = self.topic_ids.get(name) {
+            return Some(t);
+        }
+        if name.is_empty()
+            || name.len() > TOPIC_NAME_BYTES_MAX
+            || self.topic_ids.len() >= self.config.topics_max
+        {
+            self.stats.requests_refused += 1;
+            return None;
+        }
+        let topic = TopicId(self.next_topic);
+        self.next_topic = self.next_topic.saturating_add(1);
+        self.topic_ids.insert(name.to_owned(), topic);
+        self.events.push_back(GmsEvent::TopicCreated {
+            name: name.to_owned(),
+            topic,
+        });
+        Some(topic)
+    }
+
+    fn on_join(&mut self, now: Time, nonce: u64) {
+        if !self.joins.contains_key(&nonce) {
+            if self.nodes.len() >= self.config.nodes_max {
+                self.stats.joins_refused += 1;
+                return;
+            }
+            self.apply(now, Command::Join { nonce });
+        } else if let Some(&node) = self.joins.get(&nonce) {
+            // A repeated Join whose Welcome was lost.
+            self.outbox.push_back(GmsTransmit {
+                to: Peer::Joiner(nonce),
+                msg: GmsMessage::Welcome { nonce, node },
+            });
+        }
+    }
+
+    fn on_request(&mut self, now: Time, node: NodeId, req: u64, body: Request) {
+        let Some(e) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        if req <= e.req_upto {
+            self.stats.requests_duplicate += 1;
+        } else if req > e.req_upto + 1 {
+            self.stats.requests_out_of_order += 1;
+        } else {
+            e.req_upto = req;
+            match body {
+                Request::Subscribe(name) => self.apply(now, Command::Subscribe { node, name }),
+                Request::Unsubscribe(name) => {
+                    self.apply(now, Command::Unsubscribe { node, name });
+                }
+                Request::Advertise(name) => self.apply(now, Command::Advertise { node, name }),
+                Request::Unadvertise(name) => {
+                    self.apply(now, Command::Unadvertise { node, name });
+                }
+                Request::Suspect(suspect) => self.on_suspect(node, suspect),
+                Request::Leave => {
+                    // Acknowledge before the entry is gone, so the client can stop resending.
+                    self.outbox.push_back(GmsTransmit {
+                        to: Peer::Node(node),
+                        msg: GmsMessage::RequestAck { upto: req },
+                    });
+                    self.apply(
+                        now,
+                        Command::Remove {
+                            node,
+                            cause: RemoveCause::Left,
+                        },
+                    );
+                    return;
+                }
+            }
+        }
+        if let Some(e) = self.nodes.get(&node) {
+            self.outbox.push_back(GmsTransmit {
+                to: Peer::Node(node),
+                msg: GmsMessage::RequestAck { upto: e.req_upto },
+            });
+        }
+    }
+
+    /// Accepts a suspicion only from a ring neighbour of the suspect: the next or previous member
+    /// (cyclically, in ring order) of a region both are in. Anyone else's suspicion could be used
+    /// to evict arbitrary nodes.
+    fn on_suspect(&mut self, by: NodeId, suspect: NodeId) {
+        let neighbour = self.planner.node_regions(by).any(|(_, r)| {
+            self.planner.region(r).is_some_and(|reg| {
+                if !reg.members.contains(&suspect) || by == suspect {
+                    return false;
+                }
+                let next = reg
+                    .members
+                    .range(by..)
+                    .nth(1)
+                    .or_else(|| reg.members.first());
+                let prev = reg
+                    .members
+                    .range(..by)
+                    .next_back()
+                    .or_else(|| reg.members.last());
+                next == Some(&suspect) || prev == Some(&suspect)
+            })
+        });
+        match self.nodes.get_mut(&suspect) {
+            Some(e) if neighbour => {
+                e.suspected = true;
+                self.stats.suspicions_accepted += 1;
+            }
+            _ => self.stats.suspicions_ignored += 1,
+        }
+    }
+
+    fn on_ack(&mut self, now: Time, node: NodeId, upto: u64) {
+        let Some(e) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        while e.queue.front().is_some_and(|p| p.seq <= upto) {
+            e.queue.pop_front();
+        }
+        self.send_window(now, node);
+    }
+
+    fn due(&self, p: &Pending, now: Time) -> bool {
+        p.sent_at
+            .is_some_and(|t| now >= t + self.config.retransmit_interval)
+    }
+
+    /// Sends what the window allows: first sends of queued items, and resends of timed-out ones.
+    fn send_window(&mut self, now: Time, node: NodeId) {
+        let interval = self.config.retransmit_interval;
+        let inflight_max = self.config.updates_inflight_max;
+        let Some(e) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        for p in e.queue.iter_mut().take(inflight_max) {
+            let send = match p.sent_at {
+                None => {
+                    self.stats.updates_sent += 1;
+                    true
+                }
+                Some(t) if now >= t + interval => {
+                    self.stats.updates_retransmitted += 1;
+                    true
+                }
+                Some(_) => false,
+            };
+            if send {
+                p.sent_at = Some(now);
+                p.attempts += 1;
+                self.outbox.push_back(GmsTransmit {
+                    to: Peer::Node(node),
+                    msg: GmsMessage::Update {
+                        seq: p.seq,
+                        item: p.item.clone(),
+                    },
+                });
+            }
+        }
+    }
+
+    fn push_items(&mut self, now: Time, node: NodeId, items: Vec<Item>) {
+        let Some(e) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        for item in items {
+            e.queue.push_back(Pending {
+                seq: e.next_seq,
+                item,
+                sent_at: None,
+                attempts: 0,
+            });
+            e.next_seq += 1;
+        }
+        if e.queue.len() > self.config.updates_queued_max {
+            self.apply(
+                now,
+                Command::Remove {
+                    node,
+                    cause: RemoveCause::Unresponsive,
+                },
+            );
+            return;
+        }
+        self.send_window(now, node);
+    }
+
+    /// Issues new views for what `ch` changed and sends each affected node (plus `also`) the
+    /// difference between what it knows and what it must know now.
+    fn propagate(&mut self, now: Time, ch: Changes, mut also: BTreeSet<NodeId>) {
+        for &r in &ch.regions_created {
+            self.views.insert(r, ViewId(1));
+            self.stats.views_issued += 1;
+            let address = match self.config.multicast_pool {
+                Some(pool) => {
+                    let index = match self.pool_free.pop_first() {
+                        Some(i) => Some(i),
+                        None if self.pool_next < pool.size() => {
+                            self.pool_next += 1;
+                            Some(self.pool_next - 1)
+                        }
+                        None => None,
+                    };
+                    index.map_or(RegionAddress::Unicast, |i| RegionAddress::Multicast {
+                        group: pool.address(i),
+                        port: pool.port,
+                    })
+                }
+                None => RegionAddress::Unicast,
+            };
+            self.addresses.insert(r, address);
+        }
+        for &r in &ch.regions_changed {
+            if let Some(v) = self.views.get_mut(&r) {
+                v.0 = v.0.saturating_add(1);
+                self.stats.views_issued += 1;
+            }
+        }
+        for &r in &ch.regions_removed {
+            self.views.remove(&r);
+            if let (Some(RegionAddress::Multicast { group, .. }), Some(pool)) =
+                (self.addresses.remove(&r), self.config.multicast_pool)
+            {
+                let mask = pool.size().wrapping_sub(1);
+                self.pool_free.insert(u32::from_be_bytes(group) & mask);
+            }
+        }
+        for r in ch.regions_created.iter().chain(&ch.regions_changed) {
+            if let Some(reg) = self.planner.region(*r) {
+                also.extend(reg.members.iter().copied());
+                for t in &reg.topics {
+                    if let Some(p) = self.publishers.get(t) {
+                        also.extend(p.iter().copied());
+                    }
+                }
+            }
+        }
+        for r in ch.regions_changed.iter().chain(&ch.regions_removed) {
+            if let Some(k) = self.known_by.get(r) {
+                also.extend(k.iter().copied());
+            }
+        }
+        for t in &ch.topics_changed {
+            if let Some(p) = self.publishers.get(t) {
+                also.extend(p.iter().copied());
+            }
+        }
+        for r in &ch.regions_removed {
+            self.known_by.remove(r);
+        }
+        for node in also {
+            self.sync(now, node);
+        }
+    }
+
+    /// Sends `node` what changed in the part of the membership that concerns it, as one batch.
+    fn sync(&mut self, now: Time, node: NodeId) {
+        let Some(e) = self.nodes.get(&node) else {
+            return;
+        };
+        let publishes: Vec<TopicId> = e.publishes.iter().copied().collect();
+        let desired = self.planner.relevant_regions(node, &publishes);
+        let mut items = Vec::new();
+        let mut known = e.known_regions.clone();
+        let gone: Vec<RegionId> = known
+            .keys()
+            .copied()
+            .filter(|r| !desired.contains(r))
+            .collect();
+        for r in gone {
+            known.remove(&r);
+            if let Some(k) = self.known_by.get_mut(&r) {
+                k.remove(&node);
+            }
+            items.push(Item::RegionGone(r));
+        }
+        for &r in &desired {
+            let Some(&view) = self.views.get(&r) else {
+                continue;
+            };
+            if known.get(&r) == Some(&view) {
+                continue;
+            }
+            let Some(v) = self
+                .planner
+                .region_view(r, view, self.config.partition_size)
+            else {
+                continue;
+            };
+            let address = self
+                .addresses
+                .get(&r)
+                .copied()
+                .unwrap_or(RegionAddress::Unicast);
+            items.push(Item::Region(GmsRegionView { view: v, address }));
+            known.insert(r, view);
+            self.known_by.entry(r).or_default().insert(node);
+        }
+        let mut known_topics = e.known_topics.clone();
+        let stale: Vec<TopicId> = known_topics
+            .keys()
+            .copied()
+            .filter(|t| !publishes.contains(t))
+            .collect();
+        for t in stale {
+            known_topics.remove(&t);
+            items.push(Item::TopicGone(t));
+        }
+        for &t in &publishes {
+            let regions: Vec<RegionId> = self.planner.topic_regions(t).collect();
+            if known_topics.get(&t) != Some(&regions) {
+                items.push(Item::TopicRegions {
+                    topic: t,
+                    regions: regions.clone(),
+                });
+                known_topics.insert(t, regions);
+            }
+        }
+        if let Some(e) = self.nodes.get_mut(&node) {
+            e.known_regions = known;
+            e.known_topics = known_topics;
+        }
+        if !items.is_empty() {
+            items.push(Item::Commit);
+        }
+        // A batch made only of TopicBound items still needs its Commit.
+        let needs_commit = items.is_empty()
+            && self.nodes.get(&node).is_some_and(|e| {
+                e.queue
+                    .back()
+                    .is_some_and(|p| !matches!(p.item, Item::Commit))
+            });
+        if needs_commit {
+            items.push(Item::Commit);
+        }
+        if !items.is_empty() {
+            self.push_items(now, node, items);
+        }
+    }
+}

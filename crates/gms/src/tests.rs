@@ -1,0 +1,457 @@
+//! Scenario tests of the service and its clients on injected time and a controllable network.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tidings_proto::{Membership, Time};
+use tidings_wire::NodeId;
+
+use crate::{
+    ClientConfig, ClientEvent, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Item, Peer,
+    RegionAddress, RemoveCause,
+};
+
+type Filter = Box<dyn FnMut(usize, &GmsMessage) -> bool>;
+
+/// A GMS and clients (by index) on a network that delivers at once, except what `drop_to`
+/// rejects (messages to client `i`) and anything to or from a crashed client.
+struct World {
+    now: Time,
+    gms: Gms,
+    clients: Vec<GmsClient>,
+    crashed: BTreeSet<usize>,
+    /// Keep a message to client i if this returns true.
+    keep_to: Filter,
+    events: Vec<(usize, ClientEvent)>,
+    gms_events: Vec<GmsEvent>,
+    /// Every update item delivered to each client (after the filter).
+    delivered: Vec<Vec<GmsMessage>>,
+}
+
+impl World {
+    fn new(n: usize) -> World {
+        let gms = Gms::new(GmsConfig::default()).unwrap();
+        let clients = (0..n)
+            .map(|i| {
+                GmsClient::new(ClientConfig {
+                    seed: 100 + i as u64,
+                    ..ClientConfig::default()
+                })
+                .unwrap()
+            })
+            .collect();
+        let mut w = World {
+            now: Time::ZERO,
+            gms,
+            clients,
+            crashed: BTreeSet::new(),
+            keep_to: Box::new(|_, _| true),
+            events: Vec::new(),
+            gms_events: Vec::new(),
+            delivered: vec![Vec::new(); n],
+        };
+        w.tick();
+        w
+    }
+
+    fn index_of(&self, peer: Peer) -> Option<usize> {
+        self.clients.iter().position(|c| match peer {
+            Peer::Node(n) => c.node() == Some(n),
+            Peer::Joiner(nonce) => c.nonce() == nonce,
+        })
+    }
+
+    /// Exchanges messages until nothing moves.
+    fn pump(&mut self) {
+        for _ in 0..10_000 {
+            let mut moved = false;
+            for i in 0..self.clients.len() {
+                while let Some(msg) = self.clients[i].poll_transmit() {
+                    moved = true;
+                    if self.crashed.contains(&i) {
+                        continue;
+                    }
+                    let from = match self.clients[i].node() {
+                        Some(n) => Peer::Node(n),
+                        None => Peer::Joiner(self.clients[i].nonce()),
+                    };
+                    self.gms.handle_datagram(self.now, from, &msg.to_bytes());
+                }
+                while let Some(e) = self.clients[i].poll_event() {
+                    self.events.push((i, e));
+                }
+            }
+            while let Some(t) = self.gms.poll_transmit() {
+                moved = true;
+                let Some(i) = self.index_of(t.to) else {
+                    continue;
+                };
+                if self.crashed.contains(&i) || !(self.keep_to)(i, &t.msg) {
+                    continue;
+                }
+                self.delivered[i].push(t.msg.clone());
+                self.clients[i].handle_datagram(self.now, &t.msg.to_bytes());
+            }
+            while let Some(e) = self.gms.poll_event() {
+                self.gms_events.push(e);
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("livelock");
+    }
+
+    fn tick(&mut self) {
+        for (i, c) in self.clients.iter_mut().enumerate() {
+            if !self.crashed.contains(&i) {
+                c.handle_timeout(self.now);
+            }
+        }
+        self.gms.handle_timeout(self.now);
+        self.pump();
+    }
+
+    /// Runs to `until`, waking at every deadline (at least every 50 ms).
+    fn run_for(&mut self, d: Duration) {
+        let until = self.now + d;
+        while self.now < until {
+            let mut next = self.now + Duration::from_millis(50);
+            let deadlines = self
+                .clients
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !self.crashed.contains(i))
+                .filter_map(|(_, c)| c.poll_timeout())
+                .chain(self.gms.poll_timeout());
+            for t in deadlines {
+                if t > self.now && t < next {
+                    next = t;
+                }
+            }
+            self.now = next.min(until);
+            self.tick();
+        }
+    }
+
+    fn node(&self, i: usize) -> NodeId {
+        self.clients[i].node().unwrap()
+    }
+
+    fn last_membership(&self, i: usize) -> Option<&Membership> {
+        self.events.iter().rev().find_map(|(j, e)| match e {
+            ClientEvent::Membership(m) if *j == i => Some(m),
+            _ => None,
+        })
+    }
+
+    /// What node `i` should hold according to the GMS's own state.
+    fn expected(&self, i: usize, publishes: &[&str]) -> Membership {
+        let topics: Vec<_> = publishes
+            .iter()
+            .filter_map(|n| self.gms.topic_id(n))
+            .collect();
+        self.gms.planner().membership(
+            self.node(i),
+            &topics,
+            self.gms.config().partition_size,
+            |r| self.gms.view_of(r).unwrap(),
+        )
+    }
+}
+
+#[test]
+fn join_gives_an_id_and_an_empty_membership() {
+    let w = World::new(2);
+    assert_ne!(w.node(0), w.node(1));
+    assert!(w.events.contains(&(0, ClientEvent::Joined(w.node(0)))));
+    assert_eq!(w.last_membership(0), Some(&Membership::default()));
+    assert_eq!(w.gms.members().count(), 2);
+}
+
+#[test]
+fn subscribers_form_a_region_with_partitions_and_an_address() {
+    let mut w = World::new(3);
+    for i in 0..3 {
+        w.clients[i].subscribe("quotes").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    let topic = w.gms.topic_id("quotes").unwrap();
+    assert_eq!(w.clients[0].topic_id("quotes"), Some(topic));
+    for i in 0..3 {
+        let m = w.last_membership(i).unwrap();
+        assert_eq!(m, &w.expected(i, &[]));
+        assert_eq!(m.regions.len(), 1);
+        let view = m.regions.values().next().unwrap();
+        assert_eq!(view.member_count(), 3);
+        assert_eq!(view.topics, vec![topic]);
+        assert!(matches!(
+            w.clients[i].region_address(view.region),
+            Some(RegionAddress::Multicast {
+                group: [239, 192, _, _],
+                port: 7400
+            })
+        ));
+    }
+}
+
+#[test]
+fn a_node_is_told_only_what_concerns_it() {
+    let mut w = World::new(4);
+    w.clients[0].subscribe("a").unwrap();
+    w.clients[1].subscribe("a").unwrap();
+    w.clients[2].subscribe("b").unwrap();
+    // Node 3 publishes on "a" without subscribing: it needs a's regions, and nothing of b's.
+    w.clients[3].advertise("a").unwrap();
+    w.run_for(Duration::from_millis(10));
+    let a = w.gms.topic_id("a").unwrap();
+    let b = w.gms.topic_id("b").unwrap();
+    let ra: Vec<_> = w.gms.planner().topic_regions(a).collect();
+    let rb: Vec<_> = w.gms.planner().topic_regions(b).collect();
+    let m0 = w.last_membership(0).unwrap();
+    assert_eq!(m0.regions.keys().copied().collect::<Vec<_>>(), ra);
+    let m2 = w.last_membership(2).unwrap();
+    assert_eq!(m2.regions.keys().copied().collect::<Vec<_>>(), rb);
+    let m3 = w.last_membership(3).unwrap();
+    assert_eq!(m3.regions.keys().copied().collect::<Vec<_>>(), ra);
+    assert_eq!(m3.topic_regions.get(&a), Some(&ra));
+    assert_eq!(m3, &w.expected(3, &["a"]));
+    // No item about b's region ever went to nodes 0, 1, 3.
+    for i in [0, 1, 3] {
+        for m in &w.delivered[i] {
+            if let GmsMessage::Update {
+                item: Item::Region(v),
+                ..
+            } = m
+            {
+                assert!(!rb.contains(&v.view.region), "node {i} told about b");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_crash_is_detected_by_heartbeats_and_only_survivors_get_new_views() {
+    let mut w = World::new(3);
+    for i in 0..3 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    let dead = w.node(2);
+    let region = *w.last_membership(0).unwrap().regions.keys().next().unwrap();
+    let view_before = w.gms.view_of(region).unwrap();
+    w.crashed.insert(2);
+    let crashed_at = w.now;
+    let delivered_before = w.delivered[2].len();
+    w.run_for(Duration::from_millis(2900));
+    assert!(w.gms.members().any(|n| n == dead), "not before the timeout");
+    w.run_for(Duration::from_millis(200));
+    assert!(w.gms_events.contains(&GmsEvent::Removed {
+        node: dead,
+        cause: RemoveCause::HeartbeatTimeout
+    }));
+    assert!(w.now >= crashed_at + Duration::from_secs(3));
+    for i in 0..2 {
+        let m = w.last_membership(i).unwrap();
+        let view = &m.regions[&region];
+        assert_eq!(view.member_count(), 2);
+        assert!(view.view > view_before);
+        assert_eq!(m, &w.expected(i, &[]));
+    }
+    assert_eq!(
+        w.delivered[2].len(),
+        delivered_before,
+        "nothing reaches the dead"
+    );
+}
+
+#[test]
+fn a_suspicion_from_a_ring_neighbour_speeds_removal_up() {
+    let mut w = World::new(4);
+    for i in 0..3 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.clients[3].subscribe("other").unwrap();
+    w.run_for(Duration::from_millis(10));
+    let dead = w.node(2);
+    w.crashed.insert(2);
+    // Node 3 shares no region with the suspect: its suspicion is ignored.
+    w.clients[3].suspect(dead).unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.stats().suspicions_ignored, 1);
+    w.clients[0].suspect(dead).unwrap();
+    w.run_for(Duration::from_millis(1100));
+    assert_eq!(w.gms.stats().suspicions_accepted, 1);
+    assert!(w.gms_events.contains(&GmsEvent::Removed {
+        node: dead,
+        cause: RemoveCause::Suspected
+    }));
+    assert!(w.now < Time::ZERO + Duration::from_secs(2));
+}
+
+#[test]
+fn a_suspected_node_that_speaks_stays() {
+    let mut w = World::new(3);
+    for i in 0..3 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    let alive = w.node(2);
+    w.clients[0].suspect(alive).unwrap();
+    w.run_for(Duration::from_secs(5));
+    assert!(w.gms.members().any(|n| n == alive));
+}
+
+#[test]
+fn lost_updates_are_resent_and_applied_in_order_exactly_once() {
+    let mut w = World::new(3);
+    // Drop two of every three updates to client 0, for a while.
+    let mut count = 0u32;
+    w.keep_to = Box::new(move |i, m| {
+        if i == 0 && matches!(m, GmsMessage::Update { .. }) {
+            count += 1;
+            return count.is_multiple_of(3) || count > 60;
+        }
+        true
+    });
+    for name in ["x", "y", "z"] {
+        for i in 0..3 {
+            w.clients[i].subscribe(name).unwrap();
+        }
+    }
+    w.clients[1].unsubscribe("y").unwrap();
+    w.clients[0].advertise("y").unwrap();
+    w.run_for(Duration::from_secs(3));
+    assert!(w.gms.stats().updates_retransmitted > 0);
+    let stats = w.clients[0].stats().clone();
+    assert!(stats.updates_duplicate + stats.updates_reordered > 0);
+    // Applied exactly once each: the count of applied items is the stream's length.
+    let seqs: BTreeSet<u64> = w.delivered[0]
+        .iter()
+        .filter_map(|m| match m {
+            GmsMessage::Update { seq, .. } if *seq > 0 => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stats.updates_applied, seqs.len() as u64);
+    assert_eq!(seqs.iter().copied().max(), Some(seqs.len() as u64));
+    for i in 0..3 {
+        let publishes: &[&str] = if i == 0 { &["y"] } else { &[] };
+        assert_eq!(
+            w.last_membership(i).unwrap(),
+            &w.expected(i, publishes),
+            "client {i}"
+        );
+    }
+}
+
+#[test]
+fn lost_requests_and_welcomes_are_resent() {
+    let mut w = World::new(0);
+    w.clients
+        .push(GmsClient::new(ClientConfig::default()).unwrap());
+    w.delivered.push(Vec::new());
+    let mut dropped = 0;
+    w.keep_to = Box::new(move |_, m| {
+        if matches!(
+            m,
+            GmsMessage::Welcome { .. } | GmsMessage::RequestAck { .. }
+        ) && dropped < 2
+        {
+            dropped += 1;
+            return false;
+        }
+        true
+    });
+    w.clients[0].subscribe("late").unwrap();
+    w.run_for(Duration::from_secs(1));
+    assert!(w.clients[0].node().is_some());
+    assert_eq!(
+        w.gms.members().count(),
+        1,
+        "a resent Join does not make a second node"
+    );
+    assert!(w.clients[0].topic_id("late").is_some());
+    assert_eq!(w.last_membership(0).unwrap().regions.len(), 1);
+}
+
+#[test]
+fn leaving_removes_the_node_and_updates_the_others() {
+    let mut w = World::new(3);
+    for i in 0..3 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    let leaver = w.node(1);
+    w.clients[1].leave().unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert!(w.gms_events.contains(&GmsEvent::Removed {
+        node: leaver,
+        cause: RemoveCause::Left
+    }));
+    assert!(w.clients[1].is_removed());
+    assert!(w.events.contains(&(1, ClientEvent::Removed)));
+    let m = w.last_membership(0).unwrap();
+    assert_eq!(m.regions.values().next().unwrap().member_count(), 2);
+    // A removed node's later messages are counted, not applied.
+    let before = w.gms.stats().unexpected;
+    w.gms
+        .handle_message(w.now, Peer::Node(leaver), GmsMessage::Heartbeat);
+    assert_eq!(w.gms.stats().unexpected, before + 1);
+}
+
+#[test]
+fn malformed_messages_are_counted_and_dropped() {
+    let mut w = World::new(1);
+    let n = w.node(0);
+    w.gms.handle_datagram(w.now, Peer::Node(n), &[]);
+    w.gms.handle_datagram(w.now, Peer::Node(n), &[200, 1, 2]);
+    w.gms.handle_datagram(
+        w.now,
+        Peer::Node(n),
+        &[3, 1, 0, 0, 0, 0, 0, 0, 0, 1, 255, 255],
+    );
+    assert_eq!(w.gms.stats().malformed, 3);
+    w.clients[0].handle_datagram(w.now, &[6, 1]);
+    assert_eq!(w.clients[0].stats().malformed, 1);
+    assert_eq!(w.gms.members().count(), 1);
+}
+
+#[test]
+fn many_changes_under_loss_converge_to_the_gms_state() {
+    let mut w = World::new(8);
+    let mut rng = fastrand::Rng::with_seed(5);
+    let mut seen = 0u64;
+    w.keep_to = Box::new(move |_, _| {
+        seen += 1;
+        // 20% loss, deterministic.
+        !(seen.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32).is_multiple_of(5)
+    });
+    let names = ["a", "b", "c", "d", "e"];
+    let mut publishes: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
+    for _ in 0..60 {
+        let i = rng.usize(..8);
+        let name = names[rng.usize(..names.len())];
+        match rng.u8(..4) {
+            0 | 1 => w.clients[i].subscribe(name).unwrap(),
+            2 => w.clients[i].unsubscribe(name).unwrap(),
+            _ => {
+                w.clients[i].advertise(name).unwrap();
+                publishes.entry(i).or_default().insert(name);
+            }
+        }
+        w.run_for(Duration::from_millis(rng.u64(1..30)));
+    }
+    w.run_for(Duration::from_secs(2));
+    assert_eq!(w.gms.members().count(), 8, "loss alone removes nobody");
+    w.gms.planner().check_invariants().unwrap();
+    for i in 0..8 {
+        let p: Vec<&str> = publishes.get(&i).into_iter().flatten().copied().collect();
+        assert_eq!(
+            w.last_membership(i).unwrap(),
+            &w.expected(i, &p),
+            "client {i}"
+        );
+        assert_eq!(&w.clients[i].membership(), &w.expected(i, &p));
+    }
+}
