@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use tidings_wire::{
     write_ack, write_ranges, write_silence, write_token_ack, Body, Header, Kind, Message,
-    MessagesWriter, MsgId, NodeId, Packet, Priority, RegionId, Silence, TopicId,
+    MessagesWriter, MsgId, NodeId, Packet, Priority, RegionId, SeqRange, Silence, TopicId,
     MESSAGE_HEADER_LEN,
 };
 
@@ -357,21 +357,7 @@ impl Node {
                     return;
                 }
                 self.out.stats.naks_received += 1;
-                let (sent, stable, view) = (stream.sent_upto, stream.stable_upto, stream.view);
-                for r in ranges.iter() {
-                    let (start, end) = (r.start.max(stable + 1), r.end().min(sent + 1));
-                    let job = RepairJob::new(
-                        Destination::Region(h.region),
-                        h.region,
-                        view,
-                        self.me,
-                        start,
-                        end,
-                        RepairCause::Nak,
-                        now,
-                    );
-                    self.out.queue_repair(job, &self.config);
-                }
+                self.remulticast(now, h.region, ranges.iter());
             }
             Body::Pull { origin, ranges } => {
                 let known = if origin == self.me {
@@ -674,23 +660,22 @@ impl Node {
             self.apply_ack(region, stable);
         }
         for (region, ranges) in std::mem::take(&mut self.out.self_naks) {
-            let Some(stream) = self.outbound.get(&region) else {
-                continue;
-            };
-            let (sent, stable, view) = (stream.sent_upto, stream.stable_upto, stream.view);
-            for r in ranges {
-                let job = RepairJob::new(
-                    Destination::Region(region),
-                    region,
-                    view,
-                    self.me,
-                    r.start.max(stable + 1),
-                    r.end().min(sent + 1),
-                    RepairCause::Nak,
-                    now,
-                );
-                self.out.queue_repair(job, &self.config);
-            }
+            self.remulticast(now, region, ranges.into_iter());
+        }
+    }
+
+    /// Answers a region NAK: queues the sent, unstable messages of `ranges` of this node's stream
+    /// into `region` for re-multicast.
+    fn remulticast(&mut self, now: Time, region: RegionId, ranges: impl Iterator<Item = SeqRange>) {
+        let Some(stream) = self.outbound.get(&region) else {
+            return;
+        };
+        let (sent, stable, view) = (stream.sent_upto, stream.stable_upto, stream.view);
+        for r in ranges {
+            let (start, end) = (r.start.max(stable + 1), r.end().min(sent + 1));
+            let to = Destination::Region(region);
+            let job = RepairJob::new(to, region, view, self.me, start, end, RepairCause::Nak, now);
+            self.out.queue_repair(job, &self.config);
         }
     }
 
