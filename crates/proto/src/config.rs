@@ -90,6 +90,10 @@ pub struct Config {
     /// Most datagrams of views this node does not know yet that it keeps until the view arrives
     /// (the oldest are dropped beyond it). Default 4096.
     pub future_datagrams_max: usize,
+    /// Smoothing factor of the doubt horizon rate (Gryphon's equation 5, Table 1). Default 0.1.
+    pub doubt_rate_alpha: f64,
+    /// Interval at which each receiver samples the progress of its doubt horizons. Default 100 ms.
+    pub doubt_sample_interval: Duration,
     /// Seed of the node's random choices (which caching member to ask). Default 1.
     pub rng_seed: u64,
 }
@@ -123,6 +127,8 @@ impl Default for Config {
             push_max_per_token: 256,
             streams_max: 1024,
             view_change_pause: Duration::from_millis(5),
+            doubt_rate_alpha: 0.1,
+            doubt_sample_interval: Duration::from_millis(100),
             future_datagrams_max: 4096,
             rng_seed: 1,
         }
@@ -208,6 +214,13 @@ impl Config {
                 "must be at least window_msgs_max, or a sender within its window overruns receivers",
             ));
         }
+        if !(self.doubt_rate_alpha > 0.0 && self.doubt_rate_alpha <= 1.0) {
+            return Err(invalid(
+                "doubt_rate_alpha",
+                self.doubt_rate_alpha,
+                "must be within (0, 1]",
+            ));
+        }
         if self.cache_block_msgs == 0 {
             return Err(invalid(
                 "cache_block_msgs",
@@ -223,6 +236,7 @@ impl Config {
             ("repair_timeout", self.repair_timeout),
             ("repair_interval", self.repair_interval),
             ("repair_queue_ttl", self.repair_queue_ttl),
+            ("doubt_sample_interval", self.doubt_sample_interval),
             ("token_handoff_timeout", self.token_handoff_timeout),
         ] {
             if d.is_zero() {

@@ -52,7 +52,7 @@ pub enum PublishError {
 }
 
 /// Receive-side figures of one inbound stream, for reports and checkers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StreamReport {
     /// The region.
     pub region: RegionId,
@@ -68,6 +68,11 @@ pub struct StreamReport {
     pub cached_now: u64,
     /// Known gaps now.
     pub missing: u64,
+    /// Gryphon's doubt horizon in the sender's clock, microseconds.
+    pub doubt_horizon_us: u64,
+    /// Progress of the doubt horizon in tick-seconds per second, smoothed (equation 5); 1.0 means
+    /// keeping up with the sender in real time. `None` before two samples.
+    pub doubt_rate: Option<f64>,
 }
 
 /// One node of the protocol, without I/O.
@@ -99,6 +104,8 @@ pub struct Node {
     /// Per origin, the highest message id delivered in views that ended; kept even while this node
     /// is in no region, so a node that leaves and joins again never delivers a message twice.
     msg_id_floors: BTreeMap<NodeId, u64>,
+    /// When the doubt horizon rates are sampled next.
+    next_doubt_sample: Time,
 }
 
 /// Where a datagram's view stands relative to what this node knows.
@@ -144,6 +151,7 @@ impl Node {
             data_rr: 0,
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
+            next_doubt_sample: now,
         })
     }
 
@@ -613,14 +621,7 @@ impl Node {
             self.out.stats.foreign_dropped += 1;
             return;
         }
-        region.on_silence(
-            now,
-            h.sender,
-            s.last_seq,
-            s.acked_upto,
-            &self.config,
-            &mut self.out,
-        );
+        region.on_silence(now, h.sender, s, &self.config, &mut self.out);
     }
 
     fn on_ack(&mut self, h: &Header, origin: NodeId, stable_upto: u64) {
@@ -690,6 +691,12 @@ impl Node {
             );
         }
         self.apply_self_feedback(now);
+        if now >= self.next_doubt_sample {
+            self.next_doubt_sample = now + self.config.doubt_sample_interval;
+            for region in self.regions.values_mut() {
+                region.sample_doubt_rates(now, self.config.doubt_rate_alpha);
+            }
+        }
         if now >= self.next_repair_scan {
             self.next_repair_scan = now + self.config.repair_interval;
             for region in self.regions.values_mut() {
@@ -731,7 +738,17 @@ impl Node {
             .values()
             .filter(|s| s.paused_until != Time::ZERO)
             .map(|s| s.paused_until);
-        rings.chain(repair).chain(silence).chain(pauses).min()
+        let doubt = self
+            .regions
+            .values()
+            .any(|r| !r.inbound.is_empty())
+            .then_some(self.next_doubt_sample);
+        rings
+            .chain(repair)
+            .chain(silence)
+            .chain(pauses)
+            .chain(doubt)
+            .min()
     }
 
     /// The next event for the application, if any.
@@ -1038,6 +1055,8 @@ impl Node {
                     cached_total: s.cached_total,
                     cached_now: s.cache_len() as u64,
                     missing: s.missing_count() as u64,
+                    doubt_horizon_us: s.doubt_horizon_us,
+                    doubt_rate: s.doubt_rate,
                 })
             })
             .collect()

@@ -62,6 +62,17 @@ pub(crate) struct InboundStream {
     pub(crate) stable_upto: u64,
     /// Messages ever put in the cache (for the cache-fraction figure).
     pub(crate) cached_total: u64,
+    /// Gryphon's doubt horizon, in the sender's clock (microseconds): nothing sent before it is
+    /// unknown here any more (every message before it was delivered, and a silence heartbeat
+    /// covered the time after the last one).
+    pub(crate) doubt_horizon_us: u64,
+    /// A silence heartbeat (last sequence number, sender time) waiting for the gaps before it.
+    pending_silence: Option<(u64, u64)>,
+    /// The previous rate sample: (local time, horizon then).
+    doubt_sample: Option<(Time, u64)>,
+    /// Rate of progress of the doubt horizon in tick-seconds per second, smoothed with the
+    /// low-pass filter of Gryphon's equation 5 (`None` until two samples exist).
+    pub(crate) doubt_rate: Option<f64>,
     /// Highest message id of this origin handed to the application, carried across views: after a
     /// view change the sender resends what was unstable, and what this node already delivered is
     /// recognised by its id (a sender's ids increase along each stream).
@@ -79,7 +90,45 @@ impl InboundStream {
             stable_upto: 0,
             cached_total: 0,
             msg_id_floor: 0,
+            doubt_horizon_us: 0,
+            pending_silence: None,
+            doubt_sample: None,
+            doubt_rate: None,
         }
+    }
+
+    /// A silence heartbeat: nothing was sent after `last_seq` until `timestamp_us` (sender time).
+    pub(crate) fn note_silence(&mut self, last_seq: u64, timestamp_us: u64) {
+        if self.pending_silence.is_none_or(|(_, ts)| timestamp_us > ts) {
+            self.pending_silence = Some((last_seq, timestamp_us));
+        }
+        self.apply_silence();
+    }
+
+    fn apply_silence(&mut self) {
+        if let Some((last_seq, ts)) = self.pending_silence {
+            if self.delivered_upto >= last_seq {
+                self.doubt_horizon_us = self.doubt_horizon_us.max(ts);
+                self.pending_silence = None;
+            }
+        }
+    }
+
+    /// Takes a sample of the doubt horizon's progress and folds it into the smoothed rate:
+    /// `t = horizon advance / time elapsed`, `t_smoothed = (1 - alpha) t_smoothed + alpha t`.
+    pub(crate) fn sample_doubt_rate(&mut self, now: Time, alpha: f64) {
+        if let Some((at, horizon)) = self.doubt_sample {
+            let elapsed_us = now.saturating_duration_since(at).as_micros() as f64;
+            if elapsed_us <= 0.0 {
+                return;
+            }
+            let t = self.doubt_horizon_us.saturating_sub(horizon) as f64 / elapsed_us;
+            self.doubt_rate = Some(match self.doubt_rate {
+                None => t,
+                Some(smoothed) => (1.0 - alpha) * smoothed + alpha * t,
+            });
+        }
+        self.doubt_sample = Some((now, self.doubt_horizon_us));
     }
 
     /// Highest sequence number known to exist.
@@ -145,6 +194,7 @@ impl InboundStream {
             };
             self.delivered_upto += 1;
             let seq = self.delivered_upto;
+            self.doubt_horizon_us = self.doubt_horizon_us.max(msg.timestamp_us);
             let fresh = msg.msg_id.0 > self.msg_id_floor;
             self.msg_id_floor = self.msg_id_floor.max(msg.msg_id.0);
             if deliver(seq, &msg, fresh) && seq > self.stable_upto {
@@ -152,6 +202,7 @@ impl InboundStream {
                 self.cached_total += 1;
             }
         }
+        self.apply_silence();
         Arrival::New
     }
 
@@ -405,5 +456,70 @@ mod view_tests {
         }
         assert_eq!(fresh, vec![(4, false), (5, false), (6, true), (7, true)]);
         assert_eq!(s.msg_id_floor, 7);
+    }
+}
+
+#[cfg(test)]
+mod doubt_tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(ms: u64) -> Time {
+        Time::ZERO + Duration::from_millis(ms)
+    }
+
+    fn msg_at(id: u64, ts_ms: u64) -> InMsg {
+        InMsg {
+            msg_id: MsgId(id),
+            topic: TopicId(1),
+            timestamp_us: ts_ms * 1000,
+            payload: Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn the_doubt_horizon_follows_delivery_and_silence() {
+        let mut s = InboundStream::new(NodeId(1));
+        s.receive(at(0), 1, msg_at(1, 10), 100, |_, _, _| false);
+        assert_eq!(s.doubt_horizon_us, 10_000);
+        // Message 3 arrives before 2: the horizon waits for the gap.
+        s.receive(at(0), 3, msg_at(3, 30), 100, |_, _, _| false);
+        assert_eq!(s.doubt_horizon_us, 10_000);
+        // Silence after 3 at 50 ms cannot apply before 2 is known either.
+        s.note_silence(3, 50_000);
+        assert_eq!(s.doubt_horizon_us, 10_000);
+        s.receive(at(0), 2, msg_at(2, 20), 100, |_, _, _| false);
+        assert_eq!(s.doubt_horizon_us, 50_000);
+    }
+
+    #[test]
+    fn the_rate_is_one_in_real_time_and_drops_when_stalled() {
+        let mut s = InboundStream::new(NodeId(1));
+        let alpha = 0.1;
+        // One message per 10 ms of sender time, arriving in real time.
+        for k in 1..=20u64 {
+            s.receive(at(k * 10), k, msg_at(k, k * 10), 100, |_, _, _| false);
+            if k % 5 == 0 {
+                s.sample_doubt_rate(at(k * 10), alpha);
+            }
+        }
+        let r = s.doubt_rate.unwrap();
+        assert!((r - 1.0).abs() < 1e-9, "rate {r}");
+        // A gap at 21 stalls the horizon while later messages keep arriving.
+        for k in 22..=40u64 {
+            s.receive(at(k * 10), k, msg_at(k, k * 10), 100, |_, _, _| false);
+            if k % 5 == 0 {
+                s.sample_doubt_rate(at(k * 10), alpha);
+            }
+        }
+        let stalled = s.doubt_rate.unwrap();
+        assert!(
+            stalled < 0.75,
+            "smoothed rate should fall while the horizon is stuck: {stalled}"
+        );
+        // The repair releases everything at once: the rate jumps above real time.
+        s.receive(at(405), 21, msg_at(21, 210), 100, |_, _, _| false);
+        s.sample_doubt_rate(at(410), alpha);
+        assert!(s.doubt_rate.unwrap() > stalled);
     }
 }

@@ -997,17 +997,22 @@ impl RegionState {
         &mut self,
         now: Time,
         origin: NodeId,
-        last_seq: u64,
-        acked_upto: u64,
+        silence: tidings_wire::Silence,
         config: &Config,
         out: &mut Outbox,
     ) {
+        let tidings_wire::Silence {
+            last_seq,
+            timestamp_us,
+            acked_upto,
+        } = silence;
         let leader = self.is_region_leader();
         let (region, view) = (self.region, self.view);
         let Some(stream) = self.stream_mut(origin, config) else {
             return;
         };
         stream.note_exists(now, last_seq, config.receive_window_msgs);
+        stream.note_silence(last_seq, timestamp_us);
         if leader && acked_upto < stream.stable_upto {
             out.stats.acks_sent += 1;
             let stable_upto = stream.stable_upto;
@@ -1097,6 +1102,13 @@ impl RegionState {
             }
         }
         out
+    }
+
+    /// Samples the doubt horizon rate of every inbound stream.
+    pub(crate) fn sample_doubt_rates(&mut self, now: Time, alpha: f64) {
+        for stream in self.inbound.values_mut() {
+            stream.sample_doubt_rate(now, alpha);
+        }
     }
 
     /// Whether any inbound stream has gaps to repair.
