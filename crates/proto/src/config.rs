@@ -94,6 +94,34 @@ pub struct Config {
     pub doubt_rate_alpha: f64,
     /// Interval at which each receiver samples the progress of its doubt horizons. Default 100 ms.
     pub doubt_sample_interval: Duration,
+    /// Gryphon's PDCC (paper 002): senders query their regions and adapt their publish rate to
+    /// the slowest receiver's doubt horizon rate. Default on.
+    pub congestion_control: bool,
+    /// Interval between DCQs from a sender. Default 1 s (paper 002's example).
+    pub pdcc_dcq_interval: Duration,
+    /// t_noUCA: time without alerts before the rate rises. Default 2 s (Table 1).
+    pub pdcc_t_no_uca: Duration,
+    /// r_min: least rate increase, messages per second. Default 2 (Table 1).
+    pub pdcc_rate_min_increase: f64,
+    /// f_incr: multiplicative increment (eq. 1). Default 0.05 (Table 1).
+    pub pdcc_f_incr: f64,
+    /// f_decr1: multiplicative decrement (eqs. 2-3). Default 0.5 (Table 1).
+    pub pdcc_f_decr1: f64,
+    /// f_decr2: decrement relative to the previous one (eq. 2). Default 0.25 (Table 1).
+    pub pdcc_f_decr2: f64,
+    /// delta_t_nonrec: alert threshold of receivers that are not recovering, tick-seconds per
+    /// second below 1. Default 0.05 (50 tickms, Table 1).
+    pub pdcc_delta_t_nonrec: f64,
+    /// delta_t_rec: how much faster than the sender a recovering receiver must progress.
+    /// Default 1.0 (1000 tickms, Table 1).
+    pub pdcc_delta_t_rec: f64,
+    /// delta_t_s: largest lag of a receiver's doubt horizon behind the sender's position before
+    /// it alerts (eq. 7). Default 4 s (Table 1).
+    pub pdcc_delta_t_s: Duration,
+    /// Burst the publish rate allows, as time at the rate. Default 50 ms.
+    pub pdcc_burst: Duration,
+    /// The publish rate never falls below this, messages per second. Default 10.
+    pub pdcc_rate_floor: f64,
     /// Seed of the node's random choices (which caching member to ask). Default 1.
     pub rng_seed: u64,
 }
@@ -128,6 +156,18 @@ impl Default for Config {
             streams_max: 1024,
             view_change_pause: Duration::from_millis(5),
             doubt_rate_alpha: 0.1,
+            congestion_control: true,
+            pdcc_dcq_interval: Duration::from_secs(1),
+            pdcc_t_no_uca: Duration::from_secs(2),
+            pdcc_rate_min_increase: 2.0,
+            pdcc_f_incr: 0.05,
+            pdcc_f_decr1: 0.5,
+            pdcc_f_decr2: 0.25,
+            pdcc_delta_t_nonrec: 0.05,
+            pdcc_delta_t_rec: 1.0,
+            pdcc_delta_t_s: Duration::from_secs(4),
+            pdcc_burst: Duration::from_millis(50),
+            pdcc_rate_floor: 10.0,
             doubt_sample_interval: Duration::from_millis(100),
             future_datagrams_max: 4096,
             rng_seed: 1,
@@ -221,6 +261,31 @@ impl Config {
                 "must be within (0, 1]",
             ));
         }
+        for (field, v) in [
+            ("pdcc_f_decr1", self.pdcc_f_decr1),
+            ("pdcc_f_decr2", self.pdcc_f_decr2),
+        ] {
+            if !(v > 0.0 && v < 1.0) {
+                return Err(invalid(field, v, "must be within (0, 1)"));
+            }
+        }
+        for (field, v) in [
+            ("pdcc_f_incr", self.pdcc_f_incr),
+            ("pdcc_rate_min_increase", self.pdcc_rate_min_increase),
+            ("pdcc_delta_t_nonrec", self.pdcc_delta_t_nonrec),
+            ("pdcc_rate_floor", self.pdcc_rate_floor),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(field, v, "must be finite and not negative"));
+            }
+        }
+        if !(self.pdcc_delta_t_rec.is_finite() && self.pdcc_delta_t_rec > 0.0) {
+            return Err(invalid(
+                "pdcc_delta_t_rec",
+                self.pdcc_delta_t_rec,
+                "must be positive (0 can make recovery endless)",
+            ));
+        }
         if self.cache_block_msgs == 0 {
             return Err(invalid(
                 "cache_block_msgs",
@@ -237,6 +302,8 @@ impl Config {
             ("repair_interval", self.repair_interval),
             ("repair_queue_ttl", self.repair_queue_ttl),
             ("doubt_sample_interval", self.doubt_sample_interval),
+            ("pdcc_dcq_interval", self.pdcc_dcq_interval),
+            ("pdcc_t_no_uca", self.pdcc_t_no_uca),
             ("token_handoff_timeout", self.token_handoff_timeout),
         ] {
             if d.is_zero() {

@@ -7,6 +7,7 @@ mod event;
 pub mod membership;
 mod node;
 mod outbox;
+mod pdcc;
 mod ranges;
 mod recv;
 mod region;

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use tidings_wire::{
-    write_ack, write_ranges, write_silence, write_token_ack, Body, Header, Kind, Message,
-    MessagesWriter, MsgId, NodeId, Packet, Priority, RegionId, SeqRange, Silence, TopicId,
-    MESSAGE_HEADER_LEN,
+    write_ack, write_dcq, write_ranges, write_silence, write_token_ack, write_uca, Body, Header,
+    Kind, Message, MessagesWriter, MsgId, NodeId, Packet, Priority, RegionId, SeqRange, Silence,
+    TopicId, MESSAGE_HEADER_LEN,
 };
 
 use crate::config::{Config, ConfigError};
@@ -40,6 +40,13 @@ pub enum PublishError {
     WouldBlock {
         /// The region whose queue is full.
         region: RegionId,
+    },
+    /// Congestion control: the publish rate (adapted to the slowest receiver) does not allow
+    /// another message before `retry_at`. Nothing was dropped; publish again then.
+    #[error("publish rate reached (congestion control); retry at {retry_at:?}")]
+    RateLimited {
+        /// When the rate allows the next message.
+        retry_at: Time,
     },
     /// The payload does not fit one datagram.
     #[error("payload of {len} bytes exceeds the largest of {max} bytes; split it or raise max_datagram_bytes")]
@@ -106,6 +113,10 @@ pub struct Node {
     msg_id_floors: BTreeMap<NodeId, u64>,
     /// When the doubt horizon rates are sampled next.
     next_doubt_sample: Time,
+    /// The publish rate of congestion control (PDCC).
+    rate: crate::pdcc::RateController,
+    /// After a publish refused by the rate: when to wake the application to try again.
+    rate_retry_at: Option<Time>,
 }
 
 /// Where a datagram's view stands relative to what this node knows.
@@ -137,6 +148,7 @@ impl Node {
             .map(|r| (r.region, r))
             .collect();
         let rng = fastrand::Rng::with_seed(config.rng_seed ^ (u64::from(me.0) << 32));
+        let rate = crate::pdcc::RateController::new(now, &config);
         Ok(Node {
             config,
             me,
@@ -152,6 +164,8 @@ impl Node {
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
             next_doubt_sample: now,
+            rate,
+            rate_retry_at: None,
         })
     }
 
@@ -228,6 +242,13 @@ impl Node {
             {
                 self.out.stats.publish_would_block += 1;
                 return Err(PublishError::WouldBlock { region: *region });
+            }
+        }
+        if self.config.congestion_control && !regions.is_empty() {
+            if let Err(retry_at) = self.rate.admit(now, &self.config) {
+                self.out.stats.publish_rate_limited += 1;
+                self.rate_retry_at = Some(retry_at);
+                return Err(PublishError::RateLimited { retry_at });
             }
         }
         let msg_id = MsgId(self.next_msg_id);
@@ -347,6 +368,29 @@ impl Node {
                 origin,
                 stable_upto,
             } => self.on_ack(&h, origin, stable_upto),
+            Body::Dcq { seq, position_us } => {
+                if let Some(region) = self.regions.get_mut(&h.region) {
+                    region.on_dcq(h.sender, seq, position_us, &self.config, &mut self.out);
+                }
+            }
+            Body::Uca {
+                origin,
+                seq,
+                min_nonrec_rate_milli,
+                min_rec_rate_milli,
+            } => {
+                let (nonrec, rec) = (
+                    crate::pdcc::milli_to_rate(min_nonrec_rate_milli),
+                    crate::pdcc::milli_to_rate(min_rec_rate_milli),
+                );
+                if origin == self.me {
+                    self.out.stats.ucas_received += 1;
+                    self.rate.on_uca(now, seq, nonrec.min(rec), &self.config);
+                } else if let Some(region) = self.regions.get_mut(&h.region) {
+                    region.on_uca(origin, seq, nonrec, rec, &mut self.out);
+                    self.apply_self_feedback(now);
+                }
+            }
             Body::TokenAck { level, ring, round } => {
                 if !self.check_member_region(&h) {
                     return;
@@ -410,7 +454,7 @@ impl Node {
         };
         let to_sender = match body {
             Body::Ack { .. } | Body::Nak { .. } => true,
-            Body::Pull { origin, .. } => *origin == self.me,
+            Body::Pull { origin, .. } | Body::Uca { origin, .. } => *origin == self.me,
             _ => false,
         };
         if to_sender {
@@ -606,7 +650,10 @@ impl Node {
                     }
                 }
                 Arrival::Duplicate => out.stats.duplicates_dropped += 1,
-                Arrival::OutOfWindow => out.stats.out_of_window_dropped += 1,
+                Arrival::OutOfWindow => {
+                    out.stats.out_of_window_dropped += 1;
+                    stream.ignored_since_dcq += 1;
+                }
             }
         }
     }
@@ -660,6 +707,10 @@ impl Node {
             let stable = stable.min(self.outbound.get(&region).map_or(0, |s| s.sent_upto));
             self.apply_ack(region, stable);
         }
+        for (seq, rate) in std::mem::take(&mut self.out.self_ucas) {
+            self.out.stats.ucas_received += 1;
+            self.rate.on_uca(now, seq, rate, &self.config);
+        }
         for (region, ranges) in std::mem::take(&mut self.out.self_naks) {
             self.remulticast(now, region, ranges.into_iter());
         }
@@ -691,6 +742,23 @@ impl Node {
             );
         }
         self.apply_self_feedback(now);
+        if self.rate_retry_at.is_some_and(|t| now >= t) {
+            self.rate_retry_at = None;
+        }
+        if self.config.congestion_control && now >= self.rate.next_dcq {
+            let seq = self.rate.on_dcq_timer(now, &self.config);
+            for (&region, stream) in &self.outbound {
+                self.out.stats.dcqs_sent += 1;
+                self.out.control.push_back(Control::Dcq {
+                    region,
+                    view: stream.view,
+                    seq,
+                    position_us: now.as_micros(),
+                });
+            }
+            self.out.stats.publish_rate_milli_current =
+                self.rate.rate().map_or(0, |r| (r * 1000.0) as u64);
+        }
         if now >= self.next_doubt_sample {
             self.next_doubt_sample = now + self.config.doubt_sample_interval;
             for region in self.regions.values_mut() {
@@ -743,11 +811,15 @@ impl Node {
             .values()
             .any(|r| !r.inbound.is_empty())
             .then_some(self.next_doubt_sample);
+        let dcq = (self.config.congestion_control && !self.outbound.is_empty())
+            .then_some(self.rate.next_dcq);
         rings
             .chain(repair)
             .chain(silence)
             .chain(pauses)
             .chain(doubt)
+            .chain(dcq)
+            .chain(self.rate_retry_at)
             .min()
     }
 
@@ -797,6 +869,37 @@ impl Node {
                     };
                     dst.copy_from_slice(&bytes);
                     return Some(control(to, bytes.len()));
+                }
+                Control::Dcq {
+                    region,
+                    view,
+                    seq,
+                    position_us,
+                } => {
+                    let h = self.header(Kind::Dcq, region, view);
+                    let Ok(len) = write_dcq(buf, &h, seq, position_us) else {
+                        continue;
+                    };
+                    return Some(Transmit {
+                        destination: Destination::Region(region),
+                        len,
+                        priority: Priority::Control,
+                    });
+                }
+                Control::Uca {
+                    to,
+                    region,
+                    view,
+                    origin,
+                    seq,
+                    nonrec,
+                    rec,
+                } => {
+                    let h = self.header(Kind::Uca, region, view);
+                    let Ok(len) = write_uca(buf, &h, origin, seq, nonrec, rec) else {
+                        continue;
+                    };
+                    return Some(control(to, len));
                 }
                 Control::TokenAck {
                     to,

@@ -26,6 +26,23 @@ pub(crate) enum Control {
         origin: NodeId,
         ranges: Vec<SeqRange>,
     },
+    /// A congestion query of this node's stream into `region`.
+    Dcq {
+        region: RegionId,
+        view: ViewId,
+        seq: u64,
+        position_us: u64,
+    },
+    /// A consolidated congestion alert about `origin`'s stream, to the next node up.
+    Uca {
+        to: NodeId,
+        region: RegionId,
+        view: ViewId,
+        origin: NodeId,
+        seq: u64,
+        nonrec: u32,
+        rec: u32,
+    },
     /// Confirms to `to` that its token arrived.
     TokenAck {
         to: NodeId,
@@ -122,6 +139,9 @@ pub(crate) struct Outbox {
     pub(crate) stats: Stats,
     /// ACKs this node, as region leader, owes its own outbound streams.
     pub(crate) self_acks: Vec<(RegionId, u64)>,
+    /// Congestion alerts about this node's own streams that reached it as region leader:
+    /// (query sequence number, slowest rate).
+    pub(crate) self_ucas: Vec<(u64, f64)>,
     /// NAKs this node, as region leader, owes its own outbound streams.
     pub(crate) self_naks: Vec<(RegionId, Vec<SeqRange>)>,
 }

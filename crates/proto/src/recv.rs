@@ -73,6 +73,9 @@ pub(crate) struct InboundStream {
     /// Rate of progress of the doubt horizon in tick-seconds per second, smoothed with the
     /// low-pass filter of Gryphon's equation 5 (`None` until two samples exist).
     pub(crate) doubt_rate: Option<f64>,
+    /// Messages ignored beyond the receive window since the last DCQ: a receiver that had to ignore
+    /// some is recovering (paper 002, section 4).
+    pub(crate) ignored_since_dcq: u64,
     /// Highest message id of this origin handed to the application, carried across views: after a
     /// view change the sender resends what was unstable, and what this node already delivered is
     /// recognised by its id (a sender's ids increase along each stream).
@@ -90,6 +93,7 @@ impl InboundStream {
             stable_upto: 0,
             cached_total: 0,
             msg_id_floor: 0,
+            ignored_since_dcq: 0,
             doubt_horizon_us: 0,
             pending_silence: None,
             doubt_sample: None,

@@ -17,6 +17,7 @@
 //! A receiver missing `seq` asks a random member of that partition (parallel repair).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use tidings_wire::{NodeId, RecordView, RegionId, SeqRange, TopicId, ViewId};
 
@@ -212,6 +213,8 @@ pub(crate) struct RegionState {
     cache_block: u64,
     pub(crate) inbound: BTreeMap<NodeId, InboundStream>,
     rings: Vec<Ring>,
+    /// Per origin, the consolidation of congestion alerts passing through this node (Fig. 5).
+    ucas: BTreeMap<NodeId, crate::pdcc::UcaConsolidator>,
     /// Per origin, the highest message id delivered in earlier views (seeds new streams).
     msg_id_floors: BTreeMap<NodeId, u64>,
     /// Scratch lists reused across tokens.
@@ -267,6 +270,7 @@ impl RegionState {
             inbound: BTreeMap::new(),
             rings,
             msg_id_floors: BTreeMap::new(),
+            ucas: BTreeMap::new(),
             scratch: Vec::new(),
         })
     }
@@ -1102,6 +1106,82 @@ impl RegionState {
             }
         }
         out
+    }
+
+    /// Where this node sends congestion alerts: the leader of the lowest ring it does not lead,
+    /// or, for the region leader, the sender itself.
+    fn uca_parent(&self, origin: NodeId) -> NodeId {
+        self.rings
+            .iter()
+            .find(|r| r.pos != 0)
+            .map_or(origin, |r| r.members[0])
+    }
+
+    /// A sender's congestion query: answer it by equations 6-8 if this node falls behind.
+    pub(crate) fn on_dcq(
+        &mut self,
+        origin: NodeId,
+        seq: u64,
+        position_us: u64,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let Some(stream) = self.inbound.get_mut(&origin) else {
+            return;
+        };
+        let recovering = stream.ignored_since_dcq > 0;
+        stream.ignored_since_dcq = 0;
+        let lag = Duration::from_micros(position_us.saturating_sub(stream.doubt_horizon_us));
+        if let Some((nonrec, rec)) =
+            crate::pdcc::uca_rates(stream.doubt_rate, recovering, lag, config)
+        {
+            self.consolidate_uca(origin, seq, nonrec, rec, out);
+        }
+    }
+
+    /// A congestion alert from below, about `origin`'s stream.
+    pub(crate) fn on_uca(
+        &mut self,
+        origin: NodeId,
+        seq: u64,
+        nonrec: f64,
+        rec: f64,
+        out: &mut Outbox,
+    ) {
+        self.consolidate_uca(origin, seq, nonrec, rec, out);
+    }
+
+    fn consolidate_uca(
+        &mut self,
+        origin: NodeId,
+        seq: u64,
+        nonrec: f64,
+        rec: f64,
+        out: &mut Outbox,
+    ) {
+        let Some((seq, nonrec, rec)) = self
+            .ucas
+            .entry(origin)
+            .or_default()
+            .process(seq, nonrec, rec)
+        else {
+            return;
+        };
+        let to = self.uca_parent(origin);
+        if to == self.me {
+            out.self_ucas.push((seq, nonrec.min(rec)));
+            return;
+        }
+        out.stats.ucas_sent += 1;
+        out.control.push_back(Control::Uca {
+            to,
+            region: self.region,
+            view: self.view,
+            origin,
+            seq,
+            nonrec: crate::pdcc::rate_to_milli(nonrec),
+            rec: crate::pdcc::rate_to_milli(rec),
+        });
     }
 
     /// Samples the doubt horizon rate of every inbound stream.

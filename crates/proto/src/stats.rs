@@ -101,6 +101,16 @@ pub struct Stats {
     /// NAKs received (as sender).
     pub naks_received: u64,
 
+    /// Congestion queries sent (as a sender, one per region).
+    pub dcqs_sent: u64,
+    /// Congestion alerts sent up the hierarchy.
+    pub ucas_sent: u64,
+    /// Congestion alerts that reached this node as a sender.
+    pub ucas_received: u64,
+    /// `publish` calls refused by the congestion-controlled publish rate.
+    pub publish_rate_limited: u64,
+    /// The publish rate in force, thousandths of messages per second (0: not throttled).
+    pub publish_rate_milli_current: u64,
     /// Memberships applied (view changes).
     pub view_changes: u64,
     /// Messages resent into a new view because they were unstable in the old one.

@@ -21,6 +21,8 @@ const SILENCE_LEN: usize = 24;
 const TOKEN_FIXED_LEN: usize = 13;
 const ACK_LEN: usize = 12;
 const TOKEN_ACK_LEN: usize = 11;
+const DCQ_LEN: usize = 16;
+const UCA_LEN: usize = 20;
 const RANGES_FIXED_LEN: usize = 6;
 
 /// What a packet is; the fourth byte of the header.
@@ -44,6 +46,11 @@ pub enum Kind {
     /// The next ring member confirms it received a token (a missing confirmation makes the
     /// holder resend the token and, after some tries, suspect the member).
     TokenAck = 8,
+    /// Gryphon's downstream congestion query: a sender asks its regions how they keep up.
+    Dcq = 9,
+    /// Gryphon's upstream congestion alert: the slowest doubt horizon rates below a node, on
+    /// their way to the sender.
+    Uca = 10,
 }
 
 impl Kind {
@@ -59,6 +66,8 @@ impl Kind {
             6 => Kind::Nak,
             7 => Kind::Pull,
             8 => Kind::TokenAck,
+            9 => Kind::Dcq,
+            10 => Kind::Uca,
             _ => return None,
         })
     }
@@ -68,7 +77,9 @@ impl Kind {
     #[must_use]
     pub fn priority(self) -> Priority {
         match self {
-            Kind::Token | Kind::TokenAck | Kind::Ack | Kind::Nak => Priority::Control,
+            Kind::Token | Kind::TokenAck | Kind::Ack | Kind::Nak | Kind::Dcq | Kind::Uca => {
+                Priority::Control
+            }
             Kind::Pull | Kind::Retransmit => Priority::Recovery,
             Kind::Data | Kind::Silence => Priority::Data,
         }
@@ -253,6 +264,25 @@ pub enum Body<'a> {
         /// The ranges.
         ranges: RangesView<'a>,
     },
+    /// A congestion query from the header's sender (the stream's origin).
+    Dcq {
+        /// Query sequence number, increasing.
+        seq: u64,
+        /// The sender's current position in its stream, microseconds of its clock.
+        position_us: u64,
+    },
+    /// A congestion alert about stream `origin`, answering query `seq`.
+    Uca {
+        /// The stream's origin.
+        origin: NodeId,
+        /// The query answered.
+        seq: u64,
+        /// Slowest smoothed doubt horizon rate of a receiver that is not recovering, in
+        /// thousandths of tick-seconds per second (`u32::MAX`: none).
+        min_nonrec_rate_milli: u32,
+        /// The same for recovering receivers.
+        min_rec_rate_milli: u32,
+    },
     /// The header's sender received token `round` of ring `ring` at `level`.
     TokenAck {
         /// Level of the ring.
@@ -371,6 +401,25 @@ impl<'a> Packet<'a> {
                 Body::Ack {
                     origin,
                     stable_upto,
+                }
+            }
+            Kind::Dcq => {
+                let t = DecodeError::Truncated("dcq");
+                let seq = r.u64().ok_or(t)?;
+                let position_us = r.u64().ok_or(t)?;
+                Body::Dcq { seq, position_us }
+            }
+            Kind::Uca => {
+                let t = DecodeError::Truncated("uca");
+                let origin = NodeId(r.u32().ok_or(t)?);
+                let seq = r.u64().ok_or(t)?;
+                let min_nonrec_rate_milli = r.u32().ok_or(t)?;
+                let min_rec_rate_milli = r.u32().ok_or(t)?;
+                Body::Uca {
+                    origin,
+                    seq,
+                    min_nonrec_rate_milli,
+                    min_rec_rate_milli,
                 }
             }
             Kind::TokenAck => {
@@ -933,6 +982,44 @@ pub fn write_ack(
     w.header(&with_kind(header, Kind::Ack))?;
     w.put(&origin.0.to_be_bytes())?;
     w.put(&stable_upto.to_be_bytes())?;
+    Ok(w.pos)
+}
+
+/// Writes a congestion query and returns its length.
+pub fn write_dcq(
+    buf: &mut [u8],
+    header: &Header,
+    seq: u64,
+    position_us: u64,
+) -> Result<usize, BufferFull> {
+    let mut w = Writer::new(buf);
+    if w.remaining() < HEADER_LEN + DCQ_LEN {
+        return Err(BufferFull);
+    }
+    w.header(&with_kind(header, Kind::Dcq))?;
+    w.put(&seq.to_be_bytes())?;
+    w.put(&position_us.to_be_bytes())?;
+    Ok(w.pos)
+}
+
+/// Writes a congestion alert and returns its length.
+pub fn write_uca(
+    buf: &mut [u8],
+    header: &Header,
+    origin: NodeId,
+    seq: u64,
+    min_nonrec_rate_milli: u32,
+    min_rec_rate_milli: u32,
+) -> Result<usize, BufferFull> {
+    let mut w = Writer::new(buf);
+    if w.remaining() < HEADER_LEN + UCA_LEN {
+        return Err(BufferFull);
+    }
+    w.header(&with_kind(header, Kind::Uca))?;
+    w.put(&origin.0.to_be_bytes())?;
+    w.put(&seq.to_be_bytes())?;
+    w.put(&min_nonrec_rate_milli.to_be_bytes())?;
+    w.put(&min_rec_rate_milli.to_be_bytes())?;
     Ok(w.pos)
 }
 

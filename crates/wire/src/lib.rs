@@ -20,6 +20,8 @@
 //! | Ack | origin u32, stable_upto u64 |
 //! | Nak, Pull | origin u32, count u16, then `count` ranges |
 //! | TokenAck | level u8, ring u16, round u64 |
+//! | Dcq | seq u64, position_us u64 |
+//! | Uca | origin u32, seq u64, min_nonrec_rate_milli u32, min_rec_rate_milli u32 |
 //!
 //! A message is `seq u64, msg_id u64, timestamp_us u64, topic u32, len u16, payload[len]`; a range
 //! is `start u64, len u32`; a token record is `origin u32, stable_upto u64, agg_contiguous u64,
@@ -32,9 +34,9 @@ mod codec;
 mod ids;
 
 pub use codec::{
-    peek_kind, write_ack, write_ranges, write_silence, write_token_ack, Body, BufferFull, DecodeError, Header, Kind,
-    Message, MessagesIter, MessagesView, MessagesWriter, Packet, Priority, RangesIter, RangesView,
-    Record, RecordView, RecordsIter, Silence, TokenView, TokenWriter, HEADER_LEN, MAGIC,
-    MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
+    peek_kind, write_ack, write_dcq, write_ranges, write_silence, write_token_ack, write_uca, Body,
+    BufferFull, DecodeError, Header, Kind, Message, MessagesIter, MessagesView, MessagesWriter,
+    Packet, Priority, RangesIter, RangesView, Record, RecordView, RecordsIter, Silence, TokenView,
+    TokenWriter, HEADER_LEN, MAGIC, MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
 };
 pub use ids::{MsgId, NodeId, RegionId, SeqNo, SeqRange, TopicId, ViewId};

@@ -301,7 +301,7 @@ fn header_errors() {
     assert_eq!(with(2, 0), Err(DecodeError::BadVersion(0)));
     assert_eq!(with(2, 2), Err(DecodeError::BadVersion(2)));
     assert_eq!(with(3, 0), Err(DecodeError::UnknownKind(0)));
-    assert_eq!(with(3, 9), Err(DecodeError::UnknownKind(9)));
+    assert_eq!(with(3, 11), Err(DecodeError::UnknownKind(11)));
     assert_eq!(
         check_bytes(&good[..HEADER_LEN - 1]),
         Err(DecodeError::TooShort)

@@ -78,6 +78,8 @@ fn kind_bytes_and_priorities() {
         (6, Kind::Nak, Priority::Control),
         (7, Kind::Pull, Priority::Recovery),
         (8, Kind::TokenAck, Priority::Control),
+        (9, Kind::Dcq, Priority::Control),
+        (10, Kind::Uca, Priority::Control),
     ];
     for b in 0..=u8::MAX {
         let want = expected.iter().find(|e| e.0 == b);

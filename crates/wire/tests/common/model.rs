@@ -6,10 +6,10 @@
 //! the fuzzers, the corpus replay and the property tests share one oracle.
 
 use tidings_wire::{
-    peek_kind, write_ack, write_ranges, write_silence, write_token_ack, Body, BufferFull, DecodeError, Header, Kind,
-    Message, MessagesView, MessagesWriter, NodeId, Packet, RangesView, Record, RecordView,
-    RegionId, SeqRange, Silence, TokenWriter, TopicId, ViewId, HEADER_LEN, MAGIC,
-    MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
+    peek_kind, write_ack, write_dcq, write_ranges, write_silence, write_token_ack, write_uca, Body,
+    BufferFull, DecodeError, Header, Kind, Message, MessagesView, MessagesWriter, NodeId, Packet,
+    RangesView, Record, RecordView, RegionId, SeqRange, Silence, TokenWriter, TopicId, ViewId,
+    HEADER_LEN, MAGIC, MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
 };
 
 /// Fixed body lengths from the layout table of the crate docs (private constants in the crate).
@@ -138,6 +138,16 @@ pub(crate) enum OwnedBody {
         ring: u16,
         round: u64,
     },
+    Dcq {
+        seq: u64,
+        position_us: u64,
+    },
+    Uca {
+        origin: NodeId,
+        seq: u64,
+        nonrec: u32,
+        rec: u32,
+    },
 }
 
 impl OwnedBody {
@@ -151,6 +161,8 @@ impl OwnedBody {
             OwnedBody::Nak { .. } => Kind::Nak,
             OwnedBody::Pull { .. } => Kind::Pull,
             OwnedBody::TokenAck { .. } => Kind::TokenAck,
+            OwnedBody::Dcq { .. } => Kind::Dcq,
+            OwnedBody::Uca { .. } => Kind::Uca,
         }
     }
 }
@@ -228,6 +240,18 @@ impl OwnedPacket {
                 ranges: ranges_from_view(&ranges),
             },
             Body::TokenAck { level, ring, round } => OwnedBody::TokenAck { level, ring, round },
+            Body::Dcq { seq, position_us } => OwnedBody::Dcq { seq, position_us },
+            Body::Uca {
+                origin,
+                seq,
+                min_nonrec_rate_milli,
+                min_rec_rate_milli,
+            } => OwnedBody::Uca {
+                origin,
+                seq,
+                nonrec: min_nonrec_rate_milli,
+                rec: min_rec_rate_milli,
+            },
         };
         assert_eq!(
             p.header.kind,
@@ -257,6 +281,8 @@ impl OwnedPacket {
                 }
                 OwnedBody::Ack { .. } => ACK_LEN,
                 OwnedBody::TokenAck { .. } => TOKEN_ACK_LEN,
+                OwnedBody::Dcq { .. } => 16,
+                OwnedBody::Uca { .. } => 20,
                 OwnedBody::Nak { ranges, .. } | OwnedBody::Pull { ranges, .. } => {
                     RANGES_FIXED_LEN + RANGE_LEN * ranges.len()
                 }
@@ -301,6 +327,13 @@ impl OwnedPacket {
             OwnedBody::TokenAck { level, ring, round } => {
                 write_token_ack(buf, h, *level, *ring, *round)
             }
+            OwnedBody::Dcq { seq, position_us } => write_dcq(buf, h, *seq, *position_us),
+            OwnedBody::Uca {
+                origin,
+                seq,
+                nonrec,
+                rec,
+            } => write_uca(buf, h, *origin, *seq, *nonrec, *rec),
             OwnedBody::Nak { origin, ranges } | OwnedBody::Pull { origin, ranges } => {
                 let (len, fit) = write_ranges(buf, h, self.body.kind(), *origin, ranges)?;
                 if fit == ranges.len() {

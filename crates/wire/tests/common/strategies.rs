@@ -147,10 +147,21 @@ pub(crate) fn body(kind: Kind) -> BoxedStrategy<OwnedBody> {
         Kind::TokenAck => (any::<u8>(), any::<u16>(), edgy_u64())
             .prop_map(|(level, ring, round)| OwnedBody::TokenAck { level, ring, round })
             .boxed(),
+        Kind::Dcq => (edgy_u64(), edgy_u64())
+            .prop_map(|(seq, position_us)| OwnedBody::Dcq { seq, position_us })
+            .boxed(),
+        Kind::Uca => (origin, edgy_u64(), any::<u32>(), any::<u32>())
+            .prop_map(|(origin, seq, nonrec, rec)| OwnedBody::Uca {
+                origin,
+                seq,
+                nonrec,
+                rec,
+            })
+            .boxed(),
     }
 }
 
-pub(crate) const ALL_KINDS: [Kind; 8] = [
+pub(crate) const ALL_KINDS: [Kind; 10] = [
     Kind::Data,
     Kind::Retransmit,
     Kind::Silence,
@@ -159,6 +170,8 @@ pub(crate) const ALL_KINDS: [Kind; 8] = [
     Kind::Nak,
     Kind::Pull,
     Kind::TokenAck,
+    Kind::Dcq,
+    Kind::Uca,
 ];
 
 pub(crate) fn kind() -> impl Strategy<Value = Kind> {

@@ -1,0 +1,287 @@
+//! Gryphon's PHB-driven congestion control (paper 002, section 3.1), mapped onto QSM's hierarchy:
+//! a sender (the pubend) multicasts a DCQ to each of its regions every `dcq_interval`; each
+//! receiver (an SHB) decides with equations 6-8 from its smoothed doubt horizon rate whether to
+//! answer with a UCA; UCAs travel up the ring hierarchy (member, partition leader, ..., region
+//! leader, sender), each node consolidating them with the rule of Figure 5; the sender adjusts its
+//! publish rate with equations 1-3 and enforces it by admission at `publish`.
+
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::time::Time;
+
+/// A rate on the wire: thousandths of tick-seconds per second; `u32::MAX` means "none".
+pub(crate) fn rate_to_milli(rate: f64) -> u32 {
+    if rate.is_finite() {
+        (rate.max(0.0) * 1000.0).min(f64::from(u32::MAX - 1)) as u32
+    } else {
+        u32::MAX
+    }
+}
+
+/// The inverse of [`rate_to_milli`].
+pub(crate) fn milli_to_rate(milli: u32) -> f64 {
+    if milli == u32::MAX {
+        f64::INFINITY
+    } else {
+        f64::from(milli) / 1000.0
+    }
+}
+
+/// Equations 6-8: whether a receiver answers a DCQ, and with which rates (non-recovering,
+/// recovering; infinity for "not this kind").
+pub(crate) fn uca_rates(
+    rate: Option<f64>,
+    recovering: bool,
+    lag: Duration,
+    config: &Config,
+) -> Option<(f64, f64)> {
+    let t = rate?;
+    if recovering {
+        // Eq. 8: a recovering receiver must gain on the sender by at least delta_t_rec.
+        (t < 1.0 + config.pdcc_delta_t_rec).then_some((f64::INFINITY, t))
+    } else if t < 1.0 - config.pdcc_delta_t_nonrec || lag > config.pdcc_delta_t_s {
+        // Eq. 6 (falling behind) or eq. 7 (slowly drifting behind the sender's position).
+        Some((t, f64::INFINITY))
+    } else {
+        None
+    }
+}
+
+/// Figure 5: consolidation of UCAs for one sender at one node.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct UcaConsolidator {
+    seq: u64,
+    min_nonrec: f64,
+    min_rec: f64,
+}
+
+impl Default for UcaConsolidator {
+    fn default() -> Self {
+        UcaConsolidator {
+            seq: 0,
+            min_nonrec: f64::INFINITY,
+            min_rec: f64::INFINITY,
+        }
+    }
+}
+
+impl UcaConsolidator {
+    /// Folds a UCA in; returns the UCA to send upstream when this is the first of a new sequence
+    /// number (later ones of the same number fold into the minima sent with the next one).
+    pub(crate) fn process(&mut self, seq: u64, nonrec: f64, rec: f64) -> Option<(u64, f64, f64)> {
+        self.min_nonrec = self.min_nonrec.min(nonrec);
+        self.min_rec = self.min_rec.min(rec);
+        if seq > self.seq {
+            let up = (seq, self.min_nonrec, self.min_rec);
+            self.min_nonrec = f64::INFINITY;
+            self.min_rec = f64::INFINITY;
+            self.seq = seq;
+            return Some(up);
+        }
+        None
+    }
+}
+
+/// The sender's publish rate: equations 1-3, enforced by a token bucket at `publish`.
+#[derive(Clone, Debug)]
+pub(crate) struct RateController {
+    /// Messages per second; `None` until the first UCA asks to slow down.
+    rate: Option<f64>,
+    /// The rate at the last decrease (`r_decr`).
+    rate_at_decrease: f64,
+    /// The DCQ sequence number sent after the last decrease: UCAs older than that answer queries
+    /// sent before the system could react, and are ignored.
+    seq_after_decrease: u64,
+    last_uca_value: f64,
+    last_uca_at: Time,
+    tokens: f64,
+    tokens_at: Time,
+    /// A publish was refused by the rate since the last increase.
+    throttled: bool,
+    published_in_interval: u64,
+    interval_start: Time,
+    measured_rate: f64,
+    /// Sequence number of the last DCQ sent.
+    pub(crate) dcq_seq: u64,
+    /// When the next DCQ goes out.
+    pub(crate) next_dcq: Time,
+}
+
+impl RateController {
+    pub(crate) fn new(now: Time, config: &Config) -> Self {
+        RateController {
+            rate: None,
+            rate_at_decrease: 0.0,
+            seq_after_decrease: 0,
+            last_uca_value: f64::INFINITY,
+            last_uca_at: now,
+            tokens: 0.0,
+            tokens_at: now,
+            throttled: false,
+            published_in_interval: 0,
+            interval_start: now,
+            measured_rate: 0.0,
+            dcq_seq: 0,
+            next_dcq: now + config.pdcc_dcq_interval,
+        }
+    }
+
+    /// The publish rate in force (messages per second), if throttled.
+    pub(crate) fn rate(&self) -> Option<f64> {
+        self.rate
+    }
+
+    /// Admission of one message at `now`: `Err(retry_at)` if the rate does not allow it yet.
+    pub(crate) fn admit(&mut self, now: Time, config: &Config) -> Result<(), Time> {
+        let Some(rate) = self.rate else {
+            self.published_in_interval += 1;
+            return Ok(());
+        };
+        let burst = (rate * config.pdcc_burst.as_secs_f64()).max(1.0);
+        let elapsed = now.saturating_duration_since(self.tokens_at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(burst);
+        self.tokens_at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            self.published_in_interval += 1;
+            Ok(())
+        } else {
+            self.throttled = true;
+            Err(now + Duration::from_secs_f64((1.0 - self.tokens) / rate))
+        }
+    }
+
+    /// Time for a DCQ: measures the publish rate of the interval, raises the rate after
+    /// `t_noUCA` without alerts while throttled (eq. 1), and returns the new DCQ's sequence
+    /// number.
+    pub(crate) fn on_dcq_timer(&mut self, now: Time, config: &Config) -> u64 {
+        let elapsed = now
+            .saturating_duration_since(self.interval_start)
+            .as_secs_f64();
+        if elapsed > 0.0 {
+            self.measured_rate = self.published_in_interval as f64 / elapsed;
+        }
+        self.published_in_interval = 0;
+        self.interval_start = now;
+        if let Some(old) = self.rate {
+            if self.throttled
+                && now.saturating_duration_since(self.last_uca_at) >= config.pdcc_t_no_uca
+            {
+                let new = (old + config.pdcc_rate_min_increase)
+                    .max(old + config.pdcc_f_incr * (old - self.rate_at_decrease));
+                self.rate = Some(new);
+                self.throttled = false;
+                self.last_uca_at = now;
+            }
+        }
+        self.dcq_seq += 1;
+        self.next_dcq = now + config.pdcc_dcq_interval;
+        self.dcq_seq
+    }
+
+    /// A UCA reached the sender: maybe decrease the rate (eqs. 2-3).
+    pub(crate) fn on_uca(&mut self, now: Time, seq: u64, value: f64, config: &Config) {
+        self.last_uca_at = now;
+        if seq < self.seq_after_decrease {
+            // The system has not had time to react to the last decrease.
+            return;
+        }
+        let improving = value > self.last_uca_value;
+        self.last_uca_value = value;
+        if improving {
+            return;
+        }
+        let old = self
+            .rate
+            .unwrap_or_else(|| self.measured_rate.max(config.pdcc_rate_min_increase));
+        let new = if self.rate_at_decrease != old {
+            (config.pdcc_f_decr1 * old)
+                .max(self.rate_at_decrease + config.pdcc_f_decr2 * (old - self.rate_at_decrease))
+        } else {
+            config.pdcc_f_decr1 * old
+        };
+        let new = new.max(config.pdcc_rate_floor);
+        self.rate = Some(new);
+        self.rate_at_decrease = new;
+        self.seq_after_decrease = self.dcq_seq + 1;
+        self.tokens = self.tokens.min(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(m: u64) -> Time {
+        Time::ZERO + Duration::from_millis(m)
+    }
+
+    #[test]
+    fn receivers_alert_by_equations_6_to_8() {
+        let c = Config::default();
+        let none = Duration::ZERO;
+        assert_eq!(uca_rates(None, false, none, &c), None);
+        assert_eq!(uca_rates(Some(1.0), false, none, &c), None);
+        assert_eq!(
+            uca_rates(Some(0.9), false, none, &c),
+            Some((0.9, f64::INFINITY))
+        );
+        assert_eq!(
+            uca_rates(Some(1.0), false, Duration::from_secs(5), &c),
+            Some((1.0, f64::INFINITY))
+        );
+        assert_eq!(
+            uca_rates(Some(1.5), true, none, &c),
+            Some((f64::INFINITY, 1.5))
+        );
+        assert_eq!(uca_rates(Some(2.5), true, none, &c), None);
+    }
+
+    #[test]
+    fn figure_5_sends_the_first_of_a_sequence_number_at_once() {
+        let mut u = UcaConsolidator::default();
+        assert_eq!(
+            u.process(1, 0.8, f64::INFINITY),
+            Some((1, 0.8, f64::INFINITY))
+        );
+        assert_eq!(u.process(1, 0.5, f64::INFINITY), None);
+        assert_eq!(u.process(1, f64::INFINITY, 1.2), None);
+        // The next number carries the minima folded in since.
+        assert_eq!(u.process(2, 0.9, f64::INFINITY), Some((2, 0.5, 1.2)));
+    }
+
+    #[test]
+    fn the_rate_falls_on_alerts_and_climbs_back_without_them() {
+        let c = Config::default();
+        let mut r = RateController::new(ms(0), &c);
+        for k in 0..1000 {
+            assert!(r.admit(ms(k), &c).is_ok(), "unthrottled before any alert");
+        }
+        let seq = r.on_dcq_timer(ms(1000), &c);
+        assert_eq!(seq, 1);
+        // First alert: eq. 3 halves the measured rate (1000 msgs/s).
+        r.on_uca(ms(1010), 1, 0.5, &c);
+        assert_eq!(r.rate(), Some(500.0));
+        // An alert answering a query sent before the decrease is ignored.
+        r.on_uca(ms(1020), 1, 0.4, &c);
+        assert_eq!(r.rate(), Some(500.0));
+        // The bucket holds the rate: about 500 of 1000 attempts in a second pass.
+        let admitted = (0..1000)
+            .filter(|k| r.admit(ms(1100 + k), &c).is_ok())
+            .count();
+        assert!((450..=560).contains(&admitted), "admitted {admitted}");
+        // An improving alert does not lower the rate; a worse one does (eq. 3: r_decr == r_old).
+        r.on_dcq_timer(ms(2000), &c);
+        r.on_uca(ms(2010), 2, 0.6, &c);
+        assert_eq!(r.rate(), Some(500.0));
+        r.on_uca(ms(2020), 2, 0.3, &c);
+        assert_eq!(r.rate(), Some(250.0));
+        // No alert for t_noUCA while throttled: eq. 1 raises the rate.
+        let _ = r.admit(ms(2021), &c);
+        let _ = (0..10).map(|_| r.admit(ms(2021), &c)).count();
+        r.on_dcq_timer(ms(3000), &c);
+        r.on_dcq_timer(ms(4100), &c);
+        assert!(r.rate().is_some_and(|x| x > 250.0), "rate {:?}", r.rate());
+    }
+}
