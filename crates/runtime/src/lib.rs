@@ -1,1 +1,45 @@
-//! The node runtime (DESIGN.md section 5). Under construction.
+//! The tidings node runtime (DESIGN.md section 5): the QuickSilver core thread that drives the
+//! sans-IO protocol ([`tidings_proto::Node`]) over real UDP sockets, and hands deliveries to the
+//! delivery scheduler ([`tidings_sched`]).
+//!
+//! * [`NodeRuntime::start`] spawns one **core thread** per node. It owns the protocol, the
+//!   sockets and every protocol data structure, so the protocol path takes no lock. It serves
+//!   three queues in rounds, as paper 000 section 3 describes (Figures 11-12): the **request
+//!   queue** (lock-free, from application threads), the **I/O queue** (`epoll` via mio; sockets
+//!   drained in batches with `recvmmsg`/GRO, each batch sorted by priority before processing,
+//!   datagrams pulled from the protocol only when the socket can send and sent in GSO runs), and
+//!   the **alarm queue** (the protocol's deadlines), each for at most its quantum. With nothing to
+//!   do it sleeps in the kernel.
+//! * [`Publisher`]s (one per application thread) queue messages without locks or allocation;
+//!   back pressure from the protocol shows as [`PublishError::WouldBlock`] or a blocking wait;
+//!   [`Publisher::wait_stable`] waits until a message is stable.
+//! * [`NodeRuntime::subscribe`] registers a callback per topic as a task of the credit scheduler
+//!   with a share; callbacks run on its worker threads, in order within a topic.
+//! * Transports ([`Transport`]): IP multicast with one group per region, or unicast fan-out.
+//! * [`RuntimeStats`]: cycle time and alarm lateness (maximum per second, as in paper 000
+//!   Figures 34-35), short sends, invalid packets, and the protocol's own counters.
+//!
+//! [`bench`](mod@bench) measures throughput, latency and allocations against the raw UDP ceiling.
+
+#![forbid(unsafe_code)]
+
+mod addr;
+pub mod bench;
+mod clock;
+mod config;
+mod core;
+mod net;
+mod publish;
+mod runtime;
+mod stats;
+
+pub use addr::AddressBook;
+pub use clock::now;
+pub use config::{
+    ConfigError, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,
+    PUBLISH_QUEUE_CAPACITY_MAX,
+};
+pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
+pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};
+pub use stats::{MaxPerSecond, RuntimeStats, HISTOGRAM_BUCKETS};
+pub use tidings_proto::{Delivery, Membership, NodeId, RegionId, TopicId};

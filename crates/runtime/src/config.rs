@@ -1,0 +1,244 @@
+//! Runtime configuration: every limit explicit, each default documented with its reason, checked
+//! once by [`RuntimeConfig::validate`] (STYLE.md item 12).
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use tidings_sched::SchedConfig;
+
+/// How datagrams addressed to a whole region leave the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// One unicast datagram per region member (fan-out), for networks without IP multicast (most
+    /// clouds). The default, because it works everywhere.
+    Unicast,
+    /// One IP multicast datagram per region, to the region's group in the
+    /// [`AddressBook`](crate::AddressBook). The node joins the group of every region it is a
+    /// member of.
+    Multicast(MulticastConfig),
+}
+
+/// IP multicast settings (IPv4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MulticastConfig {
+    /// Interface (by its address) groups are joined on and multicast is sent from. On a single
+    /// host, `127.0.0.1` with `loopback: true` works without a multicast route.
+    pub interface: Ipv4Addr,
+    /// Time-to-live of multicast datagrams. Default 1: regions live in one subnet, and a datagram
+    /// that escapes the subnet is a configuration error better caught early.
+    pub ttl: u32,
+    /// Whether multicast sent by this host is also delivered to its own sockets
+    /// (`IP_MULTICAST_LOOP`). Default true: several nodes on one host (tests, demos) need it; a
+    /// node drops its own datagrams anyway.
+    pub loopback: bool,
+}
+
+impl Default for MulticastConfig {
+    fn default() -> Self {
+        MulticastConfig {
+            interface: Ipv4Addr::LOCALHOST,
+            ttl: 1,
+            loopback: true,
+        }
+    }
+}
+
+/// Configuration of a [`NodeRuntime`](crate::NodeRuntime) (the protocol itself is configured by
+/// [`tidings_proto::Config`]).
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Longest time the core thread spends on I/O (receiving, processing, sending) before it
+    /// looks at alarms and requests again. Default 50 ms, paper 000's I/O quantum.
+    pub io_quantum: Duration,
+    /// Longest time the core thread spends firing alarms before it looks at I/O again. Default
+    /// 5 ms, paper 000's alarm quantum. Requests have no quantum (as in the paper), but each
+    /// round serves at most what was queued when it started, so a busy publisher cannot starve
+    /// I/O.
+    pub alarm_quantum: Duration,
+    /// Most datagrams taken from the sockets before the batch is sorted by priority and
+    /// processed. Default 512: large enough that a burst is sorted as a whole (control before
+    /// recovery before data, paper 000 Fig. 12), small enough (about 0.7 MB of 1472-byte
+    /// datagrams) that processing a batch takes well under a millisecond.
+    pub recv_batch_datagrams_max: usize,
+    /// Most datagrams pulled from the protocol per send batch; consecutive datagrams to the same
+    /// address and of the same length leave in one `sendmsg` with segmentation offload (GSO).
+    /// Default 64: the kernel's GSO limit, and about 90 KB of 1472-byte datagrams.
+    pub send_batch_datagrams_max: usize,
+    /// Requested kernel receive buffer per socket. Default 4 MiB: at 1 Gbit/s, 32 ms of traffic,
+    /// enough to ride out an I/O quantum spent elsewhere. The kernel caps it at
+    /// `net.core.rmem_max`; the granted size is in [`RuntimeStats`](crate::RuntimeStats).
+    pub socket_recv_buffer_bytes: usize,
+    /// Requested kernel send buffer per socket. Default 4 MiB (capped at `net.core.wmem_max`).
+    pub socket_send_buffer_bytes: usize,
+    /// Whether to send runs of equal-size datagrams with one system call (UDP GSO) where the
+    /// kernel supports it. Default true.
+    pub gso: bool,
+    /// Whether to let the kernel coalesce received datagrams (UDP GRO) where it supports it.
+    /// Default true; the receive buffers are then 64 KiB each.
+    pub gro: bool,
+    /// How region datagrams are sent. Default [`Transport::Unicast`].
+    pub transport: Transport,
+    /// Capacity of each publisher's request queue, in messages: the slack between application
+    /// threads and the protocol's own send queue. When the protocol refuses more (back pressure)
+    /// the core thread stops taking requests, this queue fills, and `try_publish` reports
+    /// `WouldBlock`. Default 1024: one protocol send queue's worth.
+    pub publish_queue_capacity: usize,
+    /// Probability that a received datagram is dropped on purpose before processing (tests of
+    /// recovery over real sockets). Default 0.
+    pub receive_loss: f64,
+    /// Seed of the injected receive loss. Default 1.
+    pub receive_loss_seed: u64,
+    /// The delivery scheduler (worker threads that run subscription callbacks). Default
+    /// [`SchedConfig::default`] with one worker thread: callbacks are expected to be short, and
+    /// on small hosts every extra thread competes with the core thread.
+    pub sched: SchedConfig,
+    /// Longest wait of a control request (subscribe, stats, membership) for the core thread's
+    /// answer. Default 5 s: the core thread answers within one round of its loop (at most an I/O
+    /// plus an alarm quantum) unless it is stuck, which this turns into an error.
+    pub request_timeout: Duration,
+    /// Name of the core thread. Default `"tidings-core"`.
+    pub thread_name: String,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            io_quantum: Duration::from_millis(50),
+            alarm_quantum: Duration::from_millis(5),
+            recv_batch_datagrams_max: 512,
+            send_batch_datagrams_max: 64,
+            socket_recv_buffer_bytes: 4 << 20,
+            socket_send_buffer_bytes: 4 << 20,
+            gso: true,
+            gro: true,
+            transport: Transport::Unicast,
+            publish_queue_capacity: 1024,
+            receive_loss: 0.0,
+            receive_loss_seed: 1,
+            sched: SchedConfig {
+                worker_threads: 1,
+                ..SchedConfig::default()
+            },
+            request_timeout: Duration::from_secs(5),
+            thread_name: "tidings-core".to_owned(),
+        }
+    }
+}
+
+/// A runtime configuration that cannot work, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A field is out of its allowed range.
+    #[error("runtime config: {field} = {value} is invalid: {why}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Its value, printed.
+        value: String,
+        /// What is allowed.
+        why: &'static str,
+    },
+    /// The scheduler configuration is invalid.
+    #[error("runtime config: sched: {0}")]
+    Sched(#[from] tidings_sched::ConfigError),
+}
+
+fn invalid(field: &'static str, value: impl std::fmt::Debug, why: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        value: format!("{value:?}"),
+        why,
+    }
+}
+
+/// Largest accepted receive or send batch: beyond it a batch no longer fits the caches it is
+/// meant to stay in, and the core thread's preallocated buffers would grow past tens of MB.
+pub const BATCH_DATAGRAMS_MAX: usize = 4096;
+/// Largest accepted publisher queue capacity (messages).
+pub const PUBLISH_QUEUE_CAPACITY_MAX: usize = 1 << 20;
+
+impl RuntimeConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, d) in [
+            ("io_quantum", self.io_quantum),
+            ("alarm_quantum", self.alarm_quantum),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(invalid(field, d, "must be positive"));
+            }
+        }
+        for (field, v) in [
+            ("recv_batch_datagrams_max", self.recv_batch_datagrams_max),
+            ("send_batch_datagrams_max", self.send_batch_datagrams_max),
+        ] {
+            if !(1..=BATCH_DATAGRAMS_MAX).contains(&v) {
+                return Err(invalid(field, v, "must be within 1..=4096"));
+            }
+        }
+        if !(1..=PUBLISH_QUEUE_CAPACITY_MAX).contains(&self.publish_queue_capacity) {
+            return Err(invalid(
+                "publish_queue_capacity",
+                self.publish_queue_capacity,
+                "must be within 1..=1048576",
+            ));
+        }
+        for (field, v) in [
+            ("socket_recv_buffer_bytes", self.socket_recv_buffer_bytes),
+            ("socket_send_buffer_bytes", self.socket_send_buffer_bytes),
+        ] {
+            if !(4096..=1 << 30).contains(&v) {
+                return Err(invalid(field, v, "must be within 4 KiB..=1 GiB"));
+            }
+        }
+        if !(0.0..1.0).contains(&self.receive_loss) {
+            return Err(invalid(
+                "receive_loss",
+                self.receive_loss,
+                "must be a probability in [0, 1)",
+            ));
+        }
+        if let Transport::Multicast(m) = &self.transport {
+            if !(1..=255).contains(&m.ttl) {
+                return Err(invalid("transport.ttl", m.ttl, "must be within 1..=255"));
+            }
+        }
+        self.sched.validate()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_fields_are_checked() {
+        assert_eq!(RuntimeConfig::default().validate(), Ok(()));
+        let bad = RuntimeConfig {
+            receive_loss: 1.0,
+            ..RuntimeConfig::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(ConfigError::Invalid {
+                field: "receive_loss",
+                ..
+            })
+        ));
+        let bad = RuntimeConfig {
+            io_quantum: Duration::ZERO,
+            ..RuntimeConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = RuntimeConfig {
+            transport: Transport::Multicast(MulticastConfig {
+                ttl: 0,
+                ..MulticastConfig::default()
+            }),
+            ..RuntimeConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,943 @@
+//! The core thread (DESIGN.md section 5, paper 000 section 3): one thread per node that owns the
+//! protocol and serves three queues in rounds:
+//!
+//! * the **request queue** (lock-free, from application threads): control requests, then every
+//!   publisher's queue, no quantum but at most what was queued when the round started;
+//! * the **I/O queue** (`epoll` through mio): sockets are drained in batches (`recvmmsg`, GRO),
+//!   the batch is sorted by priority (control, then recovery, then data; Fig. 12) and processed,
+//!   then datagrams are pulled from the protocol while the socket can send (GSO runs); inbound
+//!   before outbound; at most `io_quantum`;
+//! * the **alarm queue**: a table of named alarms (the protocol's next deadline, the one-second
+//!   statistics tick), fired for at most `alarm_quantum`, with their lateness measured.
+//!
+//! When no queue has work the thread sleeps in `epoll_wait` until the next alarm, a packet, or
+//! the waker (application requests, a subscription that has room again).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddrV4;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use crossbeam_queue::SegQueue;
+use mio::{Events, Interest, Poll, Token, Waker};
+use tidings_proto::{
+    Delivery, Event, Membership, MsgId, Node, Priority, PublishError, RegionId, Time, TopicId,
+};
+use tidings_sched::{TaskHandle, TaskId, TryPushError};
+
+use crate::addr::{AddressBook, Routes};
+use crate::clock;
+use crate::config::{RuntimeConfig, Transport};
+use crate::net::{self, Flush, NetSocket, RxBuffers, TxBatch, TxCounts};
+use crate::publish::{PublisherCore, PublisherShared};
+use crate::stats::RuntimeStats;
+
+const WAKER: Token = Token(0);
+const UNICAST: Token = Token(1);
+/// Multicast group sockets are `Token(GROUP_BASE + slot)`.
+const GROUP_BASE: usize = 2;
+/// Interval of the statistics tick (per-second maxima).
+const TICK: Duration = Duration::from_secs(1);
+/// Longest sleep while a delivery waits for room: the worker wakes the core thread when it
+/// takes an event, so this only bounds the damage of a missed wake-up.
+const BLOCKED_SLEEP_MAX: Duration = Duration::from_millis(50);
+/// Readiness events taken per `epoll_wait`.
+const EVENTS_CAPACITY: usize = 64;
+
+/// A request from an application thread to the core thread.
+pub(crate) enum Control {
+    /// A new publisher's queue to serve.
+    AddPublisher(Arc<PublisherShared>),
+    /// Deliveries of `topic` go (also) to `task`; the reply confirms it is in force.
+    Subscribe {
+        topic: TopicId,
+        task: TaskHandle<Delivery>,
+        reply: SyncSender<()>,
+    },
+    /// Stop delivering `topic` to `task`.
+    Unsubscribe { topic: TopicId, task: TaskId },
+    /// Install a new membership (and, if given, address book).
+    SetMembership {
+        membership: Membership,
+        addresses: Option<AddressBook>,
+        reply: SyncSender<Result<(), String>>,
+    },
+    /// Send a copy of the counters.
+    Stats { reply: SyncSender<RuntimeStats> },
+    /// Stop the core thread.
+    Shutdown,
+}
+
+/// What application threads share with the core thread.
+pub(crate) struct CoreShared {
+    pub(crate) waker: Waker,
+    /// The core thread is in (or about to enter) a blocking wait.
+    pub(crate) sleeping: AtomicBool,
+    /// The core thread is alive and taking requests.
+    pub(crate) running: AtomicBool,
+    /// A delivery is waiting for room in a subscription's queue: the worker that takes the next
+    /// event wakes the core thread.
+    pub(crate) delivery_waiting: AtomicBool,
+    pub(crate) controls: SegQueue<Control>,
+}
+
+impl std::fmt::Debug for CoreShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreShared")
+            .field("sleeping", &self.sleeping)
+            .field("running", &self.running)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CoreShared {
+    pub(crate) fn new(waker: Waker) -> CoreShared {
+        CoreShared {
+            waker,
+            sleeping: AtomicBool::new(false),
+            running: AtomicBool::new(true),
+            delivery_waiting: AtomicBool::new(false),
+            controls: SegQueue::new(),
+        }
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Wakes the core thread if it sleeps (after queueing work for it). A wake-up costs a system
+    /// call, so a busy core thread is not woken: it looks at its queues every round.
+    pub(crate) fn notify(&self) {
+        // Pairs with the fence in `Core::run` between announcing sleep and re-checking queues.
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// Queues a control request and wakes the core thread.
+    pub(crate) fn send(&self, control: Control) {
+        self.controls.push(control);
+        fence(Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+
+    /// Called by a subscription's worker after running a delivery: wakes the core thread if it
+    /// waits for room.
+    pub(crate) fn delivered(&self) {
+        if self.delivery_waiting.load(Ordering::Acquire)
+            && self.delivery_waiting.swap(false, Ordering::AcqRel)
+        {
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+/// The protocol's next deadline, and when it became due as far as the core thread can know.
+#[derive(Clone, Copy, Debug)]
+struct ProtocolAlarm {
+    deadline: Time,
+    /// `deadline`, or the time the core thread last looked if the deadline appeared later
+    /// already in the past (lateness is counted from when it could first have been fired).
+    due: Time,
+}
+
+/// A delivery that found its subscription's queue full, with the index of the first
+/// subscription of its topic that still has to get it.
+#[derive(Debug)]
+struct Blocked {
+    delivery: Delivery,
+    next: usize,
+}
+
+/// Outcome of the send phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TxOutcome {
+    /// The protocol has nothing more to send.
+    Idle,
+    /// The socket buffer is full.
+    Blocked,
+    /// The I/O quantum ran out with data left.
+    Expired,
+}
+
+/// Everything the core thread owns. Built on the caller's thread (so that setup errors return
+/// from `start`), then moved to the core thread by [`Core::run`].
+pub(crate) struct Core {
+    node: Node,
+    config: RuntimeConfig,
+    shared: Arc<CoreShared>,
+    poll: Poll,
+    unicast: NetSocket,
+    /// Whether the unicast socket can take more (edge-triggered writable events).
+    writable: bool,
+    /// Multicast group sockets by slot; the slot gives the token.
+    groups: Vec<Option<(NetSocket, SocketAddrV4)>>,
+    routes: Routes,
+    addresses: AddressBook,
+    rx: RxBuffers,
+    arena: BytesMut,
+    /// The received batch, by priority class (control, recovery, data).
+    classes: [Vec<Bytes>; 3],
+    tx: TxBatch,
+    /// The protocol may have datagrams to send (set after every input).
+    tx_more: bool,
+    loss_rng: fastrand::Rng,
+    publishers: Vec<PublisherCore>,
+    publisher_rr: usize,
+    /// Owner (index into `publishers`) of each message id from `owners_base`, until stable.
+    owners: VecDeque<Option<usize>>,
+    owners_base: u64,
+    subscriptions: HashMap<TopicId, Vec<TaskHandle<Delivery>>>,
+    blocked: Option<Blocked>,
+    alarm: Option<ProtocolAlarm>,
+    last_look: Time,
+    next_tick: Time,
+    stats: RuntimeStats,
+    shutdown: bool,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("node", &self.node.id())
+            .finish_non_exhaustive()
+    }
+}
+
+fn priority_class(p: Priority) -> usize {
+    match p {
+        Priority::Control => 0,
+        Priority::Recovery => 1,
+        Priority::Data => 2,
+    }
+}
+
+impl Core {
+    /// Sets up sockets and the poller; `socket` is the node's bound unicast socket.
+    pub(crate) fn new(
+        node: Node,
+        config: RuntimeConfig,
+        membership: &Membership,
+        addresses: AddressBook,
+        socket: std::net::UdpSocket,
+    ) -> io::Result<(Core, Arc<CoreShared>)> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let shared = Arc::new(CoreShared::new(waker));
+        let mut unicast = net::unicast_socket(socket, &config)?;
+        poll.registry().register(
+            &mut unicast.socket,
+            UNICAST,
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        let routes = Routes::new(node.id(), membership, &addresses, &config.transport);
+        let gso_segments = if config.gso {
+            unicast.state.max_gso_segments()
+        } else {
+            1
+        };
+        let mut stats = RuntimeStats {
+            gso_segments_max: gso_segments,
+            gro_segments: unicast.state.gro_segments(),
+            ..RuntimeStats::default()
+        };
+        {
+            let s = socket2::SockRef::from(&unicast.socket);
+            stats.socket_recv_buffer_bytes = s.recv_buffer_size().unwrap_or(0);
+            stats.socket_send_buffer_bytes = s.send_buffer_size().unwrap_or(0);
+        }
+        let tx = TxBatch::new(
+            config.send_batch_datagrams_max,
+            node.config().max_datagram_bytes,
+            gso_segments,
+        );
+        let batch = config.recv_batch_datagrams_max;
+        let now = clock::now();
+        let mut core = Core {
+            loss_rng: fastrand::Rng::with_seed(config.receive_loss_seed),
+            node,
+            shared: Arc::clone(&shared),
+            poll,
+            unicast,
+            writable: true,
+            groups: Vec::new(),
+            routes,
+            addresses,
+            rx: RxBuffers::new(),
+            arena: RxBuffers::arena(),
+            classes: [
+                Vec::with_capacity(batch),
+                Vec::with_capacity(batch),
+                Vec::with_capacity(batch),
+            ],
+            tx,
+            tx_more: true,
+            publishers: Vec::new(),
+            publisher_rr: 0,
+            owners: VecDeque::new(),
+            owners_base: 1,
+            subscriptions: HashMap::new(),
+            blocked: None,
+            alarm: None,
+            last_look: now,
+            next_tick: now + TICK,
+            stats,
+            shutdown: false,
+            config,
+        };
+        core.sync_groups()?;
+        core.look_at_deadline(now);
+        Ok((core, shared))
+    }
+
+    /// The core loop. Returns the final counters when asked to shut down.
+    pub(crate) fn run(mut self) -> RuntimeStats {
+        let mut events = Events::with_capacity(EVENTS_CAPACITY);
+        while !self.shutdown {
+            let now = clock::now();
+            let mut timeout = self.sleep_timeout(now);
+            if timeout != Some(Duration::ZERO) {
+                // Announce the sleep, then look at the request queues once more: an application
+                // thread that queued work before seeing the flag is caught here (see
+                // `CoreShared::notify`).
+                self.shared.sleeping.store(true, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                if self.requests_pending() {
+                    timeout = Some(Duration::ZERO);
+                } else {
+                    self.stats.sleeps += 1;
+                }
+            }
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    // epoll itself failed: nothing can be served; stop rather than spin.
+                    self.shutdown = true;
+                }
+            }
+            self.shared.sleeping.store(false, Ordering::Relaxed);
+            let start = clock::now();
+            for event in &events {
+                match event.token() {
+                    WAKER => {}
+                    UNICAST => {
+                        if event.is_readable() || event.is_error() {
+                            self.unicast.readable = true;
+                        }
+                        if event.is_writable() || event.is_error() {
+                            self.writable = true;
+                        }
+                    }
+                    Token(t) => {
+                        if let Some(Some((s, _))) = self.groups.get_mut(t - GROUP_BASE) {
+                            s.readable = true;
+                        }
+                    }
+                }
+            }
+            self.serve_requests(start);
+            if self.shutdown {
+                break;
+            }
+            self.serve_io(start);
+            self.serve_alarms();
+            self.stats.cycles += 1;
+            self.stats
+                .cycle_time
+                .record(clock::now().saturating_duration_since(start));
+        }
+        self.stop()
+    }
+
+    /// Zero if some queue has work now, else how long the thread may sleep.
+    fn sleep_timeout(&mut self, now: Time) -> Option<Duration> {
+        if self.retry_blocked() && self.blocked.is_none() {
+            // A delivery went through; the events behind it wait.
+            self.drain_events();
+        }
+        let reading = self.blocked.is_none();
+        let readable =
+            self.unicast.readable || self.groups.iter().flatten().any(|(s, _)| s.readable);
+        let sending = self.writable && (self.tx_more || self.tx.has_pending());
+        let stalled = self.publishers.iter().any(|p| {
+            p.retry_at.is_none_or(|t| now >= t)
+                && p.stalled
+                    .as_ref()
+                    .is_some_and(|r| self.node.can_publish(r.topic, r.payload.len()))
+        });
+        if (reading && readable) || sending || stalled {
+            return Some(Duration::ZERO);
+        }
+        let mut next = self.next_tick;
+        if let Some(a) = self.alarm {
+            next = next.min(a.due);
+        }
+        for t in self.publishers.iter().filter_map(|p| p.retry_at) {
+            next = next.min(t);
+        }
+        let mut sleep = next.saturating_duration_since(now);
+        if !reading {
+            sleep = sleep.min(BLOCKED_SLEEP_MAX);
+        }
+        Some(sleep)
+    }
+
+    /// Whether application threads queued work.
+    fn requests_pending(&self) -> bool {
+        !self.shared.controls.is_empty()
+            || self
+                .publishers
+                .iter()
+                .any(|p| p.stalled.is_none() && !p.shared.queue.is_empty())
+    }
+
+    // ---- The request queue -------------------------------------------------------------
+
+    fn serve_requests(&mut self, now: Time) {
+        let mut took = false;
+        // Only what was queued when the round started: a control request queued meanwhile waits
+        // one round.
+        for _ in 0..self.shared.controls.len() {
+            let Some(control) = self.shared.controls.pop() else {
+                break;
+            };
+            self.handle_control(now, control);
+            took = true;
+        }
+        let n = self.publishers.len();
+        for k in 0..n {
+            let i = (self.publisher_rr + k) % n;
+            took |= self.serve_publisher(now, i);
+        }
+        if n > 0 {
+            self.publisher_rr = (self.publisher_rr + 1) % n;
+        }
+        self.forget_finished_publishers();
+        if took {
+            self.tx_more = true;
+            self.drain_events();
+            self.look_at_deadline(now);
+        }
+    }
+
+    fn handle_control(&mut self, now: Time, control: Control) {
+        match control {
+            Control::AddPublisher(shared) => {
+                self.publishers.push(PublisherCore::new(shared));
+            }
+            Control::Subscribe { topic, task, reply } => {
+                self.subscriptions.entry(topic).or_default().push(task);
+                let _ = reply.send(());
+            }
+            Control::Unsubscribe { topic, task } => {
+                if let Some(tasks) = self.subscriptions.get_mut(&topic) {
+                    tasks.retain(|t| t.id() != task);
+                    if tasks.is_empty() {
+                        self.subscriptions.remove(&topic);
+                    }
+                }
+                if self
+                    .blocked
+                    .as_ref()
+                    .is_some_and(|b| b.delivery.topic == topic)
+                {
+                    // Resume from the start of the topic's list; `deliver` skips closed tasks.
+                    if let Some(b) = self.blocked.as_mut() {
+                        b.next = 0;
+                    }
+                }
+            }
+            Control::SetMembership {
+                membership,
+                addresses,
+                reply,
+            } => {
+                if let Some(a) = addresses {
+                    self.addresses = a;
+                }
+                self.routes = Routes::new(
+                    self.node.id(),
+                    &membership,
+                    &self.addresses,
+                    &self.config.transport,
+                );
+                self.node.set_membership(now, membership);
+                self.tx_more = true;
+                let result = self.sync_groups().map_err(|e| e.to_string());
+                let _ = reply.send(result);
+            }
+            Control::Stats { reply } => {
+                let _ = reply.send(self.snapshot());
+            }
+            Control::Shutdown => self.shutdown = true,
+        }
+    }
+
+    /// Takes requests of publisher `i` while the protocol admits them; true if any.
+    fn serve_publisher(&mut self, now: Time, i: usize) -> bool {
+        let Some(p) = self.publishers.get_mut(i) else {
+            return false;
+        };
+        let budget = p.shared.queue.len() + usize::from(p.stalled.is_some());
+        let mut took = 0;
+        for _ in 0..budget {
+            let Some(request) = p.stalled.take().or_else(|| p.shared.queue.pop()) else {
+                break;
+            };
+            if p.retry_at.is_some_and(|t| now < t)
+                || !self.node.can_publish(request.topic, request.payload.len())
+            {
+                p.stalled = Some(request);
+                self.stats.publish_stalls += 1;
+                break;
+            }
+            p.retry_at = None;
+            // A clone (a reference count, no copy) so the request survives a refusal.
+            match self
+                .node
+                .publish(now, request.topic, request.payload.clone())
+            {
+                Ok(msg_id) => {
+                    p.pending.push_back((msg_id, false));
+                    // Message ids are consecutive, so the owner table is indexed by id.
+                    debug_assert_eq!(msg_id.0, self.owners_base + self.owners.len() as u64);
+                    self.owners.push_back(Some(i));
+                    self.stats.publishes += 1;
+                    took += 1;
+                }
+                Err(PublishError::RateLimited { retry_at }) => {
+                    // Congestion control: the protocol's rate admits the next message at
+                    // `retry_at` (and its alarm fires then).
+                    p.retry_at = Some(retry_at);
+                    p.stalled = Some(request);
+                    self.stats.publish_rate_limited += 1;
+                    break;
+                }
+                Err(PublishError::WouldBlock { .. }) => {
+                    p.stalled = Some(request);
+                    self.stats.publish_stalls += 1;
+                    break;
+                }
+                Err(_) => {
+                    // The size was checked by the publisher: a refusal here is a bug. Counted
+                    // rather than trusted; the message is dropped.
+                    self.stats.publish_refused += 1;
+                }
+            }
+        }
+        if took > 0 {
+            // Room in the queue: wake a publisher blocked on it.
+            p.shared.wake();
+        }
+        took > 0
+    }
+
+    fn forget_finished_publishers(&mut self) {
+        if !self.publishers.iter().any(PublisherCore::is_finished) {
+            return;
+        }
+        // Indices change: remap the owner table.
+        let mut map = Vec::with_capacity(self.publishers.len());
+        let mut kept = Vec::with_capacity(self.publishers.len());
+        for p in self.publishers.drain(..) {
+            if p.is_finished() {
+                map.push(None);
+            } else {
+                map.push(Some(kept.len()));
+                kept.push(p);
+            }
+        }
+        self.publishers = kept;
+        for owner in self.owners.iter_mut() {
+            *owner = owner.and_then(|o| map.get(o).copied().flatten());
+        }
+        self.publisher_rr = 0;
+    }
+
+    // ---- Events: deliveries and stability ----------------------------------------------
+
+    /// Hands the protocol's events on, until a subscription's queue is full.
+    fn drain_events(&mut self) {
+        if self.blocked.is_some() {
+            return;
+        }
+        while let Some(event) = self.node.poll_event() {
+            match event {
+                Event::Deliver(d) => {
+                    if let Err(blocked) = self.deliver(d, 0) {
+                        self.blocked = Some(blocked);
+                        self.stats.delivery_stalls += 1;
+                        return;
+                    }
+                }
+                Event::Stable(msg_id) => self.on_stable(msg_id),
+                _ => self.stats.other_events += 1,
+            }
+        }
+    }
+
+    /// Pushes `d` to the subscriptions of its topic from index `start`.
+    fn deliver(&mut self, d: Delivery, start: usize) -> Result<(), Blocked> {
+        let Some(tasks) = self.subscriptions.get(&d.topic) else {
+            self.stats.deliveries_unsubscribed += 1;
+            return Ok(());
+        };
+        let last = tasks.len().saturating_sub(1);
+        let mut d = Some(d);
+        for (i, task) in tasks.iter().enumerate().skip(start) {
+            let Some(event) = (if i == last { d.take() } else { d.clone() }) else {
+                break;
+            };
+            match task.try_push(event) {
+                Ok(()) => self.stats.deliveries += 1,
+                Err(TryPushError::Full(event)) => {
+                    // Ask the worker to wake us when it takes an event, then look again.
+                    self.shared.delivery_waiting.store(true, Ordering::SeqCst);
+                    fence(Ordering::SeqCst);
+                    match task.try_push(event) {
+                        Ok(()) => self.stats.deliveries += 1,
+                        Err(TryPushError::Full(event)) => {
+                            return Err(Blocked {
+                                delivery: event,
+                                next: i,
+                            })
+                        }
+                        Err(TryPushError::Closed(_)) => {}
+                    }
+                }
+                // Unsubscribed meanwhile.
+                Err(TryPushError::Closed(_)) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Retries a blocked delivery; true if it went through.
+    fn retry_blocked(&mut self) -> bool {
+        let Some(b) = self.blocked.take() else {
+            return false;
+        };
+        match self.deliver(b.delivery, b.next) {
+            Ok(()) => true,
+            Err(b) => {
+                self.blocked = Some(b);
+                false
+            }
+        }
+    }
+
+    fn on_stable(&mut self, msg_id: MsgId) {
+        self.stats.stable += 1;
+        let Some(index) = msg_id
+            .0
+            .checked_sub(self.owners_base)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        if let Some(owner) = self.owners.get_mut(index).and_then(Option::take) {
+            if let Some(p) = self.publishers.get_mut(owner) {
+                p.on_stable(msg_id);
+            }
+        }
+        while self.owners.front().is_some_and(Option::is_none) {
+            self.owners.pop_front();
+            self.owners_base += 1;
+        }
+    }
+
+    // ---- The I/O queue -----------------------------------------------------------------
+
+    fn serve_io(&mut self, start: Time) {
+        let deadline = start + self.config.io_quantum;
+        loop {
+            let received = if self.blocked.is_none() {
+                self.receive_batch()
+            } else {
+                0
+            };
+            if received > 0 {
+                self.process_batch();
+            }
+            let sent = self.transmit(deadline);
+            if clock::now() >= deadline {
+                if received > 0 || sent == TxOutcome::Expired {
+                    self.stats.io_quantum_expired += 1;
+                }
+                break;
+            }
+            if received == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Drains readable sockets into the priority classes, up to about a batch; returns the
+    /// number of datagrams kept.
+    fn receive_batch(&mut self) -> usize {
+        let max = self.config.recv_batch_datagrams_max;
+        let mut kept = 0;
+        let mut slot = None;
+        loop {
+            if kept >= max {
+                break;
+            }
+            // The unicast socket first, then the groups.
+            let socket = match slot {
+                None => &mut self.unicast,
+                Some(i) => match self.groups.get_mut(i) {
+                    Some(Some((s, _))) => s,
+                    Some(None) => {
+                        slot = Some(i + 1);
+                        continue;
+                    }
+                    None => break,
+                },
+            };
+            if !socket.readable {
+                slot = Some(slot.map_or(0, |i| i + 1));
+                continue;
+            }
+            match self.rx.recv(socket) {
+                Ok(filled) => {
+                    self.stats.recv_calls += 1;
+                    let (stats, arena, classes, rng) = (
+                        &mut self.stats,
+                        &mut self.arena,
+                        &mut self.classes,
+                        &mut self.loss_rng,
+                    );
+                    let loss = self.config.receive_loss;
+                    self.rx.datagrams(filled, |datagram| {
+                        stats.datagrams_received += 1;
+                        stats.bytes_received += datagram.len() as u64;
+                        if loss > 0.0 && rng.f64() < loss {
+                            stats.injected_drops += 1;
+                            return;
+                        }
+                        let Some(kind) = tidings_wire::peek_kind(datagram) else {
+                            stats.invalid_packets += 1;
+                            return;
+                        };
+                        let class = priority_class(kind.priority());
+                        classes[class].push(RxBuffers::keep(arena, datagram));
+                        kept += 1;
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => socket.readable = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    // E.g. an ICMP error queued on the socket; the next read continues.
+                    self.stats.recv_errors += 1;
+                }
+            }
+        }
+        kept
+    }
+
+    /// Processes the received batch: control, then recovery, then data.
+    fn process_batch(&mut self) {
+        let now = clock::now();
+        for class in 0..self.classes.len() {
+            let mut batch = std::mem::take(&mut self.classes[class]);
+            self.stats.received_by_priority[class] += batch.len() as u64;
+            for datagram in batch.drain(..) {
+                self.node.handle_datagram(now, datagram);
+                // With a blocked delivery the events wait in the node (at most one batch's).
+                self.drain_events();
+            }
+            // Keep the capacity.
+            self.classes[class] = batch;
+        }
+        self.tx_more = true;
+        self.look_at_deadline(now);
+    }
+
+    /// Pulls datagrams from the protocol and sends them while the socket accepts them.
+    fn transmit(&mut self, deadline: Time) -> TxOutcome {
+        loop {
+            if !self.writable {
+                return TxOutcome::Blocked;
+            }
+            if self.tx.has_pending() {
+                let mut counts = TxCounts::default();
+                let flush =
+                    self.tx
+                        .flush(&self.unicast, &self.routes, self.config.gso, &mut counts);
+                self.add_tx_counts(counts);
+                if flush == Flush::Blocked {
+                    self.writable = false;
+                    return TxOutcome::Blocked;
+                }
+            }
+            if !self.tx_more {
+                return TxOutcome::Idle;
+            }
+            let now = clock::now();
+            if now >= deadline {
+                return TxOutcome::Expired;
+            }
+            let node = &mut self.node;
+            if self.tx.fill(|buf| node.poll_transmit(now, buf)) == 0 {
+                self.tx_more = false;
+                return TxOutcome::Idle;
+            }
+        }
+    }
+
+    fn add_tx_counts(&mut self, c: TxCounts) {
+        let s = &mut self.stats;
+        s.send_calls += c.send_calls;
+        s.datagrams_sent += c.datagrams;
+        s.bytes_sent += c.bytes;
+        s.short_sends += c.short_sends;
+        s.send_errors += c.errors;
+        s.unroutable += c.unroutable;
+    }
+
+    /// Joins the groups of the regions this node is in and leaves the others.
+    fn sync_groups(&mut self) -> io::Result<()> {
+        let Transport::Multicast(multicast) = &self.config.transport else {
+            return Ok(());
+        };
+        let wanted: Vec<(RegionId, SocketAddrV4)> = self.routes.joined().to_vec();
+        for slot in &mut self.groups {
+            let keep = slot
+                .as_ref()
+                .is_some_and(|(s, g)| wanted.contains(&(s.region.unwrap_or_default(), *g)));
+            if !keep {
+                if let Some((mut s, g)) = slot.take() {
+                    let _ = self.poll.registry().deregister(&mut s.socket);
+                    net::leave_group(&s, *g.ip(), multicast.interface);
+                }
+            }
+        }
+        for (region, group) in wanted {
+            let present = self
+                .groups
+                .iter()
+                .flatten()
+                .any(|(s, g)| s.region == Some(region) && *g == group);
+            if present {
+                continue;
+            }
+            let mut socket = net::group_socket(region, group, multicast, &self.config)?;
+            let slot = match self.groups.iter().position(Option::is_none) {
+                Some(i) => i,
+                None => {
+                    self.groups.push(None);
+                    self.groups.len() - 1
+                }
+            };
+            self.poll.registry().register(
+                &mut socket.socket,
+                Token(GROUP_BASE + slot),
+                Interest::READABLE,
+            )?;
+            self.groups[slot] = Some((socket, group));
+        }
+        self.stats.groups_joined = self.groups.iter().flatten().count();
+        Ok(())
+    }
+
+    // ---- The alarm queue ---------------------------------------------------------------
+
+    /// Reads the protocol's next deadline after inputs.
+    fn look_at_deadline(&mut self, now: Time) {
+        self.alarm = self.node.poll_timeout().map(|deadline| ProtocolAlarm {
+            deadline,
+            due: deadline.max(self.last_look),
+        });
+        self.last_look = now;
+    }
+
+    fn serve_alarms(&mut self) {
+        let start = clock::now();
+        let deadline = start + self.config.alarm_quantum;
+        let mut now = start;
+        loop {
+            if now >= self.next_tick {
+                self.tick(now);
+            }
+            let Some(alarm) = self.alarm.filter(|a| a.due <= now) else {
+                break;
+            };
+            self.stats
+                .alarm_lateness
+                .record(now.saturating_duration_since(alarm.due));
+            self.stats.alarms_fired += 1;
+            self.node.handle_timeout(now);
+            self.tx_more = true;
+            self.drain_events();
+            self.look_at_deadline(now);
+            if self.alarm.is_some_and(|a| a.deadline <= alarm.deadline) {
+                // The protocol did not move its deadline; fire it again next round rather than
+                // spin here.
+                break;
+            }
+            now = clock::now();
+            if now >= deadline {
+                self.stats.alarm_quantum_expired += 1;
+                break;
+            }
+        }
+    }
+
+    /// The one-second statistics alarm.
+    fn tick(&mut self, now: Time) {
+        self.stats.cycle_time.roll();
+        self.stats.alarm_lateness.roll();
+        self.next_tick += TICK;
+        if self.next_tick <= now {
+            // Stalled for more than a second (suspended process): do not replay the ticks.
+            self.next_tick = now + TICK;
+        }
+    }
+
+    fn snapshot(&self) -> RuntimeStats {
+        let mut s = self.stats.clone();
+        s.publish_queued_current = self
+            .publishers
+            .iter()
+            .map(|p| p.shared.queue.len() as u64 + u64::from(p.stalled.is_some()))
+            .sum();
+        s.publishers_stalled_current = self
+            .publishers
+            .iter()
+            .filter(|p| p.stalled.is_some())
+            .count() as u64;
+        s.proto = self.node.stats().clone();
+        s
+    }
+
+    /// Leaves the loop: refuses further requests and wakes every waiting publisher.
+    fn stop(self) -> RuntimeStats {
+        self.shared.running.store(false, Ordering::Release);
+        fence(Ordering::SeqCst);
+        // Answer requests that raced with the shutdown so no caller waits for its timeout.
+        while let Some(control) = self.shared.controls.pop() {
+            match control {
+                Control::AddPublisher(p) => p.wake(),
+                Control::Stats { reply } => {
+                    let _ = reply.send(self.snapshot());
+                }
+                Control::Subscribe { reply, .. } => drop(reply),
+                Control::SetMembership { reply, .. } => {
+                    let _ = reply.send(Err("the runtime is shutting down".to_owned()));
+                }
+                Control::Unsubscribe { .. } | Control::Shutdown => {}
+            }
+        }
+        for p in &self.publishers {
+            p.shared.waiting.store(true, Ordering::SeqCst);
+            p.shared.wake();
+        }
+        self.snapshot()
+    }
+}

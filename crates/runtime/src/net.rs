@@ -1,0 +1,355 @@
+//! Sockets: setup (buffers, multicast options), batched receive (recvmmsg and GRO through
+//! quinn-udp) into a compact arena, and batched send (GSO runs) of datagrams pulled from the
+//! protocol.
+
+use std::io::{self, IoSliceMut};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+use bytes::{Bytes, BytesMut};
+use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tidings_proto::{Destination, RegionId};
+
+use crate::addr::Routes;
+use crate::config::{MulticastConfig, RuntimeConfig, Transport};
+
+/// Receive buffers per system call: quinn-udp's `recvmmsg` batch.
+pub(crate) const RECV_BUFFERS: usize = quinn_udp::BATCH_SIZE;
+/// Size of each receive buffer: the largest UDP payload, so that neither a big datagram nor a
+/// GRO-coalesced run is ever truncated.
+const RECV_BUFFER_BYTES: usize = 64 * 1024;
+/// Size of the blocks received datagrams are copied into. Each datagram becomes a `Bytes` slice
+/// of a block (payloads handed to the protocol and the application share it; nothing else is
+/// copied); a block is freed, or reused in place, when its last slice is dropped. 256 KiB: one
+/// allocation per about 180 full datagrams.
+const ARENA_BYTES: usize = 256 * 1024;
+/// GSO sends may not exceed one IP datagram's worth of payload in total.
+const GSO_BYTES_MAX: usize = 65_000;
+
+/// A socket the core thread reads (the unicast socket, which also sends, or a multicast group's).
+#[derive(Debug)]
+pub(crate) struct NetSocket {
+    pub(crate) socket: mio::net::UdpSocket,
+    pub(crate) state: UdpSocketState,
+    /// Edge-triggered readiness: set by a readable event, cleared when a read would block.
+    pub(crate) readable: bool,
+    /// The region whose group this socket listens to (multicast sockets only).
+    pub(crate) region: Option<RegionId>,
+}
+
+fn set_buffers(socket: &SockRef<'_>, config: &RuntimeConfig) -> io::Result<()> {
+    socket.set_recv_buffer_size(config.socket_recv_buffer_bytes)?;
+    socket.set_send_buffer_size(config.socket_send_buffer_bytes)?;
+    Ok(())
+}
+
+/// Prepares the node's unicast socket (which sends everything, multicast included).
+pub(crate) fn unicast_socket(
+    socket: std::net::UdpSocket,
+    config: &RuntimeConfig,
+) -> io::Result<NetSocket> {
+    {
+        let s = SockRef::from(&socket);
+        set_buffers(&s, config)?;
+        if let Transport::Multicast(m) = &config.transport {
+            s.set_multicast_if_v4(&m.interface)?;
+            s.set_multicast_loop_v4(m.loopback)?;
+            s.set_multicast_ttl_v4(m.ttl)?;
+        }
+    }
+    // Sets non-blocking mode and, where the kernel has it, GRO.
+    let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
+    Ok(NetSocket {
+        socket: mio::net::UdpSocket::from_std(socket),
+        state,
+        readable: true,
+        region: None,
+    })
+}
+
+/// A socket that receives region `region`'s multicast group `group`.
+pub(crate) fn group_socket(
+    region: RegionId,
+    group: SocketAddrV4,
+    multicast: &MulticastConfig,
+    config: &RuntimeConfig,
+) -> io::Result<NetSocket> {
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    // Several nodes on one host listen to the same group and port.
+    socket.set_reuse_address(true)?;
+    set_buffers(&SockRef::from(&socket), config)?;
+    // Bound to the group address, not the wildcard, so the socket receives only this group.
+    socket.bind(&SocketAddr::V4(group).into())?;
+    socket.join_multicast_v4(group.ip(), &multicast.interface)?;
+    // Linux would otherwise also deliver groups joined by other sockets on the same port.
+    #[cfg(target_os = "linux")]
+    socket.set_multicast_all_v4(false)?;
+    let socket: std::net::UdpSocket = socket.into();
+    let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
+    Ok(NetSocket {
+        socket: mio::net::UdpSocket::from_std(socket),
+        state,
+        readable: true,
+        region: Some(region),
+    })
+}
+
+/// Leaves a group (best effort: closing the socket leaves it too).
+pub(crate) fn leave_group(socket: &NetSocket, group: Ipv4Addr, interface: Ipv4Addr) {
+    let _ = SockRef::from(&socket.socket).leave_multicast_v4(&group, &interface);
+}
+
+/// Fixed buffers for `recvmmsg`, allocated once.
+pub(crate) struct RxBuffers {
+    storage: Vec<u8>,
+    meta: [RecvMeta; RECV_BUFFERS],
+}
+
+impl std::fmt::Debug for RxBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxBuffers")
+            .field("storage_bytes", &self.storage.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RxBuffers {
+    pub(crate) fn new() -> RxBuffers {
+        RxBuffers {
+            storage: vec![0; RECV_BUFFERS * RECV_BUFFER_BYTES],
+            meta: [RecvMeta::default(); RECV_BUFFERS],
+        }
+    }
+
+    /// One `recvmmsg` on `socket`: the number of buffers filled (each may hold several
+    /// datagrams, see [`RxBuffers::datagrams`]).
+    pub(crate) fn recv(&mut self, socket: &NetSocket) -> io::Result<usize> {
+        let mut chunks = self.storage.chunks_mut(RECV_BUFFER_BYTES);
+        let mut slices: [IoSliceMut<'_>; RECV_BUFFERS] =
+            std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
+        socket.state.recv(
+            UdpSockRef::from(&socket.socket),
+            &mut slices,
+            &mut self.meta,
+        )
+    }
+
+    /// Calls `f` with each datagram of the `filled` buffers of the last `recv` (GRO buffers are
+    /// split at their stride).
+    pub(crate) fn datagrams(&self, filled: usize, mut f: impl FnMut(&[u8])) {
+        for (i, meta) in self.meta.iter().take(filled).enumerate() {
+            let start = i * RECV_BUFFER_BYTES;
+            let Some(buf) = self
+                .storage
+                .get(start..start + meta.len.min(RECV_BUFFER_BYTES))
+            else {
+                continue;
+            };
+            if buf.is_empty() {
+                // An empty datagram: still one (invalid) arrival.
+                f(buf);
+                continue;
+            }
+            let stride = if meta.stride == 0 {
+                buf.len()
+            } else {
+                meta.stride
+            };
+            for datagram in buf.chunks(stride) {
+                f(datagram);
+            }
+        }
+    }
+
+    /// A fresh arena for [`RxBuffers::keep`].
+    pub(crate) fn arena() -> BytesMut {
+        BytesMut::with_capacity(ARENA_BYTES)
+    }
+
+    /// Copies `datagram` into the arena and returns it as shared bytes.
+    pub(crate) fn keep(arena: &mut BytesMut, datagram: &[u8]) -> Bytes {
+        if arena.capacity() < datagram.len() {
+            // Reuses the current block in place if every slice of it was dropped, else takes a
+            // new one.
+            arena.reserve(ARENA_BYTES.max(datagram.len()));
+        }
+        arena.extend_from_slice(datagram);
+        arena.split().freeze()
+    }
+}
+
+/// One datagram pulled from the protocol, waiting to be sent.
+#[derive(Clone, Copy, Debug)]
+struct TxItem {
+    offset: usize,
+    len: usize,
+    destination: Destination,
+}
+
+/// What a flush achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flush {
+    /// Everything pulled was sent (or dropped with a counted error).
+    Done,
+    /// The socket buffer is full; the rest waits for a writable event.
+    Blocked,
+}
+
+/// Counters a flush updates.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TxCounts {
+    pub(crate) send_calls: u64,
+    pub(crate) datagrams: u64,
+    pub(crate) bytes: u64,
+    pub(crate) short_sends: u64,
+    pub(crate) errors: u64,
+    pub(crate) unroutable: u64,
+}
+
+/// Datagrams pulled from the protocol into one contiguous buffer, so that runs to the same
+/// destination with the same length are already laid out as a GSO send wants them.
+#[derive(Debug)]
+pub(crate) struct TxBatch {
+    buf: Vec<u8>,
+    items: Vec<TxItem>,
+    datagram_bytes_max: usize,
+    items_max: usize,
+    /// Progress through `items`: the first unsent item, and how many of its run's addresses
+    /// have been served.
+    next_item: usize,
+    next_address: usize,
+    gso_segments_max: usize,
+}
+
+impl TxBatch {
+    pub(crate) fn new(
+        items_max: usize,
+        datagram_bytes_max: usize,
+        gso_segments_max: usize,
+    ) -> TxBatch {
+        TxBatch {
+            buf: vec![0; items_max * datagram_bytes_max],
+            items: Vec::with_capacity(items_max),
+            datagram_bytes_max,
+            items_max,
+            next_item: 0,
+            next_address: 0,
+            gso_segments_max: gso_segments_max.max(1),
+        }
+    }
+
+    /// Whether datagrams are waiting to be sent.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.next_item < self.items.len()
+    }
+
+    /// Pulls up to a batch of datagrams with `pull` (the protocol's `poll_transmit`); returns
+    /// how many. Only call when nothing is pending.
+    pub(crate) fn fill(
+        &mut self,
+        mut pull: impl FnMut(&mut [u8]) -> Option<tidings_proto::Transmit>,
+    ) -> usize {
+        debug_assert!(!self.has_pending());
+        self.items.clear();
+        self.next_item = 0;
+        self.next_address = 0;
+        let mut offset = 0;
+        while self.items.len() < self.items_max {
+            let Some(slot) = self.buf.get_mut(offset..offset + self.datagram_bytes_max) else {
+                break;
+            };
+            let Some(t) = pull(slot) else {
+                break;
+            };
+            // The protocol never writes more than the slot; a longer length would be its bug.
+            debug_assert!(t.len <= self.datagram_bytes_max);
+            let len = t.len.min(self.datagram_bytes_max);
+            self.items.push(TxItem {
+                offset,
+                len,
+                destination: t.destination,
+            });
+            offset += len;
+        }
+        self.items.len()
+    }
+
+    /// Sends what is pending: runs of consecutive datagrams with the same destination and
+    /// length (the last of a run may be shorter) leave in one GSO `sendmsg` per address.
+    pub(crate) fn flush(
+        &mut self,
+        socket: &NetSocket,
+        routes: &Routes,
+        gso: bool,
+        counts: &mut TxCounts,
+    ) -> Flush {
+        while let Some(first) = self.items.get(self.next_item).copied() {
+            let segments_max = if gso {
+                self.gso_segments_max
+                    .min(socket.state.max_gso_segments())
+                    .min(GSO_BYTES_MAX / first.len.max(1))
+                    .max(1)
+            } else {
+                1
+            };
+            let mut run = 1;
+            let mut run_bytes = first.len;
+            while run < segments_max {
+                let Some(next) = self.items.get(self.next_item + run) else {
+                    break;
+                };
+                if next.destination != first.destination || next.len > first.len {
+                    break;
+                }
+                run += 1;
+                run_bytes += next.len;
+                if next.len < first.len {
+                    // A shorter datagram ends a GSO run.
+                    break;
+                }
+            }
+            let contents = &self.buf[first.offset..first.offset + run_bytes];
+            let addresses = routes.resolve(first.destination);
+            if addresses.is_empty() {
+                counts.unroutable += run as u64;
+            }
+            while let Some(&address) = addresses.get(self.next_address) {
+                let transmit = quinn_udp::Transmit {
+                    destination: address,
+                    ecn: None,
+                    contents,
+                    segment_size: (run > 1).then_some(first.len),
+                    src_ip: None,
+                };
+                counts.send_calls += 1;
+                match socket
+                    .state
+                    .try_send(UdpSockRef::from(&socket.socket), &transmit)
+                {
+                    Ok(()) => {
+                        counts.datagrams += run as u64;
+                        counts.bytes += run_bytes as u64;
+                        self.next_address += 1;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        counts.short_sends += 1;
+                        return Flush::Blocked;
+                    }
+                    Err(_) if run > 1 && socket.state.max_gso_segments() <= 1 => {
+                        // The kernel refused GSO on this path; quinn-udp turned it off for
+                        // the socket. Send this run again, one datagram at a time.
+                        return self.flush(socket, routes, gso, counts);
+                    }
+                    Err(_) => {
+                        // Dropped; the protocol recovers it like a loss.
+                        counts.errors += run as u64;
+                        self.next_address += 1;
+                    }
+                }
+            }
+            self.next_item += run;
+            self.next_address = 0;
+        }
+        Flush::Done
+    }
+}

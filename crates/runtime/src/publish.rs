@@ -1,0 +1,365 @@
+//! Publishing from application threads: a bounded lock-free request queue per publisher, drained
+//! by the core thread, and per-publisher stability tracking that publish handles wait on.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::sync::{Parker, Unparker};
+use tidings_proto::{MsgId, TopicId};
+
+use crate::core::CoreShared;
+
+/// Longest single park of a waiting application thread. Wake-ups are exact (the core thread
+/// unparks waiters), so this only bounds the damage of a missed one.
+const PARK_SLICE: Duration = Duration::from_millis(100);
+
+/// One message handed to the core thread.
+#[derive(Debug)]
+pub(crate) struct PublishRequest {
+    pub(crate) topic: TopicId,
+    pub(crate) payload: Bytes,
+}
+
+/// What a publisher shares with the core thread.
+#[derive(Debug)]
+pub(crate) struct PublisherShared {
+    /// Identity of the publisher, so that a handle is only waited on where it was issued.
+    pub(crate) id: u64,
+    /// Messages waiting for the core thread, in publish order (single producer: the publisher).
+    pub(crate) queue: ArrayQueue<PublishRequest>,
+    /// Every message of this publisher up to this ticket (its position, from 1) is stable.
+    pub(crate) stable_upto: AtomicU64,
+    /// The publisher thread is parked (or about to park) waiting for room or stability.
+    pub(crate) waiting: AtomicBool,
+    /// Wakes the publisher thread.
+    pub(crate) unparker: Unparker,
+    /// The `Publisher` was dropped: the core thread forgets it once its messages are stable.
+    pub(crate) dropped: AtomicBool,
+}
+
+impl PublisherShared {
+    /// Wakes the publisher if it waits (called by the core thread after making room or progress).
+    pub(crate) fn wake(&self) {
+        // Pairs with the fence in `Publisher::park`: either the publisher sees the change that
+        // preceded this call, or this sees its `waiting` flag.
+        fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::Relaxed) && self.waiting.swap(false, Ordering::AcqRel) {
+            self.unparker.unpark();
+        }
+    }
+}
+
+/// Identifies one published message, to wait until it is stable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PublishHandle {
+    publisher: u64,
+    ticket: u64,
+}
+
+impl PublishHandle {
+    /// The message's position among its publisher's messages, from 1.
+    #[must_use]
+    pub fn ticket(self) -> u64 {
+        self.ticket
+    }
+}
+
+/// Why a message was not published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The payload does not fit one datagram.
+    #[error("payload of {len} bytes exceeds the largest of {max} bytes")]
+    TooLarge {
+        /// The payload length.
+        len: usize,
+        /// The largest payload the node accepts.
+        max: usize,
+    },
+    /// Back pressure (from `try_publish`): the protocol's send queue and this publisher's
+    /// request queue are full. The payload is handed back.
+    #[error("publisher queue is full (back pressure); try again when messages become stable")]
+    WouldBlock(Bytes),
+    /// Back pressure lasted longer than the caller's timeout. The payload is handed back.
+    #[error("timed out waiting for room to publish")]
+    Timeout(Bytes),
+    /// The runtime has stopped.
+    #[error("the node runtime has stopped")]
+    Closed,
+}
+
+/// Why waiting for stability ended without it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    /// The message was not stable within the timeout.
+    #[error("timed out waiting for stability")]
+    Timeout,
+    /// The runtime stopped first.
+    #[error("the node runtime has stopped")]
+    Closed,
+    /// The handle was issued by another publisher.
+    #[error("the handle belongs to another publisher")]
+    ForeignHandle,
+}
+
+/// Publishes messages from one application thread (create one per thread with
+/// [`NodeRuntime::publisher`](crate::NodeRuntime::publisher)). Messages of one publisher are
+/// published in call order; [`wait_stable`](Publisher::wait_stable) waits until a message and
+/// every earlier message of the same publisher are stable.
+///
+/// The queue between the publisher and the core thread is a bounded lock-free ring (one per
+/// publisher, so it needs no multi-producer ordering); publishing never takes a lock and, in
+/// steady state, never allocates.
+#[derive(Debug)]
+pub struct Publisher {
+    shared: Arc<PublisherShared>,
+    core: Arc<CoreShared>,
+    parker: Parker,
+    next_ticket: u64,
+    max_payload: usize,
+}
+
+impl Publisher {
+    pub(crate) fn new(
+        id: u64,
+        capacity: usize,
+        core: Arc<CoreShared>,
+        max_payload: usize,
+    ) -> (Publisher, Arc<PublisherShared>) {
+        let parker = Parker::new();
+        let shared = Arc::new(PublisherShared {
+            id,
+            queue: ArrayQueue::new(capacity),
+            stable_upto: AtomicU64::new(0),
+            waiting: AtomicBool::new(false),
+            unparker: parker.unparker().clone(),
+            dropped: AtomicBool::new(false),
+        });
+        let publisher = Publisher {
+            shared: Arc::clone(&shared),
+            core,
+            parker,
+            next_ticket: 1,
+            max_payload,
+        };
+        (publisher, shared)
+    }
+
+    /// Largest payload accepted.
+    #[must_use]
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    fn check(&self, payload: &Bytes) -> Result<(), PublishError> {
+        if payload.len() > self.max_payload {
+            return Err(PublishError::TooLarge {
+                len: payload.len(),
+                max: self.max_payload,
+            });
+        }
+        if !self.core.is_running() {
+            return Err(PublishError::Closed);
+        }
+        Ok(())
+    }
+
+    fn accepted(&mut self) -> PublishHandle {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.core.notify();
+        PublishHandle {
+            publisher: self.shared.id,
+            ticket,
+        }
+    }
+
+    /// Publishes without blocking: `WouldBlock` (with the payload) when back pressure holds.
+    pub fn try_publish(
+        &mut self,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<PublishHandle, PublishError> {
+        self.check(&payload)?;
+        match self.shared.queue.push(PublishRequest { topic, payload }) {
+            Ok(()) => Ok(self.accepted()),
+            Err(request) => Err(PublishError::WouldBlock(request.payload)),
+        }
+    }
+
+    /// Publishes, waiting while back pressure holds (until the protocol has room), for at most
+    /// `timeout` (`None`: as long as it takes, or until the runtime stops).
+    pub fn publish_timeout(
+        &mut self,
+        topic: TopicId,
+        payload: Bytes,
+        timeout: Option<Duration>,
+    ) -> Result<PublishHandle, PublishError> {
+        self.check(&payload)?;
+        let deadline = timeout.map(|t| crate::clock::now() + t);
+        let mut request = PublishRequest { topic, payload };
+        loop {
+            match self.shared.queue.push(request) {
+                Ok(()) => return Ok(self.accepted()),
+                Err(r) => request = r,
+            }
+            // Announce the wait, then look again: the core thread makes room and then checks
+            // `waiting` (see `PublisherShared::wake`).
+            self.shared.waiting.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            match self.shared.queue.push(request) {
+                Ok(()) => {
+                    self.shared.waiting.store(false, Ordering::Relaxed);
+                    return Ok(self.accepted());
+                }
+                Err(r) => request = r,
+            }
+            if !self.core.is_running() {
+                return Err(PublishError::Closed);
+            }
+            if !self.park(deadline) {
+                return Err(PublishError::Timeout(request.payload));
+            }
+        }
+    }
+
+    /// Publishes, waiting while back pressure holds, until there is room or the runtime stops.
+    pub fn publish(
+        &mut self,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<PublishHandle, PublishError> {
+        self.publish_timeout(topic, payload, None)
+    }
+
+    /// Parks until woken or `deadline`; false if the deadline has passed.
+    fn park(&self, deadline: Option<tidings_proto::Time>) -> bool {
+        let slice = match deadline {
+            Some(d) => {
+                let now = crate::clock::now();
+                if now >= d {
+                    return false;
+                }
+                (d - now).min(PARK_SLICE)
+            }
+            None => PARK_SLICE,
+        };
+        self.parker.park_timeout(slice);
+        true
+    }
+
+    /// Whether `handle`'s message (and every earlier one of this publisher) is stable.
+    #[must_use]
+    pub fn is_stable(&self, handle: PublishHandle) -> bool {
+        handle.publisher == self.shared.id
+            && self.shared.stable_upto.load(Ordering::Acquire) >= handle.ticket
+    }
+
+    /// Messages of this publisher known stable, counted from the first.
+    #[must_use]
+    pub fn stable_count(&self) -> u64 {
+        self.shared.stable_upto.load(Ordering::Acquire)
+    }
+
+    /// Messages this publisher has published.
+    #[must_use]
+    pub fn published_count(&self) -> u64 {
+        self.next_ticket - 1
+    }
+
+    /// Waits until `handle`'s message and every earlier message of this publisher are stable
+    /// (received by every member of every region their topics span), for at most `timeout`.
+    pub fn wait_stable(
+        &mut self,
+        handle: PublishHandle,
+        timeout: Duration,
+    ) -> Result<(), WaitError> {
+        if handle.publisher != self.shared.id {
+            return Err(WaitError::ForeignHandle);
+        }
+        let deadline = crate::clock::now() + timeout;
+        loop {
+            if self.shared.stable_upto.load(Ordering::Acquire) >= handle.ticket {
+                return Ok(());
+            }
+            self.shared.waiting.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if self.shared.stable_upto.load(Ordering::Acquire) >= handle.ticket {
+                self.shared.waiting.store(false, Ordering::Relaxed);
+                return Ok(());
+            }
+            if !self.core.is_running() {
+                return Err(WaitError::Closed);
+            }
+            if !self.park(Some(deadline)) {
+                return Err(WaitError::Timeout);
+            }
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.shared.dropped.store(true, Ordering::Release);
+        self.core.notify();
+    }
+}
+
+/// The core thread's side of one publisher.
+#[derive(Debug)]
+pub(crate) struct PublisherCore {
+    pub(crate) shared: Arc<PublisherShared>,
+    /// A request the protocol refused (back pressure); it goes first when there is room.
+    pub(crate) stalled: Option<PublishRequest>,
+    /// Congestion control refused the stalled request until this time.
+    pub(crate) retry_at: Option<tidings_proto::Time>,
+    /// Message ids of this publisher's unstable messages in publish order, with whether each is
+    /// stable yet (stability can arrive out of order across regions).
+    pub(crate) pending: VecDeque<(MsgId, bool)>,
+    /// Tickets known stable (mirrors `shared.stable_upto`).
+    pub(crate) stable_upto: u64,
+}
+
+impl PublisherCore {
+    pub(crate) fn new(shared: Arc<PublisherShared>) -> PublisherCore {
+        PublisherCore {
+            shared,
+            stalled: None,
+            retry_at: None,
+            pending: VecDeque::new(),
+            stable_upto: 0,
+        }
+    }
+
+    /// Marks `msg_id` stable; advances the stable ticket over the stable prefix. True if the
+    /// message was this publisher's.
+    pub(crate) fn on_stable(&mut self, msg_id: MsgId) -> bool {
+        let Ok(i) = self.pending.binary_search_by_key(&msg_id, |&(m, _)| m) else {
+            return false;
+        };
+        self.pending[i].1 = true;
+        let before = self.stable_upto;
+        while self.pending.front().is_some_and(|&(_, stable)| stable) {
+            self.pending.pop_front();
+            self.stable_upto += 1;
+        }
+        if self.stable_upto != before {
+            self.shared
+                .stable_upto
+                .store(self.stable_upto, Ordering::Release);
+            self.shared.wake();
+        }
+        true
+    }
+
+    /// Whether the core thread can forget this publisher.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.shared.dropped.load(Ordering::Acquire)
+            && self.stalled.is_none()
+            && self.shared.queue.is_empty()
+            && self.pending.is_empty()
+    }
+}

@@ -1,0 +1,320 @@
+//! The public face of a node: start it, publish, subscribe, change its membership, read its
+//! counters, shut it down.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tidings_proto::{Delivery, Membership, Node, NodeId, TopicId};
+use tidings_sched::{Scheduler, ShutdownMode, TaskHandle, TaskStats};
+
+use crate::addr::AddressBook;
+use crate::clock;
+use crate::config::{ConfigError, RuntimeConfig};
+use crate::core::{Control, Core, CoreShared};
+use crate::publish::Publisher;
+use crate::stats::RuntimeStats;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The runtime configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The protocol configuration is invalid.
+    #[error("protocol {0}")]
+    Protocol(#[from] tidings_proto::ConfigError),
+    /// The address book has no address for this node (and no socket was given).
+    #[error("the address book has no address for node {0}")]
+    NoAddress(NodeId),
+    /// A socket could not be set up (bind, buffer sizes, multicast join...).
+    #[error("socket setup: {0}")]
+    Io(#[from] std::io::Error),
+    /// The delivery scheduler could not start.
+    #[error("delivery scheduler: {0}")]
+    Sched(#[from] tidings_sched::StartError),
+}
+
+/// Why a request to the core thread failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    /// The runtime has stopped.
+    #[error("the node runtime has stopped")]
+    Closed,
+    /// The core thread did not answer within `RuntimeConfig::request_timeout`.
+    #[error("the core thread did not answer in time")]
+    Timeout,
+    /// The share is not in `(0, 1]`.
+    #[error("share {0} is not in (0, 1]")]
+    Share(f64),
+    /// The request was refused (the message says why).
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// Why shutting down was not clean.
+#[derive(Debug, thiserror::Error)]
+pub enum ShutdownError {
+    /// The core thread panicked (a bug).
+    #[error("the core thread panicked")]
+    CorePanicked,
+    /// A delivery worker thread panicked (a bug in the scheduler; callback panics are caught).
+    #[error("delivery scheduler: {0}")]
+    Sched(#[from] tidings_sched::ShutdownError),
+}
+
+/// A running node: the core thread driving the protocol over real sockets, and the delivery
+/// scheduler's worker threads that run subscription callbacks.
+///
+/// ```no_run
+/// use std::collections::BTreeMap;
+/// use tidings_runtime::{AddressBook, NodeRuntime, RuntimeConfig};
+/// use tidings_proto::{Config, Membership, NodeId, TopicId};
+///
+/// let subs = BTreeMap::from([(NodeId(0), vec![]), (NodeId(1), vec![TopicId(7)])]);
+/// let membership = Membership::from_subscriptions(&subs, 5);
+/// let mut book = AddressBook::default();
+/// book.nodes.insert(NodeId(0), "127.0.0.1:7000".parse()?);
+/// book.nodes.insert(NodeId(1), "127.0.0.1:7001".parse()?);
+/// let node = NodeRuntime::start(RuntimeConfig::default(), Config::default(), NodeId(0),
+///     membership, book)?;
+/// let mut publisher = node.publisher();
+/// let handle = publisher.publish(TopicId(7), bytes::Bytes::from_static(b"hello"))?;
+/// publisher.wait_stable(handle, std::time::Duration::from_secs(5))?;
+/// node.shutdown()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct NodeRuntime {
+    me: NodeId,
+    shared: Arc<CoreShared>,
+    thread: Option<JoinHandle<RuntimeStats>>,
+    scheduler: Option<Scheduler<Delivery>>,
+    local_addr: SocketAddr,
+    max_payload: usize,
+    config: RuntimeConfig,
+    next_publisher: AtomicU64,
+}
+
+impl NodeRuntime {
+    /// Starts node `me`, binding its address from `addresses`.
+    pub fn start(
+        config: RuntimeConfig,
+        protocol: tidings_proto::Config,
+        me: NodeId,
+        membership: Membership,
+        addresses: AddressBook,
+    ) -> Result<NodeRuntime, StartError> {
+        let addr = *addresses.nodes.get(&me).ok_or(StartError::NoAddress(me))?;
+        let socket = std::net::UdpSocket::bind(addr)?;
+        NodeRuntime::start_with_socket(config, protocol, me, membership, addresses, socket)
+    }
+
+    /// Starts node `me` on an already bound unicast socket (for example bound to port 0, whose
+    /// address was then put in everyone's address book).
+    pub fn start_with_socket(
+        config: RuntimeConfig,
+        protocol: tidings_proto::Config,
+        me: NodeId,
+        membership: Membership,
+        addresses: AddressBook,
+        socket: std::net::UdpSocket,
+    ) -> Result<NodeRuntime, StartError> {
+        config.validate()?;
+        let local_addr = socket.local_addr()?;
+        let node = Node::new(protocol, me, membership.clone(), clock::now())?;
+        let max_payload = node.max_payload();
+        let (core, shared) = Core::new(node, config.clone(), &membership, addresses, socket)?;
+        let scheduler = Scheduler::new(config.sched.clone())?;
+        let thread = std::thread::Builder::new()
+            .name(config.thread_name.clone())
+            .spawn(move || core.run())?;
+        Ok(NodeRuntime {
+            me,
+            shared,
+            thread: Some(thread),
+            scheduler: Some(scheduler),
+            local_addr,
+            max_payload,
+            config,
+            next_publisher: AtomicU64::new(1),
+        })
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn id(&self) -> NodeId {
+        self.me
+    }
+
+    /// The address of the node's unicast socket.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Largest payload a message may have.
+    #[must_use]
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    /// A new publisher, for one application thread.
+    #[must_use]
+    pub fn publisher(&self) -> Publisher {
+        let id = self.next_publisher.fetch_add(1, Ordering::Relaxed);
+        let (publisher, shared) = Publisher::new(
+            id,
+            self.config.publish_queue_capacity,
+            Arc::clone(&self.shared),
+            self.max_payload,
+        );
+        self.shared.send(Control::AddPublisher(shared));
+        publisher
+    }
+
+    /// Runs `callback` for every message delivered on `topic`, in sender order, on a worker
+    /// thread of the delivery scheduler (never on the core thread), with `share` in `(0, 1]`
+    /// of the workers' time when topics compete. In force when this returns.
+    ///
+    /// The node must be in a region that carries `topic` (its membership says so) for messages
+    /// to arrive; this only routes them. When the subscription's queue is full the node stops
+    /// reading from the network until the callback catches up (which slows the senders).
+    pub fn subscribe<F>(
+        &self,
+        topic: TopicId,
+        share: f64,
+        mut callback: F,
+    ) -> Result<Subscription, RequestError>
+    where
+        F: FnMut(Delivery) + Send + 'static,
+    {
+        let scheduler = self.scheduler.as_ref().ok_or(RequestError::Closed)?;
+        let shared = Arc::clone(&self.shared);
+        let task = scheduler
+            .add_task(share, move |d: Delivery| {
+                callback(d);
+                shared.delivered();
+            })
+            .map_err(|e| RequestError::Share(e.share))?;
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.shared.send(Control::Subscribe {
+            topic,
+            task: task.clone(),
+            reply,
+        });
+        let subscription = Subscription {
+            topic,
+            task,
+            shared: Arc::clone(&self.shared),
+        };
+        self.wait(&answer)?;
+        Ok(subscription)
+    }
+
+    /// Installs a new membership (from the GMS), and a new address book if given. Multicast
+    /// groups are joined and left to match.
+    pub fn set_membership(
+        &self,
+        membership: Membership,
+        addresses: Option<AddressBook>,
+    ) -> Result<(), RequestError> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.shared.send(Control::SetMembership {
+            membership,
+            addresses,
+            reply,
+        });
+        self.wait(&answer)?.map_err(RequestError::Refused)
+    }
+
+    /// A copy of the counters (the runtime's and the protocol's).
+    pub fn stats(&self) -> Result<RuntimeStats, RequestError> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.shared.send(Control::Stats { reply });
+        self.wait(&answer)
+    }
+
+    fn wait<T>(&self, answer: &mpsc::Receiver<T>) -> Result<T, RequestError> {
+        if !self.shared.is_running() {
+            return Err(RequestError::Closed);
+        }
+        match answer.recv_timeout(self.config.request_timeout) {
+            Ok(v) => Ok(v),
+            Err(RecvTimeoutError::Timeout) => Err(RequestError::Timeout),
+            Err(RecvTimeoutError::Disconnected) => Err(RequestError::Closed),
+        }
+    }
+
+    /// Stops the core thread, then runs every delivery already handed to subscriptions and
+    /// stops the workers; returns the final counters.
+    pub fn shutdown(mut self) -> Result<RuntimeStats, ShutdownError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<RuntimeStats, ShutdownError> {
+        let mut stats = RuntimeStats::default();
+        if let Some(thread) = self.thread.take() {
+            self.shared.send(Control::Shutdown);
+            stats = thread.join().map_err(|_| ShutdownError::CorePanicked)?;
+        }
+        if let Some(scheduler) = self.scheduler.take() {
+            // The core thread has stopped, so nothing pushes any more: draining is bounded.
+            scheduler.shutdown(ShutdownMode::Drain)?;
+        }
+        Ok(stats)
+    }
+}
+
+impl Drop for NodeRuntime {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// A subscription to one topic; dropping it (or [`unsubscribe`](Subscription::unsubscribe))
+/// stops deliveries.
+#[derive(Debug)]
+pub struct Subscription {
+    topic: TopicId,
+    task: TaskHandle<Delivery>,
+    shared: Arc<CoreShared>,
+}
+
+impl Subscription {
+    /// The topic.
+    #[must_use]
+    pub fn topic(&self) -> TopicId {
+        self.topic
+    }
+
+    /// The delivery task's counters (events run, time spent, queue length).
+    #[must_use]
+    pub fn stats(&self) -> TaskStats {
+        self.task.stats()
+    }
+
+    /// Changes the share of the workers' time this subscription gets when topics compete.
+    pub fn set_share(&self, share: f64) -> Result<(), RequestError> {
+        self.task
+            .set_share(share)
+            .map_err(|e| RequestError::Share(e.share))
+    }
+
+    /// Stops deliveries (those already queued are dropped).
+    pub fn unsubscribe(self) {}
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.task.remove();
+        if self.shared.is_running() {
+            self.shared.send(Control::Unsubscribe {
+                topic: self.topic,
+                task: self.task.id(),
+            });
+        }
+    }
+}

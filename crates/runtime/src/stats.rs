@@ -1,0 +1,154 @@
+//! Counters of the core thread (STYLE.md item 11), in the spirit of Aeron's system counters.
+
+use std::time::Duration;
+
+/// Buckets of the per-second maxima histograms: bucket `i` counts seconds whose maximum was in
+/// `[2^i, 2^(i+1))` microseconds (bucket 0 also takes maxima under 1 µs); the last bucket takes
+/// everything from about 8.4 s up.
+pub const HISTOGRAM_BUCKETS: usize = 24;
+
+/// The maximum of a quantity in each one-second interval, as paper 000 plots alarm delays
+/// (Figures 34-35): the largest ever, the last complete second's, and a log2 histogram of all
+/// the seconds' maxima.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MaxPerSecond {
+    /// Largest value ever seen, in microseconds.
+    pub max_us: u64,
+    /// Largest value in the last complete one-second interval, in microseconds.
+    pub last_second_max_us: u64,
+    /// Completed one-second intervals in which at least one value was seen.
+    pub seconds: u64,
+    /// Counts of per-second maxima by magnitude (see [`HISTOGRAM_BUCKETS`]).
+    pub histogram_log2_us: [u64; HISTOGRAM_BUCKETS],
+    /// Largest value in the current (incomplete) interval.
+    current_max_us: u64,
+    /// Whether the current interval has seen a value.
+    current_seen: bool,
+}
+
+impl MaxPerSecond {
+    /// Records one value.
+    pub(crate) fn record(&mut self, value: Duration) {
+        let us = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
+        self.max_us = self.max_us.max(us);
+        self.current_max_us = self.current_max_us.max(us);
+        self.current_seen = true;
+    }
+
+    /// Closes the current one-second interval.
+    pub(crate) fn roll(&mut self) {
+        if !self.current_seen {
+            self.last_second_max_us = 0;
+            return;
+        }
+        let us = self.current_max_us;
+        let bucket = (u64::BITS - us.max(1).leading_zeros() - 1) as usize;
+        self.histogram_log2_us[bucket.min(HISTOGRAM_BUCKETS - 1)] += 1;
+        self.last_second_max_us = us;
+        self.seconds += 1;
+        self.current_max_us = 0;
+        self.current_seen = false;
+    }
+
+    /// The lower edge of histogram bucket `i`, in microseconds (for printing).
+    #[must_use]
+    pub fn bucket_floor_us(i: usize) -> u64 {
+        if i == 0 {
+            0
+        } else {
+            1u64 << i.min(63)
+        }
+    }
+}
+
+/// The counters of one node's runtime. Monotonic unless the name says otherwise.
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeStats {
+    /// Rounds of the core loop (one wait in the kernel, or none, plus the work that followed).
+    pub cycles: u64,
+    /// Time from the end of a wait in the kernel to the start of the next, per cycle: how long
+    /// the core thread is deaf to new events.
+    pub cycle_time: MaxPerSecond,
+    /// How late protocol alarms fired after their deadline (paper 000 Figures 34-35).
+    pub alarm_lateness: MaxPerSecond,
+    /// Protocol alarms fired (`handle_timeout` calls).
+    pub alarms_fired: u64,
+    /// I/O phases cut short by the I/O quantum (work was left).
+    pub io_quantum_expired: u64,
+    /// Alarm phases cut short by the alarm quantum.
+    pub alarm_quantum_expired: u64,
+    /// Times the core thread slept in the kernel with nothing to do.
+    pub sleeps: u64,
+
+    /// Receive system calls (each returns up to a batch of datagrams).
+    pub recv_calls: u64,
+    /// Datagrams received (after splitting coalesced GRO buffers).
+    pub datagrams_received: u64,
+    /// Bytes received.
+    pub bytes_received: u64,
+    /// Received datagrams dropped on purpose (`RuntimeConfig::receive_loss`).
+    pub injected_drops: u64,
+    /// Received datagrams that are not tidings packets (wrong magic, version or kind), dropped
+    /// before the protocol sees them.
+    pub invalid_packets: u64,
+    /// Received datagrams processed per priority class: control, recovery, data.
+    pub received_by_priority: [u64; 3],
+    /// Receive errors other than "would block".
+    pub recv_errors: u64,
+
+    /// Send system calls.
+    pub send_calls: u64,
+    /// Datagrams sent (each copy of a fan-out counts).
+    pub datagrams_sent: u64,
+    /// Bytes sent.
+    pub bytes_sent: u64,
+    /// Send calls that found the socket buffer full ("would block"); the rest of the batch
+    /// waited for the socket to become writable.
+    pub short_sends: u64,
+    /// Datagrams that could not be sent (an error other than "would block"), dropped; the
+    /// protocol recovers them like losses.
+    pub send_errors: u64,
+    /// Datagrams for a node or region without a known address, dropped.
+    pub unroutable: u64,
+
+    /// Publish requests taken from application threads.
+    pub publishes: u64,
+    /// Times a publisher's queue was held because the protocol refused more (back pressure).
+    pub publish_stalls: u64,
+    /// Times a publisher's queue was held because congestion control's publish rate did not
+    /// admit the next message yet.
+    pub publish_rate_limited: u64,
+    /// Publish requests the protocol refused although `can_publish` had admitted them (a bug
+    /// if ever non-zero); the message is lost and its publisher's stability stops advancing.
+    pub publish_refused: u64,
+    /// Publish requests waiting in publisher queues (or held by back pressure), now.
+    pub publish_queued_current: u64,
+    /// Publishers whose next request is held by back pressure, now.
+    pub publishers_stalled_current: u64,
+    /// Messages delivered to subscription tasks.
+    pub deliveries: u64,
+    /// Deliveries for topics no subscription of this process listens to, dropped.
+    pub deliveries_unsubscribed: u64,
+    /// Times reading from the sockets paused because a subscription's queue was full (the
+    /// slow-subscriber policy: the node stops taking input, so its acknowledgements stop and
+    /// the senders are slowed).
+    pub delivery_stalls: u64,
+    /// Publishes reported stable to their publishers.
+    pub stable: u64,
+    /// Protocol events other than deliveries and stability (token rounds, suspicions).
+    pub other_events: u64,
+
+    /// Kernel receive buffer granted for the unicast socket, in bytes.
+    pub socket_recv_buffer_bytes: usize,
+    /// Kernel send buffer granted for the unicast socket, in bytes.
+    pub socket_send_buffer_bytes: usize,
+    /// Most datagrams per GSO send the kernel accepts (1 without GSO).
+    pub gso_segments_max: usize,
+    /// Most datagrams the kernel coalesces per received buffer (1 without GRO).
+    pub gro_segments: usize,
+    /// Multicast groups joined now.
+    pub groups_joined: usize,
+
+    /// The protocol's own counters.
+    pub proto: tidings_proto::Stats,
+}

@@ -1,0 +1,391 @@
+//! Runtime behaviour beyond the happy path: back pressure from a slow subscriber, tiny socket
+//! buffers, invalid datagrams, membership changes (multicast groups joined at run time),
+//! shutdown, and the per-second counters.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{payload, random_group};
+use tidings_proto::{Config, Membership, NodeId, TopicId, ViewId};
+use tidings_runtime::{
+    AddressBook, MulticastConfig, NodeRuntime, PublishError, RuntimeConfig, Transport,
+};
+use tidings_sched::SchedConfig;
+
+struct Nodes {
+    nodes: Vec<NodeRuntime>,
+    book: AddressBook,
+}
+
+/// Starts `n` nodes with one configuration each, all bound to loopback ports.
+fn start(
+    n: u32,
+    membership: &Membership,
+    configs: impl Fn(u32) -> RuntimeConfig,
+    groups: bool,
+) -> Nodes {
+    let sockets: Vec<UdpSocket> = (0..n)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut book = AddressBook::default();
+    for (i, s) in sockets.iter().enumerate() {
+        book.nodes.insert(NodeId(i as u32), s.local_addr().unwrap());
+    }
+    if groups {
+        let mut rng = fastrand::Rng::with_seed(u64::from(std::process::id()));
+        for &region in membership.regions.keys() {
+            book.groups.insert(region, random_group(&mut rng));
+        }
+    }
+    let nodes = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            NodeRuntime::start_with_socket(
+                configs(i as u32),
+                Config::default(),
+                NodeId(i as u32),
+                membership.clone(),
+                book.clone(),
+                s,
+            )
+            .unwrap()
+        })
+        .collect();
+    Nodes { nodes, book }
+}
+
+fn membership(subs: &[(u32, &[u32])]) -> Membership {
+    let map: BTreeMap<NodeId, Vec<TopicId>> = subs
+        .iter()
+        .map(|(n, t)| (NodeId(*n), t.iter().map(|&t| TopicId(t)).collect()))
+        .collect();
+    Membership::from_subscriptions(&map, 5)
+}
+
+fn index_of(d: &tidings_proto::Delivery) -> u64 {
+    u64::from_be_bytes(d.payload[4..12].try_into().unwrap())
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = tidings_runtime::now() + timeout;
+    while tidings_runtime::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    f()
+}
+
+#[test]
+fn slow_subscriber_slows_the_publisher_and_loses_nothing() {
+    let m = membership(&[(0, &[]), (1, &[1])]);
+    let nodes = start(
+        2,
+        &m,
+        |_| RuntimeConfig {
+            publish_queue_capacity: 16,
+            sched: SchedConfig {
+                worker_threads: 1,
+                task_queue_capacity: 8,
+                ..SchedConfig::default()
+            },
+            ..RuntimeConfig::default()
+        },
+        false,
+    );
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = Arc::clone(&got);
+    let _sub = nodes.nodes[1]
+        .subscribe(TopicId(1), 1.0, move |d| {
+            std::thread::sleep(Duration::from_micros(100));
+            g.lock().unwrap().push(index_of(&d));
+        })
+        .unwrap();
+    let mut publisher = nodes.nodes[0].publisher();
+    let total = 3000u64;
+    let mut would_block = 0;
+    let mut i = 0;
+    let deadline = tidings_runtime::now() + Duration::from_secs(30);
+    while i < total {
+        assert!(tidings_runtime::now() < deadline, "publishing stalled");
+        match publisher.try_publish(TopicId(1), payload(TopicId(1), i, 64)) {
+            Ok(_) => i += 1,
+            Err(PublishError::WouldBlock(_)) => {
+                would_block += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(would_block > 0, "the publisher never felt back pressure");
+    assert!(wait_until(Duration::from_secs(30), || got
+        .lock()
+        .unwrap()
+        .len()
+        == total as usize));
+    assert_eq!(*got.lock().unwrap(), (0..total).collect::<Vec<_>>());
+    let stats = nodes.nodes[1].stats().unwrap();
+    assert!(
+        stats.delivery_stalls > 0,
+        "the subscriber's queue never filled: {stats:?}"
+    );
+    for n in nodes.nodes {
+        n.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn tiny_socket_buffers_lose_packets_but_not_messages() {
+    let m = membership(&[(0, &[]), (1, &[1]), (2, &[1])]);
+    let nodes = start(
+        3,
+        &m,
+        |_| RuntimeConfig {
+            socket_recv_buffer_bytes: 16 * 1024,
+            socket_send_buffer_bytes: 16 * 1024,
+            send_batch_datagrams_max: 4,
+            recv_batch_datagrams_max: 8,
+            ..RuntimeConfig::default()
+        },
+        false,
+    );
+    let counts: Vec<Arc<Mutex<Vec<u64>>>> = (0..2).map(|_| Arc::default()).collect();
+    let subs: Vec<_> = (1..3)
+        .map(|i| {
+            let log = Arc::clone(&counts[i - 1]);
+            nodes.nodes[i]
+                .subscribe(TopicId(1), 1.0, move |d| {
+                    log.lock().unwrap().push(index_of(&d))
+                })
+                .unwrap()
+        })
+        .collect();
+    let mut publisher = nodes.nodes[0].publisher();
+    let total = 20_000u64;
+    let mut last = None;
+    for i in 0..total {
+        last = Some(
+            publisher
+                .publish_timeout(
+                    TopicId(1),
+                    payload(TopicId(1), i, 500),
+                    Some(Duration::from_secs(30)),
+                )
+                .unwrap(),
+        );
+    }
+    if let Err(e) = publisher.wait_stable(last.unwrap(), Duration::from_secs(60)) {
+        for (i, n) in nodes.nodes.iter().enumerate() {
+            eprintln!("node {i}: {:#?}", n.stats().unwrap());
+        }
+        for log in &counts {
+            eprintln!("delivered {}", log.lock().unwrap().len());
+        }
+        panic!(
+            "not stable: {e}; stable {} of {total}",
+            publisher.stable_count()
+        );
+    }
+    for log in &counts {
+        assert!(wait_until(Duration::from_secs(10), || log
+            .lock()
+            .unwrap()
+            .len()
+            == total as usize));
+        assert_eq!(*log.lock().unwrap(), (0..total).collect::<Vec<_>>());
+    }
+    let s = nodes.nodes[0].stats().unwrap();
+    assert!(s.socket_send_buffer_bytes < 64 * 1024, "{s:?}");
+    drop(subs);
+    for n in nodes.nodes {
+        n.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn invalid_datagrams_are_counted_and_dropped() {
+    let m = membership(&[(0, &[]), (1, &[1])]);
+    let nodes = start(2, &m, |_| RuntimeConfig::default(), false);
+    let target = nodes.nodes[1].local_addr();
+    let junk = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for len in [0usize, 1, 15, 16, 100, 1500] {
+        junk.send_to(&vec![0xee; len], target).unwrap();
+    }
+    // A valid-looking header with garbage after it: the protocol counts it as malformed.
+    let mut forged = vec![0u8; 40];
+    forged[0..2].copy_from_slice(&tidings_wire::MAGIC.to_be_bytes());
+    forged[2] = tidings_wire::VERSION;
+    forged[3] = 1; // data
+    junk.send_to(&forged, target).unwrap();
+    assert!(wait_until(Duration::from_secs(5), || {
+        let s = nodes.nodes[1].stats().unwrap();
+        s.invalid_packets == 6 && s.proto.datagrams_received >= 1
+    }));
+    let s = nodes.nodes[1].stats().unwrap();
+    assert_eq!(s.proto.malformed_dropped + s.proto.foreign_dropped, 1);
+    // Still works afterwards.
+    let got = Arc::new(AtomicU64::new(0));
+    let g = Arc::clone(&got);
+    let _sub = nodes.nodes[1]
+        .subscribe(TopicId(1), 1.0, move |_| {
+            g.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap();
+    let mut p = nodes.nodes[0].publisher();
+    let h = p
+        .publish(TopicId(1), Bytes::from_static(b"0123456789abcdef"))
+        .unwrap();
+    p.wait_stable(h, Duration::from_secs(10)).unwrap();
+    assert!(wait_until(Duration::from_secs(5), || got
+        .load(Ordering::Relaxed)
+        == 1));
+    for n in nodes.nodes {
+        n.shutdown().unwrap();
+    }
+}
+
+/// Node 3 starts in no region and joins the region of topic 1 by a membership change (a new
+/// view); over multicast it must join the region's group at run time.
+fn membership_change(multicast: bool) {
+    let before = membership(&[(0, &[]), (1, &[1]), (2, &[1]), (3, &[])]);
+    let transport = if multicast {
+        Transport::Multicast(MulticastConfig::default())
+    } else {
+        Transport::Unicast
+    };
+    let nodes = start(
+        4,
+        &before,
+        |_| RuntimeConfig {
+            transport: transport.clone(),
+            ..RuntimeConfig::default()
+        },
+        multicast,
+    );
+    let logs: Vec<Arc<Mutex<Vec<u64>>>> = (0..4).map(|_| Arc::default()).collect();
+    let subs: Vec<_> = (1..4)
+        .map(|i| {
+            let log = Arc::clone(&logs[i]);
+            nodes.nodes[i]
+                .subscribe(TopicId(1), 1.0, move |d| {
+                    log.lock().unwrap().push(index_of(&d))
+                })
+                .unwrap()
+        })
+        .collect();
+    let mut publisher = nodes.nodes[0].publisher();
+    let mut publish = |range: std::ops::Range<u64>| {
+        let mut last = None;
+        for i in range {
+            last = Some(
+                publisher
+                    .publish_timeout(
+                        TopicId(1),
+                        payload(TopicId(1), i, 100),
+                        Some(Duration::from_secs(30)),
+                    )
+                    .unwrap(),
+            );
+        }
+        publisher
+            .wait_stable(last.unwrap(), Duration::from_secs(30))
+            .unwrap();
+    };
+    publish(0..2000);
+    let mut after = membership(&[(0, &[]), (1, &[1]), (2, &[1]), (3, &[1])]);
+    for view in after.regions.values_mut() {
+        view.view = ViewId(2);
+    }
+    // The region keeps its id (and so its group); the book is unchanged.
+    assert_eq!(
+        after.regions.keys().collect::<Vec<_>>(),
+        before.regions.keys().collect::<Vec<_>>()
+    );
+    for n in &nodes.nodes {
+        n.set_membership(after.clone(), Some(nodes.book.clone()))
+            .unwrap();
+    }
+    if multicast {
+        assert_eq!(nodes.nodes[3].stats().unwrap().groups_joined, 1);
+    }
+    publish(2000..4000);
+    for (i, log) in logs.iter().enumerate().skip(1) {
+        let want_from = if i == 3 { 2000 } else { 0 };
+        assert!(
+            wait_until(Duration::from_secs(10), || log
+                .lock()
+                .unwrap()
+                .last()
+                .is_some_and(|&l| l == 3999)),
+            "node {i} did not get the last message"
+        );
+        let got = log.lock().unwrap().clone();
+        assert!(
+            got.windows(2).all(|w| w[0] < w[1]),
+            "node {i}: order or duplicates"
+        );
+        assert!(
+            (want_from..4000).all(|m| got.binary_search(&m).is_ok()),
+            "node {i}: missing messages"
+        );
+    }
+    drop(subs);
+    for n in nodes.nodes {
+        n.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn membership_change_unicast() {
+    membership_change(false);
+}
+
+#[test]
+fn membership_change_multicast_joins_the_group() {
+    membership_change(true);
+}
+
+#[test]
+fn shutdown_refuses_publishers_and_counters_tick_every_second() {
+    let m = membership(&[(0, &[]), (1, &[1]), (2, &[1])]);
+    let nodes = start(3, &m, |_| RuntimeConfig::default(), false);
+    let mut publisher = nodes.nodes[0].publisher();
+    let mut last = None;
+    for i in 0..100 {
+        last = Some(
+            publisher
+                .publish(TopicId(1), payload(TopicId(1), i, 64))
+                .unwrap(),
+        );
+    }
+    publisher
+        .wait_stable(last.unwrap(), Duration::from_secs(10))
+        .unwrap();
+    // Let the statistics tick close at least one second.
+    std::thread::sleep(Duration::from_millis(1200));
+    let s = nodes.nodes[1].stats().unwrap();
+    assert!(s.cycle_time.seconds >= 1, "{:?}", s.cycle_time);
+    assert!(s.alarm_lateness.seconds >= 1, "{:?}", s.alarm_lateness);
+    assert!(s.alarms_fired > 0 && s.sleeps > 0);
+    let mut it = nodes.nodes.into_iter();
+    let sender = it.next().unwrap();
+    let final_stats = sender.shutdown().unwrap();
+    assert_eq!(final_stats.publishes, 100);
+    assert!(matches!(
+        publisher.try_publish(TopicId(1), Bytes::from_static(b"late")),
+        Err(PublishError::Closed)
+    ));
+    for n in it {
+        n.shutdown().unwrap();
+    }
+}
