@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use tidings_proto::Config;
 use tidings_sim::fault::FaultSpec;
-use tidings_sim::{Progress, Scenario};
+use tidings_sim::{MembershipKind, Progress, Scenario};
 
 /// tidings: reliable multicast and publish-subscribe for many topics.
 #[derive(Parser, Debug)]
@@ -206,6 +206,10 @@ struct ScenarioArgs {
     /// How long a crash goes unnoticed by the membership, milliseconds.
     #[arg(long, default_value_t = 300)]
     detection_ms: u64,
+    /// Run the real membership service (GMS) on an extra simulated node, with a client in every
+    /// node, instead of the oracle that installs every view everywhere at once.
+    #[arg(long)]
+    gms: bool,
 }
 
 fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
@@ -238,6 +242,11 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         churn_events: Vec::new(),
         crash_leaders: a.crash_leaders,
         detection: Duration::from_millis(a.detection_ms),
+        membership: if a.gms {
+            MembershipKind::Gms
+        } else {
+            MembershipKind::Oracle
+        },
     }
 }
 

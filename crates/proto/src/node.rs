@@ -521,6 +521,9 @@ impl Node {
             }
         }
         let pause_until = now + self.config.view_change_pause;
+        // Streams created here, for regions new to this node: they take every re-homed message of
+        // their topics, like the streams of changed regions.
+        let mut created: Vec<RegionId> = Vec::new();
         for (msg_id, m) in orphans {
             let regions = membership
                 .topic_regions
@@ -535,7 +538,7 @@ impl Node {
                         pending += 1;
                         continue;
                     }
-                    if !changed.contains(&region) {
+                    if !changed.contains(&region) && !created.contains(&region) {
                         // An unchanged region that already acknowledged it.
                         continue;
                     }
@@ -543,6 +546,9 @@ impl Node {
                 let Some(view) = membership.regions.get(&region).map(|v| v.view) else {
                     continue;
                 };
+                if !self.outbound.contains_key(&region) {
+                    created.push(region);
+                }
                 let stream = self.outbound.entry(region).or_insert_with(|| {
                     let mut s = OutboundStream::new(view, now);
                     s.paused_until = pause_until;

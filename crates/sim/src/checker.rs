@@ -55,6 +55,9 @@ fn payload_ok(d: &Delivery, expected_len: usize) -> bool {
 
 #[derive(Debug, Default)]
 struct SenderLog {
+    /// Per message, the index of the sender's view snapshot in force when it was published
+    /// (asynchronous membership only; empty otherwise).
+    epochs: Vec<u32>,
     topics: Vec<TopicId>,
     lens: Vec<u32>,
     published_at: Vec<Time>,
@@ -102,6 +105,16 @@ struct PendingPause {
 /// end (or, for the stability check, until the message became stable); it may deliver a message
 /// of any topic it subscribes to at the time of delivery; from each sender it delivers in
 /// increasing message id order, each at most once.
+///
+/// With asynchronous views ([`asynchronous`](Ledger::asynchronous), the GMS), "subscribed" has
+/// three clocks: the GMS's (when it applied the change: [`set_subscriptions`](Ledger::set_subscriptions)),
+/// the receiver's (when its own membership put it in a region of the topic:
+/// [`local_topics`](Ledger::local_topics)) and the sender's (its membership at publish time:
+/// [`sender_view`](Ledger::sender_view), kept as one snapshot per change of the sender's
+/// membership and an index per message). A receiver must deliver a message if it was a member of a
+/// region the sender's membership mapped the topic to when it published, and the GMS kept it
+/// subscribed to the topic without a break from before the publish to the end (or to the
+/// stability report); it may deliver a topic only while its own membership says it subscribes.
 #[derive(Debug)]
 pub struct Ledger {
     /// Per node, its topics and since when it subscribes to each (`None`: from the start).
@@ -115,6 +128,13 @@ pub struct Ledger {
     violation_count: u64,
     deliveries: u64,
     pause: Option<PendingPause>,
+    /// Asynchronous membership (the GMS): per node, the topics of the regions it is a member of in
+    /// the membership it holds now (what it may deliver). `None`: memberships are installed
+    /// everywhere at once and `since` says what a node may deliver.
+    local: Option<Vec<BTreeSet<TopicId>>>,
+    /// Asynchronous membership: per sender, its view snapshots (per topic, the sorted members of
+    /// the regions its membership mapped the topic to); the last is in force.
+    sender_views: BTreeMap<NodeId, Vec<BTreeMap<TopicId, Vec<NodeId>>>>,
     /// Publish to stable, microseconds.
     pub time_to_stable_us: Histogram<u64>,
     /// Publish to delivery at each receiver, microseconds.
@@ -151,6 +171,8 @@ impl Ledger {
             violation_count: 0,
             deliveries: 0,
             pause: None,
+            local: None,
+            sender_views: BTreeMap::new(),
             time_to_stable_us: histogram(),
             latency_us: histogram(),
             token_rtt_us: histogram(),
@@ -173,16 +195,70 @@ impl Ledger {
         }
     }
 
-    /// Whether `node` must deliver a message on `topic` published at `at`.
-    fn required(&self, node: NodeId, topic: TopicId, at: Time) -> bool {
-        self.alive[node.0 as usize]
-            && self.since[node.0 as usize]
-                .get(&topic)
-                .is_some_and(|s| s.is_none_or(|s| s < at))
+    /// Whether `node` must deliver message `idx` (0-based) of `origin`, on `topic` published at
+    /// `at`.
+    ///
+    /// Synchronous membership (the oracle): `node` subscribed to `topic` before `at` and still
+    /// does. Asynchronous membership (the GMS): `node` was a member of a region that the
+    /// sender's own membership mapped `topic` to when it published, and the GMS has kept `node`
+    /// subscribed to `topic` without a break from before `at` until now.
+    fn required(&self, node: NodeId, origin: NodeId, idx: usize, topic: TopicId, at: Time) -> bool {
+        if !self.alive[node.0 as usize] {
+            return false;
+        }
+        let since = self.since[node.0 as usize].get(&topic);
+        if self.local.is_none() {
+            return since.is_some_and(|s| s.is_none_or(|s| s < at));
+        }
+        let in_snapshot = self
+            .senders
+            .get(&origin)
+            .and_then(|log| log.epochs.get(idx))
+            .and_then(|&e| self.sender_views.get(&origin)?.get(e as usize))
+            .and_then(|v| v.get(&topic))
+            .is_some_and(|members| members.binary_search(&node).is_ok());
+        in_snapshot && since.is_some_and(|s| s.is_none_or(|s| s <= at))
     }
 
-    /// From `now` on, `node` subscribes to exactly `topics` (the membership that says so was just
-    /// installed everywhere).
+    /// Switches to asynchronous membership (the GMS): each node may deliver what its own
+    /// membership says ([`local_topics`](Self::local_topics)), and what a receiver must deliver
+    /// depends on the sender's membership at publish time ([`sender_view`](Self::sender_view)).
+    /// [`set_subscriptions`](Self::set_subscriptions) then follows the GMS's own state, as it
+    /// applies each change.
+    pub fn asynchronous(&mut self) {
+        let n = self.since.len();
+        self.local.get_or_insert_with(|| vec![BTreeSet::new(); n]);
+    }
+
+    /// Asynchronous membership: `node` now holds a membership in which it is a member of regions
+    /// carrying exactly `topics`.
+    pub fn local_topics(&mut self, node: NodeId, topics: BTreeSet<TopicId>) {
+        if let Some(slot) = self.local.as_mut().and_then(|l| l.get_mut(node.0 as usize)) {
+            *slot = topics;
+        }
+    }
+
+    /// Asynchronous membership: from now on, `sender` publishes with this membership: per topic,
+    /// the members of the regions it maps the topic to.
+    pub fn sender_view(&mut self, sender: NodeId, view: BTreeMap<TopicId, Vec<NodeId>>) {
+        let views = self.sender_views.entry(sender).or_default();
+        let mut view = view;
+        for members in view.values_mut() {
+            members.sort_unstable();
+            members.dedup();
+        }
+        if views.last() != Some(&view) {
+            views.push(view);
+        }
+    }
+
+    /// Records a violation found outside the ledger (by the simulation's membership glue).
+    pub fn external_violation(&mut self, text: String) {
+        self.violation(text);
+    }
+
+    /// From `now` on, `node` subscribes to exactly `topics`: the membership that says so was just
+    /// installed everywhere (oracle), or the GMS just applied the change (asynchronous).
     pub fn set_subscriptions(&mut self, node: NodeId, topics: &[TopicId], now: Time) {
         let i = node.0 as usize;
         let old: Vec<TopicId> = self.since[i].keys().copied().collect();
@@ -248,8 +324,17 @@ impl Ledger {
         len: usize,
         now: Time,
     ) {
+        let epoch = self
+            .sender_views
+            .get(&origin)
+            .map(|v| u32::try_from(v.len().saturating_sub(1)).unwrap_or(u32::MAX));
+        let asynchronous = self.local.is_some();
         let log = self.senders.entry(origin).or_default();
         let expected = log.topics.len() as u64 + 1;
+        if asynchronous {
+            // No snapshot yet: nothing can be required of anyone.
+            log.epochs.push(epoch.unwrap_or(u32::MAX));
+        }
         log.topics.push(topic);
         log.lens.push(u32::try_from(len).unwrap_or(u32::MAX));
         log.published_at.push(now);
@@ -290,7 +375,11 @@ impl Ledger {
                 d.origin, d.msg_id.0
             ));
         }
-        if !self.since[receiver.0 as usize].contains_key(&d.topic) {
+        let may = match &self.local {
+            Some(local) => local[receiver.0 as usize].contains(&d.topic),
+            None => self.since[receiver.0 as usize].contains_key(&d.topic),
+        };
+        if !may {
             self.violation(format!(
                 "{receiver} got {}#{} on topic {} it does not subscribe to",
                 d.origin, d.msg_id.0, d.topic
@@ -356,14 +445,21 @@ impl Ledger {
             let done = self.delivered[r.0 as usize]
                 .get(&origin)
                 .is_some_and(|d| d.get(msg_id.0));
-            if !done && self.required(r, topic, at) {
+            if !done && self.required(r, origin, idx, topic, at) {
                 missing.push(r);
             }
         }
-        if let Some(r) = missing.first() {
+        if let Some(&r) = missing.first() {
+            let ms = |t: Time| t.as_nanos() as f64 / 1e6;
+            let since = match self.since[r.0 as usize].get(&topic) {
+                Some(Some(s)) => format!("{:.1} ms", ms(*s)),
+                _ => "the start".into(),
+            };
             self.violation(format!(
-                "{origin}#{} reported stable but {} subscriber(s) had not delivered it (first: {r})",
+                "{origin}#{} ({topic}, published at {:.1} ms) reported stable at {:.1} ms but {} subscriber(s) had not delivered it (first: {r}, subscribed since {since})",
                 msg_id.0,
+                ms(at),
+                ms(now),
                 missing.len()
             ));
         }
@@ -421,7 +517,7 @@ impl Ledger {
                     let done = self.delivered[r.0 as usize]
                         .get(&s)
                         .is_some_and(|d| d.get(idx as u64 + 1));
-                    if !done && self.required(r, topic, at) {
+                    if !done && self.required(r, s, idx, topic, at) {
                         let e = undelivered.entry(r).or_insert((0, idx + 1));
                         e.0 += 1;
                     }
@@ -524,5 +620,59 @@ mod tests {
         l.published(NodeId(0), MsgId(3), TopicId(1), 40, ms(8));
         l.delivered(NodeId(1), &delivery(0, 3, 1), ms(9));
         assert_eq!(l.violations().1, 1);
+    }
+
+    #[test]
+    fn asynchronous_membership_requires_what_the_sender_saw() {
+        let ms = |m| Time::ZERO + Duration::from_millis(m);
+        let t1 = TopicId(1);
+        let mut l = Ledger::new(&[vec![], vec![t1], vec![t1], vec![]]);
+        l.asynchronous();
+        for n in 1..=2 {
+            l.local_topics(NodeId(n), [t1].into());
+        }
+        // The sender's view: only nodes 1 and 2 on topic 1.
+        l.sender_view(NodeId(0), [(t1, vec![NodeId(2), NodeId(1)])].into());
+        // Node 3 subscribes (the GMS applied it) but the sender does not know yet.
+        l.set_subscriptions(NodeId(3), &[t1], ms(1));
+        l.published(NodeId(0), MsgId(1), t1, 40, ms(2));
+        // Node 3 may not deliver before its own membership says so.
+        l.delivered(NodeId(3), &delivery(0, 1, 1), ms(3));
+        assert_eq!(l.violations().1, 1);
+        l.local_topics(NodeId(3), [t1].into());
+        l.sender_view(
+            NodeId(0),
+            [(t1, vec![NodeId(1), NodeId(2), NodeId(3)])].into(),
+        );
+        l.published(NodeId(0), MsgId(2), t1, 40, ms(4));
+        for n in 1..=2 {
+            l.delivered(NodeId(n), &delivery(0, 1, 1), ms(5));
+        }
+        l.stable(NodeId(0), MsgId(1), ms(5));
+        assert_eq!(l.violations().1, 1, "{:?}", l.violations().0);
+        // Message 2 is required at node 3 (in the sender's view, subscribed since before).
+        l.delivered(NodeId(1), &delivery(0, 2, 1), ms(6));
+        l.delivered(NodeId(2), &delivery(0, 2, 1), ms(6));
+        l.stable(NodeId(0), MsgId(2), ms(6));
+        assert_eq!(l.violations().1, 2, "{:?}", l.violations().0);
+        l.finish(ms(7));
+        assert_eq!(l.violations().1, 3, "{:?}", l.violations().0);
+    }
+
+    #[test]
+    fn asynchronous_membership_forgives_a_broken_subscription() {
+        let ms = |m| Time::ZERO + Duration::from_millis(m);
+        let t1 = TopicId(1);
+        let mut l = Ledger::new(&[vec![], vec![t1]]);
+        l.asynchronous();
+        l.local_topics(NodeId(1), [t1].into());
+        l.sender_view(NodeId(0), [(t1, vec![NodeId(1)])].into());
+        l.published(NodeId(0), MsgId(1), t1, 40, ms(1));
+        // Node 1 leaves and comes back: message 1 is no longer owed to it.
+        l.set_subscriptions(NodeId(1), &[], ms(2));
+        l.set_subscriptions(NodeId(1), &[t1], ms(3));
+        l.stable(NodeId(0), MsgId(1), ms(4));
+        l.finish(ms(5));
+        assert_eq!(l.violations().1, 0, "{:?}", l.violations().0);
     }
 }

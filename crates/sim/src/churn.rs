@@ -1,8 +1,8 @@
 //! Membership changes during a run: crashes, leaves, joins and subscription changes, and the
 //! membership each change produces.
 //!
-//! Until the GMS crate drives simulated nodes, [`MembershipOracle`] plays its part in the
-//! simulator: it keeps every live node's subscriptions, forms regions of identical subscription
+//! [`MembershipOracle`] is the default membership of a run (the real GMS is
+//! [`MembershipKind::Gms`](crate::gms::MembershipKind), see [`crate::gms`]): it keeps every live node's subscriptions, forms regions of identical subscription
 //! sets (keeping a region's id for as long as its topic set exists), bumps a region's view whenever
 //! its members change, and the scenario installs the result on every live node at once; a crash is
 //! noticed after a configurable detection delay (the heartbeat timeout of a GMS).

@@ -8,10 +8,12 @@ pub mod world;
 
 pub mod checker;
 pub mod churn;
+pub mod gms;
 pub mod report;
 pub mod scenario;
 pub mod sweep;
 
+pub use gms::MembershipKind;
 pub use report::RunReport;
 pub use scenario::{run, Progress, Scenario, ScenarioError};
 pub use sweep::{sweep, SweepRun};

@@ -126,10 +126,16 @@ pub struct RunReport {
     pub recovery: Recovery,
     /// Datagrams the network lost, by cause, all nodes.
     pub network_drops: DropCounts,
-    /// Memberships installed during the run (view changes).
+    /// Memberships installed during the run (view changes): with the oracle, installs on every
+    /// node at once; with the GMS, turns of the GMS node in which it issued new views.
     pub view_changes: u64,
     /// Per view change, the time until every live subscriber delivered again.
     pub view_change_pause_ms: Percentiles,
+    /// The membership service: "oracle" or "gms".
+    pub membership: &'static str,
+    /// With the GMS: per crash, the time until the GMS removed the node (zero samples with the
+    /// oracle, whose delay is the scenario's `detection`).
+    pub crash_detection_ms: Percentiles,
     /// The membership events of the run.
     pub churn: Vec<String>,
 }
@@ -162,7 +168,8 @@ impl RunReport {
         // Memory bounds: sender windows, and caching replicas of about replication / region size.
         let mut pending_ack_max = 0;
         let mut fractions = Vec::with_capacity(world.hosts().len());
-        for (i, h) in world.hosts().iter().enumerate() {
+        // Protocol nodes only (with the GMS, the last host runs the service).
+        for (i, h) in world.hosts().iter().take(s.nodes as usize).enumerate() {
             let node = h.node();
             let st = node.stats();
             pending_ack_max = pending_ack_max.max(st.unstable_msgs_max);
@@ -261,6 +268,8 @@ impl RunReport {
             network_drops: drops,
             view_changes: 0,
             view_change_pause_ms: percentiles_ms(&ledger.view_change_pause_us),
+            membership: "oracle",
+            crash_detection_ms: Percentiles::default(),
             churn: Vec::new(),
         }
     }
@@ -349,6 +358,14 @@ impl RunReport {
                 self.view_changes,
                 p(&self.view_change_pause_ms)
             );
+            if self.crash_detection_ms.count > 0 {
+                let _ = writeln!(
+                    o,
+                    "membership    ({}) crash to removal {}",
+                    self.membership,
+                    p(&self.crash_detection_ms)
+                );
+            }
             for c in &self.churn {
                 let _ = writeln!(o, "  churn {c}");
             }

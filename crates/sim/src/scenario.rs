@@ -2,17 +2,19 @@
 //! simulated network while the [`Ledger`] checks the delivery promise.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tidings_proto::{
-    Config, ConfigError, Destination, Event, Membership, Node, NodeId, Time, TopicId,
+    Config, ConfigError, Destination, Event, Membership, Node, NodeId, RegionId, Time, TopicId,
 };
 
 use crate::checker::{payload_for, Ledger, PAYLOAD_ID_LEN};
 use crate::churn::{ChurnEvent, ChurnKind, Install, MembershipOracle, DETECTION_DEFAULT};
 use crate::fault::{FaultError, FaultSpec};
+use crate::gms::{GmsLog, MembershipKind, Outgoing, Role};
 use crate::net::LinkConfig;
 use crate::report::{Percentiles, Recovery, RunReport};
 use crate::world::{Host, NodeNetConfig, World, WorldConfig, WorldError};
@@ -58,14 +60,19 @@ pub struct Scenario {
     /// Protocol configuration of every node (its `rng_seed` is replaced by one derived from `seed`).
     pub proto: Config,
     /// Random membership events (crash, leave, join, resubscribe) spread over the middle of the
-    /// publishing phase; senders never churn. Default 0.
+    /// publishing phase; senders never churn. Default 0. With the GMS a leave unsubscribes from
+    /// everything (the node stays a member, so its id stays), a join or resubscribe asks for
+    /// another profile's topics, and a crash stops the node until the GMS notices.
     pub churn: u32,
     /// Membership events at given times, besides the random ones.
     pub churn_events: Vec<ChurnEvent>,
     /// Crash the largest region's leader and one of its partition leaders during publishing.
     pub crash_leaders: bool,
-    /// How long a crash goes unnoticed by the membership. Default 300 ms.
+    /// How long a crash goes unnoticed by the membership. Default 300 ms. With the GMS it is the
+    /// heartbeat timeout (a ring neighbour's suspicion removes a silent node after a third of it).
     pub detection: Duration,
+    /// Which membership service runs: the oracle (default) or the real GMS on an extra node.
+    pub membership: MembershipKind,
 }
 
 impl Default for Scenario {
@@ -91,6 +98,7 @@ impl Default for Scenario {
             churn_events: Vec::new(),
             crash_leaders: false,
             detection: DETECTION_DEFAULT,
+            membership: MembershipKind::Oracle,
         }
     }
 }
@@ -371,6 +379,9 @@ impl Scenario {
         if self.link_mbps != d.link_mbps {
             cmd += &format!(" --link-mbps {}", self.link_mbps);
         }
+        if self.membership == MembershipKind::Gms {
+            cmd += " --gms";
+        }
         cmd
     }
 }
@@ -389,12 +400,17 @@ struct Publisher {
     len: usize,
 }
 
-/// A simulated node: the real protocol node, its publisher, and the shared checker.
+/// A simulated node: the real protocol node, its publisher, and the shared checker; with the GMS,
+/// also its membership client (or, on the extra node, the service itself).
 #[derive(Debug)]
 pub struct SimHost {
     node: Node,
     ledger: Rc<RefCell<Ledger>>,
     publisher: Option<Publisher>,
+    gms: Option<Role>,
+    gms_out: Outgoing,
+    /// GMS datagrams larger than the world's datagram limit (dropped).
+    gms_oversize: u64,
 }
 
 impl SimHost {
@@ -410,8 +426,48 @@ impl SimHost {
         self.after_input(now);
     }
 
+    /// The membership service, if this host runs it.
+    #[must_use]
+    pub fn gms_service(&self) -> Option<&tidings_gms::Gms> {
+        self.gms.as_ref().and_then(Role::service)
+    }
+
+    /// GMS datagrams dropped for exceeding the world's datagram limit.
+    #[must_use]
+    pub fn gms_oversize(&self) -> u64 {
+        self.gms_oversize
+    }
+
+    /// With the GMS: from now on this node wants exactly `topics` (its client subscribes and
+    /// unsubscribes by name; the view changes arrive later, over the network). The caller wakes
+    /// the node so its requests go out.
+    pub fn gms_set_topics(&mut self, now: Time, topics: &[TopicId]) {
+        if let Some(role) = self.gms.as_mut() {
+            role.set_topics(now, topics);
+        }
+        self.after_input(now);
+    }
+
+    fn gms_outputs(&mut self, now: Time) {
+        let me = self.node.id();
+        let publisher = self.publisher.is_some();
+        if let Some(role) = self.gms.as_mut() {
+            role.after_input(
+                now,
+                me,
+                publisher,
+                &mut self.ledger.borrow_mut(),
+                &mut self.gms_out,
+            );
+        }
+        for m in std::mem::take(&mut self.gms_out.memberships) {
+            self.node.set_membership(now, m);
+        }
+    }
+
     fn after_input(&mut self, now: Time) {
         let me = self.node.id();
+        self.gms_outputs(now);
         if let Some(p) = self.publisher.as_mut() {
             p.blocked = false;
             while now < p.until && now >= p.next_at {
@@ -442,23 +498,38 @@ impl SimHost {
                 p.next_at = Time::MAX;
             }
         }
-        let mut ledger = self.ledger.borrow_mut();
-        while let Some(ev) = self.node.poll_event() {
-            match ev {
-                Event::Deliver(d) => ledger.delivered(me, &d, now),
-                Event::Stable(m) => ledger.stable(me, m, now),
-                Event::TokenRound { top, rtt, .. } => ledger.token_round(top, rtt),
-                // The membership oracle learns of crashes by its own detection delay; the GMS,
-                // when it drives simulated nodes, takes suspicions as an input.
-                Event::Suspect { .. } => {}
+        let mut suspects = Vec::new();
+        {
+            let mut ledger = self.ledger.borrow_mut();
+            while let Some(ev) = self.node.poll_event() {
+                match ev {
+                    Event::Deliver(d) => ledger.delivered(me, &d, now),
+                    Event::Stable(m) => ledger.stable(me, m, now),
+                    Event::TokenRound { top, rtt, .. } => ledger.token_round(top, rtt),
+                    // The membership oracle learns of crashes by its own detection delay; the
+                    // GMS takes suspicions as an input.
+                    Event::Suspect { node, .. } => suspects.push(node),
+                }
             }
+        }
+        if let Some(role) = self.gms.as_mut() {
+            for node in suspects {
+                role.suspect(now, node);
+            }
+            self.gms_outputs(now);
         }
     }
 }
 
 impl Host for SimHost {
     fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
-        self.node.handle_datagram(now, datagram);
+        let gms = self
+            .gms
+            .as_mut()
+            .is_some_and(|role| role.handle_datagram(now, &datagram));
+        if !gms {
+            self.node.handle_datagram(now, datagram);
+        }
         self.after_input(now);
     }
 
@@ -466,13 +537,29 @@ impl Host for SimHost {
         if self.node.poll_timeout().is_some_and(|t| t <= now) {
             self.node.handle_timeout(now);
         }
+        if let Some(role) = self.gms.as_mut() {
+            if role.poll_timeout().is_some_and(|t| t <= now) {
+                role.handle_timeout(now);
+            }
+        }
         self.after_input(now);
     }
 
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Destination, usize)> {
+        while let Some((to, bytes)) = self.gms_out.datagrams.pop_front() {
+            if let Some(slot) = buf.get_mut(..bytes.len()) {
+                slot.copy_from_slice(&bytes);
+                return Some((Destination::Node(to), bytes.len()));
+            }
+            self.gms_oversize += 1;
+        }
         self.node
             .poll_transmit(now, buf)
             .map(|t| (t.destination, t.len))
+    }
+
+    fn poll_regions(&mut self) -> Option<BTreeMap<RegionId, Vec<NodeId>>> {
+        self.gms.as_mut().and_then(Role::poll_regions)
     }
 
     fn poll_timeout(&self) -> Option<Time> {
@@ -481,7 +568,8 @@ impl Host for SimHost {
             .as_ref()
             .filter(|p| !p.blocked && p.next_at < p.until)
             .map(|p| p.next_at);
-        [self.node.poll_timeout(), publish]
+        let gms = self.gms.as_ref().and_then(Role::poll_timeout);
+        [self.node.poll_timeout(), publish, gms]
             .into_iter()
             .flatten()
             .min()
@@ -503,6 +591,8 @@ pub struct Built {
     pub oracle: MembershipOracle,
     /// The initial membership.
     pub membership: Membership,
+    /// With the GMS: what it did during the run (shared with its host).
+    pub gms_log: Option<Rc<RefCell<GmsLog>>>,
 }
 
 /// Builds the world of a scenario: the nodes, their subscriptions and faults.
@@ -510,16 +600,46 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     s.validate()?;
     let subs = s.subscriptions();
     let mut oracle = MembershipOracle::new(&subs, s.replication);
-    let membership = oracle.membership();
+    let oracle_membership = oracle.membership();
     let ledger = Rc::new(RefCell::new(Ledger::new(&subs)));
+    let (membership, mut roles, own, gms_log) = match s.membership {
+        MembershipKind::Oracle => (oracle_membership, Vec::new(), None, None),
+        MembershipKind::Gms => {
+            let b = crate::gms::bootstrap(
+                s.seed,
+                &subs,
+                s.senders,
+                s.topics,
+                s.detection,
+                s.replication,
+            )
+            .map_err(|e| ScenarioError::Invalid(format!("gms bootstrap: {e}")))?;
+            let mut l = ledger.borrow_mut();
+            l.asynchronous();
+            for (i, m) in b.memberships.iter().enumerate() {
+                let me = NodeId(i as u32);
+                l.local_topics(me, crate::gms::local_topics(m, me));
+                if me.0 < s.senders {
+                    l.sender_view(me, crate::gms::sender_view(m));
+                }
+            }
+            let roles: Vec<Option<Role>> = b.roles.into_iter().map(Some).collect();
+            (b.global, roles, Some(b.memberships), Some(b.log))
+        }
+    };
     let all_topics: Vec<TopicId> = (1..=s.topics).map(TopicId).collect();
-    let mut hosts = Vec::with_capacity(s.nodes as usize);
+    let mut hosts = Vec::with_capacity(s.nodes as usize + 1);
     for i in 0..s.nodes {
         let config = Config {
             rng_seed: s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(i),
             ..s.proto.clone()
         };
-        let node = Node::new(config, NodeId(i), membership.clone(), Time::ZERO)?;
+        let initial = own
+            .as_ref()
+            .and_then(|o| o.get(i as usize))
+            .unwrap_or(&membership)
+            .clone();
+        let node = Node::new(config, NodeId(i), initial, Time::ZERO)?;
         let publisher = (i < s.senders).then(|| {
             let mut rng = fastrand::Rng::with_seed(s.seed ^ (u64::from(i) << 40) ^ 0x0050_5542);
             let next_topic = all_topics[rng.usize(..all_topics.len())];
@@ -538,6 +658,26 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             node,
             ledger: ledger.clone(),
             publisher,
+            gms: roles.get_mut(i as usize).and_then(Option::take),
+            gms_out: Outgoing::default(),
+            gms_oversize: 0,
+        });
+    }
+    if let Some(service) = roles.get_mut(s.nodes as usize).and_then(Option::take) {
+        // The GMS node: an idle protocol node (no regions) beside the service.
+        let node = Node::new(
+            s.proto.clone(),
+            NodeId(s.nodes),
+            Membership::default(),
+            Time::ZERO,
+        )?;
+        hosts.push(SimHost {
+            node,
+            ledger: ledger.clone(),
+            publisher: None,
+            gms: Some(service),
+            gms_out: Outgoing::default(),
+            gms_oversize: 0,
         });
     }
     let link = LinkConfig {
@@ -549,7 +689,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
         downlink: link,
         ..NodeNetConfig::default()
     };
-    let mut world_config = WorldConfig::uniform(s.seed, s.nodes as usize, &base);
+    let mut world_config = WorldConfig::uniform(s.seed, hosts.len(), &base);
     world_config.max_datagram = s.proto.max_datagram_bytes;
     let mut rng = fastrand::Rng::with_seed(s.seed ^ 0x464c_414b);
     let flaky_from = s.nodes.saturating_sub(s.flaky).max(s.senders);
@@ -566,7 +706,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                 node.loss_up = loss.model()?;
             }
         }
-        if i as u32 >= flaky_from {
+        if i as u32 >= flaky_from && (i as u32) < s.nodes {
             // A random phase within the run, so even a short run sees the perturbation.
             let phase = |period: Duration, rng: &mut fastrand::Rng| {
                 let span = period.min(horizon).as_nanos().max(1) as u64;
@@ -591,6 +731,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
         ledger,
         oracle,
         membership,
+        gms_log,
     })
 }
 
@@ -602,7 +743,9 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
         ledger,
         mut oracle,
         membership,
+        gms_log,
     } = build(s)?;
+    let mut crash_times: BTreeMap<NodeId, Time> = BTreeMap::new();
     let mut events = s.churn_plan(&membership);
     events.sort_by_key(|e| e.at);
     let mut events = std::collections::VecDeque::from(events);
@@ -638,16 +781,25 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
                     crashed[e.node.0 as usize] = true;
                     world.crash(e.node, t)?;
                     ledger.borrow_mut().crashed(e.node);
-                    installs.push(Install {
-                        at: t + s.detection,
-                        cause: e,
-                    });
+                    crash_times.insert(e.node, t);
+                    if gms_log.is_none() {
+                        installs.push(Install {
+                            at: t + s.detection,
+                            cause: e,
+                        });
+                    }
                 }
                 ChurnKind::Leave | ChurnKind::Join | ChurnKind::Resubscribe => {
                     let topics = match e.kind {
                         ChurnKind::Leave => Vec::new(),
                         _ => s.profile_topics(e.node),
                     };
+                    if gms_log.is_some() {
+                        // The client asks the GMS; the GMS tells the checker when it applies it.
+                        world.host_mut(e.node).gms_set_topics(t, &topics);
+                        world.wake(e.node)?;
+                        continue;
+                    }
                     oracle.set(e.node, &topics);
                     ledger.borrow_mut().set_subscriptions(e.node, &topics, t);
                     installs.push(Install { at: t, cause: e });
@@ -700,15 +852,42 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
             });
             next_progress += Duration::from_secs(1);
         }
-        if t >= publish_end && all_stable && events.is_empty() && installs.is_empty() {
+        // With the GMS, also wait until it has removed every crashed node.
+        let settled = gms_log.as_ref().is_none_or(|l| {
+            let l = l.borrow();
+            crash_times.keys().all(|n| l.removed.contains_key(n))
+        });
+        if t >= publish_end && all_stable && events.is_empty() && installs.is_empty() && settled {
             break Some(t);
         }
         if t >= hard_end {
             break None;
         }
     };
+    if let Some(log) = &gms_log {
+        let l = log.borrow();
+        let mut ledger = ledger.borrow_mut();
+        for &n in &l.removed_alive {
+            if !crashed[n.0 as usize] {
+                ledger.external_violation(format!("the GMS removed {n}, which was alive"));
+            }
+        }
+        let oversize: u64 = world.hosts().iter().map(SimHost::gms_oversize).sum();
+        if oversize > 0 {
+            ledger.external_violation(format!(
+                "{oversize} GMS datagram(s) exceeded the datagram limit"
+            ));
+        }
+    }
     ledger.borrow_mut().finish(world.now());
-    let final_membership = oracle.membership();
+    let final_membership = match world
+        .hosts()
+        .get(s.nodes as usize)
+        .and_then(SimHost::gms_service)
+    {
+        Some(gms) => crate::gms::global_membership(gms),
+        None => oracle.membership(),
+    };
     let mut report = RunReport::build(
         s,
         &world,
@@ -719,6 +898,19 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
     );
     report.view_changes = view_changes;
     report.churn = churn_log;
+    if let Some(log) = &gms_log {
+        let l = log.borrow();
+        report.membership = "gms";
+        report.view_changes = l.view_changes;
+        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)
+            .map_err(|e| ScenarioError::Invalid(format!("histogram: {e}")))?;
+        for (n, at) in &crash_times {
+            if let Some((removed, _)) = l.removed.get(n) {
+                let _ = h.record(((*removed - *at).as_micros() as u64).max(1));
+            }
+        }
+        report.crash_detection_ms = percentiles_ms(&h);
+    }
     Ok(report)
 }
 

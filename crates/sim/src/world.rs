@@ -57,6 +57,12 @@ pub trait Host {
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Destination, usize)>;
     /// The next time `handle_timeout` must be called.
     fn poll_timeout(&self) -> Option<Time>;
+    /// A new region map for the world (a host that runs the membership service changes the
+    /// multicast groups as it issues views), read at the end of each of the host's turns, before
+    /// its transmits. Default: never.
+    fn poll_regions(&mut self) -> Option<BTreeMap<RegionId, Vec<NodeId>>> {
+        None
+    }
 }
 
 /// The network and CPU parameters of one node.
@@ -854,6 +860,7 @@ impl<H: Host> World<H> {
         let i = node as usize;
         let max_datagram = self.config.max_datagram;
         let batch_max = self.config.batch_max;
+        let node_count = self.nodes.len();
         let state = &mut self.nodes[i];
         if state.crashed {
             return;
@@ -904,6 +911,14 @@ impl<H: Host> World<H> {
         if host.poll_timeout().is_some_and(|deadline| deadline <= t) {
             host.handle_timeout(t);
             fired = true;
+        }
+        if let Some(regions) = host.poll_regions() {
+            // A map naming unknown nodes is refused (the old one stays) and counted.
+            if check_regions(&regions, node_count).is_ok() {
+                self.regions = regions;
+            } else {
+                self.stats.unroutable += 1;
+            }
         }
 
         let mut more = false;

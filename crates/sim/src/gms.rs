@@ -1,0 +1,767 @@
+//! The real membership service in the simulator ([`MembershipKind::Gms`]).
+//!
+//! One extra simulated node (id `nodes`, after every protocol node) runs [`tidings_gms::Gms`];
+//! every protocol node's host runs a [`GmsClient`]. Their messages are datagrams on the simulated
+//! network (lost, queued and delayed like any other), framed as `"GM"`, the sender's node id
+//! (`u32`, little-endian), then [`GmsMessage::encode`]. Protocol datagrams start with `"TD"`
+//! ([`tidings_wire::peek_kind`]), so a host tells the two apart by the first two bytes.
+//!
+//! **Ids.** The GMS numbers nodes from 1 in join order; the simulator's nodes are `0..nodes`.
+//! The bootstrap joins them in id order, so GMS id = simulator id + 1 ([`to_gms`],
+//! [`from_gms`]); memberships are translated at the host boundary. Topics: topic `t` is named
+//! `"t{t}"`; sender 0 advertises `t1..=tT` first, in order, so the GMS binds `"t{t}"` to
+//! `TopicId(t)`; every binding the GMS announces is checked against that rule (a mismatch is a
+//! violation of the run).
+//!
+//! **Bootstrap.** The initial joins, subscriptions and advertisements are GMS commands applied
+//! before time zero, and the GMS's update streams are handed to the clients directly, so every
+//! node starts with its own part of the initial membership (as with the oracle, where everyone
+//! starts with the whole of it). Everything from time zero on travels over the network:
+//! heartbeats, requests (churn), suspicions, updates and acknowledgements.
+//!
+//! **Multicast groups.** The world's fan-out of a region is the member list of the GMS's latest
+//! view of it, changed the moment the GMS issues the view (as IGMP joins would, a little
+//! early). This loses nothing the promise covers: a sender still using an older view has its
+//! message delivered to the members common to both views; a member that left gets no more of
+//! the old view's data, but the old view cannot become stable without its acknowledgement, so the
+//! sender, once it learns the new view, re-homes the message into the regions its topic spans
+//! then (where a receiver that moved is); a member that joined early gets datagrams of a view it
+//! does not know yet and buffers them until its update arrives.
+//!
+//! **The checker** ([`Ledger`]) runs in its asynchronous mode: what a receiver must deliver is
+//! decided by the sender's membership when it published and by the GMS's own record of the
+//! receiver's subscriptions (see the ledger's docs); view-change pauses are measured from each
+//! GMS turn that issues views; crash-to-removal times are reported as `crash_detection_ms`; a live
+//! node removed by the GMS, a node put in two regions, or a topic bound to an unexpected id is a
+//! violation.
+//!
+//! **Churn.** A leave unsubscribes from everything (the node stays a member, so its id and
+//! client stay), a join or resubscribe asks for another profile's topics, one request per topic;
+//! the GMS applies them one by one, so a resubscribe walks the node through a chain of
+//! intermediate regions, each a view change for the senders of its topics.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+use tidings_gms::{
+    ClientConfig, ClientEvent, Command, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Peer,
+    PlannerConfig, RemoveCause,
+};
+use tidings_proto::{Membership, NodeId, RegionId, RegionView, Time, TopicId};
+
+use crate::checker::Ledger;
+
+/// First bytes of a GMS datagram in the simulator.
+pub const GMS_MAGIC: [u8; 2] = *b"GM";
+
+/// Magic plus the sender's id.
+const HEADER_LEN: usize = 6;
+
+/// A suspicion of the same node is reported to the GMS at most this often.
+const SUSPECT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Which membership service a scenario runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MembershipKind {
+    /// [`MembershipOracle`](crate::churn::MembershipOracle): every change installed on every live
+    /// node at the same instant; a crash noticed after `Scenario::detection`.
+    #[default]
+    Oracle,
+    /// The real GMS on an extra simulated node, clients in every host, messages on the network;
+    /// views reach nodes at different times. `Scenario::detection` is its heartbeat timeout.
+    Gms,
+}
+
+/// The GMS's id of simulator node `node`.
+#[must_use]
+pub fn to_gms(node: NodeId) -> NodeId {
+    NodeId(node.0.saturating_add(1))
+}
+
+/// The simulator's id of GMS node `node` (`None` for id 0, which the GMS never gives).
+#[must_use]
+pub fn from_gms(node: NodeId) -> Option<NodeId> {
+    node.0.checked_sub(1).map(NodeId)
+}
+
+/// A region view with GMS ids turned into simulator ids.
+fn translate_view(v: RegionView) -> RegionView {
+    RegionView {
+        partitions: v
+            .partitions
+            .into_iter()
+            .map(|p| p.into_iter().filter_map(from_gms).collect())
+            .collect(),
+        ..v
+    }
+}
+
+/// A membership with GMS ids turned into simulator ids.
+#[must_use]
+pub fn translate(m: Membership) -> Membership {
+    Membership {
+        regions: m
+            .regions
+            .into_iter()
+            .map(|(r, v)| (r, translate_view(v)))
+            .collect(),
+        topic_regions: m.topic_regions,
+    }
+}
+
+/// The name of simulator topic `t`.
+#[must_use]
+pub fn topic_name(t: TopicId) -> String {
+    format!("t{}", t.0)
+}
+
+fn frame(from: NodeId, msg: &GmsMessage) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&GMS_MAGIC);
+    out.extend_from_slice(&from.0.to_le_bytes());
+    msg.encode(&mut out);
+    out
+}
+
+/// The sender and body of a GMS datagram, or `None` if it is not one.
+fn unframe(bytes: &[u8]) -> Option<(NodeId, &[u8])> {
+    if bytes.len() < HEADER_LEN || bytes[..2] != GMS_MAGIC {
+        return None;
+    }
+    let id = u32::from_le_bytes([bytes[2], bytes[3], bytes[4], bytes[5]]);
+    Some((NodeId(id), &bytes[HEADER_LEN..]))
+}
+
+/// What the GMS did during a run, for the scenario loop and the report.
+#[derive(Debug, Default)]
+pub struct GmsLog {
+    /// Nodes the GMS removed (simulator ids), when and why.
+    pub removed: BTreeMap<NodeId, (Time, RemoveCause)>,
+    /// GMS commands that issued new views (after the bootstrap).
+    pub view_changes: u64,
+    /// Live nodes told they were removed.
+    pub removed_alive: BTreeSet<NodeId>,
+}
+
+/// The GMS side of a host.
+#[derive(Debug)]
+pub(crate) enum Role {
+    /// A protocol node's client.
+    Client(Box<ClientRole>),
+    /// The node that runs the service.
+    Service(Box<ServiceRole>),
+}
+
+/// A protocol node's membership client.
+#[derive(Debug)]
+pub(crate) struct ClientRole {
+    client: GmsClient,
+    gms_node: NodeId,
+    /// Topics this node wants (what it asked the GMS for).
+    wanted: BTreeSet<TopicId>,
+    /// Last suspicion reported per node.
+    suspected: BTreeMap<NodeId, Time>,
+    log: Rc<RefCell<GmsLog>>,
+}
+
+/// The membership service.
+#[derive(Debug)]
+pub(crate) struct ServiceRole {
+    gms: Gms,
+    nodes: u32,
+    nonces: BTreeMap<u64, NodeId>,
+    commands_seen: u64,
+    views_seen: u64,
+    subscriptions: Vec<Vec<TopicId>>,
+    regions: BTreeMap<RegionId, Vec<NodeId>>,
+    regions_changed: bool,
+    multi_region_reported: bool,
+    log: Rc<RefCell<GmsLog>>,
+}
+
+/// GMS datagrams waiting to go out of a host, and what its role asks of the protocol node.
+#[derive(Debug, Default)]
+pub(crate) struct Outgoing {
+    pub(crate) datagrams: VecDeque<(NodeId, Vec<u8>)>,
+    /// Memberships to install on the protocol node, in commit order.
+    pub(crate) memberships: Vec<Membership>,
+}
+
+impl Role {
+    /// A datagram that may be a GMS message; `false` if it is not one (it is the node's).
+    pub(crate) fn handle_datagram(&mut self, now: Time, bytes: &[u8]) -> bool {
+        let Some((from, body)) = unframe(bytes) else {
+            return false;
+        };
+        match self {
+            Role::Client(c) => {
+                if from == c.gms_node {
+                    c.client.handle_datagram(now, body);
+                }
+            }
+            Role::Service(s) => match GmsMessage::decode(body) {
+                Ok(msg) => {
+                    if let GmsMessage::Join { nonce } = msg {
+                        s.nonces.insert(nonce, from);
+                    }
+                    s.gms.handle_message(now, Peer::Node(to_gms(from)), msg);
+                }
+                Err(_) => s.gms.handle_datagram(now, Peer::Node(to_gms(from)), body),
+            },
+        }
+        true
+    }
+
+    /// Time has passed.
+    pub(crate) fn handle_timeout(&mut self, now: Time) {
+        match self {
+            Role::Client(c) => c.client.handle_timeout(now),
+            Role::Service(s) => {
+                if s.gms.poll_timeout().is_some_and(|t| t <= now) {
+                    s.gms.handle_timeout(now);
+                }
+            }
+        }
+    }
+
+    /// The next deadline.
+    pub(crate) fn poll_timeout(&self) -> Option<Time> {
+        match self {
+            Role::Client(c) => c.client.poll_timeout(),
+            Role::Service(s) => s.gms.poll_timeout(),
+        }
+    }
+
+    /// A new region map for the world, if the GMS issued views since the last call.
+    pub(crate) fn poll_regions(&mut self) -> Option<BTreeMap<RegionId, Vec<NodeId>>> {
+        match self {
+            Role::Service(s) if s.regions_changed => {
+                s.regions_changed = false;
+                Some(s.regions.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Drains outputs after an input: messages to send, a membership for the node, and what the
+    /// checker must learn. `me` is this host's id, `publisher` whether it publishes.
+    pub(crate) fn after_input(
+        &mut self,
+        now: Time,
+        me: NodeId,
+        publisher: bool,
+        ledger: &mut Ledger,
+        out: &mut Outgoing,
+    ) {
+        match self {
+            Role::Client(c) => c.after_input(now, me, publisher, ledger, out),
+            Role::Service(s) => s.after_input(now, me, ledger, out),
+        }
+    }
+
+    /// The protocol node suspects `node` (a ring member that did not confirm tokens).
+    pub(crate) fn suspect(&mut self, now: Time, node: NodeId) {
+        if let Role::Client(c) = self {
+            let recent = c
+                .suspected
+                .get(&node)
+                .is_some_and(|&t| now < t + SUSPECT_INTERVAL);
+            if !recent && c.client.suspect(to_gms(node)).is_ok() {
+                c.suspected.insert(node, now);
+                c.client.handle_timeout(now);
+            }
+        }
+    }
+
+    /// This node now wants exactly `topics` (a leave is the empty set).
+    pub(crate) fn set_topics(&mut self, now: Time, topics: &[TopicId]) {
+        if let Role::Client(c) = self {
+            let want: BTreeSet<TopicId> = topics.iter().copied().collect();
+            for &t in c.wanted.difference(&want) {
+                let _ = c.client.unsubscribe(&topic_name(t));
+            }
+            for &t in want.difference(&c.wanted) {
+                let _ = c.client.subscribe(&topic_name(t));
+            }
+            c.wanted = want;
+            c.client.handle_timeout(now);
+        }
+    }
+
+    /// The service, if this is the GMS node.
+    pub(crate) fn service(&self) -> Option<&Gms> {
+        match self {
+            Role::Service(s) => Some(&s.gms),
+            Role::Client(_) => None,
+        }
+    }
+}
+
+impl ClientRole {
+    fn after_input(
+        &mut self,
+        _now: Time,
+        me: NodeId,
+        publisher: bool,
+        ledger: &mut Ledger,
+        out: &mut Outgoing,
+    ) {
+        while let Some(ev) = self.client.poll_event() {
+            match ev {
+                ClientEvent::Membership(m) => {
+                    let m = translate(m);
+                    ledger.local_topics(me, local_topics(&m, me));
+                    if publisher {
+                        ledger.sender_view(me, sender_view(&m));
+                    }
+                    out.memberships.push(m);
+                }
+                ClientEvent::TopicBound { name, topic } => {
+                    if name != topic_name(topic) {
+                        ledger.external_violation(format!(
+                            "{me} was told topic {name:?} is {topic}, expected {}",
+                            topic_name(topic)
+                        ));
+                    }
+                }
+                ClientEvent::Removed => {
+                    self.log.borrow_mut().removed_alive.insert(me);
+                }
+                ClientEvent::Joined(_) => {}
+            }
+        }
+        while let Some(msg) = self.client.poll_transmit() {
+            out.datagrams.push_back((self.gms_node, frame(me, &msg)));
+        }
+    }
+}
+
+/// The topics of the regions `me` is a member of in `m` (what it may deliver).
+pub(crate) fn local_topics(m: &Membership, me: NodeId) -> BTreeSet<TopicId> {
+    m.regions
+        .values()
+        .filter(|v| v.members().any(|n| n == me))
+        .flat_map(|v| v.topics.iter().copied())
+        .collect()
+}
+
+/// Per topic, the members of the regions `m` maps it to.
+pub(crate) fn sender_view(m: &Membership) -> BTreeMap<TopicId, Vec<NodeId>> {
+    m.topic_regions
+        .iter()
+        .map(|(&t, regions)| {
+            let members = regions
+                .iter()
+                .filter_map(|r| m.regions.get(r))
+                .flat_map(|v| v.members())
+                .collect();
+            (t, members)
+        })
+        .collect()
+}
+
+impl ServiceRole {
+    fn after_input(&mut self, now: Time, me: NodeId, ledger: &mut Ledger, out: &mut Outgoing) {
+        while let Some(tx) = self.gms.poll_transmit() {
+            let to = match tx.to {
+                Peer::Node(n) => from_gms(n),
+                Peer::Joiner(nonce) => self.nonces.get(&nonce).copied(),
+            };
+            if let Some(to) = to.filter(|n| n.0 < self.nodes) {
+                out.datagrams.push_back((to, frame(me, &tx.msg)));
+            }
+        }
+        while let Some(ev) = self.gms.poll_event() {
+            match ev {
+                GmsEvent::Removed { node, cause } => {
+                    if let Some(n) = from_gms(node) {
+                        self.log.borrow_mut().removed.insert(n, (now, cause));
+                    }
+                }
+                GmsEvent::TopicCreated { name, topic } => {
+                    if name != topic_name(topic) {
+                        ledger.external_violation(format!(
+                            "the GMS bound {name:?} to {topic}, expected {}",
+                            topic_name(topic)
+                        ));
+                    }
+                }
+                GmsEvent::Joined(_) => {}
+            }
+        }
+        let stats = self.gms.stats();
+        if stats.commands != self.commands_seen {
+            self.commands_seen = stats.commands;
+            for i in 0..self.nodes {
+                let node = NodeId(i);
+                let topics: Vec<TopicId> = self.gms.planner().subscriptions(to_gms(node)).collect();
+                if self.subscriptions[i as usize] != topics {
+                    ledger.set_subscriptions(node, &topics, now);
+                    self.subscriptions[i as usize] = topics;
+                }
+            }
+            let most = regions_per_node_max(&self.gms);
+            if most > 1 && !self.multi_region_reported {
+                self.multi_region_reported = true;
+                ledger.external_violation(format!(
+                    "the GMS put a node in {most} regions (the protocol orders per region)"
+                ));
+            }
+            let regions = world_regions(&self.gms);
+            if regions != self.regions {
+                self.regions = regions;
+                self.regions_changed = true;
+            }
+        }
+        let views = self.gms.stats().views_issued;
+        if views != self.views_seen {
+            self.views_seen = views;
+            self.log.borrow_mut().view_changes += 1;
+            ledger.view_change(now);
+        }
+    }
+}
+
+/// The most regions any node is in (1 is what the protocol node supports today).
+#[must_use]
+pub fn regions_per_node_max(gms: &Gms) -> usize {
+    let mut count: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for (_, reg) in gms.planner().regions() {
+        for &n in &reg.members {
+            *count.entry(n).or_default() += 1;
+        }
+    }
+    count.values().copied().max().unwrap_or(0)
+}
+
+/// The GMS's latest region views as the world's multicast map (simulator ids).
+fn world_regions(gms: &Gms) -> BTreeMap<RegionId, Vec<NodeId>> {
+    gms.planner()
+        .regions()
+        .map(|(r, reg)| (r, reg.members.iter().filter_map(|&n| from_gms(n)).collect()))
+        .collect()
+}
+
+/// The GMS's whole current membership (simulator ids): every region view and topic.
+#[must_use]
+pub fn global_membership(gms: &Gms) -> Membership {
+    let planner = gms.planner();
+    let mut m = Membership::default();
+    for (r, _) in planner.regions() {
+        let view = gms.view_of(r);
+        if let Some(v) = view.and_then(|v| planner.region_view(r, v, gms.config().partition_size)) {
+            m.regions.insert(r, translate_view(v));
+        }
+    }
+    for t in planner.topics() {
+        m.topic_regions
+            .insert(t, planner.topic_regions(t).collect());
+    }
+    m
+}
+
+/// Regions per topic the simulated GMS allows (no bound in practice: see [`configs`]).
+const REGIONS_PER_TOPIC_MAX: usize = 1 << 20;
+
+/// The configuration of the simulated GMS and its clients.
+///
+/// **One region per node.** `tidings_proto::Node` keeps each sender's order per region stream,
+/// not across the regions a node is in; with the planner's defaults (paper 001's subsets) a node
+/// of this workload is in several regions and delivers a sender's messages out of order. So the
+/// planner here never bounds regions per topic or region size and places every topic from its
+/// first subscriber: all topics fall into one subset, whose regions are the sets of nodes with
+/// identical subscriptions (the oracle's rule). The glue checks it ([`regions_per_node_max`]).
+///
+/// **Timing:** `detection` is the heartbeat timeout; clients heartbeat six
+/// times per timeout (so a few lost heartbeats never remove a node), a ring neighbour's
+/// suspicion removes a silent node after a third of it, and updates and requests are resent
+/// every 50 ms (a simulated LAN round trip is well under a millisecond).
+#[must_use]
+pub fn configs(detection: Duration, partition_size: usize) -> (GmsConfig, ClientConfig) {
+    let detection = detection.max(Duration::from_millis(6));
+    let gms = GmsConfig {
+        planner: PlannerConfig {
+            min_region_size: 1,
+            max_regions_per_topic: REGIONS_PER_TOPIC_MAX,
+            first_placement_subscribers: 1,
+            ..PlannerConfig::default()
+        },
+        partition_size: partition_size.max(1),
+        heartbeat_timeout: detection,
+        suspicion_timeout: detection / 3,
+        retransmit_interval: Duration::from_millis(50),
+        ..GmsConfig::default()
+    };
+    let client = ClientConfig {
+        heartbeat_interval: detection / 6,
+        retransmit_interval: Duration::from_millis(50),
+        ..ClientConfig::default()
+    };
+    (gms, client)
+}
+
+/// The GMS and clients of a scenario at time zero.
+pub(crate) struct Bootstrap {
+    /// The roles, `[i]` for `NodeId(i)`, the last for the GMS node.
+    pub(crate) roles: Vec<Role>,
+    /// Each protocol node's initial membership (simulator ids).
+    pub(crate) memberships: Vec<Membership>,
+    /// The whole initial membership.
+    pub(crate) global: Membership,
+    /// Shared with the roles.
+    pub(crate) log: Rc<RefCell<GmsLog>>,
+}
+
+/// Builds the GMS and the clients, applies the initial joins (in id order), advertisements
+/// (sender 0's first, topic by topic, so ids follow names) and subscriptions, and hands each
+/// client its update stream directly. Errors name what did not come out as expected.
+pub(crate) fn bootstrap(
+    seed: u64,
+    subscriptions: &[Vec<TopicId>],
+    senders: u32,
+    topics: u32,
+    detection: Duration,
+    partition_size: usize,
+) -> Result<Bootstrap, String> {
+    let (gms_config, client_config) = configs(detection, partition_size);
+    let mut gms = Gms::new(gms_config).map_err(|e| e.to_string())?;
+    let n = u32::try_from(subscriptions.len()).map_err(|_| "too many nodes".to_string())?;
+    let mut clients = Vec::with_capacity(n as usize);
+    let mut nonces = BTreeMap::new();
+    for i in 0..n {
+        let config = ClientConfig {
+            seed: seed.wrapping_mul(0xA24B_AED4_963E_E407) ^ u64::from(i) ^ 0x474d_5300,
+            ..client_config.clone()
+        };
+        let client = GmsClient::new(config).map_err(|e| e.to_string())?;
+        if nonces.insert(client.nonce(), NodeId(i)).is_some() {
+            return Err(format!("join nonce of node {i} collides"));
+        }
+        clients.push(client);
+    }
+    let t0 = Time::ZERO;
+    for i in 0..clients.len() {
+        let nonce = clients[i].nonce();
+        gms.apply(t0, Command::Join { nonce });
+        exchange(&mut gms, &mut clients, &nonces);
+    }
+    let all: Vec<TopicId> = (1..=topics).map(TopicId).collect();
+    let advertise = |gms: &mut Gms, clients: &mut [GmsClient], node: NodeId| {
+        for &t in &all {
+            gms.apply(
+                t0,
+                Command::Advertise {
+                    node: to_gms(node),
+                    name: topic_name(t),
+                },
+            );
+            exchange(gms, clients, &nonces);
+        }
+    };
+    if senders > 0 {
+        advertise(&mut gms, &mut clients, NodeId(0));
+    }
+    // All topics into one subset (see `configs`): node 0 subscribes to every topic (each starts
+    // alone in a subset of its own), then node 1 does, topic by topic: at its second subscriber
+    // a topic alone looks for the subset holding most of its subscribers, which is the one the
+    // earlier topics joined. A topic sharing a subset never moves again.
+    let sub = |gms: &mut Gms, clients: &mut [GmsClient], node: u32, t: TopicId, on: bool| {
+        let node = to_gms(NodeId(node));
+        let name = topic_name(t);
+        let cmd = if on {
+            Command::Subscribe { node, name }
+        } else {
+            Command::Unsubscribe { node, name }
+        };
+        gms.apply(t0, cmd);
+        exchange(gms, clients, &nonces);
+    };
+    let anchors = n.min(2);
+    for a in 0..anchors {
+        for &t in &all {
+            sub(&mut gms, &mut clients, a, t, true);
+        }
+    }
+    for (i, subs) in subscriptions.iter().enumerate().skip(anchors as usize) {
+        for &t in subs {
+            sub(&mut gms, &mut clients, i as u32, t, true);
+        }
+    }
+    for a in 0..anchors {
+        let keep = &subscriptions[a as usize];
+        for &t in &all {
+            if !keep.contains(&t) {
+                sub(&mut gms, &mut clients, a, t, false);
+            }
+        }
+    }
+    for s in 1..senders.min(n) {
+        advertise(&mut gms, &mut clients, NodeId(s));
+    }
+    exchange(&mut gms, &mut clients, &nonces);
+    while let Some(ev) = gms.poll_event() {
+        if let GmsEvent::TopicCreated { name, topic } = ev {
+            if name != topic_name(topic) {
+                return Err(format!("the GMS bound {name:?} to {topic}"));
+            }
+        }
+    }
+    let mut memberships = Vec::with_capacity(n as usize);
+    for (i, c) in clients.iter_mut().enumerate() {
+        let me = NodeId(i as u32);
+        while c.poll_event().is_some() {}
+        if c.node() != Some(to_gms(me)) {
+            return Err(format!("node {i} joined as {:?}", c.node()));
+        }
+        let mut want: Vec<TopicId> = subscriptions[i].clone();
+        want.sort_unstable();
+        want.dedup();
+        let got: Vec<TopicId> = gms.planner().subscriptions(to_gms(me)).collect();
+        if got != want {
+            return Err(format!("node {i} subscribes to {got:?}, not {want:?}"));
+        }
+        memberships.push(translate(c.membership()));
+    }
+    for t in &all {
+        if gms.topic_id(&topic_name(*t)) != Some(*t) {
+            return Err(format!("topic {} is not bound to {t}", topic_name(*t)));
+        }
+    }
+    let most = regions_per_node_max(&gms);
+    if most > 1 {
+        return Err(format!("a node is in {most} regions"));
+    }
+    let log = Rc::new(RefCell::new(GmsLog::default()));
+    let global = global_membership(&gms);
+    let regions = world_regions(&gms);
+    let mut roles: Vec<Role> = clients
+        .into_iter()
+        .zip(subscriptions)
+        .map(|(client, subs)| {
+            Role::Client(Box::new(ClientRole {
+                client,
+                gms_node: NodeId(n),
+                wanted: subs.iter().copied().collect(),
+                suspected: BTreeMap::new(),
+                log: log.clone(),
+            }))
+        })
+        .collect();
+    let stats = gms.stats().clone();
+    roles.push(Role::Service(Box::new(ServiceRole {
+        gms,
+        nodes: n,
+        nonces,
+        commands_seen: stats.commands,
+        views_seen: stats.views_issued,
+        subscriptions: subscriptions
+            .iter()
+            .map(|s| {
+                let mut s = s.clone();
+                s.sort_unstable();
+                s.dedup();
+                s
+            })
+            .collect(),
+        regions,
+        regions_changed: false,
+        multi_region_reported: false,
+        log: log.clone(),
+    })));
+    Ok(Bootstrap {
+        roles,
+        memberships,
+        global,
+        log,
+    })
+}
+
+/// Hands the GMS's messages to the clients and theirs back, directly and at time zero, until both
+/// sides are quiet (the bootstrap's network).
+fn exchange(gms: &mut Gms, clients: &mut [GmsClient], nonces: &BTreeMap<u64, NodeId>) {
+    let t0 = Time::ZERO;
+    loop {
+        let mut progressed = false;
+        while let Some(tx) = gms.poll_transmit() {
+            progressed = true;
+            let to = match tx.to {
+                Peer::Node(g) => from_gms(g),
+                Peer::Joiner(nonce) => nonces.get(&nonce).copied(),
+            };
+            if let Some(c) = to.and_then(|to| clients.get_mut(to.0 as usize)) {
+                c.handle_message(t0, tx.msg);
+            }
+        }
+        for (i, c) in clients.iter_mut().enumerate() {
+            while let Some(msg) = c.poll_transmit() {
+                progressed = true;
+                gms.handle_message(t0, Peer::Node(to_gms(NodeId(i as u32))), msg);
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn frames_are_told_apart_from_protocol_datagrams() {
+        let msg = GmsMessage::Heartbeat;
+        let bytes = frame(NodeId(7), &msg);
+        let (from, body) = unframe(&bytes).unwrap();
+        assert_eq!(from, NodeId(7));
+        assert_eq!(GmsMessage::decode(body).unwrap(), msg);
+        // Protocol datagrams start with "TD"; short or foreign bytes are not GMS frames.
+        assert!(unframe(b"TD\x01\x00\x00\x00\x00\x00").is_none());
+        assert!(unframe(b"GM\x01").is_none());
+        assert_eq!(to_gms(NodeId(0)), NodeId(1));
+        assert_eq!(from_gms(NodeId(1)), Some(NodeId(0)));
+        assert_eq!(from_gms(NodeId(0)), None);
+    }
+
+    #[test]
+    fn bootstrap_matches_names_ids_and_subscriptions() {
+        let t = TopicId;
+        let subs = vec![
+            vec![],
+            vec![t(1), t(3)],
+            vec![t(2), t(3)],
+            vec![t(1), t(3)],
+            vec![t(2)],
+            vec![t(1), t(2), t(3)],
+        ];
+        let b = bootstrap(9, &subs, 1, 4, Duration::from_millis(300), 2).unwrap();
+        assert_eq!(b.roles.len(), subs.len() + 1);
+        let gms = b.roles.last().and_then(Role::service).unwrap();
+        for i in 1..=4 {
+            assert_eq!(gms.topic_id(&format!("t{i}")), Some(TopicId(i)));
+        }
+        assert!(regions_per_node_max(gms) <= 1);
+        // Every topic's members, as the sender sees them, are exactly its subscribers.
+        let view = sender_view(&b.memberships[0]);
+        for topic in 1..=3 {
+            let want: Vec<NodeId> = (0..subs.len())
+                .filter(|&i| subs[i].contains(&TopicId(topic)))
+                .map(|i| NodeId(i as u32))
+                .collect();
+            let mut got = view.get(&TopicId(topic)).cloned().unwrap_or_default();
+            got.sort_unstable();
+            assert_eq!(got, want, "topic {topic}");
+        }
+        // A receiver knows only its own region; the sender knows all of them.
+        assert_eq!(b.memberships[4].regions.len(), 1);
+        assert_eq!(
+            local_topics(&b.memberships[5], NodeId(5)),
+            [t(1), t(2), t(3)].into_iter().collect()
+        );
+        assert_eq!(b.memberships[0].regions.len(), b.global.regions.len());
+    }
+}
