@@ -230,8 +230,11 @@ impl Node {
         }
         // Borrowed, not cloned: publishing allocates nothing per message (the fields touched below
         // are disjoint from the membership).
-        let regions: &[RegionId] =
-            self.membership.topic_regions.get(&topic).map_or(&[], Vec::as_slice);
+        let regions: &[RegionId] = self
+            .membership
+            .topic_regions
+            .get(&topic)
+            .map_or(&[], Vec::as_slice);
         for region in regions {
             if self
                 .outbound
