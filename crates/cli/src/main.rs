@@ -197,6 +197,10 @@ struct ScenarioArgs {
     /// Sender window: unstable messages per region.
     #[arg(long)]
     window: Option<usize>,
+    /// Turn on Gryphon's congestion control (PDCC): senders adapt their publish rate to the
+    /// slowest receiver.
+    #[arg(long)]
+    congestion_control: bool,
     /// Random membership events (crash, leave, join, resubscribe) during publishing.
     #[arg(long, default_value_t = 0)]
     churn: u32,
@@ -217,6 +221,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
     if let Some(ms) = a.token_interval_ms {
         proto.token_interval = Duration::from_millis(ms);
     }
+    proto.congestion_control = a.congestion_control;
     if let Some(w) = a.window {
         proto.window_msgs_max = w;
         proto.receive_window_msgs = proto.receive_window_msgs.max(w);

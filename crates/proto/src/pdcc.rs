@@ -217,9 +217,16 @@ mod tests {
         Time::ZERO + Duration::from_millis(m)
     }
 
+    fn on() -> Config {
+        Config {
+            congestion_control: true,
+            ..Config::default()
+        }
+    }
+
     #[test]
     fn receivers_alert_by_equations_6_to_8() {
-        let c = Config::default();
+        let c = on();
         let none = Duration::ZERO;
         assert_eq!(uca_rates(None, false, none, &c), None);
         assert_eq!(uca_rates(Some(1.0), false, none, &c), None);
@@ -253,7 +260,7 @@ mod tests {
 
     #[test]
     fn the_rate_falls_on_alerts_and_climbs_back_without_them() {
-        let c = Config::default();
+        let c = on();
         let mut r = RateController::new(ms(0), &c);
         for k in 0..1000 {
             assert!(r.admit(ms(k), &c).is_ok(), "unthrottled before any alert");

@@ -50,6 +50,10 @@ pub struct Recovery {
     pub tokens_resent: u64,
     /// Ring members reported as suspected.
     pub suspicions: u64,
+    /// Congestion alerts that reached senders (PDCC).
+    pub ucas_received: u64,
+    /// Publishes refused by the congestion-controlled rate (the publisher waited).
+    pub publish_rate_limited: u64,
     /// Token rounds completed, all rings.
     pub token_rounds_completed: u64,
     /// Duplicate messages dropped by receivers.

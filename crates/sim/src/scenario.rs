@@ -373,6 +373,9 @@ impl Scenario {
         if self.crash_leaders {
             cmd += " --crash-leaders";
         }
+        if self.proto.congestion_control {
+            cmd += " --congestion-control";
+        }
         if self.detection != DETECTION_DEFAULT {
             cmd += &format!(" --detection-ms {}", self.detection.as_millis());
         }
@@ -931,6 +934,8 @@ pub(crate) fn recovery_totals(world: &World<SimHost>) -> Recovery {
         r.tokens_lost += s.tokens_lost;
         r.tokens_resent += s.tokens_resent;
         r.suspicions += s.suspicions;
+        r.ucas_received += s.ucas_received;
+        r.publish_rate_limited += s.publish_rate_limited;
         r.token_rounds_completed += s.token_rounds_completed;
         r.duplicates_dropped += s.duplicates_dropped;
         r.out_of_window_dropped += s.out_of_window_dropped;
