@@ -200,6 +200,27 @@ impl CachingRule {
     }
 }
 
+/// The inbound stream of `origin` (never this node's own), created if fewer than `streams_max`
+/// exist, seeded with the message-id floor of earlier views. A free function over the fields it
+/// needs, so callers can still lend out other fields of the region.
+fn inbound_stream<'a>(
+    inbound: &'a mut BTreeMap<NodeId, InboundStream>,
+    floors: &BTreeMap<NodeId, u64>,
+    me: NodeId,
+    origin: NodeId,
+    streams_max: usize,
+) -> Option<&'a mut InboundStream> {
+    if origin == me || (!inbound.contains_key(&origin) && inbound.len() >= streams_max) {
+        return None;
+    }
+    let floor = floors.get(&origin).copied().unwrap_or(0);
+    Some(inbound.entry(origin).or_insert_with(|| {
+        let mut s = InboundStream::new(origin);
+        s.msg_id_floor = floor;
+        s
+    }))
+}
+
 /// The state of one region this node is a member of.
 #[derive(Debug)]
 pub(crate) struct RegionState {
@@ -318,17 +339,13 @@ impl RegionState {
         config: &Config,
     ) -> Option<(&mut InboundStream, CachingRule, &[TopicId])> {
         let caching = self.caching_rule();
-        if origin == self.me
-            || (!self.inbound.contains_key(&origin) && self.inbound.len() >= config.streams_max)
-        {
-            return None;
-        }
-        let floor = self.msg_id_floors.get(&origin).copied().unwrap_or(0);
-        let stream = self.inbound.entry(origin).or_insert_with(|| {
-            let mut s = InboundStream::new(origin);
-            s.msg_id_floor = floor;
-            s
-        });
+        let stream = inbound_stream(
+            &mut self.inbound,
+            &self.msg_id_floors,
+            self.me,
+            origin,
+            config.streams_max,
+        )?;
         Some((stream, caching, &self.topics))
     }
 
@@ -338,18 +355,13 @@ impl RegionState {
         origin: NodeId,
         config: &Config,
     ) -> Option<&mut InboundStream> {
-        if origin == self.me {
-            return None;
-        }
-        if !self.inbound.contains_key(&origin) && self.inbound.len() >= config.streams_max {
-            return None;
-        }
-        let floor = self.msg_id_floors.get(&origin).copied().unwrap_or(0);
-        Some(self.inbound.entry(origin).or_insert_with(|| {
-            let mut s = InboundStream::new(origin);
-            s.msg_id_floor = floor;
-            s
-        }))
+        inbound_stream(
+            &mut self.inbound,
+            &self.msg_id_floors,
+            self.me,
+            origin,
+            config.streams_max,
+        )
     }
 
     /// Seeds the per-origin floors of message ids delivered in earlier views.
