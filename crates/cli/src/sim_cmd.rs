@@ -1,0 +1,362 @@
+//! `tidings sim`: the deterministic simulator (run, sweep, regions).
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use tidings_proto::Config;
+use tidings_sim::fault::FaultSpec;
+use tidings_sim::{MembershipKind, Progress, Scenario};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum SimCommand {
+    /// Runs one scenario and prints throughput, time to stability, token round trips, pending
+    /// ACKs, cache occupancy, recovery counts and the checker's verdict. Exit status 1 if the
+    /// checker found a violation.
+    Run(RunArgs),
+    /// Runs one scenario over many seeds and fault specifications on all cores, and reports every
+    /// failing seed with the command that replays it. Exit status 1 if any run failed.
+    Sweep(SweepArgs),
+    /// Forms regions for a synthetic workload (paper 001, Figures 5-6): nodes subscribing to a
+    /// share of Zipf-popular topics, fed to the GMS's incremental planner one subscription at a
+    /// time; reports regions per node and per topic, region sizes, the share of a node's traffic
+    /// in its two busiest regions, and the time the computation took.
+    Regions(RegionsArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RegionsArgs {
+    /// Nodes.
+    #[arg(long, default_value_t = 2000)]
+    nodes: usize,
+    /// Topics.
+    #[arg(long, default_value_t = 10000)]
+    topics: usize,
+    /// Share of the topics each node subscribes to.
+    #[arg(long, default_value_t = 0.1)]
+    interest: f64,
+    /// Exponent of the Zipf popularity of topics.
+    #[arg(long, default_value_t = 1.0)]
+    zipf: f64,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also run the batch (from scratch, largest first) greedy for comparison.
+    #[arg(long)]
+    batch: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn sim_regions(a: &RegionsArgs) -> ExitCode {
+    if a.nodes == 0
+        || a.topics == 0
+        || !(a.interest > 0.0 && a.interest <= 1.0)
+        || a.zipf.is_nan()
+        || a.zipf < 0.0
+    {
+        eprintln!("error: --nodes and --topics must be positive, --interest within (0, 1], --zipf at least 0");
+        return ExitCode::from(2);
+    }
+    let mut params = tidings_gms::RegionsParams::new(a.nodes, a.topics, a.interest, a.zipf, a.seed);
+    params.compare_batch = a.batch;
+    let report = tidings_gms::regions_report(&params);
+    if a.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        print!("{}", report.to_text());
+    }
+    ExitCode::SUCCESS
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    scenario: ScenarioArgs,
+    /// Faults: none, iid:P, bursty:P[:LEN], blackout[:10ms:1s], freeze[:500ms:5s], comma-separated.
+    #[arg(long, default_value = "none")]
+    loss: FaultSpec,
+    /// Seed: same seed, same output.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SweepArgs {
+    #[command(flatten)]
+    scenario: ScenarioArgs,
+    /// Fault specifications to sweep, one per flag (each as for `run --loss`).
+    #[arg(long = "loss", required = true)]
+    losses: Vec<FaultSpec>,
+    /// Seeds, as FIRST..=LAST (or FIRST..LAST, inclusive as well).
+    #[arg(long, default_value = "1..=100", value_parser = parse_seeds)]
+    seeds: std::ops::RangeInclusive<u64>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn parse_seeds(text: &str) -> Result<std::ops::RangeInclusive<u64>, String> {
+    let (a, b) = text
+        .split_once("..=")
+        .or_else(|| text.split_once(".."))
+        .ok_or_else(|| format!("seeds {text:?}: expected FIRST..=LAST, e.g. 1..=100"))?;
+    let a: u64 = a
+        .trim()
+        .parse()
+        .map_err(|e| format!("seeds {text:?}: {e}"))?;
+    let b: u64 = b
+        .trim()
+        .parse()
+        .map_err(|e| format!("seeds {text:?}: {e}"))?;
+    if a > b {
+        return Err(format!("seeds {text:?}: FIRST is after LAST"));
+    }
+    Ok(a..=b)
+}
+
+/// What defines a scenario, besides its seed and faults.
+#[derive(Args, Debug)]
+struct ScenarioArgs {
+    /// Nodes in all (senders included).
+    #[arg(long, default_value_t = 21)]
+    nodes: u32,
+    /// Nodes 0..S publish.
+    #[arg(long, default_value_t = 1)]
+    senders: u32,
+    /// Topics.
+    #[arg(long, default_value_t = 1)]
+    topics: u32,
+    /// Seconds of publishing (simulated time).
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Interest profiles (regions); default 1 for one topic, else nodes/12 (at least 2).
+    #[arg(long)]
+    profiles: Option<u32>,
+    /// Apply the loss model to uplinks too (whole-region losses, repaired by NAKs).
+    #[arg(long)]
+    uplink_loss: bool,
+    /// Senders subscribe too (by default senders and receivers are distinct, as in the papers).
+    #[arg(long)]
+    senders_subscribe: bool,
+    /// Nodes that get the blackout and freeze windows.
+    #[arg(long, default_value_t = 1)]
+    flaky: u32,
+    /// Most simulated seconds after publishing for everything to become stable.
+    #[arg(long, default_value_t = 30.0)]
+    drain_seconds: f64,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 1000)]
+    message_bytes: usize,
+    /// Caching replicas per message (partition size).
+    #[arg(long, default_value_t = 5)]
+    replication: usize,
+    /// Per-sender publish rate, messages/s (default: as fast as flow control allows).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Link bandwidth, Mbit/s.
+    #[arg(long, default_value_t = 100.0)]
+    link_mbps: f64,
+    /// Token release interval of ring leaders, milliseconds.
+    #[arg(long)]
+    token_interval_ms: Option<u64>,
+    /// Sender window: unstable messages per region.
+    #[arg(long)]
+    window: Option<usize>,
+    /// Turn on Gryphon's congestion control (PDCC): senders adapt their publish rate to the
+    /// slowest receiver.
+    #[arg(long)]
+    congestion_control: bool,
+    /// Random membership events (crash, leave, join, resubscribe) during publishing.
+    #[arg(long, default_value_t = 0)]
+    churn: u32,
+    /// Crash the largest region's leader and one of its partition leaders during publishing.
+    #[arg(long)]
+    crash_leaders: bool,
+    /// How long a crash goes unnoticed by the membership, milliseconds.
+    #[arg(long, default_value_t = 300)]
+    detection_ms: u64,
+    /// Run the real membership service (GMS) on an extra simulated node, with a client in every
+    /// node, instead of the oracle that installs every view everywhere at once.
+    #[arg(long)]
+    gms: bool,
+}
+
+fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
+    let mut proto = Config::default();
+    if let Some(ms) = a.token_interval_ms {
+        proto.token_interval = Duration::from_millis(ms);
+    }
+    proto.congestion_control = a.congestion_control;
+    if let Some(w) = a.window {
+        proto.window_msgs_max = w;
+        proto.receive_window_msgs = proto.receive_window_msgs.max(w);
+    }
+    Scenario {
+        nodes: a.nodes,
+        senders: a.senders,
+        senders_subscribe: a.senders_subscribe,
+        topics: a.topics,
+        profiles: a.profiles,
+        faults,
+        uplink_loss: a.uplink_loss,
+        flaky: a.flaky,
+        seconds: a.seconds,
+        drain_seconds: a.drain_seconds,
+        seed,
+        message_bytes: a.message_bytes,
+        replication: a.replication,
+        publish_rate: a.rate,
+        link_mbps: a.link_mbps,
+        proto,
+        churn: a.churn,
+        churn_events: Vec::new(),
+        crash_leaders: a.crash_leaders,
+        detection: Duration::from_millis(a.detection_ms),
+        membership: if a.gms {
+            MembershipKind::Gms
+        } else {
+            MembershipKind::Oracle
+        },
+    }
+}
+
+fn sim_run(a: &RunArgs) -> ExitCode {
+    let s = scenario(&a.scenario, a.loss, a.seed);
+    let show = !a.quiet && std::io::stderr().is_terminal();
+    #[allow(clippy::disallowed_methods)] // wall time of the whole run, for the operator only
+    let started = std::time::Instant::now();
+    let mut progress = |p: &Progress| {
+        if show {
+            let t = p.now.as_nanos() as f64 / 1e9;
+            let phase = if t <= p.publish_seconds {
+                "publishing"
+            } else {
+                "draining"
+            };
+            eprint!(
+                "\r  simulated {t:6.1} s of {:.0}+ ({phase}): {} published, {} stable   ",
+                p.publish_seconds, p.published, p.stable
+            );
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let report = match tidings_sim::run(&s, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if show {
+        eprintln!(
+            "\r  done in {:.1} s of wall time{}",
+            started.elapsed().as_secs_f64(),
+            " ".repeat(40)
+        );
+    }
+    if a.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn sim_sweep(a: &SweepArgs) -> ExitCode {
+    let base = scenario(&a.scenario, FaultSpec::NONE, *a.seeds.start());
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let show = !a.quiet && std::io::stderr().is_terminal();
+    let done = |finished: usize, total: usize| {
+        if show {
+            eprint!("\r  {finished}/{total} runs");
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let runs = match tidings_sim::sweep(&base, &a.losses, a.seeds.clone(), jobs, &done) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if show {
+        eprintln!();
+    }
+    let mut failed = 0;
+    for fault in &a.losses {
+        let of_fault: Vec<_> = runs
+            .iter()
+            .filter(|r| r.scenario.faults == *fault)
+            .collect();
+        let reports: Vec<_> = of_fault
+            .iter()
+            .filter_map(|r| r.result.as_ref().ok())
+            .collect();
+        let passed = of_fault.iter().filter(|r| r.passed()).count();
+        let mean = |f: &dyn Fn(&tidings_sim::RunReport) -> f64| {
+            reports.iter().map(|r| f(r)).sum::<f64>() / reports.len().max(1) as f64
+        };
+        let worst_p99 = reports
+            .iter()
+            .map(|r| r.time_to_stable_ms.p99)
+            .fold(0.0, f64::max);
+        println!(
+            "{:<28} {passed}/{} pass; throughput mean {:.0} msgs/s; time to stable p50 mean {:.0} ms, worst p99 {:.0} ms; repaired mean {:.0}",
+            fault.to_string(),
+            of_fault.len(),
+            mean(&|r| r.throughput_msgs_per_sec),
+            mean(&|r| r.time_to_stable_ms.p50),
+            worst_p99,
+            mean(&|r| r.recovery.repairs_received as f64),
+        );
+        for r in of_fault.iter().filter(|r| !r.passed()) {
+            failed += 1;
+            let why = match &r.result {
+                Ok(report) => report.violations.first().cloned().unwrap_or_default(),
+                Err(e) => e.clone(),
+            };
+            println!("  FAIL seed {}: {why}", r.scenario.seed);
+            println!("    replay: {}", r.scenario.replay_command());
+        }
+    }
+    if failed == 0 {
+        println!("all {} runs passed", runs.len());
+        ExitCode::SUCCESS
+    } else {
+        println!("{failed} of {} runs failed", runs.len());
+        ExitCode::from(1)
+    }
+}
+
+/// Runs one `tidings sim` command.
+pub(crate) fn run(command: SimCommand) -> ExitCode {
+    match command {
+        SimCommand::Run(a) => sim_run(&a),
+        SimCommand::Sweep(a) => sim_sweep(&a),
+        SimCommand::Regions(a) => sim_regions(&a),
+    }
+}
