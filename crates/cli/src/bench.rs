@@ -1,0 +1,926 @@
+//! `tidings bench`: publishers and subscribers as separate processes on this host (this binary
+//! re-executed as `tidings bench-child`), a static membership and an address book handed to the
+//! children, and the raw UDP ceiling for the same datagram size measured in the same run.
+//!
+//! The parent and each child talk in JSON lines: the child's stdout carries [`FromChild`], its
+//! stdin [`ToChild`]. A child that sees its stdin close, or outlives its `lifetime_ms`, exits, so
+//! no child outlives a parent that died.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use tidings_proto::{Membership, NodeId, RegionId, TopicId};
+use tidings_runtime::bench::{self as rt_bench, RawMode};
+use tidings_runtime::{AddressBook, MulticastConfig, Transport};
+
+#[path = "bench_sys.rs"]
+mod bench_sys;
+#[path = "bench_child.rs"]
+mod child;
+
+/// Bytes at the start of every payload: publish time (shared clock, ns), publisher index,
+/// sequence number within (publisher, topic).
+pub(crate) const HEADER_BYTES: usize = 16;
+/// Payload bytes of the largest message: the protocol's default datagram (1472 bytes) less the
+/// datagram header (16), a retransmission's extra fields (6) and the message header (30), as
+/// `tidings_proto::Node::max_payload` computes it.
+const MESSAGE_BYTES_MAX: usize = 1472 - 16 - 6 - 30;
+/// How long children have to start, bind, and build their nodes.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long publishers wait for their last messages to become stable, and subscribers for their
+/// last deliveries, after publishing ends.
+const DRAIN: Duration = Duration::from_secs(15);
+/// Longest publishing phase with `--messages` (it ends earlier when all are published).
+const COUNT_MODE_PUBLISH_MAX: Duration = Duration::from_secs(120);
+/// Delay between the parent's `Go` and the first publish, so that every child sees it in time.
+const START_DELAY: Duration = Duration::from_millis(200);
+
+/// How region datagrams leave a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub(crate) enum TransportArg {
+    /// One datagram per region member (fan-out).
+    Unicast,
+    /// One IP multicast datagram per region (groups joined on `--interface`).
+    Multicast,
+}
+
+/// `tidings bench`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct BenchArgs {
+    /// Publisher processes. Each publishes round-robin over all topics.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    publishers: u32,
+    /// Subscriber processes. Each subscribes to every topic (so they form one region).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    subscribers: u32,
+    /// Topics.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    topics: u32,
+    /// Payload bytes per message (at least 16: the benchmark's stamp, publisher and sequence
+    /// number; at most 1420, what fits one default datagram).
+    #[arg(long, default_value_t = 1000, value_parser = parse_message_bytes)]
+    message_bytes: usize,
+    /// Measured seconds of publishing (after the warm-up).
+    #[arg(long, default_value_t = 3.0, value_parser = parse_seconds, conflicts_with = "messages")]
+    seconds: f64,
+    /// Seconds of publishing before measuring starts.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero, conflicts_with = "messages")]
+    warmup_seconds: f64,
+    /// Instead of a duration: messages per publisher; all of them are measured (no warm-up).
+    /// Publishing stops after 120 s regardless.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    messages: Option<u64>,
+    /// Messages per second per publisher; default: as fast as back pressure allows.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    rate: Option<u64>,
+    /// Transport of region datagrams.
+    #[arg(long, value_enum, default_value_t = TransportArg::Unicast)]
+    transport: TransportArg,
+    /// Interface address every process binds to, and for multicast joins groups on.
+    #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
+    interface: Ipv4Addr,
+    /// Protocol: token interval in milliseconds (default: the protocol's, 100).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    token_ms: Option<u64>,
+    /// Protocol: most unstable messages per sender and region (default: the protocol's, 16384).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
+    window: Option<u64>,
+    /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero)]
+    ceiling_seconds: f64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// `tidings bench-child`: one process of a benchmark.
+#[derive(Args, Debug)]
+pub(crate) struct ChildArgs {
+    /// The child's part, as JSON ([`ChildSpec`]).
+    #[arg(long)]
+    spec: String,
+}
+
+fn parse_message_bytes(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if (HEADER_BYTES..=MESSAGE_BYTES_MAX).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "must be within {HEADER_BYTES}..={MESSAGE_BYTES_MAX}"
+        ))
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if x.is_finite() && x > 0.0 && x <= 3600.0 {
+        Ok(x)
+    } else {
+        Err("must be more than 0 and at most 3600".to_owned())
+    }
+}
+
+fn parse_seconds_or_zero(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if x.is_finite() && (0.0..=3600.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err("must be within 0..=3600".to_owned())
+    }
+}
+
+/// What a child process is told at start (as JSON on its command line).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ChildSpec {
+    /// Whether this child publishes (`true`) or subscribes.
+    pub(crate) publisher: bool,
+    /// This child's node id: publishers are `0..publishers`, subscribers follow.
+    pub(crate) node: u32,
+    pub(crate) publishers: u32,
+    pub(crate) subscribers: u32,
+    pub(crate) topics: u32,
+    pub(crate) message_bytes: usize,
+    /// Duration mode: warm-up and measured time, in milliseconds.
+    pub(crate) warmup_ms: u64,
+    pub(crate) duration_ms: u64,
+    /// Count mode: messages per publisher.
+    pub(crate) messages: Option<u64>,
+    pub(crate) rate: Option<u64>,
+    pub(crate) transport: TransportArg,
+    pub(crate) interface: Ipv4Addr,
+    pub(crate) token_ms: Option<u64>,
+    pub(crate) window: Option<u64>,
+    /// Injected receive loss at subscribers (tests).
+    pub(crate) receive_loss: f64,
+    /// The child exits by itself after this long, whatever happens.
+    pub(crate) lifetime_ms: u64,
+    /// How long to wait for stability (publishers) or the last deliveries (subscribers).
+    pub(crate) drain_ms: u64,
+}
+
+impl ChildSpec {
+    /// The static membership every process computes the same way: subscribers subscribe to all
+    /// topics, publishers to none.
+    pub(crate) fn membership(&self) -> Membership {
+        let subs: BTreeMap<NodeId, Vec<TopicId>> = (0..self.publishers + self.subscribers)
+            .map(|i| {
+                let topics = if i < self.publishers {
+                    vec![]
+                } else {
+                    (0..self.topics).map(TopicId).collect()
+                };
+                (NodeId(i), topics)
+            })
+            .collect();
+        Membership::from_subscriptions(&subs, 5)
+    }
+
+    /// The protocol configuration of every node.
+    pub(crate) fn protocol(&self) -> tidings_proto::Config {
+        let mut protocol = tidings_proto::Config::default();
+        if let Some(w) = self.window {
+            let w = usize::try_from(w).unwrap_or(usize::MAX);
+            protocol.window_msgs_max = w;
+            protocol.receive_window_msgs = protocol.receive_window_msgs.max(2 * w);
+        }
+        if let Some(t) = self.token_ms {
+            protocol.token_interval = Duration::from_millis(t);
+            protocol.token_timeout = protocol.token_timeout.max(3 * protocol.token_interval);
+        }
+        protocol
+    }
+
+    /// The transport of every node.
+    pub(crate) fn transport(&self) -> Transport {
+        match self.transport {
+            TransportArg::Unicast => Transport::Unicast,
+            TransportArg::Multicast => Transport::Multicast(MulticastConfig {
+                interface: self.interface,
+                ..MulticastConfig::default()
+            }),
+        }
+    }
+}
+
+/// The address book as it crosses a pipe.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct BookWire {
+    nodes: Vec<(u32, SocketAddr)>,
+    groups: Vec<(u32, SocketAddrV4)>,
+}
+
+impl BookWire {
+    pub(crate) fn to_book(&self) -> AddressBook {
+        let mut book = AddressBook::default();
+        for &(n, a) in &self.nodes {
+            book.nodes.insert(NodeId(n), a);
+        }
+        for &(r, a) in &self.groups {
+            book.groups.insert(RegionId(r), a);
+        }
+        book
+    }
+}
+
+/// Parent to child, one JSON object per line on the child's stdin.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum ToChild {
+    /// Everyone's addresses: start the node.
+    Book(BookWire),
+    /// Publishing starts at this shared-clock time (ns).
+    Go { start_ns: u64 },
+    /// Publishing is over; messages each publisher published (subscribers wait for them all).
+    End { published: Vec<u64> },
+}
+
+/// Child to parent, one JSON object per line on the child's stdout.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum FromChild {
+    /// The child's unicast address (bound, so no other process takes it).
+    Addr(SocketAddr),
+    /// The node runs (and subscribers have subscribed).
+    Ready,
+    /// Messages published (publishers) or delivered (subscribers) so far.
+    Progress(u64),
+    /// The child's measurements.
+    Result(Box<ChildResult>),
+    /// The child failed.
+    Error(String),
+}
+
+/// What one child measured.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct ChildResult {
+    /// Messages published in all (publishers).
+    pub(crate) published: u64,
+    /// Messages published (publishers) or delivered (subscribers) with a publish stamp inside the
+    /// measured window.
+    pub(crate) in_window: u64,
+    /// Length of the measured window, in nanoseconds (count mode: until the last delivery).
+    pub(crate) window_ns: u64,
+    /// Heap allocations of the process in the measured window.
+    pub(crate) allocations: u64,
+    /// CPU time of the process in the measured window, in nanoseconds.
+    pub(crate) cpu_ns: u64,
+    /// Peak resident set size of the process, in bytes.
+    pub(crate) peak_rss_bytes: u64,
+    /// Publishers: every message became stable within the drain time.
+    pub(crate) stable: bool,
+    /// Subscribers: messages delivered in all, out of order (or duplicated), and missing at the
+    /// end.
+    pub(crate) delivered: u64,
+    pub(crate) order_errors: u64,
+    pub(crate) missing: u64,
+    /// Subscribers: latency histogram (microseconds, count) of the window's deliveries.
+    pub(crate) latency_us: Vec<(u64, u64)>,
+    /// Datagrams sent and short sends of the node in the window (from the runtime's stats).
+    pub(crate) datagrams_sent: u64,
+    pub(crate) send_calls: u64,
+    /// Injected drops and repairs received in all (subscribers).
+    pub(crate) injected_drops: u64,
+    pub(crate) repairs_received: u64,
+}
+
+/// Entry point of the hidden `tidings bench-child`.
+pub(crate) fn run_child(args: &ChildArgs) -> ExitCode {
+    child::run(&args.spec)
+}
+
+/// The processes of a run; killed and reaped when dropped, whatever happened.
+struct Children {
+    children: Vec<Child>,
+    stdins: Vec<Option<ChildStdin>>,
+}
+
+impl Children {
+    fn send(&mut self, i: usize, msg: &ToChild) -> Result<(), String> {
+        let line = serde_json::to_string(msg).map_err(|e| e.to_string())?;
+        let stdin = self.stdins[i]
+            .as_mut()
+            .ok_or_else(|| format!("child {i}: stdin closed"))?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("child {i}: {e}"))
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        // Closing stdin tells a child to shut down; it gets a bounded time, then is killed.
+        self.stdins.clear();
+        let deadline = bench_sys::shared_clock_ns() + 5_000_000_000;
+        for c in &mut self.children {
+            while matches!(c.try_wait(), Ok(None)) && bench_sys::shared_clock_ns() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One line from child `.0`, or `None` when its stdout closed.
+type Line = (usize, Option<FromChild>);
+
+fn spawn(specs: &[ChildSpec], lines: &mpsc::Sender<Line>) -> Result<Children, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let mut all = Children {
+        children: Vec::new(),
+        stdins: Vec::new(),
+    };
+    for (i, spec) in specs.iter().enumerate() {
+        let json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
+        let mut child = Command::new(&exe)
+            .args(["bench-child", "--spec", &json])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start a child process: {e}"))?;
+        let stdout = child.stdout.take();
+        all.stdins.push(child.stdin.take());
+        all.children.push(child);
+        let Some(stdout) = stdout else {
+            return Err("child stdout missing".to_owned());
+        };
+        let tx = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let msg = serde_json::from_str::<FromChild>(&line)
+                    .unwrap_or_else(|_| FromChild::Error(format!("unexpected output: {line}")));
+                if tx.send((i, Some(msg))).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send((i, None));
+        });
+    }
+    Ok(all)
+}
+
+/// Waits for one message from each child in `from` for which `want` returns `Some` (in the order
+/// of `from`), handling progress on the way.
+fn gather<T>(
+    rx: &mpsc::Receiver<Line>,
+    from: std::ops::Range<usize>,
+    timeout: Duration,
+    what: &str,
+    mut want: impl FnMut(usize, FromChild) -> Option<T>,
+    mut progress: impl FnMut(usize, u64),
+) -> Result<Vec<T>, String> {
+    let deadline = bench_sys::shared_clock_ns().saturating_add(nanos(timeout));
+    let n = from.end;
+    let mut got: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    while from.clone().any(|i| got[i].is_none()) {
+        let left = deadline.saturating_sub(bench_sys::shared_clock_ns());
+        if left == 0 {
+            let missing: Vec<usize> = from.clone().filter(|&i| got[i].is_none()).collect();
+            return Err(format!(
+                "timed out after {timeout:?} waiting for {what} from children {missing:?}"
+            ));
+        }
+        match rx.recv_timeout(Duration::from_nanos(left).min(Duration::from_millis(100))) {
+            Ok((i, Some(FromChild::Progress(count)))) => progress(i, count),
+            Ok((i, Some(FromChild::Error(e)))) => return Err(format!("child {i}: {e}")),
+            Ok((i, Some(msg))) => {
+                if from.contains(&i) && got[i].is_none() {
+                    got[i] = want(i, msg);
+                }
+            }
+            Ok((i, None)) => {
+                if from.contains(&i) && got[i].is_none() {
+                    return Err(format!("child {i} exited while waiting for {what}"));
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => progress(usize::MAX, 0),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err("all children gone".to_owned()),
+        }
+    }
+    Ok(got.into_iter().flatten().collect())
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn millis(seconds: f64) -> u64 {
+    (seconds * 1000.0).round() as u64
+}
+
+/// A multicast group and port for each region, unlikely to collide with another run.
+fn groups(
+    membership: &Membership,
+    interface: Ipv4Addr,
+) -> Result<Vec<(u32, SocketAddrV4)>, String> {
+    let mut rng =
+        fastrand::Rng::with_seed(u64::from(std::process::id()) ^ bench_sys::shared_clock_ns());
+    membership
+        .regions
+        .keys()
+        .map(|&region| {
+            let port = std::net::UdpSocket::bind((interface, 0))
+                .and_then(|s| s.local_addr())
+                .map_err(|e| format!("cannot find a free port on {interface}: {e}"))?
+                .port();
+            let ip = Ipv4Addr::new(239, 255, rng.u8(1..255), rng.u8(1..255));
+            Ok((region.0, SocketAddrV4::new(ip, port)))
+        })
+        .collect()
+}
+
+/// Shows progress on stderr: one rewritten line on a terminal, a line per phase otherwise.
+struct Progress {
+    tty: bool,
+    quiet: bool,
+}
+
+impl Progress {
+    fn phase(&self, text: &str) {
+        if self.quiet {
+            return;
+        }
+        if self.tty {
+            eprint!("\r\x1b[2K{text}");
+        } else {
+            eprintln!("bench: {text}");
+        }
+    }
+    fn update(&self, text: &str) {
+        if self.tty && !self.quiet {
+            eprint!("\r\x1b[2K{text}");
+        }
+    }
+    fn done(&self) {
+        if self.tty && !self.quiet {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+/// Runs `tidings bench`.
+pub(crate) fn run(args: &BenchArgs) -> ExitCode {
+    let progress = Progress {
+        tty: std::io::stderr().is_terminal(),
+        quiet: args.quiet,
+    };
+    match measure(args, &progress) {
+        Ok(report) => {
+            progress.done();
+            if args.json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.text());
+            }
+            if report.pass() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            progress.done();
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Everything a run measured.
+struct Report {
+    args: BenchArgs,
+    datagram_bytes: usize,
+    messages_per_datagram: usize,
+    ceiling_plain_mb_per_sec: Option<f64>,
+    ceiling_batched_mb_per_sec: Option<f64>,
+    window_secs: f64,
+    published: u64,
+    published_in_window: u64,
+    /// Slowest subscriber's deliveries in the window.
+    delivered_in_window_min: u64,
+    latency_us: Histogram<u64>,
+    allocs_publishers: u64,
+    allocs_subscribers: Vec<u64>,
+    delivered_in_window: Vec<u64>,
+    cpu_ns_publishers: u64,
+    cpu_ns_subscribers: Vec<u64>,
+    rss_publisher_max: u64,
+    rss_subscriber_max: u64,
+    order_errors: u64,
+    missing: u64,
+    unstable_publishers: u32,
+    sender_datagrams: u64,
+    sender_send_calls: u64,
+    injected_drops: u64,
+    repairs_received: u64,
+}
+
+impl Report {
+    fn pass(&self) -> bool {
+        self.order_errors == 0 && self.missing == 0 && self.unstable_publishers == 0
+    }
+    fn messages_per_sec(&self) -> f64 {
+        self.delivered_in_window_min as f64 / self.window_secs.max(1e-9)
+    }
+    fn mb_per_sec(&self) -> f64 {
+        self.messages_per_sec() * self.args.message_bytes as f64 / 1e6
+    }
+    fn allocs_per_message(&self) -> Option<f64> {
+        let all = self.allocs_publishers + self.allocs_subscribers.iter().sum::<u64>();
+        (self.published_in_window > 0).then(|| all as f64 / self.published_in_window as f64)
+    }
+    fn allocs_per_message_publisher(&self) -> Option<f64> {
+        (self.published_in_window > 0)
+            .then(|| self.allocs_publishers as f64 / self.published_in_window as f64)
+    }
+    /// Mean over subscribers of allocations per delivered message.
+    fn allocs_per_message_subscriber(&self) -> Option<f64> {
+        let per: Vec<f64> = self
+            .allocs_subscribers
+            .iter()
+            .zip(&self.delivered_in_window)
+            .filter(|(_, &d)| d > 0)
+            .map(|(&a, &d)| a as f64 / d as f64)
+            .collect();
+        (!per.is_empty()).then(|| per.iter().sum::<f64>() / per.len() as f64)
+    }
+    fn cpu_us_per_message(&self) -> Option<f64> {
+        let all = self.cpu_ns_publishers + self.cpu_ns_subscribers.iter().sum::<u64>();
+        (self.published_in_window > 0).then(|| all as f64 / 1e3 / self.published_in_window as f64)
+    }
+    fn cpu_cores(&self, ns: u64) -> f64 {
+        ns as f64 / 1e9 / self.window_secs.max(1e-9)
+    }
+    fn cpu_subscriber_max(&self) -> u64 {
+        self.cpu_ns_subscribers.iter().copied().max().unwrap_or(0)
+    }
+    fn latency(&self, q: f64) -> u64 {
+        if self.latency_us.is_empty() {
+            0
+        } else {
+            self.latency_us.value_at_quantile(q)
+        }
+    }
+
+    fn json(&self) -> String {
+        let a = &self.args;
+        let opt = |x: Option<f64>| x.map_or(serde_json::Value::Null, serde_json::Value::from);
+        let v = serde_json::json!({
+            "verdict": if self.pass() { "pass" } else { "fail" },
+            "publishers": a.publishers,
+            "subscribers": a.subscribers,
+            "topics": a.topics,
+            "message_bytes": a.message_bytes,
+            "transport": match a.transport { TransportArg::Unicast => "unicast", TransportArg::Multicast => "multicast" },
+            "rate_per_publisher": a.rate,
+            "window_secs": self.window_secs,
+            "published": self.published,
+            "published_in_window": self.published_in_window,
+            "delivered_in_window_min": self.delivered_in_window_min,
+            "messages_per_sec": self.messages_per_sec(),
+            "mb_per_sec": self.mb_per_sec(),
+            "latency_us": {
+                "p50": self.latency(0.5),
+                "p99": self.latency(0.99),
+                "p999": self.latency(0.999),
+                "max": self.latency_us.max(),
+                "samples": self.latency_us.len(),
+            },
+            "allocs_per_message": opt(self.allocs_per_message()),
+            "allocs_per_message_publisher": opt(self.allocs_per_message_publisher()),
+            "allocs_per_message_subscriber": opt(self.allocs_per_message_subscriber()),
+            "cpu_us_per_message": opt(self.cpu_us_per_message()),
+            "cpu_cores": {
+                "publishers": self.cpu_cores(self.cpu_ns_publishers),
+                "subscriber_max": self.cpu_cores(self.cpu_subscriber_max()),
+            },
+            "peak_rss_bytes": {
+                "publisher_max": self.rss_publisher_max,
+                "subscriber_max": self.rss_subscriber_max,
+            },
+            "sender_datagrams_per_sec": self.sender_datagrams as f64 / self.window_secs.max(1e-9),
+            "sender_send_calls_per_sec": self.sender_send_calls as f64 / self.window_secs.max(1e-9),
+            "datagram_bytes": self.datagram_bytes,
+            "messages_per_datagram": self.messages_per_datagram,
+            "udp_ceiling_mb_per_sec": opt(self.ceiling_batched_mb_per_sec),
+            "udp_ceiling_plain_mb_per_sec": opt(self.ceiling_plain_mb_per_sec),
+            "ratio_to_udp_ceiling": opt(self.ceiling_batched_mb_per_sec.map(|c| self.mb_per_sec() / c.max(1e-9))),
+            "order_errors": self.order_errors,
+            "missing": self.missing,
+            "unstable_publishers": self.unstable_publishers,
+            "injected_drops": self.injected_drops,
+            "repairs_received": self.repairs_received,
+        });
+        v.to_string()
+    }
+
+    fn text(&self) -> String {
+        let a = &self.args;
+        let mut s = String::new();
+        let f =
+            |x: Option<f64>, digits: usize| x.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
+        s += &format!(
+            "tidings bench: {} publisher(s) -> {} subscriber(s), {} topic(s), {} B messages, {}, {}\n",
+            a.publishers,
+            a.subscribers,
+            a.topics,
+            a.message_bytes,
+            match a.transport {
+                TransportArg::Unicast => "unicast fan-out".to_owned(),
+                TransportArg::Multicast => format!("IP multicast on {}", a.interface),
+            },
+            match a.messages {
+                Some(n) => format!("{n} messages per publisher"),
+                None => format!("{} s warm-up + {} s measured", a.warmup_seconds, a.seconds),
+            }
+        );
+        s += &format!(
+            "  throughput   {:.0} msgs/s, {:.1} MB/s per subscriber (slowest; {} delivered in {:.2} s)\n",
+            self.messages_per_sec(),
+            self.mb_per_sec(),
+            self.delivered_in_window_min,
+            self.window_secs
+        );
+        s += &format!(
+            "  latency      p50 {} us, p99 {} us, p999 {} us, max {} us (publish to callback, across processes)\n",
+            self.latency(0.5),
+            self.latency(0.99),
+            self.latency(0.999),
+            self.latency_us.max()
+        );
+        s += &format!(
+            "  allocations  {} per message, all processes (publishers {} per published, subscribers {} per delivered)\n",
+            f(self.allocs_per_message(), 3),
+            f(self.allocs_per_message_publisher(), 3),
+            f(self.allocs_per_message_subscriber(), 3),
+        );
+        s += &format!(
+            "  CPU          {} us per message, all processes; publishers {:.2} cores, busiest subscriber {:.2} cores\n",
+            f(self.cpu_us_per_message(), 2),
+            self.cpu_cores(self.cpu_ns_publishers),
+            self.cpu_cores(self.cpu_subscriber_max())
+        );
+        s += &format!(
+            "  peak RSS     publisher {:.1} MB, subscriber {:.1} MB (largest)\n",
+            self.rss_publisher_max as f64 / 1e6,
+            self.rss_subscriber_max as f64 / 1e6
+        );
+        s += &format!(
+            "  sender       {:.0} datagrams/s in {:.0} send calls/s\n",
+            self.sender_datagrams as f64 / self.window_secs.max(1e-9),
+            self.sender_send_calls as f64 / self.window_secs.max(1e-9)
+        );
+        match self.ceiling_batched_mb_per_sec {
+            Some(batched) => {
+                s += &format!(
+                    "  raw UDP      {} MB/s plain, {:.1} MB/s batched (GSO/GRO) to {} receiver(s), {} B datagrams of {} message(s); this run: {:.2} of batched\n",
+                    f(self.ceiling_plain_mb_per_sec, 1),
+                    batched,
+                    a.subscribers,
+                    self.datagram_bytes,
+                    self.messages_per_datagram,
+                    self.mb_per_sec() / batched.max(1e-9)
+                );
+            }
+            None => s += "  raw UDP      not measured (--ceiling-seconds 0)\n",
+        }
+        s += &format!(
+            "  delivery     {}: {} published, {} out of order, {} missing, {} publisher(s) not stable\n",
+            if self.pass() { "pass" } else { "FAIL" },
+            self.published,
+            self.order_errors,
+            self.missing,
+            self.unstable_publishers
+        );
+        s
+    }
+}
+
+fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
+    let max_datagram = tidings_proto::Config::default().max_datagram_bytes;
+    let (messages_per_datagram, datagram_bytes) =
+        rt_bench::packing(args.message_bytes, max_datagram);
+
+    // The ceiling first, while no child competes for the cores.
+    let mut ceiling = [None, None];
+    if args.ceiling_seconds > 0.0 {
+        for (slot, mode) in ceiling.iter_mut().zip([RawMode::Plain, RawMode::Batched]) {
+            progress.phase(&format!(
+                "raw UDP ceiling ({mode:?}, {datagram_bytes} B datagrams)"
+            ));
+            let r = rt_bench::raw_udp(
+                mode,
+                datagram_bytes,
+                messages_per_datagram,
+                args.message_bytes,
+                args.subscribers,
+                Duration::from_secs_f64(args.ceiling_seconds),
+            )
+            .map_err(|e| format!("raw UDP ceiling: {e}"))?;
+            *slot = Some(r.payload_mb_per_sec);
+        }
+    }
+
+    let p = args.publishers;
+    let n = p + args.subscribers;
+    let (warmup_ms, duration_ms) = match args.messages {
+        Some(_) => (0, nanos(COUNT_MODE_PUBLISH_MAX) / 1_000_000),
+        None => (millis(args.warmup_seconds), millis(args.seconds)),
+    };
+    let lifetime =
+        SETUP_TIMEOUT + START_DELAY + Duration::from_millis(warmup_ms + duration_ms) + 3 * DRAIN;
+    let specs: Vec<ChildSpec> = (0..n)
+        .map(|i| ChildSpec {
+            publisher: i < p,
+            node: i,
+            publishers: p,
+            subscribers: args.subscribers,
+            topics: args.topics,
+            message_bytes: args.message_bytes,
+            warmup_ms,
+            duration_ms,
+            messages: args.messages,
+            rate: args.rate,
+            transport: args.transport,
+            interface: args.interface,
+            token_ms: args.token_ms,
+            window: args.window,
+            receive_loss: 0.0,
+            lifetime_ms: nanos(lifetime) / 1_000_000,
+            drain_ms: nanos(DRAIN) / 1_000_000,
+        })
+        .collect();
+    let Some(first) = specs.first() else {
+        return Err("no processes".to_owned());
+    };
+    let membership = first.membership();
+
+    progress.phase(&format!(
+        "starting {p} publisher and {} subscriber processes",
+        args.subscribers
+    ));
+    let (tx, rx) = mpsc::channel();
+    let mut children = spawn(&specs, &tx)?;
+    drop(tx);
+    let n = n as usize;
+    let no_progress = |_: usize, _: u64| {};
+    let addrs = gather(
+        &rx,
+        0..n,
+        SETUP_TIMEOUT,
+        "addresses",
+        |_, m| match m {
+            FromChild::Addr(a) => Some(a),
+            _ => None,
+        },
+        no_progress,
+    )?;
+    let mut book = BookWire {
+        nodes: addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| (i as u32, a))
+            .collect(),
+        groups: Vec::new(),
+    };
+    if args.transport == TransportArg::Multicast {
+        book.groups = groups(&membership, args.interface)?;
+    }
+    for i in 0..n {
+        children.send(i, &ToChild::Book(book.clone()))?;
+    }
+    gather(
+        &rx,
+        0..n,
+        SETUP_TIMEOUT,
+        "ready",
+        |_, m| matches!(m, FromChild::Ready).then_some(()),
+        no_progress,
+    )?;
+
+    let start_ns = bench_sys::shared_clock_ns() + nanos(START_DELAY);
+    for i in 0..n {
+        children.send(i, &ToChild::Go { start_ns })?;
+    }
+    let total_secs = (warmup_ms + duration_ms) as f64 / 1e3;
+    progress.phase("publishing");
+    let mut published_now = vec![0u64; n];
+    let mut delivered_now = vec![0u64; n];
+    let mut show = |i: usize, count: u64| {
+        if i < n {
+            if i < p as usize {
+                published_now[i] = count;
+            } else {
+                delivered_now[i] = count;
+            }
+        }
+        let t = bench_sys::shared_clock_ns().saturating_sub(start_ns) as f64 / 1e9;
+        let phase = match args.messages {
+            Some(_) => format!("{t:.1} s"),
+            None if t < warmup_ms as f64 / 1e3 => format!("warm-up {t:.1}/{total_secs:.1} s"),
+            None => format!("measuring {t:.1}/{total_secs:.1} s"),
+        };
+        let slowest = delivered_now[p as usize..]
+            .iter()
+            .min()
+            .copied()
+            .unwrap_or(0);
+        progress.update(&format!(
+            "{phase}: published {}, slowest subscriber delivered {slowest}",
+            published_now.iter().sum::<u64>()
+        ));
+    };
+    // Publishers report when their messages are stable (or the drain time is up).
+    let publish_bound = START_DELAY
+        + Duration::from_millis(warmup_ms + duration_ms)
+        + DRAIN
+        + Duration::from_secs(5);
+    let mut pub_results = gather(
+        &rx,
+        0..p as usize,
+        publish_bound,
+        "publisher results",
+        |i, m| match m {
+            FromChild::Result(r) if i < p as usize => Some(r),
+            _ => None,
+        },
+        &mut show,
+    )?;
+    progress.phase("waiting for the last deliveries");
+    let published: Vec<u64> = pub_results.iter().map(|r| r.published).collect();
+    for i in p as usize..n {
+        children.send(
+            i,
+            &ToChild::End {
+                published: published.clone(),
+            },
+        )?;
+    }
+    let sub_results = gather(
+        &rx,
+        p as usize..n,
+        DRAIN + Duration::from_secs(5),
+        "subscriber results",
+        |_, m| match m {
+            FromChild::Result(r) => Some(r),
+            _ => None,
+        },
+        &mut show,
+    )?;
+    drop(children);
+
+    let mut latency =
+        Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+    for r in &sub_results {
+        for &(v, c) in &r.latency_us {
+            latency
+                .record_n(v.clamp(1, 600_000_000), c)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let window_secs = match args.messages {
+        None => duration_ms as f64 / 1e3,
+        Some(_) => sub_results.iter().map(|r| r.window_ns).max().unwrap_or(0) as f64 / 1e9,
+    };
+    let pubs = std::mem::take(&mut pub_results);
+    Ok(Report {
+        args: args.clone(),
+        datagram_bytes,
+        messages_per_datagram,
+        ceiling_plain_mb_per_sec: ceiling[0],
+        ceiling_batched_mb_per_sec: ceiling[1],
+        window_secs,
+        published: pubs.iter().map(|r| r.published).sum(),
+        published_in_window: pubs.iter().map(|r| r.in_window).sum(),
+        delivered_in_window_min: sub_results.iter().map(|r| r.in_window).min().unwrap_or(0),
+        latency_us: latency,
+        allocs_publishers: pubs.iter().map(|r| r.allocations).sum(),
+        allocs_subscribers: sub_results.iter().map(|r| r.allocations).collect(),
+        delivered_in_window: sub_results.iter().map(|r| r.in_window).collect(),
+        cpu_ns_publishers: pubs.iter().map(|r| r.cpu_ns).sum(),
+        cpu_ns_subscribers: sub_results.iter().map(|r| r.cpu_ns).collect(),
+        rss_publisher_max: pubs.iter().map(|r| r.peak_rss_bytes).max().unwrap_or(0),
+        rss_subscriber_max: sub_results
+            .iter()
+            .map(|r| r.peak_rss_bytes)
+            .max()
+            .unwrap_or(0),
+        order_errors: sub_results.iter().map(|r| r.order_errors).sum(),
+        missing: sub_results.iter().map(|r| r.missing).sum(),
+        unstable_publishers: pubs.iter().filter(|r| !r.stable).count() as u32,
+        sender_datagrams: pubs.iter().map(|r| r.datagrams_sent).sum(),
+        sender_send_calls: pubs.iter().map(|r| r.send_calls).sum(),
+        injected_drops: sub_results.iter().map(|r| r.injected_drops).sum(),
+        repairs_received: sub_results.iter().map(|r| r.repairs_received).sum(),
+    })
+}

@@ -1,0 +1,473 @@
+//! One process of `tidings bench`: a publisher or a subscriber node, told what to do by the
+//! parent over stdin and reporting on stdout (see the parent module).
+
+use std::io::{BufRead, Write};
+use std::net::UdpSocket;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use hdrhistogram::Histogram;
+use tidings_proto::{NodeId, TopicId};
+use tidings_runtime::{NodeRuntime, PublishError, RuntimeConfig, RuntimeStats};
+
+use super::bench_sys::{allocations, cpu_time_ns, peak_rss_bytes, shared_clock_ns};
+use super::{ChildResult, ChildSpec, FromChild, ToChild, HEADER_BYTES};
+
+/// Size of the blocks payloads are written into (one allocation per block, not per message).
+const PAYLOAD_BLOCK_BYTES: usize = 1 << 20;
+/// How often a child reports progress.
+const PROGRESS_EVERY_NS: u64 = 250_000_000;
+/// Largest latency recorded, in microseconds (larger values are clamped).
+const LATENCY_US_MAX: u64 = 600_000_000;
+
+/// What the stdin reader thread passes on.
+enum Input {
+    Msg(ToChild),
+    /// Stdin closed (the parent is done or gone): shut down.
+    Quit,
+}
+
+/// Runs the child described by `spec` (JSON); exit status 0 if it finished its part.
+pub(super) fn run(spec: &str) -> ExitCode {
+    let spec: ChildSpec = match serde_json::from_str(spec) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: bench-child: bad --spec: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The child never outlives its lifetime, whatever the parent does.
+    let lifetime = Duration::from_millis(spec.lifetime_ms);
+    std::thread::spawn(move || {
+        std::thread::sleep(lifetime);
+        eprintln!("bench-child: lifetime of {lifetime:?} over, exiting");
+        std::process::exit(3);
+    });
+    match child_main(&spec) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            send(&FromChild::Error(e.clone()));
+            eprintln!("error: bench-child {}: {e}", spec.node);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn send(msg: &FromChild) {
+    if let Ok(line) = serde_json::to_string(msg) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+/// Progress without allocating (the measured window counts allocations).
+fn send_progress(count: u64) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{{\"Progress\":{count}}}");
+    let _ = out.flush();
+}
+
+fn stdin_reader(quit: Arc<AtomicBool>) -> mpsc::Receiver<Input> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().lines() {
+            let Ok(line) = line else { break };
+            match serde_json::from_str::<ToChild>(&line) {
+                Ok(msg) => {
+                    if tx.send(Input::Msg(msg)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => eprintln!("bench-child: ignoring bad input ({e}): {line}"),
+            }
+        }
+        quit.store(true, Ordering::Relaxed);
+        let _ = tx.send(Input::Quit);
+    });
+    rx
+}
+
+fn recv(rx: &mpsc::Receiver<Input>, timeout: Duration, what: &str) -> Result<ToChild, String> {
+    match rx.recv_timeout(timeout) {
+        Ok(Input::Msg(m)) => Ok(m),
+        Ok(Input::Quit) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err(format!("parent closed stdin while I waited for {what}"))
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(format!("no {what} within {timeout:?}")),
+    }
+}
+
+fn sleep_until(t_ns: u64) {
+    let now = shared_clock_ns();
+    if t_ns > now {
+        std::thread::sleep(Duration::from_nanos(t_ns - now));
+    }
+}
+
+/// Allocations and CPU time at one instant.
+#[derive(Clone, Copy, Default)]
+struct Snapshot {
+    allocations: u64,
+    cpu_ns: u64,
+    datagrams_sent: u64,
+    send_calls: u64,
+}
+
+impl Snapshot {
+    fn take(node: &NodeRuntime) -> Snapshot {
+        let allocations = allocations();
+        let cpu_ns = cpu_time_ns();
+        let stats: Option<RuntimeStats> = node.stats().ok();
+        Snapshot {
+            allocations,
+            cpu_ns,
+            datagrams_sent: stats.as_ref().map_or(0, |s| s.datagrams_sent),
+            send_calls: stats.as_ref().map_or(0, |s| s.send_calls),
+        }
+    }
+}
+
+fn child_main(spec: &ChildSpec) -> Result<(), String> {
+    let quit = Arc::new(AtomicBool::new(false));
+    let rx = stdin_reader(Arc::clone(&quit));
+    let socket = UdpSocket::bind((spec.interface, 0))
+        .map_err(|e| format!("cannot bind a UDP socket on {}: {e}", spec.interface))?;
+    let addr = socket.local_addr().map_err(|e| e.to_string())?;
+    send(&FromChild::Addr(addr));
+    let setup = Duration::from_millis(spec.lifetime_ms);
+    let ToChild::Book(book) = recv(&rx, setup, "the address book")? else {
+        return Err("expected the address book".to_owned());
+    };
+    let config = RuntimeConfig {
+        transport: spec.transport(),
+        receive_loss: if spec.publisher {
+            0.0
+        } else {
+            spec.receive_loss
+        },
+        receive_loss_seed: u64::from(spec.node) + 1,
+        thread_name: format!("tidings-core-{}", spec.node),
+        ..RuntimeConfig::default()
+    };
+    let node = NodeRuntime::start_with_socket(
+        config,
+        spec.protocol(),
+        NodeId(spec.node),
+        spec.membership(),
+        book.to_book(),
+        socket,
+    )
+    .map_err(|e| format!("cannot start the node: {e}"))?;
+    let result = if spec.publisher {
+        publisher(spec, &node, &rx, &quit)
+    } else {
+        subscriber(spec, &node, &rx, &quit)
+    };
+    let result = result.map(|r| send(&FromChild::Result(Box::new(r))));
+    // Stay in the region until the parent closes stdin: the token rings that make the other
+    // nodes' messages stable need every member.
+    if result.is_ok() {
+        while !quit.load(Ordering::Relaxed) {
+            if let Ok(Input::Quit) | Err(mpsc::RecvTimeoutError::Disconnected) =
+                rx.recv_timeout(Duration::from_millis(100))
+            {
+                break;
+            }
+        }
+    }
+    node.shutdown()
+        .map_err(|e| format!("shutdown: {e}"))
+        .and(result)
+}
+
+fn publisher(
+    spec: &ChildSpec,
+    node: &NodeRuntime,
+    rx: &mpsc::Receiver<Input>,
+    quit: &AtomicBool,
+) -> Result<ChildResult, String> {
+    let mut publisher = node.publisher();
+    send(&FromChild::Ready);
+    let ToChild::Go { start_ns } = recv(rx, Duration::from_millis(spec.lifetime_ms), "Go")? else {
+        return Err("expected Go".to_owned());
+    };
+    let window_start = start_ns + spec.warmup_ms * 1_000_000;
+    let window_end = window_start + spec.duration_ms * 1_000_000;
+    let count = spec.messages.unwrap_or(u64::MAX);
+    let topics = u64::from(spec.topics);
+    let message_bytes = spec.message_bytes.max(HEADER_BYTES);
+    sleep_until(start_ns);
+
+    let mut block = BytesMut::with_capacity(PAYLOAD_BLOCK_BYTES);
+    let mut sent = 0u64;
+    let mut in_window = 0u64;
+    let mut last = None;
+    let mut first_snapshot: Option<Snapshot> = None;
+    let mut next_progress = start_ns;
+    while sent < count && !quit.load(Ordering::Relaxed) {
+        let now = shared_clock_ns();
+        if first_snapshot.is_none() && now >= window_start {
+            first_snapshot = Some(Snapshot::take(node));
+        }
+        if now >= window_end {
+            break;
+        }
+        if now >= next_progress {
+            send_progress(sent);
+            next_progress = now + PROGRESS_EVERY_NS;
+        }
+        if let Some(rate) = spec.rate {
+            // Paced: message `sent` is due at start + sent / rate.
+            let due = start_ns + sent.saturating_mul(1_000_000_000) / rate.max(1);
+            if now < due {
+                std::thread::sleep(Duration::from_nanos(due - now).min(Duration::from_millis(1)));
+                continue;
+            }
+        }
+        let topic = TopicId((sent % topics) as u32);
+        let seq = (sent / topics) as u32;
+        if block.capacity() < message_bytes {
+            block.reserve(PAYLOAD_BLOCK_BYTES);
+        }
+        let stamp = shared_clock_ns();
+        block.put_u64(stamp);
+        block.put_u32(spec.node);
+        block.put_u32(seq);
+        block.put_bytes(0x5a, message_bytes - HEADER_BYTES);
+        let mut payload = block.split().freeze();
+        loop {
+            match publisher.publish_timeout(topic, payload, Some(Duration::from_millis(100))) {
+                Ok(h) => {
+                    last = Some(h);
+                    sent += 1;
+                    if stamp >= window_start && stamp < window_end {
+                        in_window += 1;
+                    }
+                    break;
+                }
+                Err(PublishError::Timeout(p)) => {
+                    if quit.load(Ordering::Relaxed) || shared_clock_ns() >= window_end {
+                        break;
+                    }
+                    payload = p;
+                }
+                Err(e) => return Err(format!("publish: {e}")),
+            }
+        }
+    }
+    let end = Snapshot::take(node);
+    let start = first_snapshot.unwrap_or(end);
+    send_progress(sent);
+    let stable = match last {
+        Some(h) => publisher
+            .wait_stable(h, Duration::from_millis(spec.drain_ms))
+            .is_ok(),
+        None => true,
+    };
+    Ok(ChildResult {
+        published: sent,
+        in_window: if spec.messages.is_some() {
+            sent
+        } else {
+            in_window
+        },
+        allocations: end.allocations - start.allocations,
+        cpu_ns: end.cpu_ns - start.cpu_ns,
+        peak_rss_bytes: peak_rss_bytes(),
+        stable,
+        datagrams_sent: end.datagrams_sent - start.datagrams_sent,
+        send_calls: end.send_calls - start.send_calls,
+        ..ChildResult::default()
+    })
+}
+
+/// What a subscriber's callbacks record.
+struct Tally {
+    /// Messages received per (publisher, topic): the next expected sequence number.
+    next_seq: Vec<AtomicU32>,
+    topics: u32,
+    publishers: u32,
+    delivered: AtomicU64,
+    in_window: AtomicU64,
+    order_errors: AtomicU64,
+    window_start_ns: AtomicU64,
+    window_end_ns: AtomicU64,
+    last_delivery_ns: AtomicU64,
+    latency_us: Mutex<Histogram<u64>>,
+}
+
+impl Tally {
+    fn record(&self, topic: TopicId, payload: &[u8]) {
+        let now = shared_clock_ns();
+        let field = |at: usize, len: usize| -> u64 {
+            payload.get(at..at + len).map_or(u64::MAX, |b| {
+                b.iter().fold(0u64, |v, &x| v << 8 | u64::from(x))
+            })
+        };
+        let (stamp, publisher, seq) = (field(0, 8), field(8, 4), field(12, 4));
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+        self.last_delivery_ns.store(now, Ordering::Relaxed);
+        let slot = (publisher < u64::from(self.publishers) && topic.0 < self.topics)
+            .then(|| &self.next_seq[publisher as usize * self.topics as usize + topic.0 as usize]);
+        match slot {
+            Some(next) if u64::from(next.load(Ordering::Relaxed)) == seq => {
+                next.store(seq as u32 + 1, Ordering::Relaxed);
+            }
+            _ => {
+                self.order_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if stamp >= self.window_start_ns.load(Ordering::Relaxed)
+            && stamp < self.window_end_ns.load(Ordering::Relaxed)
+        {
+            self.in_window.fetch_add(1, Ordering::Relaxed);
+            let us = (now.saturating_sub(stamp) / 1_000).clamp(1, LATENCY_US_MAX);
+            if let Ok(mut h) = self.latency_us.lock() {
+                h.saturating_record(us);
+            }
+        }
+    }
+}
+
+fn subscriber(
+    spec: &ChildSpec,
+    node: &NodeRuntime,
+    rx: &mpsc::Receiver<Input>,
+    quit: &AtomicBool,
+) -> Result<ChildResult, String> {
+    let histogram = Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).map_err(|e| e.to_string())?;
+    let tally = Arc::new(Tally {
+        next_seq: (0..spec.publishers * spec.topics)
+            .map(|_| AtomicU32::new(0))
+            .collect(),
+        topics: spec.topics,
+        publishers: spec.publishers,
+        delivered: AtomicU64::new(0),
+        in_window: AtomicU64::new(0),
+        order_errors: AtomicU64::new(0),
+        window_start_ns: AtomicU64::new(u64::MAX),
+        window_end_ns: AtomicU64::new(u64::MAX),
+        last_delivery_ns: AtomicU64::new(0),
+        latency_us: Mutex::new(histogram),
+    });
+    let mut subscriptions = Vec::new();
+    for t in 0..spec.topics {
+        let tally = Arc::clone(&tally);
+        let sub = node
+            .subscribe(TopicId(t), 1.0, move |d| tally.record(d.topic, &d.payload))
+            .map_err(|e| format!("subscribe: {e}"))?;
+        subscriptions.push(sub);
+    }
+    send(&FromChild::Ready);
+    let ToChild::Go { start_ns } = recv(rx, Duration::from_millis(spec.lifetime_ms), "Go")? else {
+        return Err("expected Go".to_owned());
+    };
+    let window_start = start_ns + spec.warmup_ms * 1_000_000;
+    let window_end = match spec.messages {
+        Some(_) => u64::MAX,
+        None => window_start + spec.duration_ms * 1_000_000,
+    };
+    tally.window_end_ns.store(window_end, Ordering::Relaxed);
+    tally.window_start_ns.store(window_start, Ordering::Relaxed);
+    let expected_in_count_mode = spec
+        .messages
+        .map(|m| m.saturating_mul(u64::from(spec.publishers)));
+
+    let mut first: Option<Snapshot> = None;
+    let mut last: Option<Snapshot> = None;
+    let mut published: Option<Vec<u64>> = None;
+    let mut drain_deadline = u64::MAX;
+    let mut next_progress = 0;
+    loop {
+        let now = shared_clock_ns();
+        let delivered = tally.delivered.load(Ordering::Relaxed);
+        if first.is_none() && now >= window_start {
+            first = Some(Snapshot::take(node));
+        }
+        if last.is_none() && first.is_some() {
+            let done = match expected_in_count_mode {
+                Some(e) => delivered >= e,
+                None => now >= window_end,
+            };
+            if done {
+                last = Some(Snapshot::take(node));
+            }
+        }
+        if now >= next_progress {
+            send_progress(delivered);
+            next_progress = now + PROGRESS_EVERY_NS;
+        }
+        if let Some(p) = &published {
+            if delivered >= p.iter().sum::<u64>() || now >= drain_deadline {
+                break;
+            }
+        }
+        match rx.recv_timeout(Duration::from_millis(5)) {
+            Ok(Input::Msg(ToChild::End { published: p })) => {
+                if p.len() != spec.publishers as usize {
+                    return Err(format!("End names {} publishers", p.len()));
+                }
+                published = Some(p);
+                drain_deadline = now + spec.drain_ms * 1_000_000;
+            }
+            Ok(Input::Msg(other)) => return Err(format!("unexpected {other:?}")),
+            Ok(Input::Quit) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err("parent closed stdin before End".to_owned());
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if quit.load(Ordering::Relaxed) {
+            return Err("parent closed stdin before End".to_owned());
+        }
+    }
+    let end = Snapshot::take(node);
+    let start = first.unwrap_or(end);
+    let last = last.unwrap_or(end);
+    let published = published.unwrap_or_default();
+    // Missing: per (publisher, topic), the messages published less those received.
+    let topics = u64::from(spec.topics);
+    let mut missing = 0u64;
+    for (p, &n) in published.iter().enumerate() {
+        for t in 0..topics {
+            let want = n / topics + u64::from(t < n % topics);
+            let got = u64::from(
+                tally.next_seq[p * spec.topics as usize + t as usize].load(Ordering::Relaxed),
+            );
+            missing += want.saturating_sub(got);
+        }
+    }
+    let stats = node.stats().map_err(|e| format!("stats: {e}"))?;
+    drop(subscriptions);
+    let latency_us = tally
+        .latency_us
+        .lock()
+        .map(|h| {
+            h.iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(ChildResult {
+        in_window: tally.in_window.load(Ordering::Relaxed),
+        window_ns: tally
+            .last_delivery_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(window_start),
+        allocations: last.allocations - start.allocations,
+        cpu_ns: last.cpu_ns - start.cpu_ns,
+        peak_rss_bytes: peak_rss_bytes(),
+        stable: true,
+        delivered: tally.delivered.load(Ordering::Relaxed),
+        order_errors: tally.order_errors.load(Ordering::Relaxed),
+        missing,
+        latency_us,
+        injected_drops: stats.injected_drops,
+        repairs_received: stats.proto.repairs_received,
+        ..ChildResult::default()
+    })
+}
