@@ -1,0 +1,117 @@
+//! `tidings bench` end to end: small runs with `--json` (fields present, something delivered,
+//! delivery checked; no timing is asserted), and clean errors on bad input.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// Longest a bench run of these tests may take before it is killed.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs `tidings ARGS`, killing it if it outlives [`TIMEOUT`].
+fn tidings(args: &[&str]) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_tidings"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if rx.recv_timeout(TIMEOUT).is_err() {
+            // Still running: kill it by its pid (the bench kills its own children when its stdin
+            // or its parent goes away, and each child has a lifetime of its own).
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    });
+    let output = child.wait_with_output().unwrap();
+    let _ = tx.send(());
+    watchdog.join().unwrap();
+    output
+}
+
+fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "bench",
+        "--json",
+        "--quiet",
+        "--publishers",
+        "1",
+        "--subscribers",
+        "2",
+        "--topics",
+        "10",
+        "--seconds",
+        "2",
+        "--warmup-seconds",
+        "0.5",
+        "--ceiling-seconds",
+        "0.2",
+    ];
+    args.extend_from_slice(extra);
+    let out = tidings(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tidings {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+fn check(v: &serde_json::Value) {
+    for field in [
+        "messages_per_sec",
+        "mb_per_sec",
+        "allocs_per_message",
+        "udp_ceiling_mb_per_sec",
+        "cpu_us_per_message",
+    ] {
+        assert!(v[field].is_number(), "{field} missing in {v}");
+    }
+    for q in ["p50", "p99", "p999"] {
+        assert!(v["latency_us"][q].is_u64(), "latency_us.{q} missing in {v}");
+    }
+    assert!(
+        v["peak_rss_bytes"]["subscriber_max"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert!(v["messages_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+    // Delivery is checked by the subscribers: every message, in order (not a timing).
+    assert_eq!(v["verdict"], "pass", "{v}");
+    assert_eq!(v["order_errors"], 0, "{v}");
+    assert_eq!(v["missing"], 0, "{v}");
+}
+
+#[test]
+fn bench_json_unicast() {
+    check(&bench_json(&[]));
+}
+
+#[test]
+fn bench_json_multicast_on_loopback() {
+    let v = bench_json(&["--transport", "multicast", "--message-bytes", "64"]);
+    check(&v);
+    assert_eq!(v["transport"], "multicast", "{v}");
+}
+
+#[test]
+fn bench_rejects_bad_input() {
+    for args in [
+        &["bench", "--subscribers", "0"][..],
+        &["bench", "--message-bytes", "8"],
+        &["bench", "--message-bytes", "100000"],
+        &["bench", "--seconds", "-1"],
+        &["bench", "--transport", "carrier-pigeon"],
+        &["bench", "--messages", "10", "--seconds", "2"],
+    ] {
+        let out = tidings(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("error"), "{args:?}: {stderr}");
+    }
+}
