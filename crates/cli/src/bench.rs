@@ -17,7 +17,7 @@ use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tidings_proto::{Membership, NodeId, RegionId, TopicId};
-use tidings_runtime::bench::{self as rt_bench, RawMode};
+use tidings_runtime::bench::{self as rt_bench, RawMode, RawTarget};
 use tidings_runtime::{AddressBook, MulticastConfig, Transport};
 
 #[path = "bench_sys.rs"]
@@ -51,6 +51,15 @@ pub(crate) enum TransportArg {
     Multicast,
 }
 
+impl TransportArg {
+    fn name(self) -> &'static str {
+        match self {
+            TransportArg::Unicast => "unicast",
+            TransportArg::Multicast => "multicast",
+        }
+    }
+}
+
 /// `tidings bench`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct BenchArgs {
@@ -71,7 +80,12 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 3.0, value_parser = parse_seconds, conflicts_with = "messages")]
     seconds: f64,
     /// Seconds of publishing before measuring starts.
-    #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero, conflicts_with = "messages")]
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_parser = parse_seconds_or_zero,
+        conflicts_with = "messages"
+    )]
     warmup_seconds: f64,
     /// Instead of a duration: messages per publisher; all of them are measured (no warm-up).
     /// Publishing stops after 120 s regardless.
@@ -554,6 +568,10 @@ impl Report {
             .collect();
         (!per.is_empty()).then(|| per.iter().sum::<f64>() / per.len() as f64)
     }
+    fn ratio_to_ceiling(&self) -> Option<f64> {
+        self.ceiling_batched_mb_per_sec
+            .map(|c| self.mb_per_sec() / c.max(1e-9))
+    }
     fn cpu_us_per_message(&self) -> Option<f64> {
         let all = self.cpu_ns_publishers + self.cpu_ns_subscribers.iter().sum::<u64>();
         (self.published_in_window > 0).then(|| all as f64 / 1e3 / self.published_in_window as f64)
@@ -581,7 +599,7 @@ impl Report {
             "subscribers": a.subscribers,
             "topics": a.topics,
             "message_bytes": a.message_bytes,
-            "transport": match a.transport { TransportArg::Unicast => "unicast", TransportArg::Multicast => "multicast" },
+            "transport": a.transport.name(),
             "rate_per_publisher": a.rate,
             "window_secs": self.window_secs,
             "published": self.published,
@@ -614,7 +632,7 @@ impl Report {
             "messages_per_datagram": self.messages_per_datagram,
             "udp_ceiling_mb_per_sec": opt(self.ceiling_batched_mb_per_sec),
             "udp_ceiling_plain_mb_per_sec": opt(self.ceiling_plain_mb_per_sec),
-            "ratio_to_udp_ceiling": opt(self.ceiling_batched_mb_per_sec.map(|c| self.mb_per_sec() / c.max(1e-9))),
+            "ratio_to_udp_ceiling": opt(self.ratio_to_ceiling()),
             "order_errors": self.order_errors,
             "missing": self.missing,
             "unstable_publishers": self.unstable_publishers,
@@ -683,9 +701,13 @@ impl Report {
         match self.ceiling_batched_mb_per_sec {
             Some(batched) => {
                 s += &format!(
-                    "  raw UDP      {} MB/s plain, {:.1} MB/s batched (GSO/GRO) to {} receiver(s), {} B datagrams of {} message(s); this run: {:.2} of batched\n",
+                    "  raw UDP      {} MB/s plain, {:.1} MB/s batched (GSO/GRO), {} to {} receiver(s), {} B datagrams of {} message(s); this run: {:.2} of batched\n",
                     f(self.ceiling_plain_mb_per_sec, 1),
                     batched,
+                    match a.transport {
+                        TransportArg::Unicast => "fan-out",
+                        TransportArg::Multicast => "multicast",
+                    },
                     a.subscribers,
                     self.datagram_bytes,
                     self.messages_per_datagram,
@@ -718,7 +740,14 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             progress.phase(&format!(
                 "raw UDP ceiling ({mode:?}, {datagram_bytes} B datagrams)"
             ));
-            let r = rt_bench::raw_udp(
+            let target = match args.transport {
+                TransportArg::Unicast => RawTarget::Unicast,
+                TransportArg::Multicast => RawTarget::Multicast {
+                    interface: args.interface,
+                },
+            };
+            let r = rt_bench::raw_udp_to(
+                target,
                 mode,
                 datagram_bytes,
                 messages_per_datagram,
@@ -726,7 +755,13 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
                 args.subscribers,
                 Duration::from_secs_f64(args.ceiling_seconds),
             )
-            .map_err(|e| format!("raw UDP ceiling: {e}"))?;
+            .map_err(|e| {
+                format!(
+                    "raw UDP ceiling ({} on {}): {e}",
+                    args.transport.name(),
+                    args.interface
+                )
+            })?;
             *slot = Some(r.payload_mb_per_sec);
         }
     }

@@ -49,8 +49,8 @@ pub(super) fn run(spec: &str) -> ExitCode {
     match child_main(&spec) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            send(&FromChild::Error(e.clone()));
-            eprintln!("error: bench-child {}: {e}", spec.node);
+            // The parent prints it (with the child's number).
+            send(&FromChild::Error(e));
             ExitCode::FAILURE
         }
     }
@@ -259,6 +259,9 @@ fn publisher(
                 Err(e) => return Err(format!("publish: {e}")),
             }
         }
+    }
+    if quit.load(Ordering::Relaxed) {
+        return Err("parent closed stdin while publishing".to_owned());
     }
     let end = Snapshot::take(node);
     let start = first_snapshot.unwrap_or(end);

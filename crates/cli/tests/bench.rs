@@ -38,19 +38,16 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
         "bench",
         "--json",
         "--quiet",
-        "--publishers",
-        "1",
         "--subscribers",
         "2",
         "--topics",
         "10",
-        "--seconds",
-        "2",
-        "--warmup-seconds",
-        "0.5",
         "--ceiling-seconds",
         "0.2",
     ];
+    if !extra.contains(&"--messages") {
+        args.extend_from_slice(&["--seconds", "2", "--warmup-seconds", "0.5"]);
+    }
     args.extend_from_slice(extra);
     let out = tidings(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -97,6 +94,13 @@ fn bench_json_multicast_on_loopback() {
     let v = bench_json(&["--transport", "multicast", "--message-bytes", "64"]);
     check(&v);
     assert_eq!(v["transport"], "multicast", "{v}");
+}
+
+#[test]
+fn bench_json_count_mode_two_publishers() {
+    let v = bench_json(&["--publishers", "2", "--messages", "3000"]);
+    check(&v);
+    assert_eq!(v["published"], 6000, "{v}");
 }
 
 #[test]

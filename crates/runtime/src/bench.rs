@@ -349,11 +349,71 @@ pub fn raw_udp(
     receivers: u32,
     duration: Duration,
 ) -> io::Result<RawUdpResult> {
+    raw_udp_to(
+        RawTarget::Unicast,
+        mode,
+        datagram_bytes,
+        messages_per_datagram,
+        message_bytes,
+        receivers,
+        duration,
+    )
+}
+
+/// Where the raw UDP ceiling sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawTarget {
+    /// Each datagram to every receiver's own address (what unicast fan-out does).
+    Unicast,
+    /// Each datagram once to an IP multicast group that every receiver joined on `interface`,
+    /// with multicast loopback on (what [`Transport::Multicast`] does on one host).
+    Multicast {
+        /// The interface (by address) the group is joined on and sent from.
+        interface: std::net::Ipv4Addr,
+    },
+}
+
+/// A receiver socket of the ceiling: unicast on 127.0.0.1, or bound to `group` and joined.
+fn raw_receiver(target: RawTarget, group: std::net::SocketAddrV4) -> io::Result<UdpSocket> {
+    match target {
+        RawTarget::Unicast => UdpSocket::bind("127.0.0.1:0"),
+        RawTarget::Multicast { interface } => {
+            use socket2::{Domain, Protocol, Socket, Type};
+            let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+            // Several receivers on one host share the group and port (as the runtime's do).
+            socket.set_reuse_address(true)?;
+            socket.bind(&std::net::SocketAddr::V4(group).into())?;
+            socket.join_multicast_v4(group.ip(), &interface)?;
+            socket.set_multicast_all_v4(false)?;
+            Ok(socket.into())
+        }
+    }
+}
+
+/// [`raw_udp`] to a [`RawTarget`]: with `Multicast`, the sender sends each datagram once, to a
+/// group all `receivers` joined, and the kernel makes the copies.
+pub fn raw_udp_to(
+    target: RawTarget,
+    mode: RawMode,
+    datagram_bytes: usize,
+    messages_per_datagram: usize,
+    message_bytes: usize,
+    receivers: u32,
+    duration: Duration,
+) -> io::Result<RawUdpResult> {
+    let group = {
+        let port = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut rng = fastrand::Rng::with_seed(u64::from(std::process::id()) ^ u64::from(port));
+        std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::new(239, 255, rng.u8(1..255), rng.u8(1..255)),
+            port,
+        )
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     let mut addrs = Vec::new();
     for _ in 0..receivers {
-        let socket = UdpSocket::bind("127.0.0.1:0")?;
+        let socket = raw_receiver(target, group)?;
         socket2::SockRef::from(&socket).set_recv_buffer_size(4 << 20)?;
         let state = quinn_udp::UdpSocketState::new((&socket).into())?;
         socket.set_nonblocking(false)?;
@@ -391,7 +451,19 @@ pub fn raw_udp(
             count
         }));
     }
-    let sender = UdpSocket::bind("127.0.0.1:0")?;
+    let sender = match target {
+        RawTarget::Unicast => UdpSocket::bind("127.0.0.1:0")?,
+        RawTarget::Multicast { interface } => {
+            let s = UdpSocket::bind((interface, 0))?;
+            let r = socket2::SockRef::from(&s);
+            r.set_multicast_if_v4(&interface)?;
+            r.set_multicast_loop_v4(true)?;
+            r.set_multicast_ttl_v4(1)?;
+            // One copy per datagram leaves the sender; the kernel delivers it to each receiver.
+            addrs = vec![std::net::SocketAddr::V4(group)];
+            s
+        }
+    };
     socket2::SockRef::from(&sender).set_send_buffer_size(4 << 20)?;
     let state = quinn_udp::UdpSocketState::new((&sender).into())?;
     // Blocking sends: the sender waits for buffer space like the runtime waits for `WRITABLE`.
@@ -454,7 +526,12 @@ pub fn raw_udp(
         loss_fraction: if sent == 0 {
             0.0
         } else {
-            (1.0 - total as f64 / (sent as f64)).max(0.0)
+            // With multicast each datagram sent reaches every receiver.
+            let copies = match target {
+                RawTarget::Unicast => 1.0,
+                RawTarget::Multicast { .. } => f64::from(receivers),
+            };
+            (1.0 - total as f64 / (sent as f64 * copies)).max(0.0)
         },
     })
 }
