@@ -234,6 +234,7 @@ struct Namespaces {
 
 impl Namespaces {
     fn create(nodes: u32) -> Namespaces {
+        remove_stale();
         let pid = std::process::id();
         let hub = format!("tdg{pid}hub");
         if let Err(e) = ip(&["netns", "add", &hub]) {
@@ -286,6 +287,31 @@ impl Namespaces {
             panic!("setting up the namespaces and the bridge failed: {e}");
         }
         ns
+    }
+}
+
+/// Deletes namespaces left by runs of this test that were killed before their guard ran (their
+/// pid, in the name, is gone).
+fn remove_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix("tdg") else {
+            continue;
+        };
+        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let suffix = &rest[pid.len()..];
+        let ours = suffix == "hub"
+            || suffix
+                .strip_prefix('n')
+                .is_some_and(|i| !i.is_empty() && i.chars().all(|c| c.is_ascii_digit()));
+        if !pid.is_empty() && ours && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = ip(&["netns", "del", name]);
+        }
     }
 }
 
