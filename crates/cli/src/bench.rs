@@ -520,7 +520,8 @@ struct Report {
     window_secs: f64,
     published: u64,
     published_in_window: u64,
-    /// Slowest subscriber's deliveries in the window.
+    /// Messages published in the measured window that the slowest subscriber got (throughput is
+    /// this over the window's length; in count mode the window ends at the last delivery).
     delivered_in_window_min: u64,
     latency_us: Histogram<u64>,
     allocs_publishers: u64,
@@ -663,7 +664,7 @@ impl Report {
             }
         );
         s += &format!(
-            "  throughput   {:.0} msgs/s, {:.1} MB/s per subscriber (slowest; {} delivered in {:.2} s)\n",
+            "  throughput   {:.0} msgs/s, {:.1} MB/s per subscriber ({} published in the {:.2} s window and delivered to the slowest)\n",
             self.messages_per_sec(),
             self.mb_per_sec(),
             self.delivered_in_window_min,
