@@ -235,6 +235,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         } else {
             MembershipKind::Oracle
         },
+        link_events: Vec::new(),
     }
 }
 

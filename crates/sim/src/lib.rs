@@ -15,5 +15,5 @@ pub mod sweep;
 
 pub use gms::MembershipKind;
 pub use report::RunReport;
-pub use scenario::{run, Progress, Scenario, ScenarioError};
+pub use scenario::{run, run_observed, LinkChange, LinkEvent, Progress, Scenario, ScenarioError};
 pub use sweep::{sweep, SweepRun};

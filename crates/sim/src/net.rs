@@ -219,6 +219,41 @@ impl Link {
             .map_or(self.free_at, |&(finish, _)| finish)
     }
 
+    /// Bytes accepted but not fully transmitted at `now`, without forgetting anything (for
+    /// observers holding a shared reference; `now` at or after the last offer).
+    #[must_use]
+    pub fn queued_bytes_at(&self, now: Time) -> usize {
+        let done = self
+            .in_flight
+            .iter()
+            .take_while(|&&(finish, _)| finish <= now)
+            .last()
+            .map_or(self.bytes_done, |&(_, cumulative)| cumulative);
+        usize::try_from(self.bytes_accepted - done).unwrap_or(usize::MAX)
+    }
+
+    /// Changes the serialization rate and the buffer from now on (a link being throttled or
+    /// restored): packets already accepted keep their transmission times, packets offered later
+    /// use the new rate, and the new buffer applies to what is offered next (what is queued
+    /// beyond it stays). The latency cannot change, so arrivals stay in order.
+    pub fn reconfigure(
+        &mut self,
+        bandwidth_bps: u64,
+        buffer_bytes: usize,
+    ) -> Result<(), LinkConfigError> {
+        let config = LinkConfig {
+            bandwidth_bps,
+            buffer_bytes,
+            ..self.config
+        };
+        config.validate()?;
+        self.config = config;
+        self.nanos_per_byte = 8_000_000_000u64
+            .is_multiple_of(bandwidth_bps)
+            .then(|| 8_000_000_000 / bandwidth_bps);
+        Ok(())
+    }
+
     /// Offers a packet of `len` bytes at `now`. On acceptance returns its arrival time at the far
     /// end: transmission starts at `max(now, free_at)`, takes `len * 8 / bandwidth_bps` (rounded
     /// up to the nanosecond), and the packet arrives `latency` after its last bit leaves.

@@ -73,6 +73,45 @@ pub struct Scenario {
     pub detection: Duration,
     /// Which membership service runs: the oracle (default) or the real GMS on an extra node.
     pub membership: MembershipKind,
+    /// Changes to links at given times (a throttled link, a link that fails and comes back):
+    /// the congestion experiments. Default none.
+    pub link_events: Vec<LinkEvent>,
+}
+
+/// A change to one node's links at a given time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkEvent {
+    /// When it happens.
+    pub at: Time,
+    /// Whose link.
+    pub node: NodeId,
+    /// What happens.
+    pub change: LinkChange,
+}
+
+/// What a [`LinkEvent`] does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LinkChange {
+    /// The switch port towards the node (its downlink) gets a new rate and buffer from now on.
+    Downlink {
+        /// New serialization rate, bits per second.
+        bandwidth_bps: u64,
+        /// New drop-tail buffer, bytes.
+        buffer_bytes: usize,
+    },
+    /// The node's uplink gets a new rate and buffer from now on.
+    Uplink {
+        /// New serialization rate, bits per second.
+        bandwidth_bps: u64,
+        /// New drop-tail buffer, bytes.
+        buffer_bytes: usize,
+    },
+    /// The node's inbound link fails for this long (everything arriving is lost), then comes
+    /// back. Replaces the node's blackout windows.
+    Outage {
+        /// How long the link stays down.
+        duration: Duration,
+    },
 }
 
 impl Default for Scenario {
@@ -99,6 +138,7 @@ impl Default for Scenario {
             crash_leaders: false,
             detection: DETECTION_DEFAULT,
             membership: MembershipKind::Oracle,
+            link_events: Vec::new(),
         }
     }
 }
@@ -192,6 +232,33 @@ impl Scenario {
                 "--link-mbps {} must be within (0, 1000000]",
                 self.link_mbps
             ));
+        }
+        for e in &self.link_events {
+            if e.node.0 >= self.nodes {
+                return bad(format!("link event for {} of {} nodes", e.node, self.nodes));
+            }
+            match e.change {
+                LinkChange::Downlink {
+                    bandwidth_bps,
+                    buffer_bytes,
+                }
+                | LinkChange::Uplink {
+                    bandwidth_bps,
+                    buffer_bytes,
+                } => {
+                    if bandwidth_bps == 0 || buffer_bytes < self.proto.max_datagram_bytes {
+                        return bad(format!(
+                            "link event at {:?}: bandwidth must be positive and the buffer hold a datagram",
+                            e.at
+                        ));
+                    }
+                }
+                LinkChange::Outage { duration } => {
+                    if duration.is_zero() {
+                        return bad("an outage must last".into());
+                    }
+                }
+            }
         }
         self.proto.validate()?;
         Ok(())
@@ -741,6 +808,16 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
 /// Runs a scenario to completion (everything stable) or to the end of its drain time, calling
 /// `progress` about once per simulated second.
 pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunReport, ScenarioError> {
+    run_observed(s, progress, &mut |_, _, _| {})
+}
+
+/// [`run`], also calling `observe(now, world, ledger)` every 100 ms of simulated time (the
+/// experiments' time series).
+pub fn run_observed(
+    s: &Scenario,
+    progress: &mut dyn FnMut(&Progress),
+    observe: &mut dyn FnMut(Time, &World<SimHost>, &Ledger),
+) -> Result<RunReport, ScenarioError> {
     let Built {
         mut world,
         ledger,
@@ -752,6 +829,9 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
     let mut events = s.churn_plan(&membership);
     events.sort_by_key(|e| e.at);
     let mut events = std::collections::VecDeque::from(events);
+    let mut link_events = s.link_events.clone();
+    link_events.sort_by_key(|e| e.at);
+    let mut link_events = std::collections::VecDeque::from(link_events);
     let mut installs: Vec<Install> = Vec::new();
     let mut crashed = vec![false; s.nodes as usize];
     let mut churn_log = Vec::new();
@@ -766,12 +846,43 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
     let completion = loop {
         let next_event = events.front().map(|e| e.at);
         let next_install = installs.iter().map(|i| i.at).min();
-        t = [Some(next_sample + step), next_event, next_install]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(t + step);
+        let next_link = link_events.front().map(|e| e.at);
+        t = [
+            Some(next_sample + step),
+            next_event,
+            next_install,
+            next_link,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(t + step);
         world.run_until(t);
+        // Link changes due now.
+        while link_events.front().is_some_and(|e| e.at <= t) {
+            let Some(e) = link_events.pop_front() else {
+                break;
+            };
+            match e.change {
+                LinkChange::Downlink {
+                    bandwidth_bps,
+                    buffer_bytes,
+                } => world.reconfigure_downlink(e.node, bandwidth_bps, buffer_bytes)?,
+                LinkChange::Uplink {
+                    bandwidth_bps,
+                    buffer_bytes,
+                } => world.reconfigure_uplink(e.node, bandwidth_bps, buffer_bytes)?,
+                LinkChange::Outage { duration } => {
+                    let start = t.as_nanos() % (1u64 << 62);
+                    let window = crate::fault::Periodic {
+                        duration,
+                        period: Duration::from_nanos(1 << 62),
+                        phase: Duration::from_nanos(start),
+                    };
+                    world.set_blackout(e.node, Some(window))?;
+                }
+            }
+        }
         // Membership events due now.
         while events.front().is_some_and(|e| e.at <= t) {
             let Some(e) = events.pop_front() else { break };
@@ -839,6 +950,7 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
             continue;
         }
         next_sample = t;
+        observe(t, &world, &ledger.borrow());
         for i in 0..s.senders {
             pending_samples.push(world.host(NodeId(i)).node().stats().unstable_msgs_current);
         }
@@ -860,7 +972,13 @@ pub fn run(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<RunRepor
             let l = l.borrow();
             crash_times.keys().all(|n| l.removed.contains_key(n))
         });
-        if t >= publish_end && all_stable && events.is_empty() && installs.is_empty() && settled {
+        if t >= publish_end
+            && all_stable
+            && events.is_empty()
+            && installs.is_empty()
+            && link_events.is_empty()
+            && settled
+        {
             break Some(t);
         }
         if t >= hard_end {

@@ -668,6 +668,79 @@ impl<H: Host> World<H> {
         &self.nodes[node.0 as usize].downlink
     }
 
+    /// Throttles or restores `node`'s downlink (the switch port towards it) from now on: new
+    /// bandwidth and buffer, see [`Link::reconfigure`].
+    pub fn reconfigure_downlink(
+        &mut self,
+        node: NodeId,
+        bandwidth_bps: u64,
+        buffer_bytes: usize,
+    ) -> Result<(), WorldError> {
+        let state = self
+            .nodes
+            .get_mut(node.0 as usize)
+            .ok_or(WorldError::UnknownNode(node))?;
+        state
+            .downlink
+            .reconfigure(bandwidth_bps, buffer_bytes)
+            .map_err(|source| WorldError::Link {
+                node,
+                direction: "downlink",
+                source,
+            })
+    }
+
+    /// Throttles or restores `node`'s uplink from now on, see [`Link::reconfigure`].
+    pub fn reconfigure_uplink(
+        &mut self,
+        node: NodeId,
+        bandwidth_bps: u64,
+        buffer_bytes: usize,
+    ) -> Result<(), WorldError> {
+        if buffer_bytes < self.config.max_datagram {
+            return Err(WorldError::BufferTooSmall {
+                node,
+                buffer: "uplink buffer",
+                buffer_bytes,
+                max_datagram: self.config.max_datagram,
+            });
+        }
+        let state = self
+            .nodes
+            .get_mut(node.0 as usize)
+            .ok_or(WorldError::UnknownNode(node))?;
+        state
+            .uplink
+            .reconfigure(bandwidth_bps, buffer_bytes)
+            .map_err(|source| WorldError::Link {
+                node,
+                direction: "uplink",
+                source,
+            })
+    }
+
+    /// Replaces `node`'s blackout windows (for instance with one long window: a link that fails
+    /// and comes back).
+    pub fn set_blackout(
+        &mut self,
+        node: NodeId,
+        blackout: Option<Periodic>,
+    ) -> Result<(), WorldError> {
+        if let Some(w) = &blackout {
+            w.validate().map_err(|source| WorldError::Fault {
+                node,
+                what: "blackout",
+                source,
+            })?;
+        }
+        let state = self
+            .nodes
+            .get_mut(node.0 as usize)
+            .ok_or(WorldError::UnknownNode(node))?;
+        state.blackout = blackout;
+        Ok(())
+    }
+
     /// Fraction of the time so far that `node`'s CPU was busy, in `[0, 1]`. CPU time already
     /// charged for work that runs past the current time (a turn's clock runs ahead of the
     /// world's) is not counted yet.

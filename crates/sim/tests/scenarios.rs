@@ -3,8 +3,11 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::time::Duration;
 use tidings_sim::fault::FaultSpec;
-use tidings_sim::{run, sweep, MembershipKind, Scenario};
+
+use tidings_proto::{NodeId, Time};
+use tidings_sim::{run, sweep, LinkChange, LinkEvent, MembershipKind, Scenario};
 
 const FAULTS: [&str; 6] = [
     "none",
@@ -310,4 +313,33 @@ fn congestion_control_slows_the_sender_and_loses_nothing() {
         "no publish was rate-limited: {:?}",
         r.recovery
     );
+}
+
+#[test]
+fn a_link_that_fails_and_comes_back_loses_nothing() {
+    // One receiver's inbound link is down for half a second in the middle of publishing, then
+    // its downlink is throttled to 20 Mbit/s: it recovers everything.
+    let mut s = one_sender();
+    s.seconds = 1.5;
+    let victim = NodeId(s.nodes - 1);
+    s.link_events = vec![
+        LinkEvent {
+            at: Time::ZERO + Duration::from_millis(300),
+            node: victim,
+            change: LinkChange::Outage {
+                duration: Duration::from_millis(500),
+            },
+        },
+        LinkEvent {
+            at: Time::ZERO + Duration::from_millis(900),
+            node: victim,
+            change: LinkChange::Downlink {
+                bandwidth_bps: 20_000_000,
+                buffer_bytes: 256 * 1024,
+            },
+        },
+    ];
+    let r = run(&s, &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}\nreplay: {}", r.violations, r.replay);
+    assert!(r.recovery.repairs_received > 0, "{:?}", r.recovery);
 }

@@ -202,3 +202,19 @@ proptest! {
         prop_assert!(link.has_room(at, len));
     }
 }
+
+#[test]
+fn a_reconfigured_link_keeps_what_it_accepted_and_serializes_the_rest_at_the_new_rate() {
+    let mut l = link(1 << 20);
+    assert_eq!(l.offer(Time::ZERO, 1000), Ok(us(130)));
+    assert_eq!(l.queued_bytes_at(Time::ZERO), 1000);
+    // Throttled to 10 Mbit/s with a 2000-byte buffer: the first packet keeps its timing; the
+    // next starts when it is done and takes 800 us.
+    l.reconfigure(10_000_000, 2000).unwrap();
+    assert_eq!(l.offer(Time::ZERO, 1000), Ok(us(80 + 800 + 50)));
+    assert_eq!(l.queued_bytes_at(us(80)), 1000);
+    assert_eq!(l.queued_bytes_at(us(880)), 0);
+    // The smaller buffer applies to the next offer.
+    assert!(l.offer(Time::ZERO, 1000).is_err());
+    assert_eq!(l.reconfigure(0, 2000), Err(LinkConfigError::ZeroBandwidth));
+}
