@@ -68,9 +68,29 @@ pub struct Config {
     /// loss of the whole caching partition with one multicast instead of one unicast per receiver).
     pub repair_attempts_before_sender: u32,
     /// Most messages a receiver has requested and not yet received (nor timed out) per stream: the
-    /// bound on the recovery rate (a fixed NACK window; congestion control makes it adaptive).
-    /// Default 512.
+    /// bound on the recovery rate (a fixed NACK window; `adaptive_nack_window` adds Gryphon's
+    /// adaptive one inside it). Default 512.
     pub repair_inflight_max: usize,
+    /// Gryphon's SDCC (paper 002, equations 9-10): a receiver requests only gaps within its NACK
+    /// window (a span of the sender's time after its doubt horizon, converted to messages at the
+    /// stream's rate, inside the receive window), which opens and closes additively on the
+    /// measured recovery rate; it also waits at least twice the smoothed repair time before
+    /// asking again. `repair_inflight_max` still bounds the requests in flight.
+    /// Default off (the window is fixed at `repair_inflight_max`), until the congestion
+    /// experiments decide.
+    pub adaptive_nack_window: bool,
+    /// nwnd_0: the NACK window a receiver starts with, in the sender's time (ticks). Default
+    /// 100 ms (Table 1: 100 tickms).
+    pub sdcc_nack_window_initial: Duration,
+    /// size_NACK: the step by which the NACK window opens or closes, in the sender's time.
+    /// Default 100 ms (Table 1: 100 tickms).
+    pub sdcc_nack_size: Duration,
+    /// alpha_NACK: relative growth of the recovery rate that opens the NACK window. Default 0.1
+    /// (Table 1).
+    pub sdcc_alpha: f64,
+    /// beta_NACK: relative fall of the recovery rate that closes the NACK window. Default 0.3
+    /// (Table 1).
+    pub sdcc_beta: f64,
     /// Interval of the scan that requests missing messages. Default 5 ms.
     pub repair_interval: Duration,
     /// Most messages queued for retransmission (pushes, pull answers, NAK answers) at one node;
@@ -121,6 +141,18 @@ pub struct Config {
     /// delta_t_s: largest lag of a receiver's doubt horizon behind the sender's position before
     /// it alerts (eq. 7). Default 4 s (Table 1).
     pub pdcc_delta_t_s: Duration,
+    /// How much the one-way delay of fresh messages must have grown over its minimum of the last
+    /// 10 s before a non-recovering receiver's falling doubt horizon rate (equation 6) counts as
+    /// congestion. Repairing random loss stalls the doubt horizon without delaying new messages;
+    /// a filling queue (a bottleneck, an overloaded receiver) delays them. Default 50 ms: above
+    /// the 21 ms a full 256 KiB switch port adds at 100 Mbit/s, so shallow queues that repairs
+    /// fill now and then are not read as congestion. Zero: equation 6 alone, as in the paper.
+    pub pdcc_queue_delay_threshold: Duration,
+    /// Share of the messages a receiver learnt of since the last DCQ that it did not receive
+    /// fresh (they had to be repaired) above which its falling doubt horizon rate counts as
+    /// congestion even without queueing: a full shallow queue drops rather than delays. Default
+    /// 0.1: well above the random loss the simulator's sweeps inject (at most 5%).
+    pub pdcc_loss_threshold: f64,
     /// Burst the publish rate allows, as time at the rate. Default 50 ms.
     pub pdcc_burst: Duration,
     /// The publish rate never falls below this, messages per second. Default 10.
@@ -152,6 +184,11 @@ impl Default for Config {
             repair_timeout: Duration::from_millis(40),
             repair_attempts_before_sender: 4,
             repair_inflight_max: 512,
+            adaptive_nack_window: false,
+            sdcc_nack_window_initial: Duration::from_millis(100),
+            sdcc_nack_size: Duration::from_millis(100),
+            sdcc_alpha: 0.1,
+            sdcc_beta: 0.3,
             repair_interval: Duration::from_millis(5),
             retransmit_queue_max: 8192,
             repair_queue_ttl: Duration::from_millis(250),
@@ -169,6 +206,8 @@ impl Default for Config {
             pdcc_delta_t_nonrec: 0.05,
             pdcc_delta_t_rec: 1.0,
             pdcc_delta_t_s: Duration::from_secs(4),
+            pdcc_queue_delay_threshold: Duration::from_millis(100),
+            pdcc_loss_threshold: 0.1,
             pdcc_burst: Duration::from_millis(50),
             pdcc_rate_floor: 10.0,
             doubt_sample_interval: Duration::from_millis(100),
@@ -267,6 +306,7 @@ impl Config {
         for (field, v) in [
             ("pdcc_f_decr1", self.pdcc_f_decr1),
             ("pdcc_f_decr2", self.pdcc_f_decr2),
+            ("sdcc_beta", self.sdcc_beta),
         ] {
             if !(v > 0.0 && v < 1.0) {
                 return Err(invalid(field, v, "must be within (0, 1)"));
@@ -277,6 +317,8 @@ impl Config {
             ("pdcc_rate_min_increase", self.pdcc_rate_min_increase),
             ("pdcc_delta_t_nonrec", self.pdcc_delta_t_nonrec),
             ("pdcc_rate_floor", self.pdcc_rate_floor),
+            ("sdcc_alpha", self.sdcc_alpha),
+            ("pdcc_loss_threshold", self.pdcc_loss_threshold),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(field, v, "must be finite and not negative"));
@@ -308,6 +350,8 @@ impl Config {
             ("pdcc_dcq_interval", self.pdcc_dcq_interval),
             ("pdcc_t_no_uca", self.pdcc_t_no_uca),
             ("token_handoff_timeout", self.token_handoff_timeout),
+            ("sdcc_nack_window_initial", self.sdcc_nack_window_initial),
+            ("sdcc_nack_size", self.sdcc_nack_size),
         ] {
             if d.is_zero() {
                 return Err(invalid(field, d, "must be positive"));

@@ -11,6 +11,7 @@ mod pdcc;
 mod ranges;
 mod recv;
 mod region;
+mod sdcc;
 mod send;
 mod stats;
 pub mod time;

@@ -616,6 +616,7 @@ impl Node {
             return;
         };
         for m in messages.iter() {
+            let sent_us = m.timestamp_us;
             let msg = InMsg {
                 msg_id: MsgId(m.msg_id),
                 topic: m.topic,
@@ -654,6 +655,9 @@ impl Node {
                     out.stats.messages_received += 1;
                     if retransmit {
                         out.stats.repairs_received += 1;
+                    } else {
+                        stream.queue_delay.on_fresh(now, sent_us);
+                        stream.fresh_since_dcq += 1;
                     }
                 }
                 Arrival::Duplicate => out.stats.duplicates_dropped += 1,
@@ -775,6 +779,7 @@ impl Node {
         if now >= self.next_repair_scan {
             self.next_repair_scan = now + self.config.repair_interval;
             for region in self.regions.values_mut() {
+                region.adjust_nack_windows(now, &self.config);
                 region.request_repairs(now, &self.config, &mut self.rng, &mut self.out);
             }
         }
@@ -1148,6 +1153,12 @@ impl Node {
             .map(|s| s.cache_len() as u64)
             .sum();
         s.cache_msgs_current = cached;
+        s.nack_window_msgs_current = self
+            .regions
+            .values()
+            .filter_map(|r| r.nack_window_min(&self.config))
+            .min()
+            .unwrap_or(0) as u64;
         s.cache_msgs_max = s.cache_msgs_max.max(cached);
     }
 

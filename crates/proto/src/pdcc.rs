@@ -30,21 +30,90 @@ pub(crate) fn milli_to_rate(milli: u32) -> f64 {
 
 /// Equations 6-8: whether a receiver answers a DCQ, and with which rates (non-recovering,
 /// recovering; infinity for "not this kind").
+///
+/// A non-recovering receiver's falling rate (eq. 6) counts only if its fresh messages also meet
+/// at least `pdcc_queue_delay_threshold` of queueing, or at least `pdcc_loss_threshold` of them
+/// are lost: repairing random loss stalls the doubt horizon without delaying new messages, while
+/// a filling queue delays them, and a full shallow one drops many.
 pub(crate) fn uca_rates(
     rate: Option<f64>,
     recovering: bool,
     lag: Duration,
+    (queueing, loss): (Duration, f64),
     config: &Config,
 ) -> Option<(f64, f64)> {
     let t = rate?;
+    let queue_grew =
+        queueing >= config.pdcc_queue_delay_threshold || loss >= config.pdcc_loss_threshold;
     if recovering {
         // Eq. 8: a recovering receiver must gain on the sender by at least delta_t_rec.
         (t < 1.0 + config.pdcc_delta_t_rec).then_some((f64::INFINITY, t))
-    } else if t < 1.0 - config.pdcc_delta_t_nonrec || lag > config.pdcc_delta_t_s {
+    } else if (t < 1.0 - config.pdcc_delta_t_nonrec && queue_grew) || lag > config.pdcc_delta_t_s {
         // Eq. 6 (falling behind) or eq. 7 (slowly drifting behind the sender's position).
         Some((t, f64::INFINITY))
     } else {
         None
+    }
+}
+
+/// How much the one-way delay of fresh (not retransmitted) messages of a stream has grown over
+/// its recent minimum: the queueing a receiver's messages meet. Clock offsets between sender and
+/// receiver cancel out (only differences of `arrival - timestamp` are used).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct QueueDelay {
+    /// Least `arrival - timestamp` (microseconds) in the current sample interval.
+    interval_min_us: Option<i64>,
+    /// Least delays of the last intervals, oldest first (at most `QUEUE_DELAY_HISTORY`).
+    history: std::collections::VecDeque<i64>,
+    /// The latest interval's least delay.
+    current_us: Option<i64>,
+    /// Intervals with fresh messages seen.
+    intervals: usize,
+}
+
+/// Sample intervals the delay minimum is taken over (2 s at the default 100 ms): a queue that
+/// stands longer than that (a full send queue at the sender, a standing backlog) is the new
+/// baseline; what counts is a queue that builds up.
+const QUEUE_DELAY_HISTORY: usize = 20;
+
+/// Sample intervals at the start of a stream that are not used (1 s at the default 100 ms).
+const QUEUE_DELAY_WARMUP: usize = 10;
+
+impl QueueDelay {
+    /// A fresh message sent at `timestamp_us` (sender clock) arrived at `now`.
+    pub(crate) fn on_fresh(&mut self, now: Time, timestamp_us: u64) {
+        let d = now.as_micros() as i64 - timestamp_us as i64;
+        self.interval_min_us = Some(self.interval_min_us.map_or(d, |m| m.min(d)));
+    }
+
+    /// End of a sample interval. An interval without fresh messages leaves the estimate as it
+    /// was.
+    pub(crate) fn sample(&mut self) {
+        if let Some(m) = self.interval_min_us.take() {
+            self.intervals += 1;
+            if self.intervals <= QUEUE_DELAY_WARMUP {
+                // The start of a stream (the sender's queue filling) sets no baseline.
+                return;
+            }
+            if self.history.len() == QUEUE_DELAY_HISTORY {
+                self.history.pop_front();
+            }
+            self.history.push_back(m);
+            self.current_us = Some(m);
+        }
+    }
+
+    /// Queueing delay now: the latest interval's least delay above the least of the last
+    /// `QUEUE_DELAY_HISTORY` intervals; zero until `QUEUE_DELAY_WARMUP` more intervals than
+    /// the warm-up were seen.
+    pub(crate) fn queueing(&self) -> Duration {
+        if self.intervals < 2 * QUEUE_DELAY_WARMUP {
+            return Duration::ZERO;
+        }
+        let (Some(current), Some(&base)) = (self.current_us, self.history.iter().min()) else {
+            return Duration::ZERO;
+        };
+        Duration::from_micros(u64::try_from(current - base).unwrap_or(0))
     }
 }
 
@@ -228,21 +297,55 @@ mod tests {
     fn receivers_alert_by_equations_6_to_8() {
         let c = on();
         let none = Duration::ZERO;
-        assert_eq!(uca_rates(None, false, none, &c), None);
-        assert_eq!(uca_rates(Some(1.0), false, none, &c), None);
+        assert_eq!(uca_rates(None, false, none, (none, 0.0), &c), None);
+        assert_eq!(uca_rates(Some(1.0), false, none, (none, 0.0), &c), None);
+        // A stalled horizon alone (repairing random loss) is not congestion...
+        assert_eq!(uca_rates(Some(0.9), false, none, (none, 0.0), &c), None);
+        // ...it is when fresh messages queue up too.
+        let queued = c.pdcc_queue_delay_threshold;
         assert_eq!(
-            uca_rates(Some(0.9), false, none, &c),
+            uca_rates(Some(0.9), false, none, (queued, 0.0), &c),
+            Some((0.9, f64::INFINITY))
+        );
+        // ...or when many fresh messages are lost (a full shallow queue).
+        assert_eq!(
+            uca_rates(Some(0.9), false, none, (none, c.pdcc_loss_threshold), &c),
             Some((0.9, f64::INFINITY))
         );
         assert_eq!(
-            uca_rates(Some(1.0), false, Duration::from_secs(5), &c),
+            uca_rates(Some(1.0), false, Duration::from_secs(5), (none, 0.0), &c),
             Some((1.0, f64::INFINITY))
         );
         assert_eq!(
-            uca_rates(Some(1.5), true, none, &c),
+            uca_rates(Some(1.5), true, none, (none, 0.0), &c),
             Some((f64::INFINITY, 1.5))
         );
-        assert_eq!(uca_rates(Some(2.5), true, none, &c), None);
+        assert_eq!(uca_rates(Some(2.5), true, none, (none, 0.0), &c), None);
+    }
+
+    #[test]
+    fn queueing_is_the_delay_above_its_recent_minimum() {
+        let mut q = QueueDelay::default();
+        assert_eq!(q.queueing(), Duration::ZERO);
+        // A constant clock offset of 7 s and 2 ms of transit: no queueing.
+        for k in 0..10u64 {
+            q.on_fresh(ms(7000 + k * 100 + 2), k * 100_000);
+            q.sample();
+        }
+        // Nothing is reported in the first 2 s.
+        assert_eq!(q.queueing(), Duration::ZERO);
+        for k in 10..40u64 {
+            q.on_fresh(ms(7000 + k * 100 + 2), k * 100_000);
+            q.sample();
+        }
+        assert_eq!(q.queueing(), Duration::ZERO);
+        // The queue grows: each message is 30 ms later than the least seen.
+        q.on_fresh(ms(7000 + 4000 + 32), 4_000_000);
+        q.sample();
+        assert_eq!(q.queueing(), Duration::from_millis(30));
+        // An interval without fresh messages keeps the estimate.
+        q.sample();
+        assert_eq!(q.queueing(), Duration::from_millis(30));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub(crate) struct InMsg {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Gap {
     noticed: Time,
+    first_request: Option<Time>,
     last_request: Option<Time>,
     pub(crate) attempts: u32,
 }
@@ -80,6 +81,16 @@ pub(crate) struct InboundStream {
     /// view change the sender resends what was unstable, and what this node already delivered is
     /// recognised by its id (a sender's ids increase along each stream).
     pub(crate) msg_id_floor: u64,
+    /// Gryphon's NACK window (SDCC) and the smoothed repair time.
+    pub(crate) nack: crate::sdcc::NackWindow,
+    /// `delivered_upto` at the last doubt horizon sample (the stream's rate, for the NACK window).
+    delivered_at_sample: u64,
+    /// Queueing met by fresh messages (tells congestion from repairable loss for PDCC).
+    pub(crate) queue_delay: crate::pdcc::QueueDelay,
+    /// Messages received fresh (not retransmitted) since the last DCQ.
+    pub(crate) fresh_since_dcq: u64,
+    /// `known_max` at the last DCQ.
+    pub(crate) known_at_dcq: u64,
 }
 
 impl InboundStream {
@@ -98,6 +109,11 @@ impl InboundStream {
             pending_silence: None,
             doubt_sample: None,
             doubt_rate: None,
+            nack: crate::sdcc::NackWindow::default(),
+            queue_delay: crate::pdcc::QueueDelay::default(),
+            delivered_at_sample: 0,
+            fresh_since_dcq: 0,
+            known_at_dcq: 0,
         }
     }
 
@@ -122,6 +138,11 @@ impl InboundStream {
     /// `t = horizon advance / time elapsed`, `t_smoothed = (1 - alpha) t_smoothed + alpha t`.
     pub(crate) fn sample_doubt_rate(&mut self, now: Time, alpha: f64) {
         if let Some((at, horizon)) = self.doubt_sample {
+            let advance = self.doubt_horizon_us.saturating_sub(horizon);
+            self.nack.on_progress(
+                self.delivered_upto.saturating_sub(self.delivered_at_sample),
+                std::time::Duration::from_micros(advance),
+            );
             let elapsed_us = now.saturating_duration_since(at).as_micros() as f64;
             if elapsed_us <= 0.0 {
                 return;
@@ -133,6 +154,8 @@ impl InboundStream {
             });
         }
         self.doubt_sample = Some((now, self.doubt_horizon_us));
+        self.delivered_at_sample = self.delivered_upto;
+        self.queue_delay.sample();
     }
 
     /// Highest sequence number known to exist.
@@ -158,6 +181,7 @@ impl InboundStream {
         while self.known_max() < upto {
             self.window.push_back(Slot::Missing(Gap {
                 noticed: now,
+                first_request: None,
                 last_request: None,
                 attempts: 0,
             }));
@@ -187,7 +211,10 @@ impl InboundStream {
         let idx = (seq - self.delivered_upto - 1) as usize;
         match &self.window[idx] {
             Slot::Have(_) => return Arrival::Duplicate,
-            Slot::Missing(_) => {
+            Slot::Missing(gap) => {
+                if let Some(at) = gap.first_request {
+                    self.nack.on_repair(now.saturating_duration_since(at));
+                }
                 self.window[idx] = Slot::Have(msg);
                 self.missing -= 1;
             }
@@ -269,16 +296,17 @@ impl InboundStream {
         horizon.max(self.delivered_upto)
     }
 
-    /// Calls `request(seq, attempts_so_far)` for each gap due for a (re)request and marks it
-    /// requested now, keeping at most `inflight_max` gaps requested and not yet timed out (the NACK
-    /// window). The wait before asking again doubles with every attempt, up to 4 times `timeout`,
-    /// so that requests slow down when answers are slow instead of piling up in queues.
+    /// Calls `request(seq, attempts_so_far)` for each gap due for a (re)request among the first
+    /// `range_max` messages after the last delivered one (the NACK window) and marks it
+    /// requested now, keeping at most `inflight_max` gaps requested and not yet timed out. The
+    /// wait before asking again doubles with every attempt, up to 4 times `timeout`, so that
+    /// requests slow down when answers are slow instead of piling up in queues.
     pub(crate) fn due_gaps(
         &mut self,
         now: Time,
         delay: std::time::Duration,
         timeout: std::time::Duration,
-        inflight_max: usize,
+        (inflight_max, range_max): (usize, usize),
         mut request: impl FnMut(u64, u32),
     ) {
         if self.missing == 0 {
@@ -295,7 +323,7 @@ impl InboundStream {
             .count();
         let mut seen = 0;
         for (i, slot) in self.window.iter_mut().enumerate() {
-            if inflight >= inflight_max || seen >= self.missing {
+            if inflight >= inflight_max || seen >= self.missing || i >= range_max {
                 break;
             }
             let Slot::Missing(gap) = slot else { continue };
@@ -306,6 +334,7 @@ impl InboundStream {
             };
             if due {
                 request(self.delivered_upto + 1 + i as u64, gap.attempts);
+                gap.first_request.get_or_insert(now);
                 gap.last_request = Some(now);
                 gap.attempts += 1;
                 inflight += 1;
@@ -319,23 +348,25 @@ impl InboundStream {
     }
 
     /// Marks the gaps for which `pick` returns true as requested now (from a ring neighbour that has
-    /// them), calling `requested(seq)` for each, at most `max`.
+    /// them), calling `requested(seq)` for each, at most `max`, among the first `range_max`
+    /// messages after the last delivered one (the NACK window).
     pub(crate) fn request_gaps_where(
         &mut self,
         now: Time,
-        max: usize,
+        (max, range_max): (usize, usize),
         mut pick: impl FnMut(u64) -> bool,
         mut requested: impl FnMut(u64),
     ) {
         let mut taken = 0;
         for (i, slot) in self.window.iter_mut().enumerate() {
-            if taken >= max {
+            if taken >= max || i >= range_max {
                 break;
             }
             let Slot::Missing(gap) = slot else { continue };
             let seq = self.delivered_upto + 1 + i as u64;
             if pick(seq) {
                 requested(seq);
+                gap.first_request.get_or_insert(now);
                 gap.last_request = Some(now);
                 gap.attempts += 1;
                 taken += 1;
@@ -412,25 +443,35 @@ mod tests {
         let mut s = InboundStream::new(NodeId(1));
         s.receive(Time::ZERO, 3, msg(3), 100, |_, _, _| false);
         let mut asked = Vec::new();
-        s.due_gaps(Time::ZERO, ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
+        s.due_gaps(Time::ZERO, ms(2), ms(40), (10, usize::MAX), |seq, a| {
+            asked.push((seq, a))
+        });
         assert!(asked.is_empty());
         let t = Time::ZERO + ms(2);
-        s.due_gaps(t, ms(2), ms(40), 1, |seq, a| asked.push((seq, a)));
+        s.due_gaps(t, ms(2), ms(40), (1, usize::MAX), |seq, a| {
+            asked.push((seq, a))
+        });
         assert_eq!(asked, vec![(1, 0)]);
-        s.due_gaps(t, ms(2), ms(40), 10, |seq, a| asked.push((seq, a)));
+        s.due_gaps(t, ms(2), ms(40), (10, usize::MAX), |seq, a| {
+            asked.push((seq, a))
+        });
         assert_eq!(asked, vec![(1, 0), (2, 0)]);
         // Both are in flight: the window of 2 is full until they time out.
         s.receive(Time::ZERO, 6, msg(6), 100, |_, _, _| false);
-        s.due_gaps(t, ms(2), ms(40), 2, |seq, a| asked.push((seq, a)));
+        s.due_gaps(t, ms(2), ms(40), (2, usize::MAX), |seq, a| {
+            asked.push((seq, a))
+        });
         assert_eq!(asked.len(), 2);
-        s.due_gaps(t + ms(40), ms(2), ms(40), 2, |seq, a| asked.push((seq, a)));
+        s.due_gaps(t + ms(40), ms(2), ms(40), (2, usize::MAX), |seq, a| {
+            asked.push((seq, a))
+        });
         assert_eq!(&asked[2..], &[(1, 1), (2, 1)]);
         // The second wait is twice as long.
-        s.due_gaps(t + ms(100), ms(2), ms(40), 10, |seq, a| {
+        s.due_gaps(t + ms(100), ms(2), ms(40), (10, usize::MAX), |seq, a| {
             asked.push((seq, a))
         });
         assert_eq!(&asked[4..], &[(4, 0), (5, 0)]);
-        s.due_gaps(t + ms(120), ms(2), ms(40), 10, |seq, a| {
+        s.due_gaps(t + ms(120), ms(2), ms(40), (10, usize::MAX), |seq, a| {
             asked.push((seq, a))
         });
         assert_eq!(&asked[6..], &[(1, 2), (2, 2)]);

@@ -474,7 +474,12 @@ impl RegionState {
                 };
             };
             let mut missing = Vec::new();
-            let horizon = horizon.max(stream.known_max());
+            let mut horizon = horizon.max(stream.known_max());
+            if config.adaptive_nack_window {
+                // Ring neighbours push only what lies within this node's NACK window.
+                let window = u64::try_from(stream.nack.window(config)).unwrap_or(u64::MAX);
+                horizon = horizon.min(stream.delivered_upto.saturating_add(window));
+            }
             let exact_upto = stream.missing_ranges(horizon, cap, &mut missing);
             return MemberState {
                 contiguous: stream.delivered_upto,
@@ -873,9 +878,10 @@ impl RegionState {
         };
         let stable = stream.stable_upto;
         let mut pulls = Vec::new();
+        let range = stream.nack.window(config);
         stream.request_gaps_where(
             now,
-            config.repair_inflight_max,
+            (config.repair_inflight_max, range),
             |seq| {
                 let cached_here = caching.caches(seq);
                 let pred_has = seq <= rec.prev_contiguous
@@ -1057,11 +1063,12 @@ impl RegionState {
         for origin in origins {
             let mut wanted: Vec<(u64, u32)> = Vec::new();
             if let Some(stream) = self.inbound.get_mut(&origin) {
+                let (timeout, range) = (stream.nack.timeout(config), stream.nack.window(config));
                 stream.due_gaps(
                     now,
                     config.repair_delay,
-                    config.repair_timeout,
-                    config.repair_inflight_max,
+                    timeout,
+                    (config.repair_inflight_max, range),
                     |seq, attempts| wanted.push((seq, attempts)),
                 );
             }
@@ -1144,8 +1151,18 @@ impl RegionState {
         let recovering = stream.ignored_since_dcq > 0;
         stream.ignored_since_dcq = 0;
         let lag = Duration::from_micros(position_us.saturating_sub(stream.doubt_horizon_us));
+        let queueing = stream.queue_delay.queueing();
+        // Fresh loss since the last query: what became known but did not arrive fresh.
+        let learnt = stream.known_max().saturating_sub(stream.known_at_dcq);
+        let loss = if learnt == 0 {
+            0.0
+        } else {
+            1.0 - (stream.fresh_since_dcq as f64 / learnt as f64).min(1.0)
+        };
+        stream.known_at_dcq = stream.known_max();
+        stream.fresh_since_dcq = 0;
         if let Some((nonrec, rec)) =
-            crate::pdcc::uca_rates(stream.doubt_rate, recovering, lag, config)
+            crate::pdcc::uca_rates(stream.doubt_rate, recovering, lag, (queueing, loss), config)
         {
             self.consolidate_uca(origin, seq, nonrec, rec, out);
         }
@@ -1201,6 +1218,19 @@ impl RegionState {
         for stream in self.inbound.values_mut() {
             stream.sample_doubt_rate(now, alpha);
         }
+    }
+
+    /// Adjusts the NACK window of every inbound stream (SDCC, equations 9-10).
+    pub(crate) fn adjust_nack_windows(&mut self, now: Time, config: &Config) {
+        for stream in self.inbound.values_mut() {
+            let has_gaps = stream.missing_count() > 0;
+            stream.nack.adjust(now, has_gaps, config);
+        }
+    }
+
+    /// The smallest NACK window of the inbound streams, if any.
+    pub(crate) fn nack_window_min(&self, config: &Config) -> Option<usize> {
+        self.inbound.values().map(|s| s.nack.gauge(config)).min()
     }
 
     /// Whether any inbound stream has gaps to repair.

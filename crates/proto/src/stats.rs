@@ -111,6 +111,9 @@ pub struct Stats {
     pub publish_rate_limited: u64,
     /// The publish rate in force, thousandths of messages per second (0: not throttled).
     pub publish_rate_milli_current: u64,
+    /// The NACK window in force: the most messages this node may have requested and not yet
+    /// received, on the inbound stream where it is smallest (0 without inbound streams).
+    pub nack_window_msgs_current: u64,
     /// Memberships applied (view changes).
     pub view_changes: u64,
     /// Messages resent into a new view because they were unstable in the old one.

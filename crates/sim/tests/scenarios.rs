@@ -292,15 +292,21 @@ fn gms_churn_rehomes_into_new_regions() {
 
 #[test]
 fn congestion_control_slows_the_sender_and_loses_nothing() {
-    // Three full-rate senders oversubscribe the downlinks of nodes in several regions: with PDCC
-    // the senders get alerts, are rate-limited (they wait; nothing is dropped), and every message
-    // still reaches every subscriber.
-    let mut s = Scenario {
-        seconds: 3.0,
-        ..many_topics()
-    };
-    s.faults = "iid:0.01".parse().unwrap();
+    // A receiver's downlink is throttled below the publish rate: with PDCC its queue and its
+    // late messages make it alert, the sender is rate-limited (it waits; nothing is dropped),
+    // and every message still reaches every subscriber.
+    let mut s = one_sender();
+    s.seconds = 4.0;
+    s.publish_rate = Some(2000.0);
     s.proto.congestion_control = true;
+    s.link_events = vec![LinkEvent {
+        at: Time::ZERO + Duration::from_secs(1),
+        node: NodeId(s.nodes - 1),
+        change: LinkChange::Downlink {
+            bandwidth_bps: 10_000_000,
+            buffer_bytes: 4 << 20,
+        },
+    }];
     let r = run(&s, &mut |_| {}).unwrap();
     assert!(r.passed(), "{:?}\nreplay: {}", r.violations, r.replay);
     assert!(
@@ -313,6 +319,21 @@ fn congestion_control_slows_the_sender_and_loses_nothing() {
         "no publish was rate-limited: {:?}",
         r.recovery
     );
+}
+
+#[test]
+fn congestion_control_does_not_read_repairable_loss_as_congestion() {
+    // Three full-rate senders and 1% random loss: receivers' doubt horizons stall while gaps
+    // are repaired, but nothing queues up, so no sender is slowed.
+    let mut s = Scenario {
+        seconds: 3.0,
+        ..many_topics()
+    };
+    s.faults = "iid:0.01".parse().unwrap();
+    s.proto.congestion_control = true;
+    let r = run(&s, &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}\nreplay: {}", r.violations, r.replay);
+    assert_eq!(r.recovery.publish_rate_limited, 0, "{:?}", r.recovery);
 }
 
 #[test]
