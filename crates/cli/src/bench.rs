@@ -21,7 +21,7 @@ use tidings_runtime::bench::{self as rt_bench, RawMode, RawTarget};
 use tidings_runtime::{AddressBook, MulticastConfig, Transport};
 
 #[path = "bench_sys.rs"]
-mod bench_sys;
+pub(crate) mod bench_sys;
 #[path = "bench_child.rs"]
 mod child;
 

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod demo;
+mod node_cmd;
 mod sim_cmd;
 
 /// tidings: reliable multicast and publish-subscribe for many topics.
@@ -17,6 +19,21 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The main job: an embedded membership service and publisher and subscriber processes on
+    /// loopback, many topics, injected loss; checks that every subscriber got every message in
+    /// order and prints throughput, latency and recovery. Exit status 1 if the check fails.
+    Demo(demo::DemoArgs),
+    /// One process of `tidings demo` (started by it; not for direct use).
+    #[command(hide = true)]
+    DemoNode(demo::DemoNodeArgs),
+    /// The membership service, standalone: nodes join it by address.
+    Gms(node_cmd::GmsArgs),
+    /// A long-running member configured by a TOML file (topics to subscribe, transport).
+    Node(node_cmd::NodeArgs),
+    /// Publishes lines from stdin (one message each), or generated messages, on a topic.
+    Pub(node_cmd::PubArgs),
+    /// Prints the messages of a topic to stdout, one per line.
+    Sub(node_cmd::SubArgs),
     /// The deterministic simulator: real protocol nodes on a modeled network.
     Sim {
         #[command(subcommand)]
@@ -33,6 +50,12 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Demo(args) => demo::run(&args),
+        Command::DemoNode(args) => demo::run_node(&args),
+        Command::Gms(args) => node_cmd::gms(&args),
+        Command::Node(args) => node_cmd::node(&args),
+        Command::Pub(args) => node_cmd::publish(&args),
+        Command::Sub(args) => node_cmd::subscribe(&args),
         Command::Sim { command } => sim_cmd::run(command),
         Command::Bench(args) => bench::run(&args),
         Command::BenchChild(args) => bench::run_child(&args),

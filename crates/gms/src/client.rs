@@ -1,6 +1,7 @@
 //! The node side of the membership service.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
 
 use tidings_proto::{Membership, Time};
 use tidings_wire::{NodeId, RegionId, TopicId};
@@ -107,6 +108,7 @@ pub struct GmsClient {
     regions: BTreeMap<RegionId, GmsRegionView>,
     topic_regions: BTreeMap<TopicId, Vec<RegionId>>,
     topics: BTreeMap<String, TopicId>,
+    addresses: BTreeMap<NodeId, SocketAddr>,
     outbox: VecDeque<GmsMessage>,
     events: VecDeque<ClientEvent>,
     stats: ClientStats,
@@ -131,6 +133,7 @@ impl GmsClient {
             regions: BTreeMap::new(),
             topic_regions: BTreeMap::new(),
             topics: BTreeMap::new(),
+            addresses: BTreeMap::new(),
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             stats: ClientStats::default(),
@@ -174,6 +177,18 @@ impl GmsClient {
     #[must_use]
     pub fn region_address(&self, region: RegionId) -> Option<RegionAddress> {
         self.regions.get(&region).map(|v| v.address)
+    }
+
+    /// The data address of a node this node talks to (a member of one of its regions, or a
+    /// publisher of one of their topics), as the GMS told it.
+    #[must_use]
+    pub fn node_address(&self, node: NodeId) -> Option<SocketAddr> {
+        self.addresses.get(&node).copied()
+    }
+
+    /// Every node address the GMS told this node.
+    pub fn node_addresses(&self) -> impl Iterator<Item = (NodeId, SocketAddr)> + '_ {
+        self.addresses.iter().map(|(&n, &a)| (n, a))
     }
 
     /// The region views this node knows, with their addresses.
@@ -271,14 +286,22 @@ impl GmsClient {
             (State::Member(_), GmsMessage::Welcome { nonce, .. }) if nonce == self.nonce => {
                 // A repeated answer to a resent Join.
             }
-            (
-                _,
-                GmsMessage::Update {
-                    item: Item::Removed,
-                    ..
-                },
-            ) if self.node().is_some() => self.removed(),
-            (State::Member(_), GmsMessage::Update { seq, item }) => self.on_update(seq, item),
+            (State::Member(_), GmsMessage::Update { seq: 0, items }) => {
+                // Outside the stream: only a removal notice is expected here.
+                if items.contains(&Item::Removed) {
+                    self.removed();
+                } else {
+                    self.stats.unexpected += 1;
+                }
+            }
+            (State::Member(_), GmsMessage::Update { seq, items }) => {
+                for (i, item) in items.into_iter().enumerate() {
+                    if self.state == State::Removed {
+                        break;
+                    }
+                    self.on_update(seq.saturating_add(i as u64), item);
+                }
+            }
             (State::Member(_), GmsMessage::RequestAck { upto }) => {
                 while self.requests.front().is_some_and(|r| r.req <= upto) {
                     self.requests.pop_front();
@@ -338,6 +361,9 @@ impl GmsClient {
             Item::TopicGone(t) => {
                 self.topic_regions.remove(&t);
             }
+            Item::NodeAddress { node, addr } => {
+                self.addresses.insert(node, addr);
+            }
             Item::Commit => {
                 let m = self.membership();
                 self.events.push_back(ClientEvent::Membership(m));
@@ -352,8 +378,10 @@ impl GmsClient {
             State::Removed => {}
             State::Joining { sent_at } => {
                 if sent_at.is_none_or(|t| now >= t + self.config.retransmit_interval) {
-                    self.outbox
-                        .push_back(GmsMessage::Join { nonce: self.nonce });
+                    self.outbox.push_back(GmsMessage::Join {
+                        nonce: self.nonce,
+                        addr: self.config.data_addr,
+                    });
                     self.state = State::Joining { sent_at: Some(now) };
                 }
             }
@@ -409,11 +437,22 @@ impl GmsClient {
                 self.last_heartbeat
                     .map_or(Time::ZERO, |t| t + self.config.heartbeat_interval),
             ),
-            (Timer::Retransmit, State::Member(_)) => self
-                .requests
-                .front()
-                .and_then(|r| r.sent_at)
-                .map(|t| t + self.config.retransmit_interval),
+            (Timer::Retransmit, State::Member(_)) => {
+                // A request queued and not yet sent (within the window) is due at once.
+                let unsent = self
+                    .requests
+                    .iter()
+                    .take(self.config.requests_inflight_max)
+                    .any(|r| r.sent_at.is_none());
+                if unsent {
+                    Some(Time::ZERO)
+                } else {
+                    self.requests
+                        .front()
+                        .and_then(|r| r.sent_at)
+                        .map(|t| t + self.config.retransmit_interval)
+                }
+            }
             _ => None,
         }
     }

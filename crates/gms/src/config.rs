@@ -55,6 +55,10 @@ pub struct GmsConfig {
     pub retransmit_attempts_max: u32,
     /// Updates sent and not acknowledged per node. Default 64.
     pub updates_inflight_max: usize,
+    /// Largest update datagram the GMS packs consecutive items into (a single larger item, such
+    /// as a big region view, is sent alone). Default 1400 bytes: one Ethernet frame, so an
+    /// update is never fragmented.
+    pub update_bytes_max: usize,
     /// Updates queued per node (sent or not); a node that falls further behind is removed, so
     /// the GMS's memory stays bounded. Default 65536.
     pub updates_queued_max: usize,
@@ -77,6 +81,7 @@ impl Default for GmsConfig {
             retransmit_interval: Duration::from_millis(200),
             retransmit_attempts_max: 20,
             updates_inflight_max: 64,
+            update_bytes_max: 1400,
             updates_queued_max: 65_536,
             nodes_max: 65_536,
             topics_max: 1 << 20,
@@ -117,6 +122,7 @@ impl GmsConfig {
             ("retransmit_interval", self.retransmit_interval.is_zero()),
             ("retransmit_attempts_max", self.retransmit_attempts_max == 0),
             ("updates_inflight_max", self.updates_inflight_max == 0),
+            ("update_bytes_max", self.update_bytes_max == 0),
             ("updates_queued_max", self.updates_queued_max == 0),
             ("nodes_max", self.nodes_max == 0),
             ("topics_max", self.topics_max == 0),
@@ -154,6 +160,10 @@ pub struct ClientConfig {
     pub reorder_max: usize,
     /// Seed of the join nonce (the client's only random choice).
     pub seed: u64,
+    /// Where this node receives protocol datagrams, told to the GMS in its `Join` (the GMS tells
+    /// the nodes that talk to it). `None` lets the GMS's host use the address the `Join` came
+    /// from, which is right when the client shares the node's unicast socket. Default `None`.
+    pub data_addr: Option<std::net::SocketAddr>,
 }
 
 impl Default for ClientConfig {
@@ -165,6 +175,7 @@ impl Default for ClientConfig {
             requests_queued_max: 4096,
             reorder_max: 1024,
             seed: 1,
+            data_addr: None,
         }
     }
 }

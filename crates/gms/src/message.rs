@@ -5,6 +5,8 @@
 //! bytes left and against the bounds below, so a malformed message is an `Err`, never a panic,
 //! and never allocates more than the message's own size.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
 use tidings_proto::RegionView;
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
@@ -14,6 +16,8 @@ pub const TOPIC_NAME_BYTES_MAX: usize = 256;
 pub const REGION_MEMBERS_MAX: usize = 65_536;
 /// Most topics of one region view, or regions of one topic, on the wire.
 pub const LIST_MAX: usize = 65_536;
+/// Most update items in one [`GmsMessage::Update`].
+pub const ITEMS_PER_UPDATE_MAX: usize = 4096;
 
 /// How the members of a region are reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +83,15 @@ pub enum Item {
     },
     /// This node no longer publishes on (or the system no longer has) this topic.
     TopicGone(TopicId),
+    /// Where a node that appears in this node's region views (as a member, or as a publisher of
+    /// one of their topics) receives datagrams. Sent once per node, before the first view that
+    /// needs it.
+    NodeAddress {
+        /// The node.
+        node: NodeId,
+        /// Its unicast data address.
+        addr: SocketAddr,
+    },
     /// The end of a batch: the membership is consistent; use it.
     Commit,
     /// This node was removed (declared failed, or it left). Rejoin to take part again.
@@ -92,6 +105,9 @@ pub enum GmsMessage {
     Join {
         /// The joiner's random nonce.
         nonce: u64,
+        /// Where the joiner receives protocol datagrams, if it says. A host may fill in the
+        /// source address of the datagram instead (see `tidings_runtime`).
+        addr: Option<SocketAddr>,
     },
     /// GMS to joiner: your node id.
     Welcome {
@@ -114,12 +130,14 @@ pub enum GmsMessage {
     },
     /// Client to GMS: I am alive.
     Heartbeat,
-    /// GMS to client: item `seq` (1, 2, 3 ... per node) of the node's update stream.
+    /// GMS to client: items `seq`, `seq + 1` ... of the node's update stream (numbered 1, 2, 3
+    /// ... per node), packed into one datagram. `seq` 0 is outside the stream: a lone
+    /// [`Item::Removed`] told to a node the GMS no longer keeps a stream for.
     Update {
-        /// The item's sequence number.
+        /// The sequence number of the first item.
         seq: u64,
-        /// The item.
-        item: Item,
+        /// The items, in stream order (1..=[`ITEMS_PER_UPDATE_MAX`]).
+        items: Vec<Item>,
     },
     /// Client to GMS: update items up to `upto` are received.
     Ack {
@@ -198,6 +216,22 @@ impl<'a> Reader<'a> {
         let b = self.take(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| DecodeError::Utf8)
     }
+    fn addr(&mut self) -> Result<Option<SocketAddr>, DecodeError> {
+        let ip = match self.u8()? {
+            ADDR_NONE => return Ok(None),
+            ADDR_V4 => {
+                let b = self.take(4)?;
+                IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+            }
+            ADDR_V6 => {
+                let mut a = [0u8; 16];
+                a.copy_from_slice(self.take(16)?);
+                IpAddr::V6(Ipv6Addr::from(a))
+            }
+            t => return Err(DecodeError::Tag(t)),
+        };
+        Ok(Some(SocketAddr::new(ip, self.u16()?)))
+    }
     fn ids(&mut self, max: usize) -> Result<Vec<u32>, DecodeError> {
         let n = self.len(max, 4)?;
         (0..n).map(|_| self.u32()).collect()
@@ -246,6 +280,11 @@ const I_TOPIC_REGIONS: u8 = 4;
 const I_TOPIC_GONE: u8 = 5;
 const I_COMMIT: u8 = 6;
 const I_REMOVED: u8 = 7;
+const I_NODE_ADDRESS: u8 = 8;
+
+const ADDR_NONE: u8 = 0;
+const ADDR_V4: u8 = 4;
+const ADDR_V6: u8 = 6;
 
 const A_UNICAST: u8 = 0;
 const A_MULTICAST: u8 = 1;
@@ -254,9 +293,10 @@ impl GmsMessage {
     /// Appends the encoding of the message to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
-            GmsMessage::Join { nonce } => {
+            GmsMessage::Join { nonce, addr } => {
                 out.push(T_JOIN);
                 put_u64(out, *nonce);
+                put_addr(out, *addr);
             }
             GmsMessage::Welcome { nonce, node } => {
                 out.push(T_WELCOME);
@@ -295,10 +335,13 @@ impl GmsMessage {
                 put_u64(out, *upto);
             }
             GmsMessage::Heartbeat => out.push(T_HEARTBEAT),
-            GmsMessage::Update { seq, item } => {
+            GmsMessage::Update { seq, items } => {
                 out.push(T_UPDATE);
                 put_u64(out, *seq);
-                encode_item(item, out);
+                put_len(out, items.len());
+                for item in items {
+                    encode_item(item, out);
+                }
             }
             GmsMessage::Ack { upto } => {
                 out.push(T_ACK);
@@ -319,7 +362,10 @@ impl GmsMessage {
     pub fn decode(buf: &[u8]) -> Result<GmsMessage, DecodeError> {
         let mut r = Reader { buf };
         let msg = match r.u8()? {
-            T_JOIN => GmsMessage::Join { nonce: r.u64()? },
+            T_JOIN => GmsMessage::Join {
+                nonce: r.u64()?,
+                addr: r.addr()?,
+            },
             T_WELCOME => GmsMessage::Welcome {
                 nonce: r.u64()?,
                 node: NodeId(r.u32()?),
@@ -339,10 +385,19 @@ impl GmsMessage {
             }
             T_REQUEST_ACK => GmsMessage::RequestAck { upto: r.u64()? },
             T_HEARTBEAT => GmsMessage::Heartbeat,
-            T_UPDATE => GmsMessage::Update {
-                seq: r.u64()?,
-                item: decode_item(&mut r)?,
-            },
+            T_UPDATE => {
+                let seq = r.u64()?;
+                // Each item takes at least its tag byte.
+                let n = r.len(ITEMS_PER_UPDATE_MAX, 1)?;
+                if n == 0 {
+                    return Err(DecodeError::Invalid);
+                }
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(decode_item(&mut r)?);
+                }
+                GmsMessage::Update { seq, items }
+            }
             T_ACK => GmsMessage::Ack { upto: r.u64()? },
             t => return Err(DecodeError::Tag(t)),
         };
@@ -400,8 +455,37 @@ fn encode_item(item: &Item, out: &mut Vec<u8>) {
             out.push(I_TOPIC_GONE);
             put_u32(out, t.0);
         }
+        Item::NodeAddress { node, addr } => {
+            out.push(I_NODE_ADDRESS);
+            put_u32(out, node.0);
+            put_addr(out, Some(*addr));
+        }
         Item::Commit => out.push(I_COMMIT),
         Item::Removed => out.push(I_REMOVED),
+    }
+}
+
+/// The encoded size of an item, in bytes (for packing updates into datagrams).
+#[must_use]
+pub fn item_len(item: &Item) -> usize {
+    let mut v = Vec::new();
+    encode_item(item, &mut v);
+    v.len()
+}
+
+fn put_addr(out: &mut Vec<u8>, addr: Option<SocketAddr>) {
+    match addr {
+        None => out.push(ADDR_NONE),
+        Some(SocketAddr::V4(a)) => {
+            out.push(ADDR_V4);
+            out.extend_from_slice(&a.ip().octets());
+            put_u16(out, a.port());
+        }
+        Some(SocketAddr::V6(a)) => {
+            out.push(ADDR_V6);
+            out.extend_from_slice(&a.ip().octets());
+            put_u16(out, a.port());
+        }
     }
 }
 
@@ -457,6 +541,11 @@ fn decode_item(r: &mut Reader<'_>) -> Result<Item, DecodeError> {
             regions: r.ids(LIST_MAX)?.into_iter().map(RegionId).collect(),
         },
         I_TOPIC_GONE => Item::TopicGone(TopicId(r.u32()?)),
+        I_NODE_ADDRESS => {
+            let node = NodeId(r.u32()?);
+            let addr = r.addr()?.ok_or(DecodeError::Invalid)?;
+            Item::NodeAddress { node, addr }
+        }
         I_COMMIT => Item::Commit,
         I_REMOVED => Item::Removed,
         t => return Err(DecodeError::Tag(t)),
@@ -470,7 +559,14 @@ mod tests {
 
     fn samples() -> Vec<GmsMessage> {
         vec![
-            GmsMessage::Join { nonce: 7 },
+            GmsMessage::Join {
+                nonce: 7,
+                addr: None,
+            },
+            GmsMessage::Join {
+                nonce: 8,
+                addr: Some("127.0.0.1:7000".parse().expect("address")),
+            },
             GmsMessage::Welcome {
                 nonce: 7,
                 node: NodeId(3),
@@ -492,7 +588,7 @@ mod tests {
             GmsMessage::Ack { upto: 12 },
             GmsMessage::Update {
                 seq: 4,
-                item: Item::Region(GmsRegionView {
+                items: vec![Item::Region(GmsRegionView {
                     view: RegionView {
                         region: RegionId(2),
                         view: ViewId(5),
@@ -503,18 +599,21 @@ mod tests {
                         group: [239, 1, 0, 2],
                         port: 7000,
                     },
-                }),
+                })],
             },
             GmsMessage::Update {
                 seq: 5,
-                item: Item::TopicRegions {
-                    topic: TopicId(1),
-                    regions: vec![RegionId(2), RegionId(3)],
-                },
-            },
-            GmsMessage::Update {
-                seq: 6,
-                item: Item::Commit,
+                items: vec![
+                    Item::TopicRegions {
+                        topic: TopicId(1),
+                        regions: vec![RegionId(2), RegionId(3)],
+                    },
+                    Item::NodeAddress {
+                        node: NodeId(4),
+                        addr: "[::1]:9000".parse().expect("address"),
+                    },
+                    Item::Commit,
+                ],
             },
         ]
     }
@@ -544,6 +643,7 @@ mod tests {
         // A region claiming 4 billion topics in a 20-byte message.
         let mut b = vec![T_UPDATE];
         b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
         b.push(I_REGION);
         b.extend_from_slice(&1u32.to_le_bytes());
         b.extend_from_slice(&1u32.to_le_bytes());

@@ -1,15 +1,20 @@
 //! The membership service: a deterministic state machine driven by messages and time.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
 
 use tidings_proto::Time;
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
 use crate::config::{ConfigError, GmsConfig};
 use crate::message::{
-    GmsMessage, GmsRegionView, Item, RegionAddress, Request, TOPIC_NAME_BYTES_MAX,
+    item_len, GmsMessage, GmsRegionView, Item, RegionAddress, Request, ITEMS_PER_UPDATE_MAX,
+    TOPIC_NAME_BYTES_MAX,
 };
 use crate::regions::{Changes, Planner};
+
+/// Bytes of an update message before its items: tag, sequence number, item count.
+const UPDATE_HEADER_BYTES: usize = 1 + 8 + 4;
 
 /// Who a message comes from or goes to: a member, or a joiner that has no node id yet (the runtime
 /// maps the nonce to the address the `Join` came from).
@@ -52,6 +57,8 @@ pub enum Command {
     Join {
         /// The joiner's nonce.
         nonce: u64,
+        /// Where it receives protocol datagrams, if known.
+        addr: Option<SocketAddr>,
     },
     /// A member subscribes to a topic by name.
     Subscribe {
@@ -161,6 +168,11 @@ struct NodeEntry {
     known_regions: BTreeMap<RegionId, ViewId>,
     /// The region lists of published topics this node has been sent.
     known_topics: BTreeMap<TopicId, Vec<RegionId>>,
+    /// Where this node receives protocol datagrams (from its `Join`).
+    addr: Option<SocketAddr>,
+    /// The nodes whose address this node has been sent (node ids are never reused, so an
+    /// address once told stays true).
+    told_addresses: BTreeSet<NodeId>,
 }
 
 /// The global membership service, sans-IO.
@@ -191,6 +203,12 @@ pub struct Gms {
     publishers: BTreeMap<TopicId, BTreeSet<NodeId>>,
     known_by: BTreeMap<RegionId, BTreeSet<NodeId>>,
     outbox: VecDeque<GmsTransmit>,
+    /// Nodes with update items queued since the last `poll_transmit`: their items are packed
+    /// and sent there, so everything one batch of inputs causes leaves in as few datagrams as
+    /// possible.
+    unsent: BTreeSet<NodeId>,
+    /// The latest `now` given, the send time of items sent from `poll_transmit`.
+    last_now: Time,
     events: VecDeque<GmsEvent>,
     stats: GmsStats,
 }
@@ -215,6 +233,8 @@ impl Gms {
             publishers: BTreeMap::new(),
             known_by: BTreeMap::new(),
             outbox: VecDeque::new(),
+            unsent: BTreeSet::new(),
+            last_now: Time::ZERO,
             events: VecDeque::new(),
             stats: GmsStats::default(),
         })
@@ -271,8 +291,9 @@ impl Gms {
 
     /// A decoded message from `from`.
     pub fn handle_message(&mut self, now: Time, from: Peer, msg: GmsMessage) {
+        self.last_now = self.last_now.max(now);
         match (from, msg) {
-            (_, GmsMessage::Join { nonce }) => self.on_join(now, nonce),
+            (_, GmsMessage::Join { nonce, addr }) => self.on_join(now, nonce, addr),
             (Peer::Node(node), msg) => {
                 let Some(entry) = self.nodes.get_mut(&node) else {
                     // A removed (or never joined) node: tell it, so it can rejoin.
@@ -281,7 +302,7 @@ impl Gms {
                         to: Peer::Node(node),
                         msg: GmsMessage::Update {
                             seq: 0,
-                            item: Item::Removed,
+                            items: vec![Item::Removed],
                         },
                     });
                     return;
@@ -291,7 +312,7 @@ impl Gms {
                 entry.suspected = false;
                 match msg {
                     GmsMessage::Heartbeat => {}
-                    GmsMessage::Ack { upto } => self.on_ack(now, node, upto),
+                    GmsMessage::Ack { upto } => self.on_ack(node, upto),
                     GmsMessage::Request { req, body } => self.on_request(now, node, req, body),
                     _ => self.stats.unexpected += 1,
                 }
@@ -302,6 +323,7 @@ impl Gms {
 
     /// Time has passed: failure detection and retransmission.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.last_now = self.last_now.max(now);
         let mut failed: Vec<(NodeId, RemoveCause)> = Vec::new();
         for (&node, e) in &self.nodes {
             if now >= e.last_heard + self.config.heartbeat_timeout {
@@ -350,6 +372,9 @@ impl Gms {
 
     /// The next message to send.
     pub fn poll_transmit(&mut self) -> Option<GmsTransmit> {
+        while let Some(node) = self.unsent.pop_first() {
+            self.send_window(self.last_now, node);
+        }
         self.outbox.pop_front()
     }
 
@@ -362,9 +387,10 @@ impl Gms {
     /// replay or replicate a command log; [`handle_message`](Gms::handle_message) and
     /// [`handle_timeout`](Gms::handle_timeout) call it for every change they make.
     pub fn apply(&mut self, now: Time, cmd: Command) {
+        self.last_now = self.last_now.max(now);
         self.stats.commands += 1;
         match cmd {
-            Command::Join { nonce } => {
+            Command::Join { nonce, addr } => {
                 if self.joins.contains_key(&nonce) || self.nodes.len() >= self.config.nodes_max {
                     return;
                 }
@@ -383,6 +409,8 @@ impl Gms {
                         queue: VecDeque::new(),
                         known_regions: BTreeMap::new(),
                         known_topics: BTreeMap::new(),
+                        addr,
+                        told_addresses: BTreeSet::new(),
                     },
                 );
                 self.events.push_back(GmsEvent::Joined(node));
@@ -427,7 +455,15 @@ impl Gms {
                 }
                 self.publishers.entry(topic).or_default().insert(node);
                 self.push_items(now, node, vec![Item::TopicBound { name, topic }]);
-                self.propagate(now, Changes::default(), [node].into());
+                // The members of the topic's regions learn the new publisher's address (its
+                // acknowledgements and repairs go there).
+                let mut also: BTreeSet<NodeId> = [node].into();
+                for r in self.planner.topic_regions(topic) {
+                    if let Some(reg) = self.planner.region(r) {
+                        also.extend(reg.members.iter().copied());
+                    }
+                }
+                self.propagate(now, Changes::default(), also);
             }
             Command::Unadvertise { node, name } => {
                 let Some(topic) = self.topic_ids.get(&name).copied() else {
@@ -467,7 +503,7 @@ impl Gms {
                     to: Peer::Node(node),
                     msg: GmsMessage::Update {
                         seq: 0,
-                        item: Item::Removed,
+                        items: vec![Item::Removed],
                     },
                 });
                 self.events.push_back(GmsEvent::Removed { node, cause });
@@ -498,13 +534,13 @@ impl Gms {
         Some(topic)
     }
 
-    fn on_join(&mut self, now: Time, nonce: u64) {
+    fn on_join(&mut self, now: Time, nonce: u64, addr: Option<SocketAddr>) {
         if !self.joins.contains_key(&nonce) {
             if self.nodes.len() >= self.config.nodes_max {
                 self.stats.joins_refused += 1;
                 return;
             }
-            self.apply(now, Command::Join { nonce });
+            self.apply(now, Command::Join { nonce, addr });
         } else if let Some(&node) = self.joins.get(&nonce) {
             // A repeated Join whose Welcome was lost.
             self.outbox.push_back(GmsTransmit {
@@ -590,14 +626,14 @@ impl Gms {
         }
     }
 
-    fn on_ack(&mut self, now: Time, node: NodeId, upto: u64) {
+    fn on_ack(&mut self, node: NodeId, upto: u64) {
         let Some(e) = self.nodes.get_mut(&node) else {
             return;
         };
         while e.queue.front().is_some_and(|p| p.seq <= upto) {
             e.queue.pop_front();
         }
-        self.send_window(now, node);
+        self.unsent.insert(node);
     }
 
     fn due(&self, p: &Pending, now: Time) -> bool {
@@ -606,11 +642,25 @@ impl Gms {
     }
 
     /// Sends what the window allows: first sends of queued items, and resends of timed-out ones.
+    /// Consecutive items leave packed in one [`GmsMessage::Update`] of at most
+    /// `update_bytes_max` bytes (a single larger item goes alone).
     fn send_window(&mut self, now: Time, node: NodeId) {
         let interval = self.config.retransmit_interval;
         let inflight_max = self.config.updates_inflight_max;
+        let bytes_max = self.config.update_bytes_max;
         let Some(e) = self.nodes.get_mut(&node) else {
             return;
+        };
+        // The run being packed: its first sequence number, items and encoded size.
+        let mut run: Option<(u64, Vec<Item>, usize)> = None;
+        let outbox = &mut self.outbox;
+        let mut flush = |run: &mut Option<(u64, Vec<Item>, usize)>| {
+            if let Some((seq, items, _)) = run.take() {
+                outbox.push_back(GmsTransmit {
+                    to: Peer::Node(node),
+                    msg: GmsMessage::Update { seq, items },
+                });
+            }
         };
         for p in e.queue.iter_mut().take(inflight_max) {
             let send = match p.sent_at {
@@ -624,18 +674,28 @@ impl Gms {
                 }
                 Some(_) => false,
             };
-            if send {
-                p.sent_at = Some(now);
-                p.attempts += 1;
-                self.outbox.push_back(GmsTransmit {
-                    to: Peer::Node(node),
-                    msg: GmsMessage::Update {
-                        seq: p.seq,
-                        item: p.item.clone(),
-                    },
-                });
+            if !send {
+                flush(&mut run);
+                continue;
+            }
+            p.sent_at = Some(now);
+            p.attempts += 1;
+            let len = item_len(&p.item);
+            let fits = run.as_ref().is_some_and(|(first, items, bytes)| {
+                *first + items.len() as u64 == p.seq
+                    && items.len() < ITEMS_PER_UPDATE_MAX
+                    && bytes + len <= bytes_max
+            });
+            if !fits {
+                flush(&mut run);
+                run = Some((p.seq, Vec::new(), UPDATE_HEADER_BYTES));
+            }
+            if let Some((_, items, bytes)) = run.as_mut() {
+                items.push(p.item.clone());
+                *bytes += len;
             }
         }
+        flush(&mut run);
     }
 
     fn push_items(&mut self, now: Time, node: NodeId, items: Vec<Item>) {
@@ -661,7 +721,7 @@ impl Gms {
             );
             return;
         }
-        self.send_window(now, node);
+        self.unsent.insert(node);
     }
 
     /// Issues new views for what `ch` changed and sends each affected node (plus `also`) the
@@ -775,6 +835,45 @@ impl Gms {
             known.insert(r, view);
             self.known_by.entry(r).or_default().insert(node);
         }
+        // The addresses of every node this node will talk to: the members of its regions and the
+        // publishers of their topics. They go before the views, in the same batch.
+        let mut addresses = Vec::new();
+        if let Some(e) = self.nodes.get(&node) {
+            let mut needed = BTreeSet::new();
+            for &r in &desired {
+                if let Some(reg) = self.planner.region(r) {
+                    needed.extend(reg.members.iter().copied());
+                    for t in &reg.topics {
+                        if let Some(p) = self.publishers.get(t) {
+                            needed.extend(p.iter().copied());
+                        }
+                    }
+                }
+            }
+            for n in needed {
+                if n == node || e.told_addresses.contains(&n) {
+                    continue;
+                }
+                if let Some(addr) = self.nodes.get(&n).and_then(|x| x.addr) {
+                    addresses.push((n, addr));
+                }
+            }
+        }
+        if !addresses.is_empty() {
+            let told = addresses.iter().map(|&(n, _)| n);
+            if let Some(e) = self.nodes.get_mut(&node) {
+                e.told_addresses.extend(told);
+            }
+            let mut with_addresses: Vec<Item> = addresses
+                .into_iter()
+                .map(|(node, addr)| Item::NodeAddress { node, addr })
+                .collect();
+            with_addresses.append(&mut items);
+            items = with_addresses;
+        }
+        let Some(e) = self.nodes.get(&node) else {
+            return;
+        };
         let mut known_topics = e.known_topics.clone();
         let stale: Vec<TopicId> = known_topics
             .keys()

@@ -13,6 +13,11 @@ use crate::{
 
 type Filter = Box<dyn FnMut(usize, &GmsMessage) -> bool>;
 
+/// The data address client `i` announces in its join.
+fn client_addr(i: usize) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16))
+}
+
 /// A GMS and clients (by index) on a network that delivers at once, except what `drop_to`
 /// rejects (messages to client `i`) and anything to or from a crashed client.
 struct World {
@@ -30,11 +35,16 @@ struct World {
 
 impl World {
     fn new(n: usize) -> World {
-        let gms = Gms::new(GmsConfig::default()).unwrap();
+        World::with_config(n, GmsConfig::default())
+    }
+
+    fn with_config(n: usize, config: GmsConfig) -> World {
+        let gms = Gms::new(config).unwrap();
         let clients = (0..n)
             .map(|i| {
                 GmsClient::new(ClientConfig {
                     seed: 100 + i as u64,
+                    data_addr: Some(client_addr(i)),
                     ..ClientConfig::default()
                 })
                 .unwrap()
@@ -219,12 +229,12 @@ fn a_node_is_told_only_what_concerns_it() {
     // No item about b's region ever went to nodes 0, 1, 3.
     for i in [0, 1, 3] {
         for m in &w.delivered[i] {
-            if let GmsMessage::Update {
-                item: Item::Region(v),
-                ..
-            } = m
-            {
-                assert!(!rb.contains(&v.view.region), "node {i} told about b");
+            if let GmsMessage::Update { items, .. } = m {
+                for item in items {
+                    if let Item::Region(v) = item {
+                        assert!(!rb.contains(&v.view.region), "node {i} told about b");
+                    }
+                }
             }
         }
     }
@@ -304,7 +314,14 @@ fn a_suspected_node_that_speaks_stays() {
 
 #[test]
 fn lost_updates_are_resent_and_applied_in_order_exactly_once() {
-    let mut w = World::new(3);
+    // Small datagrams (one or two items each), so that losses leave gaps inside the window.
+    let mut w = World::with_config(
+        3,
+        GmsConfig {
+            update_bytes_max: 40,
+            ..GmsConfig::default()
+        },
+    );
     // Drop two of every three updates to client 0, for a while.
     let mut count = 0u32;
     w.keep_to = Box::new(move |i, m| {
@@ -328,9 +345,9 @@ fn lost_updates_are_resent_and_applied_in_order_exactly_once() {
     // Applied exactly once each: the count of applied items is the stream's length.
     let seqs: BTreeSet<u64> = w.delivered[0]
         .iter()
-        .filter_map(|m| match m {
-            GmsMessage::Update { seq, .. } if *seq > 0 => Some(*seq),
-            _ => None,
+        .flat_map(|m| match m {
+            GmsMessage::Update { seq, items } if *seq > 0 => *seq..*seq + items.len() as u64,
+            _ => 0..0,
         })
         .collect();
     assert_eq!(stats.updates_applied, seqs.len() as u64);
@@ -454,4 +471,103 @@ fn many_changes_under_loss_converge_to_the_gms_state() {
         );
         assert_eq!(&w.clients[i].membership(), &w.expected(i, &p));
     }
+}
+
+#[test]
+fn nodes_learn_the_addresses_of_their_region_members_and_publishers_only() {
+    let mut w = World::new(5);
+    w.clients[0].subscribe("a").unwrap();
+    w.clients[1].subscribe("a").unwrap();
+    w.clients[2].subscribe("b").unwrap();
+    w.clients[3].subscribe("b").unwrap();
+    w.run_for(Duration::from_millis(10));
+    // Node 4 publishes on "a": the members of a's region learn its address, and it theirs.
+    w.clients[4].advertise("a").unwrap();
+    w.run_for(Duration::from_millis(10));
+    let addr = |i: usize| (w.node(i), client_addr(i));
+    let known = |i: usize| -> BTreeSet<(NodeId, std::net::SocketAddr)> {
+        w.clients[i].node_addresses().collect()
+    };
+    assert_eq!(known(0), [addr(1), addr(4)].into());
+    assert_eq!(known(1), [addr(0), addr(4)].into());
+    assert_eq!(known(4), [addr(0), addr(1)].into());
+    assert_eq!(known(2), [addr(3)].into());
+    // In stream order, every member of a view arrived with an address before the view.
+    for i in 0..5 {
+        let me = w.node(i);
+        let mut stream = BTreeMap::new();
+        for m in &w.delivered[i] {
+            if let GmsMessage::Update { seq, items } = m {
+                for (k, item) in items.iter().enumerate() {
+                    stream.insert(seq + k as u64, item.clone());
+                }
+            }
+        }
+        let mut known = BTreeSet::new();
+        for item in stream.values() {
+            match item {
+                Item::NodeAddress { node, .. } => {
+                    known.insert(*node);
+                }
+                Item::Region(v) => {
+                    for n in v.view.partitions.iter().flatten() {
+                        assert!(
+                            *n == me || known.contains(n),
+                            "node {i}: {n:?} before its address"
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn consecutive_updates_are_packed_into_few_datagrams() {
+    let mut w = World::new(2);
+    for k in 0..40 {
+        w.clients[0].subscribe(&format!("topic-{k}")).unwrap();
+    }
+    w.run_for(Duration::from_millis(100));
+    let datagrams = w.delivered[0]
+        .iter()
+        .filter(|m| matches!(m, GmsMessage::Update { .. }))
+        .count();
+    let items: usize = w.delivered[0]
+        .iter()
+        .map(|m| match m {
+            GmsMessage::Update { items, .. } => items.len(),
+            _ => 0,
+        })
+        .sum();
+    assert!(
+        items >= 80,
+        "TopicBound and Commit per subscribe at least: {items}"
+    );
+    assert!(
+        datagrams * 4 <= items,
+        "{items} items in {datagrams} datagrams: not packed"
+    );
+    for m in &w.delivered[0] {
+        assert!(m.to_bytes().len() <= GmsConfig::default().update_bytes_max.max(200));
+    }
+}
+
+#[test]
+fn a_queued_request_is_due_at_once() {
+    let mut w = World::new(1);
+    w.run_for(Duration::from_millis(10));
+    let now = w.now;
+    w.clients[0].subscribe("t").unwrap();
+    // The host learns that the request must go now, not at the next heartbeat.
+    assert!(w.clients[0].poll_timeout().is_some_and(|t| t <= now));
+    w.clients[0].handle_timeout(now);
+    let sent: Vec<GmsMessage> = std::iter::from_fn(|| w.clients[0].poll_transmit()).collect();
+    assert!(
+        sent.iter().any(|m| matches!(m, GmsMessage::Request { .. })),
+        "{sent:?}"
+    );
+    // Once sent, it waits for the retransmission interval.
+    assert!(w.clients[0].poll_timeout().is_some_and(|t| t > now));
 }

@@ -110,7 +110,7 @@ pub struct Node {
     future: std::collections::VecDeque<Bytes>,
     /// Per origin, the highest message id delivered in views that ended; kept even while this node
     /// is in no region, so a node that leaves and joins again never delivers a message twice.
-    msg_id_floors: BTreeMap<NodeId, u64>,
+    msg_id_floors: BTreeMap<(NodeId, TopicId), u64>,
     /// When the doubt horizon rates are sampled next.
     next_doubt_sample: Time,
     /// The publish rate of congestion control (PDCC).
@@ -487,8 +487,8 @@ impl Node {
         self.out.stats.view_changes += 1;
         // Receiving side.
         for region in self.regions.values() {
-            for (origin, floor) in region.msg_id_floors() {
-                let f = self.msg_id_floors.entry(origin).or_insert(0);
+            for (key, floor) in region.msg_id_floors() {
+                let f = self.msg_id_floors.entry(key).or_insert(0);
                 *f = (*f).max(floor);
             }
         }

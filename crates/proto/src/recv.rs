@@ -2,7 +2,7 @@
 //! window, in-order exactly-once delivery, the cooperative cache, and the bookkeeping of which gaps
 //! were requested when.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 use tidings_wire::{MsgId, NodeId, SeqRange, TopicId};
@@ -77,10 +77,13 @@ pub(crate) struct InboundStream {
     /// Messages ignored beyond the receive window since the last DCQ: a receiver that had to ignore
     /// some is recovering (paper 002, section 4).
     pub(crate) ignored_since_dcq: u64,
-    /// Highest message id of this origin handed to the application, carried across views: after a
-    /// view change the sender resends what was unstable, and what this node already delivered is
-    /// recognised by its id (a sender's ids increase along each stream).
-    pub(crate) msg_id_floor: u64,
+    /// Per topic, the highest message id of this origin handed to the application, carried
+    /// across views: after a view change the sender resends what was unstable, and what this
+    /// node already delivered is recognised by its id. Kept per topic because a sender's ids
+    /// increase along each topic, while a node in several regions gets the sender's topics
+    /// through parallel streams whose ids interleave (a topic reaches a node through one region
+    /// at a time).
+    pub(crate) msg_id_floors: BTreeMap<TopicId, u64>,
     /// Gryphon's NACK window (SDCC) and the smoothed repair time.
     pub(crate) nack: crate::sdcc::NackWindow,
     /// `delivered_upto` at the last doubt horizon sample (the stream's rate, for the NACK window).
@@ -103,7 +106,7 @@ impl InboundStream {
             cache: VecDeque::new(),
             stable_upto: 0,
             cached_total: 0,
-            msg_id_floor: 0,
+            msg_id_floors: BTreeMap::new(),
             ignored_since_dcq: 0,
             doubt_horizon_us: 0,
             pending_silence: None,
@@ -226,8 +229,9 @@ impl InboundStream {
             self.delivered_upto += 1;
             let seq = self.delivered_upto;
             self.doubt_horizon_us = self.doubt_horizon_us.max(msg.timestamp_us);
-            let fresh = msg.msg_id.0 > self.msg_id_floor;
-            self.msg_id_floor = self.msg_id_floor.max(msg.msg_id.0);
+            let floor = self.msg_id_floors.entry(msg.topic).or_insert(0);
+            let fresh = msg.msg_id.0 > *floor;
+            *floor = (*floor).max(msg.msg_id.0);
             if deliver(seq, &msg, fresh) && seq > self.stable_upto {
                 self.cache.push_back((seq, msg));
                 self.cached_total += 1;
@@ -485,7 +489,7 @@ mod view_tests {
     #[test]
     fn messages_delivered_in_an_earlier_view_are_not_fresh() {
         let mut s = InboundStream::new(NodeId(1));
-        s.msg_id_floor = 5;
+        s.msg_id_floors.insert(TopicId(1), 5);
         let mut fresh = Vec::new();
         for (seq, id) in [(1, 4), (2, 5), (3, 6), (4, 7)] {
             let m = InMsg {
@@ -500,7 +504,7 @@ mod view_tests {
             });
         }
         assert_eq!(fresh, vec![(4, false), (5, false), (6, true), (7, true)]);
-        assert_eq!(s.msg_id_floor, 7);
+        assert_eq!(s.msg_id_floors.get(&TopicId(1)), Some(&7));
     }
 }
 

@@ -205,7 +205,7 @@ impl CachingRule {
 /// needs, so callers can still lend out other fields of the region.
 fn inbound_stream<'a>(
     inbound: &'a mut BTreeMap<NodeId, InboundStream>,
-    floors: &BTreeMap<NodeId, u64>,
+    floors: &BTreeMap<(NodeId, TopicId), u64>,
     me: NodeId,
     origin: NodeId,
     streams_max: usize,
@@ -213,10 +213,12 @@ fn inbound_stream<'a>(
     if origin == me || (!inbound.contains_key(&origin) && inbound.len() >= streams_max) {
         return None;
     }
-    let floor = floors.get(&origin).copied().unwrap_or(0);
     Some(inbound.entry(origin).or_insert_with(|| {
         let mut s = InboundStream::new(origin);
-        s.msg_id_floor = floor;
+        s.msg_id_floors = floors
+            .range((origin, TopicId(0))..=(origin, TopicId(u32::MAX)))
+            .map(|(&(_, t), &f)| (t, f))
+            .collect();
         s
     }))
 }
@@ -237,7 +239,7 @@ pub(crate) struct RegionState {
     /// Per origin, the consolidation of congestion alerts passing through this node (Fig. 5).
     ucas: BTreeMap<NodeId, crate::pdcc::UcaConsolidator>,
     /// Per origin, the highest message id delivered in earlier views (seeds new streams).
-    msg_id_floors: BTreeMap<NodeId, u64>,
+    msg_id_floors: BTreeMap<(NodeId, TopicId), u64>,
     /// Scratch lists reused across tokens.
     scratch: Vec<SeqRange>,
 }
@@ -365,16 +367,18 @@ impl RegionState {
     }
 
     /// Seeds the per-origin floors of message ids delivered in earlier views.
-    pub(crate) fn set_msg_id_floors(&mut self, floors: BTreeMap<NodeId, u64>) {
+    pub(crate) fn set_msg_id_floors(&mut self, floors: BTreeMap<(NodeId, TopicId), u64>) {
         self.msg_id_floors = floors;
     }
 
-    /// Per origin, the highest message id delivered in this view or seeded from earlier ones.
-    pub(crate) fn msg_id_floors(&self) -> impl Iterator<Item = (NodeId, u64)> + '_ {
-        self.msg_id_floors
-            .iter()
-            .map(|(&o, &f)| (o, f))
-            .chain(self.inbound.values().map(|s| (s.origin, s.msg_id_floor)))
+    /// Per origin and topic, the highest message id delivered in this view or seeded from
+    /// earlier ones.
+    pub(crate) fn msg_id_floors(&self) -> impl Iterator<Item = ((NodeId, TopicId), u64)> + '_ {
+        self.msg_id_floors.iter().map(|(&k, &f)| (k, f)).chain(
+            self.inbound
+                .values()
+                .flat_map(|s| s.msg_id_floors.iter().map(|(&t, &f)| ((s.origin, t), f))),
+        )
     }
 
     /// A random member of the caching partition of `seq` other than this node.

@@ -125,6 +125,70 @@ impl Default for RuntimeConfig {
     }
 }
 
+/// How a node reaches the membership service ([`NodeRuntime::join`](crate::NodeRuntime::join)).
+#[derive(Clone, Debug)]
+pub struct GmsLinkConfig {
+    /// The service's address (`tidings gms`, or a [`GmsServer`](crate::GmsServer) embedded in
+    /// some process).
+    pub server: std::net::SocketAddr,
+    /// The membership client (heartbeat interval, retransmission...). Its `data_addr` may stay
+    /// `None`: the service then uses the address the node's datagrams come from. Its `seed`
+    /// makes the join nonce: [`GmsLinkConfig::new`] draws a random one, and nodes of one
+    /// service must not share it.
+    pub client: tidings_gms::ClientConfig,
+    /// Longest wait for the service to answer the join. Default 5 s; then `join` fails and names
+    /// the address it tried.
+    pub join_timeout: Duration,
+    /// Longest wait, on shutdown, for the service to confirm the leave. Default 1 s; a node that
+    /// cannot confirm is removed by the service's failure detection instead.
+    pub leave_timeout: Duration,
+    /// Least time between two suspicions of one node reported to the service. Default 500 ms:
+    /// one per heartbeat interval is enough, the service decides.
+    pub suspect_interval: Duration,
+}
+
+impl GmsLinkConfig {
+    /// The defaults, for the service at `server`.
+    #[must_use]
+    pub fn new(server: std::net::SocketAddr) -> GmsLinkConfig {
+        GmsLinkConfig {
+            server,
+            // The join nonce must differ between nodes (the service tells joiners apart by it):
+            // a random seed per link, unlike the sans-IO client's fixed default.
+            client: tidings_gms::ClientConfig {
+                seed: fastrand::u64(..),
+                ..tidings_gms::ClientConfig::default()
+            },
+            join_timeout: Duration::from_secs(5),
+            leave_timeout: Duration::from_secs(1),
+            suspect_interval: Duration::from_millis(500),
+        }
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, d) in [
+            ("gms.join_timeout", self.join_timeout),
+            ("gms.leave_timeout", self.leave_timeout),
+            ("gms.suspect_interval", self.suspect_interval),
+        ] {
+            if d.is_zero() {
+                return Err(invalid(field, d, "must be positive"));
+            }
+        }
+        if self.server.ip().is_unspecified() || self.server.port() == 0 {
+            return Err(invalid(
+                "gms.server",
+                self.server,
+                "must be a reachable address and port (not 0.0.0.0 or port 0)",
+            ));
+        }
+        self.client
+            .validate()
+            .map_err(|e| ConfigError::Gms(e.to_string()))
+    }
+}
+
 /// A runtime configuration that cannot work, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -141,6 +205,9 @@ pub enum ConfigError {
     /// The scheduler configuration is invalid.
     #[error("runtime config: sched: {0}")]
     Sched(#[from] tidings_sched::ConfigError),
+    /// The membership client configuration is invalid.
+    #[error("runtime config: gms client: {0}")]
+    Gms(String),
 }
 
 fn invalid(field: &'static str, value: impl std::fmt::Debug, why: &'static str) -> ConfigError {

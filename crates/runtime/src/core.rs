@@ -13,9 +13,9 @@
 //! When no queue has work the thread sleeps in `epoll_wait` until the next alarm, a packet, or
 //! the waker (application requests, a subscription that has room again).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
@@ -24,6 +24,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use crossbeam_queue::SegQueue;
 use mio::{Events, Interest, Poll, Token, Waker};
+use tidings_gms::{ClientEvent, GmsClient, RegionAddress};
 use tidings_proto::{
     Delivery, Event, Membership, MsgId, Node, Priority, PublishError, RegionId, Time, TopicId,
 };
@@ -32,6 +33,7 @@ use tidings_sched::{TaskHandle, TaskId, TryPushError};
 use crate::addr::{AddressBook, Routes};
 use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
+use crate::gms_server::{frame, unframe};
 use crate::net::{self, Flush, NetSocket, RxBuffers, TxBatch, TxCounts};
 use crate::publish::{PublisherCore, PublisherShared};
 use crate::stats::RuntimeStats;
@@ -65,6 +67,19 @@ pub(crate) enum Control {
         membership: Membership,
         addresses: Option<AddressBook>,
         reply: SyncSender<Result<(), String>>,
+    },
+    /// Subscribe through the GMS to the topic of this name, delivering to `task`; the reply (the
+    /// topic's id) comes once this node is in a region that carries it.
+    SubscribeNamed {
+        name: String,
+        task: TaskHandle<Delivery>,
+        reply: SyncSender<Result<TopicId, String>>,
+    },
+    /// Declare through the GMS that this node publishes on the topic of this name; the reply
+    /// comes once the node knows the topic's regions.
+    Advertise {
+        name: String,
+        reply: SyncSender<Result<TopicId, String>>,
     },
     /// Send a copy of the counters.
     Stats { reply: SyncSender<RuntimeStats> },
@@ -154,6 +169,71 @@ struct Blocked {
     next: usize,
 }
 
+/// A named request waiting for the GMS.
+enum Waiting {
+    Subscribe {
+        name: String,
+        task: TaskHandle<Delivery>,
+        reply: SyncSender<Result<TopicId, String>>,
+    },
+    Advertise {
+        name: String,
+        reply: SyncSender<Result<TopicId, String>>,
+    },
+}
+
+/// The node's link to the membership service, when it joined through one: the client runs on
+/// the core thread and its datagrams share the unicast socket.
+pub(crate) struct GmsLink {
+    pub(crate) client: GmsClient,
+    pub(crate) server: SocketAddr,
+    /// How long a clean shutdown waits for the GMS to confirm the leave.
+    pub(crate) leave_timeout: Duration,
+    /// Between suspicion reports of one node.
+    pub(crate) suspect_interval: Duration,
+    waiting: Vec<Waiting>,
+    /// Names of the topics this node subscribed to by name, to unsubscribe.
+    names: HashMap<TopicId, String>,
+    /// GMS datagrams received in the current batch.
+    inbox: Vec<Bytes>,
+    /// When the last suspicion of each node was reported.
+    suspected: BTreeMap<tidings_proto::NodeId, Time>,
+    /// The leave was sent at this time; the thread stops when it is confirmed or times out.
+    leaving_since: Option<Time>,
+    removed: bool,
+}
+
+impl GmsLink {
+    pub(crate) fn new(
+        client: GmsClient,
+        server: SocketAddr,
+        leave_timeout: Duration,
+        suspect_interval: Duration,
+    ) -> GmsLink {
+        GmsLink {
+            client,
+            server,
+            leave_timeout,
+            suspect_interval,
+            waiting: Vec::new(),
+            names: HashMap::new(),
+            inbox: Vec::new(),
+            suspected: BTreeMap::new(),
+            leaving_since: None,
+            removed: false,
+        }
+    }
+
+    /// The next time the link needs the core thread.
+    fn deadline(&self) -> Option<Time> {
+        let leave = self.leaving_since.map(|t| t + self.leave_timeout);
+        match (self.client.poll_timeout(), leave) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 /// Outcome of the send phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TxOutcome {
@@ -199,6 +279,10 @@ pub(crate) struct Core {
     next_tick: Time,
     stats: RuntimeStats,
     shutdown: bool,
+    gms: Option<GmsLink>,
+    local_addr: SocketAddr,
+    /// The membership in force (the protocol's copy is private to it).
+    membership: Membership,
 }
 
 impl std::fmt::Debug for Core {
@@ -225,7 +309,9 @@ impl Core {
         membership: &Membership,
         addresses: AddressBook,
         socket: std::net::UdpSocket,
+        gms: Option<GmsLink>,
     ) -> io::Result<(Core, Arc<CoreShared>)> {
+        let local_addr = socket.local_addr()?;
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let shared = Arc::new(CoreShared::new(waker));
@@ -289,6 +375,9 @@ impl Core {
             stats,
             shutdown: false,
             config,
+            gms,
+            local_addr,
+            membership: membership.clone(),
         };
         core.sync_groups()?;
         core.look_at_deadline(now);
@@ -381,6 +470,9 @@ impl Core {
         for t in self.publishers.iter().filter_map(|p| p.retry_at) {
             next = next.min(t);
         }
+        if let Some(t) = self.gms.as_ref().and_then(GmsLink::deadline) {
+            next = next.min(t);
+        }
         let mut sleep = next.saturating_duration_since(now);
         if !reading {
             sleep = sleep.min(BLOCKED_SLEEP_MAX);
@@ -440,6 +532,11 @@ impl Core {
                     tasks.retain(|t| t.id() != task);
                     if tasks.is_empty() {
                         self.subscriptions.remove(&topic);
+                        if let Some(link) = self.gms.as_mut() {
+                            if let Some(name) = link.names.remove(&topic) {
+                                let _ = link.client.unsubscribe(&name);
+                            }
+                        }
                     }
                 }
                 if self
@@ -458,24 +555,232 @@ impl Core {
                 addresses,
                 reply,
             } => {
-                if let Some(a) = addresses {
-                    self.addresses = a;
-                }
-                self.routes = Routes::new(
-                    self.node.id(),
-                    &membership,
-                    &self.addresses,
-                    &self.config.transport,
-                );
-                self.node.set_membership(now, membership);
-                self.tx_more = true;
-                let result = self.sync_groups().map_err(|e| e.to_string());
+                let result = self
+                    .install_membership(now, membership, addresses)
+                    .map_err(|e| e.to_string());
                 let _ = reply.send(result);
+            }
+            Control::SubscribeNamed { name, task, reply } => {
+                let Some(link) = self.gms.as_mut() else {
+                    let _ = reply.send(Err("this node did not join through a GMS".to_owned()));
+                    return;
+                };
+                if link.removed {
+                    let _ = reply.send(Err("the GMS removed this node".to_owned()));
+                    return;
+                }
+                match link.client.subscribe(&name) {
+                    Ok(()) => link.waiting.push(Waiting::Subscribe { name, task, reply }),
+                    Err(e) => {
+                        let _ = reply.send(Err(e.to_string()));
+                    }
+                }
+                self.gms_pump(now);
+            }
+            Control::Advertise { name, reply } => {
+                let Some(link) = self.gms.as_mut() else {
+                    let _ = reply.send(Err("this node did not join through a GMS".to_owned()));
+                    return;
+                };
+                if link.removed {
+                    let _ = reply.send(Err("the GMS removed this node".to_owned()));
+                    return;
+                }
+                match link.client.advertise(&name) {
+                    Ok(()) => link.waiting.push(Waiting::Advertise { name, reply }),
+                    Err(e) => {
+                        let _ = reply.send(Err(e.to_string()));
+                    }
+                }
+                self.gms_pump(now);
             }
             Control::Stats { reply } => {
                 let _ = reply.send(self.snapshot());
             }
-            Control::Shutdown => self.shutdown = true,
+            Control::Shutdown => match self.gms.as_mut() {
+                // Leave the group first, so that the others' views drop this node at once
+                // rather than after a failure timeout.
+                Some(link) if !link.removed && link.leaving_since.is_none() => {
+                    if link.client.leave().is_ok() {
+                        link.leaving_since = Some(now);
+                        self.gms_pump(now);
+                    } else {
+                        self.shutdown = true;
+                    }
+                }
+                Some(link) if link.leaving_since.is_some() => {}
+                _ => self.shutdown = true,
+            },
+        }
+    }
+
+    /// Installs a membership (and address book), rebuilding the routes and the multicast groups.
+    fn install_membership(
+        &mut self,
+        now: Time,
+        membership: Membership,
+        addresses: Option<AddressBook>,
+    ) -> io::Result<()> {
+        if let Some(a) = addresses {
+            self.addresses = a;
+        }
+        self.routes = Routes::new(
+            self.node.id(),
+            &membership,
+            &self.addresses,
+            &self.config.transport,
+        );
+        self.membership = membership.clone();
+        self.node.set_membership(now, membership);
+        self.stats.memberships_installed += 1;
+        self.tx_more = true;
+        self.drain_events();
+        self.look_at_deadline(now);
+        self.sync_groups()
+    }
+
+    // ---- The membership service --------------------------------------------------------
+
+    /// Feeds the GMS datagrams of the last batch and its due timers to the client, sends what it
+    /// queued, and acts on its events.
+    fn gms_pump(&mut self, now: Time) {
+        let Some(link) = self.gms.as_mut() else {
+            return;
+        };
+        for datagram in link.inbox.drain(..) {
+            if let Some(body) = unframe(&datagram) {
+                link.client.handle_datagram(now, body);
+            }
+        }
+        if link.client.poll_timeout().is_some_and(|t| t <= now) {
+            link.client.handle_timeout(now);
+        }
+        while let Some(msg) = link.client.poll_transmit() {
+            // A lost send is the client's to resend (requests and acks are retried).
+            match self.unicast.socket.send_to(&frame(&msg), link.server) {
+                Ok(_) => self.stats.gms_datagrams_sent += 1,
+                Err(_) => self.stats.send_errors += 1,
+            }
+        }
+        let mut events = Vec::new();
+        while let Some(e) = link.client.poll_event() {
+            events.push(e);
+        }
+        for event in events {
+            match event {
+                ClientEvent::Membership(m) => {
+                    let book = self.gms_address_book();
+                    if self.install_membership(now, m, Some(book)).is_err() {
+                        // A group could not be joined: counted; the views stay installed.
+                        self.stats.send_errors += 1;
+                    }
+                    self.answer_waiting();
+                }
+                ClientEvent::Removed => self.on_removed(now),
+                ClientEvent::Joined(_) | ClientEvent::TopicBound { .. } => {}
+            }
+        }
+        if let Some(link) = self.gms.as_ref() {
+            let left = link.removed
+                || link
+                    .leaving_since
+                    .is_some_and(|t| now >= t + link.leave_timeout);
+            if link.leaving_since.is_some() && left {
+                self.shutdown = true;
+            }
+        }
+    }
+
+    /// Node and group addresses from what the GMS told this node.
+    fn gms_address_book(&self) -> AddressBook {
+        let mut book = AddressBook::default();
+        let Some(link) = self.gms.as_ref() else {
+            return book;
+        };
+        book.nodes.extend(link.client.node_addresses());
+        book.nodes.insert(self.node.id(), self.local_addr);
+        for v in link.client.region_views() {
+            if let RegionAddress::Multicast { group, port } = v.address {
+                book.groups
+                    .insert(v.view.region, SocketAddrV4::new(group.into(), port));
+            }
+        }
+        book
+    }
+
+    /// Answers the named requests whose topic is now in force.
+    fn answer_waiting(&mut self) {
+        let me = self.node.id();
+        let Some(link) = self.gms.as_mut() else {
+            return;
+        };
+        let membership = &self.membership;
+        let mut still = Vec::new();
+        for w in link.waiting.drain(..) {
+            match w {
+                Waiting::Subscribe { name, task, reply } => {
+                    let Some(topic) = link.client.topic_id(&name) else {
+                        still.push(Waiting::Subscribe { name, task, reply });
+                        continue;
+                    };
+                    let in_force = membership
+                        .regions
+                        .values()
+                        .any(|v| v.topics.contains(&topic) && v.partition_of(me).is_some());
+                    if in_force {
+                        self.subscriptions.entry(topic).or_default().push(task);
+                        link.names.insert(topic, name);
+                        let _ = reply.send(Ok(topic));
+                    } else {
+                        still.push(Waiting::Subscribe { name, task, reply });
+                    }
+                }
+                Waiting::Advertise { name, reply } => match link.client.topic_id(&name) {
+                    Some(topic) if membership.topic_regions.contains_key(&topic) => {
+                        let _ = reply.send(Ok(topic));
+                    }
+                    _ => still.push(Waiting::Advertise { name, reply }),
+                },
+            }
+        }
+        link.waiting = still;
+    }
+
+    /// The GMS removed this node (it left, or was declared failed).
+    fn on_removed(&mut self, now: Time) {
+        let Some(link) = self.gms.as_mut() else {
+            return;
+        };
+        link.removed = true;
+        self.stats.gms_removed = true;
+        for w in link.waiting.drain(..) {
+            let reply = match w {
+                Waiting::Subscribe { reply, .. } | Waiting::Advertise { reply, .. } => reply,
+            };
+            let _ = reply.send(Err("the GMS removed this node".to_owned()));
+        }
+        if link.leaving_since.is_none() {
+            // Declared failed while alive: stop taking part rather than act on stale views.
+            let _ = self.install_membership(now, Membership::default(), None);
+        }
+    }
+
+    /// Reports a ring neighbour the protocol suspects, at most once per `suspect_interval`.
+    fn report_suspect(&mut self, node: tidings_proto::NodeId) {
+        let now = clock::now();
+        let Some(link) = self.gms.as_mut() else {
+            return;
+        };
+        if link
+            .suspected
+            .get(&node)
+            .is_some_and(|&t| now < t + link.suspect_interval)
+        {
+            return;
+        }
+        if link.client.suspect(node).is_ok() {
+            link.suspected.insert(node, now);
+            self.stats.suspicions_reported += 1;
         }
     }
 
@@ -577,6 +882,10 @@ impl Core {
                     }
                 }
                 Event::Stable(msg_id) => self.on_stable(msg_id),
+                Event::Suspect { node, .. } => {
+                    self.stats.other_events += 1;
+                    self.report_suspect(node);
+                }
                 _ => self.stats.other_events += 1,
             }
         }
@@ -714,9 +1023,25 @@ impl Core {
                         &mut self.loss_rng,
                     );
                     let loss = self.config.receive_loss;
-                    self.rx.datagrams(filled, |datagram| {
+                    let gms = &mut self.gms;
+                    self.rx.datagrams(filled, |from, datagram| {
                         stats.datagrams_received += 1;
                         stats.bytes_received += datagram.len() as u64;
+                        if unframe(datagram).is_some() {
+                            // Membership traffic: only from the service this node joined, and
+                            // never dropped on purpose (injected loss is for the protocol).
+                            match gms.as_mut() {
+                                Some(link) if from == link.server => {
+                                    stats.gms_datagrams_received += 1;
+                                    link.inbox.push(Bytes::copy_from_slice(datagram));
+                                    // Counted, so that the batch is processed (and the
+                                    // client fed) at once.
+                                    kept += 1;
+                                }
+                                _ => stats.gms_foreign += 1,
+                            }
+                            return;
+                        }
                         if loss > 0.0 && rng.f64() < loss {
                             stats.injected_drops += 1;
                             return;
@@ -754,6 +1079,9 @@ impl Core {
             }
             // Keep the capacity.
             self.classes[class] = batch;
+        }
+        if self.gms.as_ref().is_some_and(|l| !l.inbox.is_empty()) {
+            self.gms_pump(now);
         }
         self.tx_more = true;
         self.look_at_deadline(now);
@@ -861,6 +1189,14 @@ impl Core {
         let start = clock::now();
         let deadline = start + self.config.alarm_quantum;
         let mut now = start;
+        if self
+            .gms
+            .as_ref()
+            .and_then(GmsLink::deadline)
+            .is_some_and(|t| t <= now)
+        {
+            self.gms_pump(now);
+        }
         loop {
             if now >= self.next_tick {
                 self.tick(now);
@@ -928,6 +1264,9 @@ impl Core {
                     let _ = reply.send(self.snapshot());
                 }
                 Control::Subscribe { reply, .. } => drop(reply),
+                Control::SubscribeNamed { reply, .. } | Control::Advertise { reply, .. } => {
+                    let _ = reply.send(Err("the runtime is shutting down".to_owned()));
+                }
                 Control::SetMembership { reply, .. } => {
                     let _ = reply.send(Err("the runtime is shutting down".to_owned()));
                 }

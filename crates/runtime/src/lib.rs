@@ -28,6 +28,7 @@ pub mod bench;
 mod clock;
 mod config;
 mod core;
+mod gms_server;
 mod net;
 mod publish;
 mod runtime;
@@ -36,9 +37,10 @@ mod stats;
 pub use addr::AddressBook;
 pub use clock::now;
 pub use config::{
-    ConfigError, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,
+    ConfigError, GmsLinkConfig, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,
     PUBLISH_QUEUE_CAPACITY_MAX,
 };
+pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};
 pub use stats::{MaxPerSecond, RuntimeStats, HISTOGRAM_BUCKETS};

@@ -134,9 +134,9 @@ impl RxBuffers {
         )
     }
 
-    /// Calls `f` with each datagram of the `filled` buffers of the last `recv` (GRO buffers are
-    /// split at their stride).
-    pub(crate) fn datagrams(&self, filled: usize, mut f: impl FnMut(&[u8])) {
+    /// Calls `f` with the source and each datagram of the `filled` buffers of the last `recv`
+    /// (GRO buffers are split at their stride).
+    pub(crate) fn datagrams(&self, filled: usize, mut f: impl FnMut(SocketAddr, &[u8])) {
         for (i, meta) in self.meta.iter().take(filled).enumerate() {
             let start = i * RECV_BUFFER_BYTES;
             let Some(buf) = self
@@ -147,7 +147,7 @@ impl RxBuffers {
             };
             if buf.is_empty() {
                 // An empty datagram: still one (invalid) arrival.
-                f(buf);
+                f(meta.addr, buf);
                 continue;
             }
             let stride = if meta.stride == 0 {
@@ -156,7 +156,7 @@ impl RxBuffers {
                 meta.stride
             };
             for datagram in buf.chunks(stride) {
-                f(datagram);
+                f(meta.addr, datagram);
             }
         }
     }

@@ -4,8 +4,10 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::sync::{Parker, Unparker};
@@ -37,6 +39,8 @@ pub(crate) struct PublisherShared {
     pub(crate) waiting: AtomicBool,
     /// Wakes the publisher thread.
     pub(crate) unparker: Unparker,
+    /// Wakes the publisher's task when it waits in `publish_async` or `wait_stable_async`.
+    pub(crate) async_waker: AtomicWaker,
     /// The `Publisher` was dropped: the core thread forgets it once its messages are stable.
     pub(crate) dropped: AtomicBool,
 }
@@ -49,6 +53,7 @@ impl PublisherShared {
         fence(Ordering::SeqCst);
         if self.waiting.load(Ordering::Relaxed) && self.waiting.swap(false, Ordering::AcqRel) {
             self.unparker.unpark();
+            self.async_waker.wake();
         }
     }
 }
@@ -136,6 +141,7 @@ impl Publisher {
             stable_upto: AtomicU64::new(0),
             waiting: AtomicBool::new(false),
             unparker: parker.unparker().clone(),
+            async_waker: AtomicWaker::new(),
             dropped: AtomicBool::new(false),
         });
         let publisher = Publisher {
@@ -233,6 +239,64 @@ impl Publisher {
         payload: Bytes,
     ) -> Result<PublishHandle, PublishError> {
         self.publish_timeout(topic, payload, None)
+    }
+
+    /// Publishes from async code: like [`publish`](Publisher::publish), but while back pressure
+    /// holds the task waits (woken by the core thread when there is room) instead of the
+    /// thread. Dropping the future before it completes publishes nothing.
+    pub async fn publish_async(
+        &mut self,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<PublishHandle, PublishError> {
+        self.check(&payload)?;
+        let mut request = Some(PublishRequest { topic, payload });
+        std::future::poll_fn(|cx| {
+            let Some(r) = request.take() else {
+                return Poll::Ready(Err(PublishError::Closed));
+            };
+            let r = match self.shared.queue.push(r) {
+                Ok(()) => return Poll::Ready(Ok(self.accepted())),
+                Err(r) => r,
+            };
+            // Register, announce the wait, then look again (see `PublisherShared::wake`).
+            self.shared.async_waker.register(cx.waker());
+            self.shared.waiting.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            match self.shared.queue.push(r) {
+                Ok(()) => Poll::Ready(Ok(self.accepted())),
+                Err(_) if !self.core.is_running() => Poll::Ready(Err(PublishError::Closed)),
+                Err(r) => {
+                    request = Some(r);
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits from async code until `handle`'s message and every earlier message of this
+    /// publisher are stable, or the runtime stops. Bound it with the timer of your executor.
+    pub async fn wait_stable_async(&self, handle: PublishHandle) -> Result<(), WaitError> {
+        if handle.publisher != self.shared.id {
+            return Err(WaitError::ForeignHandle);
+        }
+        std::future::poll_fn(|cx| {
+            if self.shared.stable_upto.load(Ordering::Acquire) >= handle.ticket {
+                return Poll::Ready(Ok(()));
+            }
+            self.shared.async_waker.register(cx.waker());
+            self.shared.waiting.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if self.shared.stable_upto.load(Ordering::Acquire) >= handle.ticket {
+                Poll::Ready(Ok(()))
+            } else if !self.core.is_running() {
+                Poll::Ready(Err(WaitError::Closed))
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
     }
 
     /// Parks until woken or `deadline`; false if the deadline has passed.

@@ -7,13 +7,15 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use tidings_gms::GmsClient;
 use tidings_proto::{Delivery, Membership, Node, NodeId, TopicId};
 use tidings_sched::{Scheduler, ShutdownMode, TaskHandle, TaskStats};
 
 use crate::addr::AddressBook;
 use crate::clock;
-use crate::config::{ConfigError, RuntimeConfig};
-use crate::core::{Control, Core, CoreShared};
+use crate::config::{ConfigError, GmsLinkConfig, RuntimeConfig};
+use crate::core::{Control, Core, CoreShared, GmsLink};
+use crate::gms_server::{frame, unframe};
 use crate::publish::Publisher;
 use crate::stats::RuntimeStats;
 
@@ -35,6 +37,17 @@ pub enum StartError {
     /// The delivery scheduler could not start.
     #[error("delivery scheduler: {0}")]
     Sched(#[from] tidings_sched::StartError),
+    /// The membership service did not answer the join in time.
+    #[error(
+        "no answer from the membership service at {server} within {waited:?}: is `tidings gms` \
+         (or a node embedding it) running there, and is the address reachable?"
+    )]
+    GmsUnreachable {
+        /// The address tried.
+        server: SocketAddr,
+        /// How long the node tried.
+        waited: std::time::Duration,
+    },
 }
 
 /// Why a request to the core thread failed.
@@ -123,10 +136,52 @@ impl NodeRuntime {
         socket: std::net::UdpSocket,
     ) -> Result<NodeRuntime, StartError> {
         config.validate()?;
-        let local_addr = socket.local_addr()?;
         let node = Node::new(protocol, me, membership.clone(), clock::now())?;
+        NodeRuntime::spawn(config, node, membership, addresses, socket, None)
+    }
+
+    /// Joins the group through the membership service: binds nothing itself (give it a bound
+    /// socket, port 0 is fine), gets a node id from the service, and starts the node with an
+    /// empty membership. Topics are then taken by name with
+    /// [`subscribe_named`](NodeRuntime::subscribe_named) and
+    /// [`advertise`](NodeRuntime::advertise); the views, node addresses and multicast groups
+    /// come from the service, and a clean [`shutdown`](NodeRuntime::shutdown) leaves the group.
+    pub fn join(
+        config: RuntimeConfig,
+        protocol: tidings_proto::Config,
+        gms: GmsLinkConfig,
+        socket: std::net::UdpSocket,
+    ) -> Result<NodeRuntime, StartError> {
+        config.validate()?;
+        gms.validate()?;
+        protocol.validate()?;
+        let mut client =
+            GmsClient::new(gms.client.clone()).map_err(|e| ConfigError::Gms(e.to_string()))?;
+        let me = handshake(&socket, &gms, &mut client)?;
+        let node = Node::new(protocol, me, Membership::default(), clock::now())?;
+        let link = GmsLink::new(client, gms.server, gms.leave_timeout, gms.suspect_interval);
+        NodeRuntime::spawn(
+            config,
+            node,
+            Membership::default(),
+            AddressBook::default(),
+            socket,
+            Some(link),
+        )
+    }
+
+    fn spawn(
+        config: RuntimeConfig,
+        node: Node,
+        membership: Membership,
+        addresses: AddressBook,
+        socket: std::net::UdpSocket,
+        gms: Option<GmsLink>,
+    ) -> Result<NodeRuntime, StartError> {
+        let me = node.id();
+        let local_addr = socket.local_addr()?;
         let max_payload = node.max_payload();
-        let (core, shared) = Core::new(node, config.clone(), &membership, addresses, socket)?;
+        let (core, shared) = Core::new(node, config.clone(), &membership, addresses, socket, gms)?;
         let scheduler = Scheduler::new(config.sched.clone())?;
         let thread = std::thread::Builder::new()
             .name(config.thread_name.clone())
@@ -212,6 +267,74 @@ impl NodeRuntime {
         };
         self.wait(&answer)?;
         Ok(subscription)
+    }
+
+    /// Subscribes, through the membership service, to the topic called `name`: like
+    /// [`subscribe`](NodeRuntime::subscribe), and returns once the service has put this node in
+    /// a region that carries the topic (the topic's id comes back with the subscription).
+    /// Only for nodes started with [`join`](NodeRuntime::join).
+    pub fn subscribe_named<F>(
+        &self,
+        name: &str,
+        share: f64,
+        mut callback: F,
+    ) -> Result<Subscription, RequestError>
+    where
+        F: FnMut(Delivery) + Send + 'static,
+    {
+        let scheduler = self.scheduler.as_ref().ok_or(RequestError::Closed)?;
+        let shared = Arc::clone(&self.shared);
+        let task = scheduler
+            .add_task(share, move |d: Delivery| {
+                callback(d);
+                shared.delivered();
+            })
+            .map_err(|e| RequestError::Share(e.share))?;
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.shared.send(Control::SubscribeNamed {
+            name: name.to_owned(),
+            task: task.clone(),
+            reply,
+        });
+        match self.wait_long(&answer) {
+            Ok(Ok(topic)) => Ok(Subscription {
+                topic,
+                task,
+                shared: Arc::clone(&self.shared),
+            }),
+            Ok(Err(why)) => {
+                task.remove();
+                Err(RequestError::Refused(why))
+            }
+            Err(e) => {
+                task.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// Declares, through the membership service, that this node publishes on the topic called
+    /// `name`; returns the topic's id (to publish with) once the node knows where the topic's
+    /// subscribers are. Only for nodes started with [`join`](NodeRuntime::join).
+    pub fn advertise(&self, name: &str) -> Result<TopicId, RequestError> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.shared.send(Control::Advertise {
+            name: name.to_owned(),
+            reply,
+        });
+        self.wait_long(&answer)?.map_err(RequestError::Refused)
+    }
+
+    /// Like `wait`, for requests that need the membership service: twice the request timeout.
+    fn wait_long<T>(&self, answer: &mpsc::Receiver<T>) -> Result<T, RequestError> {
+        if !self.shared.is_running() {
+            return Err(RequestError::Closed);
+        }
+        match answer.recv_timeout(self.config.request_timeout * 2) {
+            Ok(v) => Ok(v),
+            Err(RecvTimeoutError::Timeout) => Err(RequestError::Timeout),
+            Err(RecvTimeoutError::Disconnected) => Err(RequestError::Closed),
+        }
     }
 
     /// Installs a new membership (from the GMS), and a new address book if given. Multicast
@@ -315,6 +438,48 @@ impl Drop for Subscription {
                 topic: self.topic,
                 task: self.task.id(),
             });
+        }
+    }
+}
+
+/// Joins through the service on `socket` before the core thread exists (the protocol node needs
+/// the id the service gives): sends the join until welcomed or `join_timeout` passes. Updates
+/// that arrive meanwhile are kept by the client for the core thread.
+fn handshake(
+    socket: &std::net::UdpSocket,
+    gms: &GmsLinkConfig,
+    client: &mut GmsClient,
+) -> Result<NodeId, StartError> {
+    socket.set_read_timeout(Some(std::time::Duration::from_millis(20)))?;
+    let start = clock::now();
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let now = clock::now();
+        if client.poll_timeout().is_some_and(|t| t <= now) {
+            client.handle_timeout(now);
+        }
+        while let Some(msg) = client.poll_transmit() {
+            // An unreachable service shows as a refused send (ICMP): keep trying until the
+            // timeout, the service may be starting.
+            let _ = socket.send_to(&frame(&msg), gms.server);
+        }
+        if let Some(me) = client.node() {
+            socket.set_read_timeout(None)?;
+            return Ok(me);
+        }
+        let waited = now.saturating_duration_since(start);
+        if waited >= gms.join_timeout {
+            return Err(StartError::GmsUnreachable {
+                server: gms.server,
+                waited,
+            });
+        }
+        if let Ok((len, from)) = socket.recv_from(&mut buf) {
+            if from == gms.server {
+                if let Some(body) = buf.get(..len).and_then(unframe) {
+                    client.handle_datagram(clock::now(), body);
+                }
+            }
         }
     }
 }

@@ -148,6 +148,18 @@ pub struct RuntimeStats {
     pub gro_segments: usize,
     /// Multicast groups joined now.
     pub groups_joined: usize,
+    /// GMS datagrams received from the membership service (nodes that joined through one).
+    pub gms_datagrams_received: u64,
+    /// GMS datagrams sent to the membership service.
+    pub gms_datagrams_sent: u64,
+    /// GMS-framed datagrams from an address other than the service's, dropped.
+    pub gms_foreign: u64,
+    /// Memberships installed (from the GMS or `set_membership`).
+    pub memberships_installed: u64,
+    /// Suspicions of ring neighbours reported to the GMS.
+    pub suspicions_reported: u64,
+    /// The GMS removed this node (it left, or was declared failed); it no longer takes part.
+    pub gms_removed: bool,
 
     /// The protocol's own counters.
     pub proto: tidings_proto::Stats,

@@ -203,7 +203,7 @@ impl Role {
             }
             Role::Service(s) => match GmsMessage::decode(body) {
                 Ok(msg) => {
-                    if let GmsMessage::Join { nonce } = msg {
+                    if let GmsMessage::Join { nonce, .. } = msg {
                         s.nonces.insert(nonce, from);
                     }
                     s.gms.handle_message(now, Peer::Node(to_gms(from)), msg);
@@ -544,7 +544,7 @@ pub(crate) fn bootstrap(
     let t0 = Time::ZERO;
     for i in 0..clients.len() {
         let nonce = clients[i].nonce();
-        gms.apply(t0, Command::Join { nonce });
+        gms.apply(t0, Command::Join { nonce, addr: None });
         exchange(&mut gms, &mut clients, &nonces);
     }
     let all: Vec<TopicId> = (1..=topics).map(TopicId).collect();

@@ -1,0 +1,895 @@
+//! `tidings demo`: the main job on an embedded default. This process runs the membership service;
+//! subscriber and publisher nodes run as separate processes on loopback (this binary, hidden
+//! subcommand `demo-node`), join through the service, and publish on many topics with injected
+//! receive loss. Every subscriber checks that it got every message of its topics exactly once
+//! and in each publisher's order; the parent shows progress and prints a summary.
+//!
+//! Parent and children speak JSON lines: children report on stdout (`ready`, `progress`, `done`,
+//! `published`), the parent writes `go` (publishers) and `exit` (everyone) to their stdin.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+use tidings::{Bytes, GmsConfig, MulticastConfig, Node, RuntimeConfig, Topic, Transport};
+use tidings_gms::MulticastPool;
+use tidings_runtime::GmsServer;
+
+use crate::bench::bench_sys::shared_clock_ns;
+
+/// Bytes of the demo's message header: publisher index, topic index, sequence, send time.
+const HEADER_BYTES: usize = 4 + 4 + 8 + 8;
+/// Interval of the subscribers' progress reports.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
+/// Longest wait for a child to say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for children to leave after `exit`.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Problems a subscriber describes in detail (the rest are counted).
+const ERRORS_SHOWN_MAX: usize = 5;
+
+/// How region datagrams travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum TransportArg {
+    /// Unicast fan-out (works everywhere).
+    Unicast,
+    /// IP multicast on loopback (interface 127.0.0.1, loop on).
+    Multicast,
+}
+
+impl TransportArg {
+    fn transport(self) -> Transport {
+        match self {
+            TransportArg::Unicast => Transport::Unicast,
+            TransportArg::Multicast => Transport::Multicast(MulticastConfig::default()),
+        }
+    }
+}
+
+/// Options of `tidings demo`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct DemoArgs {
+    /// Publisher processes (each publishes on every topic).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    publishers: u32,
+    /// Subscriber processes (each takes about 70% of the topics, so subscriptions overlap
+    /// irregularly and nodes sit in several regions).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    subscribers: u32,
+    /// Topics.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    topics: u32,
+    /// Messages each publisher publishes on each topic.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    messages_per_topic: u64,
+    /// Message size in bytes (at least the 24-byte demo header).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(24..=8000))]
+    size: u64,
+    /// Probability that a subscriber drops a received datagram on purpose (the protocol must
+    /// repair it).
+    #[arg(long, default_value_t = 0.01)]
+    loss: f64,
+    /// Unicast fan-out or IP multicast on loopback.
+    #[arg(long, value_enum, default_value_t = TransportArg::Unicast)]
+    transport: TransportArg,
+    /// Give up (verdict "fail") after this many seconds.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    timeout_seconds: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of one demo process (set by the parent).
+#[derive(Args, Debug, Clone)]
+pub(crate) struct DemoNodeArgs {
+    /// `pub` or `sub`.
+    #[arg(long)]
+    role: String,
+    /// Index among the processes of its role.
+    #[arg(long)]
+    index: u32,
+    /// The membership service.
+    #[arg(long)]
+    gms: SocketAddr,
+    #[arg(long)]
+    publishers: u32,
+    #[arg(long)]
+    subscribers: u32,
+    #[arg(long)]
+    topics: u32,
+    #[arg(long)]
+    messages_per_topic: u64,
+    #[arg(long)]
+    size: u64,
+    #[arg(long)]
+    loss: f64,
+    #[arg(long, value_enum)]
+    transport: TransportArg,
+    #[arg(long)]
+    timeout_seconds: u64,
+}
+
+/// What a child reports, one JSON object per line.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(tag = "event", rename_all = "lowercase")]
+enum Report {
+    /// Subscribed (subscribers) or advertised (publishers) everything.
+    Ready { node: u32 },
+    /// Messages received so far.
+    Progress { received: u64 },
+    /// A subscriber's final account.
+    Done(SubscriberResult),
+    /// A publisher's final account.
+    Published(PublisherResult),
+    /// A child could not run.
+    Failed { why: String },
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct SubscriberResult {
+    topics: u32,
+    expected: u64,
+    received: u64,
+    out_of_order: u64,
+    duplicates: u64,
+    malformed: u64,
+    errors: Vec<String>,
+    latency_us_p50: u64,
+    latency_us_p99: u64,
+    latency_us_p999: u64,
+    latency_us_max: u64,
+    injected_drops: u64,
+    repairs_received: u64,
+    pulls_sent: u64,
+    view_changes: u64,
+    regions: usize,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct PublisherResult {
+    messages: u64,
+    seconds: f64,
+    stable: bool,
+    retransmit_packets_sent: u64,
+}
+
+/// Whether subscriber `s` takes topic `t`: about 70%, overlapping irregularly.
+fn takes(s: u32, t: u32) -> bool {
+    (u64::from(t) * 7 + u64::from(s) * 13 + u64::from(t / 10) * 3) % 10 < 7
+}
+
+fn topic_name(t: u32) -> String {
+    format!("demo/{t}")
+}
+
+fn emit(report: &Report) {
+    if let Ok(line) = serde_json::to_string(report) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+/// Waits for a line on stdin equal to `word` (or its end).
+fn wait_for_word(word: &str) {
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        match line {
+            Ok(l) if l.trim() == word => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn runtime_config(a: &DemoNodeArgs, loss: f64, seed: u64) -> RuntimeConfig {
+    RuntimeConfig {
+        transport: a.transport.transport(),
+        receive_loss: loss,
+        receive_loss_seed: seed,
+        ..RuntimeConfig::default()
+    }
+}
+
+/// Runs one demo process.
+pub(crate) fn run_node(a: &DemoNodeArgs) -> ExitCode {
+    let result = match a.role.as_str() {
+        "sub" => run_subscriber(a),
+        "pub" => run_publisher(a),
+        other => Err(format!("unknown role {other:?}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(why) => {
+            emit(&Report::Failed { why });
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A subscriber's running account.
+#[derive(Default)]
+struct Account {
+    /// Next sequence number expected per (publisher, topic).
+    next: BTreeMap<(u32, u32), u64>,
+    out_of_order: u64,
+    duplicates: u64,
+    malformed: u64,
+    errors: Vec<String>,
+    latency: Option<hdrhistogram::Histogram<u64>>,
+}
+
+impl Account {
+    fn note(&mut self, what: String) {
+        if self.errors.len() < ERRORS_SHOWN_MAX {
+            self.errors.push(what);
+        }
+    }
+
+    fn record(&mut self, payload: &[u8], now_ns: u64) -> bool {
+        let Some(header) = payload.get(..HEADER_BYTES) else {
+            self.malformed += 1;
+            self.note(format!("a message of {} bytes", payload.len()));
+            return false;
+        };
+        let word =
+            |i: usize| u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let long = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&header[i..i + 8]);
+            u64::from_be_bytes(b)
+        };
+        let (publisher, topic, seq, sent) = (word(0), word(4), long(8), long(16));
+        let next = self.next.get(&(publisher, topic)).copied().unwrap_or(0);
+        if seq < next {
+            self.duplicates += 1;
+            self.note(format!(
+                "duplicate: publisher {publisher} topic {topic} seq {seq}"
+            ));
+            return false;
+        }
+        if seq > next {
+            self.out_of_order += 1;
+            self.note(format!(
+                "gap or reorder: publisher {publisher} topic {topic} got {seq}, expected {next}"
+            ));
+        }
+        self.next.insert((publisher, topic), seq + 1);
+        if let Some(h) = self.latency.as_mut() {
+            let _ = h.record(now_ns.saturating_sub(sent) / 1000);
+        }
+        true
+    }
+}
+
+fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
+    let node = Node::builder()
+        .gms(a.gms)
+        .runtime_config(runtime_config(a, a.loss, 1000 + u64::from(a.index)))
+        .start()
+        .map_err(|e| e.to_string())?;
+    let account = Arc::new(Mutex::new(Account {
+        latency: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).ok(),
+        ..Account::default()
+    }));
+    let received = Arc::new(AtomicU64::new(0));
+    let mut subscriptions = Vec::new();
+    let mut topics = 0;
+    for t in (0..a.topics).filter(|&t| takes(a.index, t)) {
+        let topic = Topic::raw(topic_name(t)).map_err(|e| e.to_string())?;
+        let account = Arc::clone(&account);
+        let received = Arc::clone(&received);
+        let sub = node
+            .subscribe_with(&topic, move |m| {
+                let now = shared_clock_ns();
+                let Ok(mut acc) = account.lock() else {
+                    return;
+                };
+                match m {
+                    Ok(m) => {
+                        if acc.record(&m.value, now) {
+                            received.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => {
+                        acc.malformed += 1;
+                        acc.note(e.to_string());
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        subscriptions.push(sub);
+        topics += 1;
+    }
+    let expected = u64::from(topics) * u64::from(a.publishers) * a.messages_per_topic;
+    emit(&Report::Ready {
+        node: node.id().map_err(|e| e.to_string())?.0,
+    });
+    // Report progress until everything arrived (or the parent gives up and says exit).
+    let exit = Arc::new(AtomicBool::new(false));
+    let exit_seen = Arc::clone(&exit);
+    std::thread::spawn(move || {
+        wait_for_word("exit");
+        exit_seen.store(true, Ordering::Release);
+    });
+    let start = shared_clock_ns();
+    let timeout_ns = a.timeout_seconds.saturating_mul(1_000_000_000);
+    loop {
+        let got = received.load(Ordering::Relaxed);
+        emit(&Report::Progress { received: got });
+        if got >= expected
+            || exit.load(Ordering::Acquire)
+            || shared_clock_ns().saturating_sub(start) > timeout_ns
+        {
+            break;
+        }
+        std::thread::sleep(PROGRESS_INTERVAL);
+    }
+    let stats = node.stats().map_err(|e| e.to_string())?.runtime;
+    let result = {
+        let acc = account
+            .lock()
+            .map_err(|_| "a delivery callback panicked".to_owned())?;
+        let q = |p: f64| acc.latency.as_ref().map_or(0, |h| h.value_at_quantile(p));
+        SubscriberResult {
+            topics,
+            expected,
+            received: received.load(Ordering::Relaxed),
+            out_of_order: acc.out_of_order,
+            duplicates: acc.duplicates,
+            malformed: acc.malformed,
+            errors: acc.errors.clone(),
+            latency_us_p50: q(0.5),
+            latency_us_p99: q(0.99),
+            latency_us_p999: q(0.999),
+            latency_us_max: acc.latency.as_ref().map_or(0, hdrhistogram::Histogram::max),
+            injected_drops: stats.injected_drops,
+            repairs_received: stats.proto.repairs_received,
+            pulls_sent: stats.proto.pulls_sent,
+            view_changes: stats.proto.view_changes,
+            regions: stats.groups_joined,
+        }
+    };
+    emit(&Report::Done(result));
+    while !exit.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(subscriptions);
+    node.shutdown().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn run_publisher(a: &DemoNodeArgs) -> Result<(), String> {
+    let node = Node::builder()
+        .gms(a.gms)
+        .runtime_config(runtime_config(a, 0.0, 1))
+        .start()
+        .map_err(|e| e.to_string())?;
+    let mut publishers = Vec::new();
+    for t in 0..a.topics {
+        let topic = Topic::raw(topic_name(t)).map_err(|e| e.to_string())?;
+        publishers.push(node.publisher(&topic).map_err(|e| e.to_string())?);
+    }
+    emit(&Report::Ready {
+        node: node.id().map_err(|e| e.to_string())?.0,
+    });
+    wait_for_word("go");
+    let size = usize::try_from(a.size).map_err(|e| e.to_string())?;
+    let start = shared_clock_ns();
+    let mut last = vec![None; publishers.len()];
+    let mut buf = vec![0u8; size];
+    for seq in 0..a.messages_per_topic {
+        for (t, publisher) in publishers.iter_mut().enumerate() {
+            buf[0..4].copy_from_slice(&a.index.to_be_bytes());
+            buf[4..8].copy_from_slice(&u32::try_from(t).unwrap_or(u32::MAX).to_be_bytes());
+            buf[8..16].copy_from_slice(&seq.to_be_bytes());
+            buf[16..24].copy_from_slice(&shared_clock_ns().to_be_bytes());
+            let h = publisher
+                .publish(&Bytes::copy_from_slice(&buf))
+                .map_err(|e| e.to_string())?;
+            last[t] = Some(h);
+        }
+    }
+    let timeout = Duration::from_secs(a.timeout_seconds);
+    let mut stable = true;
+    for (publisher, h) in publishers.iter_mut().zip(&last) {
+        if let Some(h) = h {
+            stable &= publisher.wait_stable(*h, timeout).is_ok();
+        }
+    }
+    let seconds = shared_clock_ns().saturating_sub(start) as f64 / 1e9;
+    let stats = node.stats().map_err(|e| e.to_string())?.runtime;
+    emit(&Report::Published(PublisherResult {
+        messages: a.messages_per_topic * u64::from(a.topics),
+        seconds,
+        stable,
+        retransmit_packets_sent: stats.proto.retransmit_packets_sent,
+    }));
+    wait_for_word("exit");
+    drop(publishers);
+    node.shutdown().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// One child process as the parent sees it.
+struct Proc {
+    role: &'static str,
+    index: u32,
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Proc {
+    fn say(&mut self, word: &str) {
+        if let Some(stdin) = self.stdin.as_mut() {
+            let _ = writeln!(stdin, "{word}");
+            let _ = stdin.flush();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // A child still running here was not told to exit or did not: it must not outlive us.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(
+    a: &DemoArgs,
+    gms: SocketAddr,
+    role: &'static str,
+    index: u32,
+    reports: &mpsc::Sender<(usize, Report)>,
+    slot: usize,
+) -> Result<Proc, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let mut child = Command::new(exe)
+        .arg("demo-node")
+        .args(["--role", role])
+        .args(["--index", &index.to_string()])
+        .args(["--gms", &gms.to_string()])
+        .args(["--publishers", &a.publishers.to_string()])
+        .args(["--subscribers", &a.subscribers.to_string()])
+        .args(["--topics", &a.topics.to_string()])
+        .args(["--messages-per-topic", &a.messages_per_topic.to_string()])
+        .args(["--size", &a.size.to_string()])
+        .args(["--loss", &a.loss.to_string()])
+        .args(["--transport", &format!("{:?}", a.transport).to_lowercase()])
+        .args(["--timeout-seconds", &a.timeout_seconds.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start a {role} process: {e}"))?;
+    let stdin = child.stdin.take();
+    if let Some(stdout) = child.stdout.take() {
+        let tx = reports.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                match serde_json::from_str::<Report>(&line) {
+                    Ok(r) => {
+                        if tx.send((slot, r)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => eprintln!("{role} {index}: {line}"),
+                }
+            }
+        });
+    }
+    Ok(Proc {
+        role,
+        index,
+        child,
+        stdin,
+    })
+}
+
+/// The summary of a demo run.
+#[derive(Serialize, Debug, Default)]
+struct Summary {
+    verdict: &'static str,
+    reasons: Vec<String>,
+    publishers: u32,
+    subscribers: u32,
+    topics: u32,
+    transport: String,
+    messages_published: u64,
+    messages_expected: u64,
+    messages_delivered: u64,
+    messages_lost: u64,
+    out_of_order: u64,
+    duplicates: u64,
+    messages_per_sec: f64,
+    deliveries_per_sec: f64,
+    mb_per_sec: f64,
+    elapsed_s: f64,
+    latency_us: BTreeMap<&'static str, u64>,
+    injected_drops: u64,
+    repairs_received: u64,
+    retransmit_packets_sent: u64,
+    gms_members_after: usize,
+    gms_removed_for_failure: usize,
+}
+
+fn progress_bar(total: u64, quiet: bool) -> Option<indicatif::ProgressBar> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} deliveries ({per_sec}) {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    Some(bar)
+}
+
+/// Runs the demo.
+pub(crate) fn run(a: &DemoArgs) -> ExitCode {
+    if !(0.0..0.5).contains(&a.loss) {
+        eprintln!("error: --loss must be a probability in [0, 0.5)");
+        return ExitCode::from(2);
+    }
+    match demo(a) {
+        Ok(summary) => {
+            print_summary(a, &summary);
+            if summary.verdict == "pass" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(why) => {
+            if a.json {
+                let s = Summary {
+                    verdict: "fail",
+                    reasons: vec![why],
+                    ..Summary::default()
+                };
+                println!("{}", serde_json::to_string(&s).unwrap_or_default());
+            } else {
+                eprintln!("error: {why}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn wait_ready(
+    procs: &[Proc],
+    rx: &mpsc::Receiver<(usize, Report)>,
+    want: &[usize],
+) -> Result<(), String> {
+    let mut pending: Vec<usize> = want.to_vec();
+    let start = shared_clock_ns();
+    while !pending.is_empty() {
+        let left = READY_TIMEOUT.saturating_sub(Duration::from_nanos(shared_clock_ns() - start));
+        match rx.recv_timeout(left) {
+            Ok((slot, Report::Ready { .. })) => pending.retain(|&s| s != slot),
+            Ok((slot, Report::Failed { why })) => {
+                let p = &procs[slot];
+                return Err(format!("{} {} failed: {why}", p.role, p.index));
+            }
+            Ok(_) => {}
+            Err(_) => {
+                return Err(format!(
+                    "{} processes were not ready within {READY_TIMEOUT:?}",
+                    pending.len()
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn demo(a: &DemoArgs) -> Result<Summary, String> {
+    let multicast_port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())?;
+    let gms_config = GmsConfig {
+        multicast_pool: Some(MulticastPool {
+            base: [239, 255, fastrand::u8(1..255), 0],
+            prefix_len: 24,
+            port: multicast_port,
+        }),
+        ..GmsConfig::default()
+    };
+    let server = GmsServer::start(gms_config, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .map_err(|e| format!("cannot start the membership service: {e}"))?;
+    let gms = server.local_addr();
+    if !a.json {
+        eprintln!(
+            "tidings demo: membership service on {gms}; {} publishers and {} subscribers \
+             (separate processes), {} topics, {} messages per publisher per topic, {} B, \
+             {:.1}% receive loss, {:?}",
+            a.publishers,
+            a.subscribers,
+            a.topics,
+            a.messages_per_topic,
+            a.size,
+            a.loss * 100.0,
+            a.transport
+        );
+    }
+    let (tx, rx) = mpsc::channel();
+    let mut procs = Vec::new();
+    for i in 0..a.subscribers {
+        let slot = procs.len();
+        procs.push(spawn(a, gms, "sub", i, &tx, slot)?);
+    }
+    let subs: Vec<usize> = (0..procs.len()).collect();
+    wait_ready(&procs, &rx, &subs)?;
+    for i in 0..a.publishers {
+        let slot = procs.len();
+        procs.push(spawn(a, gms, "pub", i, &tx, slot)?);
+    }
+    let pubs: Vec<usize> = (subs.len()..procs.len()).collect();
+    wait_ready(&procs, &rx, &pubs)?;
+
+    let expected_per_sub: Vec<u64> = (0..a.subscribers)
+        .map(|s| {
+            u64::from((0..a.topics).filter(|&t| takes(s, t)).count() as u32)
+                * u64::from(a.publishers)
+                * a.messages_per_topic
+        })
+        .collect();
+    let total_expected: u64 = expected_per_sub.iter().sum();
+    let bar = progress_bar(total_expected, a.json);
+    let start = shared_clock_ns();
+    for &p in &pubs {
+        procs[p].say("go");
+    }
+    let mut progress = vec![0u64; subs.len()];
+    let mut done: BTreeMap<usize, SubscriberResult> = BTreeMap::new();
+    let mut published: BTreeMap<usize, PublisherResult> = BTreeMap::new();
+    let mut reasons = Vec::new();
+    let deadline = Duration::from_secs(a.timeout_seconds);
+    let mut finished_at = None;
+    while done.len() < subs.len() || published.len() < pubs.len() {
+        let elapsed = Duration::from_nanos(shared_clock_ns() - start);
+        let Some(left) = deadline.checked_sub(elapsed) else {
+            reasons.push(format!("timed out after {} s", a.timeout_seconds));
+            break;
+        };
+        match rx.recv_timeout(left.min(Duration::from_millis(500))) {
+            Ok((slot, Report::Progress { received })) => {
+                if let Some(p) = progress.get_mut(slot) {
+                    *p = received;
+                }
+                if let Some(bar) = &bar {
+                    bar.set_position(progress.iter().sum());
+                }
+            }
+            Ok((slot, Report::Done(r))) => {
+                if let Some(p) = progress.get_mut(slot) {
+                    *p = r.received;
+                }
+                done.insert(slot, r);
+                if done.len() == subs.len() {
+                    finished_at = Some(shared_clock_ns());
+                }
+            }
+            Ok((slot, Report::Published(r))) => {
+                if let Some(bar) = &bar {
+                    bar.set_message(format!("publisher {} done", procs[slot].index));
+                }
+                published.insert(slot, r);
+            }
+            Ok((slot, Report::Failed { why })) => {
+                reasons.push(format!(
+                    "{} {} failed: {why}",
+                    procs[slot].role, procs[slot].index
+                ));
+                break;
+            }
+            Ok((_, Report::Ready { .. })) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // A child that died without a word.
+                for p in &mut procs {
+                    if let Ok(Some(status)) = p.child.try_wait() {
+                        reasons.push(format!("{} {} exited early: {status}", p.role, p.index));
+                    }
+                }
+                if !reasons.is_empty() {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let elapsed_ns = finished_at.unwrap_or_else(shared_clock_ns) - start;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    // Everyone leaves; the service must end up empty (clean shutdown leaves no trace).
+    for p in &mut procs {
+        p.say("exit");
+        p.stdin = None;
+    }
+    let exit_start = shared_clock_ns();
+    for p in &mut procs {
+        loop {
+            match p.child.try_wait() {
+                Ok(Some(status)) => {
+                    if !status.success() {
+                        reasons.push(format!("{} {} exited with {status}", p.role, p.index));
+                    }
+                    break;
+                }
+                Ok(None) if Duration::from_nanos(shared_clock_ns() - exit_start) < EXIT_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => {
+                    reasons.push(format!("{} {} did not exit; killed", p.role, p.index));
+                    let _ = p.child.kill();
+                    break;
+                }
+            }
+        }
+    }
+    // Give the service a moment to process the last leaves.
+    let mut snapshot = server.snapshot();
+    let settle = shared_clock_ns();
+    while snapshot.as_ref().is_some_and(|s| !s.members.is_empty())
+        && Duration::from_nanos(shared_clock_ns() - settle) < Duration::from_secs(2)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+        snapshot = server.snapshot();
+    }
+    server.shutdown();
+    Ok(summarize(
+        a,
+        &done,
+        &published,
+        &expected_per_sub,
+        elapsed_ns,
+        snapshot,
+        reasons,
+    ))
+}
+
+fn summarize(
+    a: &DemoArgs,
+    done: &BTreeMap<usize, SubscriberResult>,
+    published: &BTreeMap<usize, PublisherResult>,
+    expected_per_sub: &[u64],
+    elapsed_ns: u64,
+    snapshot: Option<tidings_runtime::GmsSnapshot>,
+    mut reasons: Vec<String>,
+) -> Summary {
+    let elapsed_s = elapsed_ns as f64 / 1e9;
+    let expected: u64 = expected_per_sub.iter().sum();
+    let delivered: u64 = done.values().map(|r| r.received).sum();
+    let published_total: u64 = published.values().map(|r| r.messages).sum();
+    let mut s = Summary {
+        publishers: a.publishers,
+        subscribers: a.subscribers,
+        topics: a.topics,
+        transport: format!("{:?}", a.transport).to_lowercase(),
+        messages_published: published_total,
+        messages_expected: expected,
+        messages_delivered: delivered,
+        messages_lost: expected.saturating_sub(delivered),
+        out_of_order: done.values().map(|r| r.out_of_order).sum(),
+        duplicates: done.values().map(|r| r.duplicates).sum(),
+        elapsed_s,
+        injected_drops: done.values().map(|r| r.injected_drops).sum(),
+        repairs_received: done.values().map(|r| r.repairs_received).sum(),
+        retransmit_packets_sent: published.values().map(|r| r.retransmit_packets_sent).sum(),
+        ..Summary::default()
+    };
+    if elapsed_s > 0.0 {
+        s.messages_per_sec = published_total as f64 / elapsed_s;
+        s.deliveries_per_sec = delivered as f64 / elapsed_s;
+        s.mb_per_sec = s.deliveries_per_sec * a.size as f64 / 1e6;
+    }
+    for (name, f) in [
+        (
+            "p50",
+            (|r: &SubscriberResult| r.latency_us_p50) as fn(&SubscriberResult) -> u64,
+        ),
+        ("p99", |r| r.latency_us_p99),
+        ("p999", |r| r.latency_us_p999),
+        ("max", |r| r.latency_us_max),
+    ] {
+        // The worst subscriber's percentile: what every subscriber got at least.
+        s.latency_us
+            .insert(name, done.values().map(f).max().unwrap_or(0));
+    }
+    if done.len() < expected_per_sub.len() {
+        reasons.push(format!(
+            "{} of {} subscribers did not finish",
+            expected_per_sub.len() - done.len(),
+            expected_per_sub.len()
+        ));
+    }
+    for (slot, r) in done {
+        if r.received != r.expected || r.out_of_order > 0 || r.duplicates > 0 || r.malformed > 0 {
+            reasons.push(format!(
+                "subscriber {slot}: {} of {} messages, {} out of order, {} duplicates, {} \
+                 malformed; first problems: {:?}",
+                r.received, r.expected, r.out_of_order, r.duplicates, r.malformed, r.errors
+            ));
+        }
+    }
+    if published.len() < a.publishers as usize {
+        reasons.push("not every publisher finished".to_owned());
+    }
+    if published.values().any(|r| !r.stable) {
+        reasons.push("some messages never became stable".to_owned());
+    }
+    match snapshot {
+        Some(snap) => {
+            s.gms_members_after = snap.members.len();
+            s.gms_removed_for_failure = snap
+                .removed
+                .iter()
+                .filter(|(_, c)| *c != tidings_gms::RemoveCause::Left)
+                .count();
+            if !snap.members.is_empty() {
+                reasons.push(format!(
+                    "{} nodes still in the membership service after shutdown",
+                    snap.members.len()
+                ));
+            }
+        }
+        None => reasons.push("the membership service stopped early".to_owned()),
+    }
+    s.verdict = if reasons.is_empty() { "pass" } else { "fail" };
+    s.reasons = reasons;
+    s
+}
+
+fn print_summary(a: &DemoArgs, s: &Summary) {
+    if a.json {
+        println!("{}", serde_json::to_string(s).unwrap_or_default());
+        return;
+    }
+    println!("verdict: {}", s.verdict);
+    for r in &s.reasons {
+        println!("  - {r}");
+    }
+    println!(
+        "delivered {} of {} messages ({} lost, {} out of order, {} duplicates) in {:.2} s",
+        s.messages_delivered,
+        s.messages_expected,
+        s.messages_lost,
+        s.out_of_order,
+        s.duplicates,
+        s.elapsed_s
+    );
+    println!(
+        "throughput: {:.0} messages/s published, {:.0} deliveries/s ({:.1} MB/s delivered)",
+        s.messages_per_sec, s.deliveries_per_sec, s.mb_per_sec
+    );
+    println!(
+        "latency publish-to-callback (worst subscriber): p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+        s.latency_us.get("p50").copied().unwrap_or(0),
+        s.latency_us.get("p99").copied().unwrap_or(0),
+        s.latency_us.get("p999").copied().unwrap_or(0),
+        s.latency_us.get("max").copied().unwrap_or(0)
+    );
+    println!(
+        "loss: {} datagrams dropped on purpose at subscribers, {} messages recovered by repair, \
+         {} retransmission packets from publishers",
+        s.injected_drops, s.repairs_received, s.retransmit_packets_sent
+    );
+    println!(
+        "membership: {} nodes left in the service after shutdown, {} removed for failure",
+        s.gms_members_after, s.gms_removed_for_failure
+    );
+}

@@ -1,0 +1,201 @@
+//! `tidings demo`, `gms`, `pub`, `sub` and `node` end to end, as separate processes on loopback.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+/// Longest any command of these tests may run before it is killed.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Kills a child that outlives the test (a panic included).
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `tidings ARGS` with `stdin`, killing it if it outlives [`TIMEOUT`].
+fn tidings(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tidings"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(mut s) = child.stdin.take() {
+        s.write_all(stdin.as_bytes()).unwrap();
+    }
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if rx.recv_timeout(TIMEOUT).is_err() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    });
+    let output = child.wait_with_output().unwrap();
+    let _ = tx.send(());
+    watchdog.join().unwrap();
+    output
+}
+
+fn demo_json(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "demo",
+        "--json",
+        "--publishers",
+        "2",
+        "--subscribers",
+        "3",
+        "--topics",
+        "30",
+        "--messages-per-topic",
+        "200",
+        "--timeout-seconds",
+        "90",
+    ];
+    args.extend_from_slice(extra);
+    let out = tidings(&args, "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON object ({e}): {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(v["verdict"], "pass", "{v:#}");
+    assert!(out.status.success());
+    v
+}
+
+#[test]
+fn demo_passes_over_unicast_with_loss_and_reports_its_figures() {
+    let v = demo_json(&["--loss", "0.02"]);
+    assert!(v["messages_per_sec"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["messages_lost"], 0);
+    assert_eq!(v["messages_delivered"], v["messages_expected"]);
+    assert!(v["injected_drops"].as_u64().unwrap() > 0, "{v:#}");
+    assert!(v["repairs_received"].as_u64().unwrap() > 0, "{v:#}");
+    assert_eq!(v["gms_members_after"], 0);
+    for p in ["p50", "p99", "p999"] {
+        assert!(v["latency_us"][p].is_u64(), "{v:#}");
+    }
+}
+
+#[test]
+fn demo_passes_over_multicast_on_loopback() {
+    let v = demo_json(&["--transport", "multicast"]);
+    assert_eq!(v["transport"], "multicast");
+    assert_eq!(v["messages_lost"], 0);
+}
+
+#[test]
+fn demo_refuses_bad_options() {
+    let out = tidings(&["demo", "--loss", "0.9"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--loss"));
+    let out = tidings(&["demo", "--subscribers", "0"], "");
+    assert!(!out.status.success());
+}
+
+#[test]
+fn pub_and_sub_pass_lines_through_a_standalone_gms() {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gms_addr = format!("127.0.0.1:{port}");
+    let _gms = Guard(
+        Command::new(env!("CARGO_BIN_EXE_tidings"))
+            .args(["gms", "--bind", &gms_addr, "--seconds", "100"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // The subscriber says on stderr when it is subscribed.
+    let mut sub = Guard(
+        Command::new(env!("CARGO_BIN_EXE_tidings"))
+            .args([
+                "sub",
+                "greetings",
+                "--gms",
+                &gms_addr,
+                "--count",
+                "3",
+                "--seconds",
+                "60",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = sub.0.stderr.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stderr).read_line(&mut line).unwrap();
+    assert!(line.contains("subscribed"), "{line}");
+
+    let out = tidings(
+        &["pub", "greetings", "--gms", &gms_addr],
+        "hello\nbonjour\nhallo\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = sub.0.stdout.take().unwrap();
+    let lines: Vec<String> = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    assert_eq!(lines, ["hello", "bonjour", "hallo"]);
+    assert!(sub.0.wait().unwrap().success());
+}
+
+#[test]
+fn node_reads_its_configuration_file_and_refuses_a_bad_one() {
+    let dir = std::env::temp_dir().join(format!("tidings-node-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "gms = \"127.0.0.1:1\"\nsubscribe = [\"a\"]\ncolour = \"blue\"\n",
+    )
+    .unwrap();
+    let out = tidings(&["node", "--config", bad.to_str().unwrap()], "");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("colour"), "{err}");
+
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gms_addr = format!("127.0.0.1:{port}");
+    let _gms = Guard(
+        Command::new(env!("CARGO_BIN_EXE_tidings"))
+            .args(["gms", "--bind", &gms_addr, "--seconds", "100"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        format!("gms = \"{gms_addr}\"\nsubscribe = [\"a\", \"b\"]\nseconds = 2\n"),
+    )
+    .unwrap();
+    let out = tidings(&["node", "--config", good.to_str().unwrap()], "");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("subscribed to [\"a\", \"b\"]"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

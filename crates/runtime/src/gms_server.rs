@@ -1,0 +1,301 @@
+//! The membership service on a real UDP socket: [`GmsServer`] runs the sans-IO
+//! [`tidings_gms::Gms`] on its own thread, embedded in a node's process or standalone
+//! (`tidings gms`).
+//!
+//! Nodes send GMS messages from their unicast data socket, so the source address of a node's
+//! datagrams is where it receives protocol traffic: a `Join` that names no address gets its
+//! source address, and the service tells every node the addresses of the nodes it talks to with
+//! the views (`Item::NodeAddress`). The server knows members by that address; a datagram from an
+//! unknown address that is not a `Join` is counted and dropped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tidings_gms::{ConfigError, Gms, GmsConfig, GmsEvent, GmsMessage, GmsStats, Peer, RemoveCause};
+use tidings_proto::{NodeId, Time, TopicId};
+
+use crate::clock;
+
+/// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
+/// header, so the node's socket can carry both.
+pub const GMS_MAGIC: [u8; 4] = *b"TGM\x01";
+
+/// Longest sleep of the server thread, so that shutdown and snapshot requests are served.
+const SERVER_TICK: Duration = Duration::from_millis(20);
+/// Joins remembered (by nonce) until welcomed; more are dropped and counted, so forged joins
+/// cannot grow the table.
+const JOINERS_MAX: usize = 65_536;
+/// Largest GMS datagram accepted.
+const GMS_DATAGRAM_BYTES_MAX: usize = 65_535;
+
+/// `msg` framed for the wire.
+pub(crate) fn frame(msg: &GmsMessage) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&GMS_MAGIC);
+    msg.encode(&mut out);
+    out
+}
+
+/// The body of a GMS datagram, or `None` if it is not one.
+pub(crate) fn unframe(datagram: &[u8]) -> Option<&[u8]> {
+    datagram.strip_prefix(&GMS_MAGIC)
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GmsServerError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The socket could not be set up.
+    #[error("gms socket: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// What the server looks like now (for tests, `tidings gms` and the demo's report).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GmsSnapshot {
+    /// The members and the address each sends from.
+    pub members: BTreeMap<NodeId, SocketAddr>,
+    /// Topic names bound so far.
+    pub topics: BTreeMap<String, TopicId>,
+    /// Every removal so far, in order: the node and why.
+    pub removed: Vec<(NodeId, RemoveCause)>,
+    /// The service's counters.
+    pub stats: GmsStats,
+    /// GMS datagrams from addresses that are not members (and not joins), dropped.
+    pub unknown_sources: u64,
+    /// Datagrams without the GMS framing, dropped.
+    pub invalid_datagrams: u64,
+}
+
+/// A running membership service.
+#[derive(Debug)]
+pub struct GmsServer {
+    local_addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    snapshots: SyncSender<SyncSender<GmsSnapshot>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl GmsServer {
+    /// Binds `bind` and starts the service thread.
+    pub fn start(config: GmsConfig, bind: SocketAddr) -> Result<GmsServer, GmsServerError> {
+        let gms = Gms::new(config)?;
+        let socket = UdpSocket::bind(bind)?;
+        socket.set_read_timeout(Some(SERVER_TICK))?;
+        let local_addr = socket.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (snapshots, requests) = mpsc::sync_channel(4);
+        let mut host = Host {
+            gms,
+            socket,
+            requests,
+            stop: Arc::clone(&stop),
+            joiners: HashMap::new(),
+            members: BTreeMap::new(),
+            by_addr: HashMap::new(),
+            topics: BTreeMap::new(),
+            removed: Vec::new(),
+            unknown_sources: 0,
+            invalid_datagrams: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("tidings-gms".to_owned())
+            .spawn(move || host.run())?;
+        Ok(GmsServer {
+            local_addr,
+            stop,
+            snapshots,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address nodes reach the service at.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The current members, topics, removals and counters; `None` if the thread has stopped.
+    #[must_use]
+    pub fn snapshot(&self) -> Option<GmsSnapshot> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.snapshots.send(reply).ok()?;
+        answer.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// Stops the service thread.
+    pub fn shutdown(mut self) {
+        self.stop_thread();
+    }
+
+    fn stop_thread(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for GmsServer {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+/// The service thread's state.
+struct Host {
+    gms: Gms,
+    socket: UdpSocket,
+    requests: Receiver<SyncSender<GmsSnapshot>>,
+    stop: Arc<AtomicBool>,
+    /// Where each joiner's `Join` came from, by nonce, until it is welcomed.
+    joiners: HashMap<u64, SocketAddr>,
+    members: BTreeMap<NodeId, SocketAddr>,
+    by_addr: HashMap<SocketAddr, NodeId>,
+    topics: BTreeMap<String, TopicId>,
+    removed: Vec<(NodeId, RemoveCause)>,
+    unknown_sources: u64,
+    invalid_datagrams: u64,
+}
+
+impl Host {
+    fn run(&mut self) {
+        let mut buf = vec![0u8; GMS_DATAGRAM_BYTES_MAX];
+        while !self.stop.load(Ordering::Acquire) {
+            let now = clock::now();
+            let wait = self
+                .gms
+                .poll_timeout()
+                .map_or(SERVER_TICK, |t| t.saturating_duration_since(now))
+                .clamp(Duration::from_millis(1), SERVER_TICK);
+            // A zero timeout would mean "block forever" to the socket.
+            let _ = self.socket.set_read_timeout(Some(wait));
+            match self.socket.recv_from(&mut buf) {
+                Ok((len, from)) => {
+                    let now = clock::now();
+                    if let Some(datagram) = buf.get(..len) {
+                        self.on_datagram(now, from, datagram);
+                    }
+                    // Drain what else is queued without waiting.
+                    let _ = self.socket.set_nonblocking(true);
+                    while let Ok((len, from)) = self.socket.recv_from(&mut buf) {
+                        if let Some(datagram) = buf.get(..len) {
+                            self.on_datagram(now, from, datagram);
+                        }
+                    }
+                    let _ = self.socket.set_nonblocking(false);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                // An ICMP error from a node that went away: nothing to do.
+                Err(_) => {}
+            }
+            let now = clock::now();
+            if self.gms.poll_timeout().is_some_and(|t| t <= now) {
+                self.gms.handle_timeout(now);
+            }
+            self.flush();
+            while let Ok(reply) = self.requests.try_recv() {
+                let _ = reply.send(self.snapshot());
+            }
+        }
+    }
+
+    fn on_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let Some(body) = unframe(datagram) else {
+            self.invalid_datagrams += 1;
+            return;
+        };
+        let msg = match GmsMessage::decode(body) {
+            Ok(m) => m,
+            Err(_) => {
+                // Counted by the service as malformed.
+                let peer = self
+                    .by_addr
+                    .get(&from)
+                    .map_or(Peer::Joiner(0), |&n| Peer::Node(n));
+                self.gms.handle_datagram(now, peer, body);
+                return;
+            }
+        };
+        match msg {
+            GmsMessage::Join { nonce, addr } => {
+                if self.joiners.len() >= JOINERS_MAX && !self.joiners.contains_key(&nonce) {
+                    self.unknown_sources += 1;
+                    return;
+                }
+                self.joiners.insert(nonce, from);
+                let addr = Some(addr.unwrap_or(from));
+                self.gms
+                    .handle_message(now, Peer::Joiner(nonce), GmsMessage::Join { nonce, addr });
+            }
+            msg => match self.by_addr.get(&from) {
+                Some(&node) => self.gms.handle_message(now, Peer::Node(node), msg),
+                None => self.unknown_sources += 1,
+            },
+        }
+        self.flush();
+    }
+
+    /// Sends what the service queued and follows its events.
+    fn flush(&mut self) {
+        while let Some(t) = self.gms.poll_transmit() {
+            let to = match t.to {
+                Peer::Node(n) => self.members.get(&n).copied(),
+                Peer::Joiner(nonce) => {
+                    let addr = self.joiners.get(&nonce).copied();
+                    if let (GmsMessage::Welcome { node, .. }, Some(a)) = (&t.msg, addr) {
+                        self.members.insert(*node, a);
+                        self.by_addr.insert(a, *node);
+                        self.joiners.remove(&nonce);
+                    }
+                    addr
+                }
+            };
+            if let Some(to) = to {
+                // Lost sends are the service's to resend (updates and welcomes are retried).
+                let _ = self.socket.send_to(&frame(&t.msg), to);
+            }
+        }
+        while let Some(e) = self.gms.poll_event() {
+            match e {
+                GmsEvent::Removed { node, cause } => {
+                    if let Some(a) = self.members.remove(&node) {
+                        if self.by_addr.get(&a) == Some(&node) {
+                            self.by_addr.remove(&a);
+                        }
+                    }
+                    self.removed.push((node, cause));
+                }
+                GmsEvent::TopicCreated { name, topic } => {
+                    self.topics.insert(name, topic);
+                }
+                GmsEvent::Joined(_) => {}
+            }
+        }
+    }
+
+    fn snapshot(&self) -> GmsSnapshot {
+        GmsSnapshot {
+            members: self.members.clone(),
+            topics: self.topics.clone(),
+            removed: self.removed.clone(),
+            stats: self.gms.stats().clone(),
+            unknown_sources: self.unknown_sources,
+            invalid_datagrams: self.invalid_datagrams,
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! One error type for the library: what went wrong, and what to do about it.
+
+use tidings_runtime::{GmsServerError, PublishError, RequestError, StartError, WaitError};
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value cannot work; the message names the field.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The node could not start (socket, membership service, protocol configuration).
+    #[error("the node could not start: {0}")]
+    Start(#[from] StartError),
+    /// The embedded membership service could not start (is its address taken?).
+    #[error("the embedded membership service could not start: {0}")]
+    Gms(#[from] GmsServerError),
+    /// A topic name is empty or too long.
+    #[error("topic name {0:?} must be 1..=256 bytes of UTF-8")]
+    TopicName(String),
+    /// Back pressure (from `try_publish`): the protocol's window and the publisher's queue are
+    /// full. Retry once messages become stable, or use `publish`, which waits.
+    #[error(
+        "back pressure: the publisher's queue is full; retry later or use publish(), which waits"
+    )]
+    WouldBlock,
+    /// A wait ran out of time.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+    /// The encoded message does not fit one datagram.
+    #[error(
+        "message of {len} bytes exceeds the largest of {max} bytes: split it, or raise \
+         ProtocolConfig::max_datagram_bytes"
+    )]
+    TooLarge {
+        /// Encoded size.
+        len: usize,
+        /// Largest accepted.
+        max: usize,
+    },
+    /// The value could not be serialized.
+    #[error("could not encode the message: {0}")]
+    Encode(String),
+    /// A received message could not be deserialized as the topic's type (a publisher uses
+    /// another type for the same topic name). The message is skipped, not lost silently: this
+    /// error is what the subscription yields in its place.
+    #[error("could not decode a message of topic {topic:?} as the subscription's type: {why}")]
+    Decode {
+        /// The topic's name.
+        topic: String,
+        /// Why.
+        why: String,
+    },
+    /// The node refused the request (the message says why), e.g. the GMS removed it.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The node has shut down (or its core thread stopped).
+    #[error("the node has shut down")]
+    Closed,
+    /// The node's core thread panicked while shutting down (a bug; please report it).
+    #[error("shutdown was not clean: {0}")]
+    Shutdown(String),
+}
+
+impl From<RequestError> for Error {
+    fn from(e: RequestError) -> Error {
+        match e {
+            RequestError::Closed => Error::Closed,
+            RequestError::Timeout => {
+                Error::Timeout("the node or the membership service did not answer")
+            }
+            RequestError::Share(s) => Error::Config(format!("share {s} is not in (0, 1]")),
+            RequestError::Refused(why) => Error::Refused(why),
+        }
+    }
+}
+
+impl From<PublishError> for Error {
+    fn from(e: PublishError) -> Error {
+        match e {
+            PublishError::TooLarge { len, max } => Error::TooLarge { len, max },
+            PublishError::WouldBlock(_) => Error::WouldBlock,
+            PublishError::Timeout(_) => Error::Timeout("no room to publish"),
+            PublishError::Closed => Error::Closed,
+        }
+    }
+}
+
+impl From<WaitError> for Error {
+    fn from(e: WaitError) -> Error {
+        match e {
+            WaitError::Timeout => Error::Timeout("the message did not become stable"),
+            WaitError::Closed => Error::Closed,
+            WaitError::ForeignHandle => {
+                Error::Refused("the handle belongs to another publisher".to_owned())
+            }
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! **tidings**: reliable multicast and publish-subscribe for applications whose processes share
+//! many topics at once.
+//!
+//! Every subscriber of a topic gets every message published on it, exactly once and in the
+//! order each publisher sent them, straight from the publisher (IP multicast or unicast
+//! fan-out), while it stays a member. A publisher can wait until a message is *stable*: received
+//! by every member of every region its topic spans.
+//!
+//! A [`Node`] is one process's membership in the group. It joins through the membership service
+//! (the GMS), which by default runs embedded in the first node ([`NodeBuilder::embedded_gms`]);
+//! other nodes name its address ([`NodeBuilder::gms`]).
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use tidings::{Node, Topic};
+//!
+//! #[derive(Serialize, Deserialize, Debug)]
+//! struct Quote { symbol: String, price: f64 }
+//!
+//! # fn main() -> Result<(), tidings::Error> {
+//! let node = Node::builder().start()?;                  // embeds the GMS on 127.0.0.1
+//! let quotes: Topic<Quote> = Topic::new("quotes/eu")?;
+//! let subscription = node.subscribe(&quotes)?;        // in force when it returns
+//! let mut publisher = node.publisher(&quotes)?;
+//! let handle = publisher.publish(&Quote { symbol: "ACME".into(), price: 12.5 })?;
+//! publisher.wait_stable(handle, std::time::Duration::from_secs(5))?;
+//! for message in subscription.iter().take(1) {
+//!     println!("{:?} from {:?}", message?.value, "the publisher");
+//! }
+//! node.shutdown()?;                                    // leaves the group
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Under the hood ([`tidings_runtime`]): one core thread per node drives the sans-IO protocol
+//! (`tidings_proto`) over batched UDP; callbacks run on the delivery scheduler's worker threads.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod error;
+mod node;
+mod publish;
+mod subscribe;
+mod topic;
+
+pub use error::Error;
+pub use node::{GmsMode, Node, NodeBuilder, NodeStats};
+pub use publish::Publisher;
+pub use subscribe::{CallbackSubscription, Iter, Subscription};
+pub use topic::{Message, Topic, TOPIC_NAME_BYTES_MAX};
+
+pub use bytes::Bytes;
+pub use tidings_gms::GmsConfig;
+pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
+pub use tidings_runtime::{
+    GmsServer, GmsSnapshot, MulticastConfig, PublishHandle, RuntimeConfig, Transport,
+};

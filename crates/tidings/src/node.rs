@@ -1,0 +1,362 @@
+//! The node: its builder, topics, publishers, subscriptions and shutdown.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidings_gms::GmsConfig;
+use tidings_proto::NodeId;
+use tidings_runtime::{
+    GmsLinkConfig, GmsServer, GmsSnapshot, NodeRuntime, RuntimeConfig, RuntimeStats, Transport,
+};
+
+use crate::error::Error;
+use crate::publish::Publisher;
+use crate::subscribe::{CallbackSubscription, Subscription};
+use crate::topic::{Message, Topic};
+
+/// Where the node finds the membership service.
+#[derive(Clone, Debug)]
+pub enum GmsMode {
+    /// Run the service inside this process, bound to `bind` (other nodes then name its address,
+    /// [`Node::gms_addr`]). The default, on `127.0.0.1:0`.
+    Embedded {
+        /// Address to bind the service to.
+        bind: SocketAddr,
+        /// The service's configuration.
+        config: GmsConfig,
+    },
+    /// Join the service at this address (`tidings gms`, or another node's embedded one).
+    Connect(SocketAddr),
+}
+
+/// Builds a [`Node`]: every setting has a documented default and is checked by
+/// [`start`](NodeBuilder::start).
+#[derive(Clone, Debug)]
+pub struct NodeBuilder {
+    bind: SocketAddr,
+    gms: GmsMode,
+    runtime: RuntimeConfig,
+    protocol: tidings_proto::Config,
+    link: Option<GmsLinkConfig>,
+    subscription_capacity: usize,
+    share: f64,
+}
+
+impl Default for NodeBuilder {
+    fn default() -> Self {
+        NodeBuilder {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            gms: GmsMode::Embedded {
+                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+                config: GmsConfig::default(),
+            },
+            runtime: RuntimeConfig::default(),
+            protocol: tidings_proto::Config::default(),
+            link: None,
+            subscription_capacity: 1024,
+            share: 1.0,
+        }
+    }
+}
+
+/// How often a delivery waiting for room in a full iterator subscription looks again. The
+/// reader is slower than the network in that state, so a short sleep costs nothing that matters.
+const ROOM_POLL: Duration = Duration::from_micros(200);
+
+/// Largest accepted subscription queue, in messages.
+const SUBSCRIPTION_CAPACITY_MAX: usize = 1 << 24;
+
+impl NodeBuilder {
+    /// The node's unicast address (data and membership traffic). Default `127.0.0.1:0` (any free
+    /// port on loopback); use the host's address for nodes on several hosts.
+    #[must_use]
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.bind = addr;
+        self
+    }
+
+    /// Joins the membership service at `addr` instead of embedding one.
+    #[must_use]
+    pub fn gms(mut self, addr: SocketAddr) -> Self {
+        self.gms = GmsMode::Connect(addr);
+        self
+    }
+
+    /// Embeds the membership service, bound to `bind`, with `config` (the default).
+    #[must_use]
+    pub fn embedded_gms(mut self, bind: SocketAddr, config: GmsConfig) -> Self {
+        self.gms = GmsMode::Embedded { bind, config };
+        self
+    }
+
+    /// How region datagrams leave: unicast fan-out (default, works everywhere) or IP multicast.
+    #[must_use]
+    pub fn transport(mut self, transport: Transport) -> Self {
+        self.runtime.transport = transport;
+        self
+    }
+
+    /// The runtime's configuration (quanta, batches, socket buffers, scheduler...).
+    #[must_use]
+    pub fn runtime_config(mut self, config: RuntimeConfig) -> Self {
+        self.runtime = config;
+        self
+    }
+
+    /// The protocol's configuration (windows, token rings, repair, congestion control...).
+    #[must_use]
+    pub fn protocol_config(mut self, config: tidings_proto::Config) -> Self {
+        self.protocol = config;
+        self
+    }
+
+    /// The membership client's settings (join and leave timeouts, heartbeats). The server
+    /// address in it is replaced by the builder's GMS address.
+    #[must_use]
+    pub fn gms_link(mut self, link: GmsLinkConfig) -> Self {
+        self.link = Some(link);
+        self
+    }
+
+    /// Messages an iterator [`Subscription`] holds before the node stops taking deliveries
+    /// (back pressure). Default 1024.
+    #[must_use]
+    pub fn subscription_capacity(mut self, capacity: usize) -> Self {
+        self.subscription_capacity = capacity;
+        self
+    }
+
+    /// Share of the delivery workers' time each new subscription gets when topics compete, in
+    /// `(0, 1]`. Default 1 (equal shares).
+    #[must_use]
+    pub fn subscription_share(mut self, share: f64) -> Self {
+        self.share = share;
+        self
+    }
+
+    /// Checks the settings, starts the embedded membership service if asked, and joins.
+    pub fn start(self) -> Result<Node, Error> {
+        if !(1..=SUBSCRIPTION_CAPACITY_MAX).contains(&self.subscription_capacity) {
+            return Err(Error::Config(format!(
+                "subscription_capacity = {} must be within 1..={SUBSCRIPTION_CAPACITY_MAX}",
+                self.subscription_capacity
+            )));
+        }
+        if !(self.share > 0.0 && self.share <= 1.0) {
+            return Err(Error::Config(format!(
+                "subscription_share = {} must be within (0, 1]",
+                self.share
+            )));
+        }
+        self.runtime
+            .validate()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        self.protocol
+            .validate()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let (server, gms_addr) = match self.gms {
+            GmsMode::Embedded { bind, config } => {
+                let server = GmsServer::start(config, bind)?;
+                let addr = server.local_addr();
+                (Some(server), addr)
+            }
+            GmsMode::Connect(addr) => (None, addr),
+        };
+        let mut link = self.link.unwrap_or_else(|| GmsLinkConfig::new(gms_addr));
+        link.server = gms_addr;
+        let socket = UdpSocket::bind(self.bind).map_err(|e| {
+            Error::Config(format!(
+                "cannot bind the node's socket to {}: {e}",
+                self.bind
+            ))
+        })?;
+        let runtime = NodeRuntime::join(self.runtime, self.protocol, link, socket)?;
+        Ok(Node {
+            closing: Arc::new(AtomicBool::new(false)),
+            runtime: Some(runtime),
+            server,
+            gms_addr,
+            subscription_capacity: self.subscription_capacity,
+            share: self.share,
+        })
+    }
+}
+
+/// Counters of a node.
+#[derive(Clone, Debug)]
+pub struct NodeStats {
+    /// The runtime's and the protocol's counters.
+    pub runtime: RuntimeStats,
+    /// The embedded membership service's state, if this node embeds it.
+    pub gms: Option<GmsSnapshot>,
+}
+
+/// One process's membership in the group: publish and subscribe by topic name.
+///
+/// Start one with [`Node::builder`]. [`shutdown`](Node::shutdown) (or dropping the node) leaves
+/// the group cleanly: the membership service removes the node at once and the others' views
+/// drop it.
+#[derive(Debug)]
+pub struct Node {
+    /// Set when the node shuts down: iterator subscriptions stop waiting for room.
+    closing: Arc<AtomicBool>,
+    runtime: Option<NodeRuntime>,
+    server: Option<GmsServer>,
+    gms_addr: SocketAddr,
+    subscription_capacity: usize,
+    share: f64,
+}
+
+impl Node {
+    /// A builder with the defaults: loopback, an embedded membership service, unicast fan-out.
+    #[must_use]
+    pub fn builder() -> NodeBuilder {
+        NodeBuilder::default()
+    }
+
+    fn runtime(&self) -> Result<&NodeRuntime, Error> {
+        self.runtime.as_ref().ok_or(Error::Closed)
+    }
+
+    /// This node's id (given by the membership service).
+    pub fn id(&self) -> Result<NodeId, Error> {
+        Ok(self.runtime()?.id())
+    }
+
+    /// The node's unicast address.
+    pub fn local_addr(&self) -> Result<SocketAddr, Error> {
+        Ok(self.runtime()?.local_addr())
+    }
+
+    /// The membership service's address: the embedded one's (give it to the other nodes), or
+    /// the one this node joined.
+    #[must_use]
+    pub fn gms_addr(&self) -> SocketAddr {
+        self.gms_addr
+    }
+
+    /// A publisher on `topic`: declares to the membership service that this node publishes on
+    /// it, and returns once the node knows the topic's regions.
+    pub fn publisher<T>(&self, topic: &Topic<T>) -> Result<Publisher<T>, Error> {
+        let runtime = self.runtime()?;
+        let id = runtime.advertise(topic.name())?;
+        Ok(Publisher::new(runtime.publisher(), topic.clone(), id))
+    }
+
+    /// Subscribes to `topic`, read as an iterator; in force when this returns (every message
+    /// published after it is delivered).
+    pub fn subscribe<T: Send + 'static>(&self, topic: &Topic<T>) -> Result<Subscription<T>, Error> {
+        let runtime = self.runtime()?;
+        // Unbounded underneath, bounded by waiting for room below: a shutdown must not wait
+        // for an application that stopped reading.
+        let (sender, queue) = crossbeam_channel::unbounded();
+        let capacity = self.subscription_capacity;
+        let closing = Arc::clone(&self.closing);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let reader_gone = Arc::clone(&dropped);
+        let decode = topic.decoder();
+        let name = topic.name().to_owned();
+        let topic_name = name.clone();
+        let inner = runtime.subscribe_named(&name, self.share, move |d| {
+            let message = decode(d.payload)
+                .map(|value| Message {
+                    value,
+                    origin: d.origin,
+                    topic: d.topic,
+                    sent_at_us: d.timestamp_us,
+                })
+                .map_err(|why| Error::Decode {
+                    topic: topic_name.clone(),
+                    why,
+                });
+            // Waits while the queue is full: the back pressure the type documents (the worker
+            // stops, the node stops reading, the publishers slow down).
+            while sender.len() >= capacity
+                && !closing.load(Ordering::Acquire)
+                && !reader_gone.load(Ordering::Acquire)
+            {
+                std::thread::sleep(ROOM_POLL);
+            }
+            // Fails only once the application dropped the subscription: nobody wants it.
+            let _ = sender.send(message);
+        })?;
+        Ok(Subscription {
+            inner,
+            queue,
+            name,
+            dropped,
+        })
+    }
+
+    /// Subscribes to `topic` with a callback, run on a delivery worker thread for every message
+    /// in order (a message that does not decode as `T` comes as `Err(Error::Decode)`).
+    pub fn subscribe_with<T, F>(
+        &self,
+        topic: &Topic<T>,
+        mut callback: F,
+    ) -> Result<CallbackSubscription, Error>
+    where
+        T: Send + 'static,
+        F: FnMut(Result<Message<T>, Error>) + Send + 'static,
+    {
+        let runtime = self.runtime()?;
+        let decode = topic.decoder();
+        let topic_name = topic.name().to_owned();
+        let inner = runtime.subscribe_named(topic.name(), self.share, move |d| {
+            callback(
+                decode(d.payload)
+                    .map(|value| Message {
+                        value,
+                        origin: d.origin,
+                        topic: d.topic,
+                        sent_at_us: d.timestamp_us,
+                    })
+                    .map_err(|why| Error::Decode {
+                        topic: topic_name.clone(),
+                        why,
+                    }),
+            );
+        })?;
+        Ok(CallbackSubscription { inner })
+    }
+
+    /// The node's counters (and the embedded service's state).
+    pub fn stats(&self) -> Result<NodeStats, Error> {
+        Ok(NodeStats {
+            runtime: self.runtime()?.stats()?,
+            gms: self.server.as_ref().and_then(GmsServer::snapshot),
+        })
+    }
+
+    /// The embedded membership service, if this node runs it.
+    #[must_use]
+    pub fn embedded_gms(&self) -> Option<&GmsServer> {
+        self.server.as_ref()
+    }
+
+    /// Leaves the group and stops: messages already handed to subscriptions are delivered,
+    /// then the embedded service (if any) stops. Returns the final counters.
+    pub fn shutdown(mut self) -> Result<RuntimeStats, Error> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<RuntimeStats, Error> {
+        self.closing.store(true, Ordering::Release);
+        let stats = match self.runtime.take() {
+            Some(r) => r.shutdown().map_err(|e| Error::Shutdown(e.to_string()))?,
+            None => RuntimeStats::default(),
+        };
+        if let Some(server) = self.server.take() {
+            server.shutdown();
+        }
+        Ok(stats)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

@@ -1,0 +1,103 @@
+//! Typed publishing.
+
+use std::time::Duration;
+
+use tidings_proto::TopicId;
+use tidings_runtime::PublishHandle;
+
+use crate::error::Error;
+use crate::topic::Topic;
+
+/// Publishes on one topic from one thread (or task): messages of one publisher are published
+/// in call order, and [`wait_stable`](Publisher::wait_stable) waits for a message and every
+/// earlier one of the same publisher. Get one from [`Node::publisher`](crate::Node::publisher).
+pub struct Publisher<T> {
+    inner: tidings_runtime::Publisher,
+    topic: Topic<T>,
+    id: TopicId,
+}
+
+impl<T> Publisher<T> {
+    pub(crate) fn new(inner: tidings_runtime::Publisher, topic: Topic<T>, id: TopicId) -> Self {
+        Publisher { inner, topic, id }
+    }
+
+    /// The topic.
+    #[must_use]
+    pub fn topic(&self) -> &Topic<T> {
+        &self.topic
+    }
+
+    /// The topic's id, as the membership service bound it.
+    #[must_use]
+    pub fn topic_id(&self) -> TopicId {
+        self.id
+    }
+
+    /// Largest encoded message accepted, in bytes.
+    #[must_use]
+    pub fn max_payload(&self) -> usize {
+        self.inner.max_payload()
+    }
+
+    /// Publishes `value`, waiting while back pressure holds (the protocol's window of unstable
+    /// messages is full), until there is room or the node shuts down.
+    pub fn publish(&mut self, value: &T) -> Result<PublishHandle, Error> {
+        let bytes = self.topic.encode(value)?;
+        Ok(self.inner.publish(self.id, bytes)?)
+    }
+
+    /// Like [`publish`](Publisher::publish), waiting for room at most `timeout`.
+    pub fn publish_timeout(
+        &mut self,
+        value: &T,
+        timeout: Duration,
+    ) -> Result<PublishHandle, Error> {
+        let bytes = self.topic.encode(value)?;
+        Ok(self.inner.publish_timeout(self.id, bytes, Some(timeout))?)
+    }
+
+    /// Publishes `value` without waiting: [`Error::WouldBlock`] under back pressure.
+    pub fn try_publish(&mut self, value: &T) -> Result<PublishHandle, Error> {
+        let bytes = self.topic.encode(value)?;
+        Ok(self.inner.try_publish(self.id, bytes)?)
+    }
+
+    /// Publishes from async code: under back pressure the task waits, not the thread.
+    pub async fn publish_async(&mut self, value: &T) -> Result<PublishHandle, Error> {
+        let bytes = self.topic.encode(value)?;
+        Ok(self.inner.publish_async(self.id, bytes).await?)
+    }
+
+    /// Whether `handle`'s message (and every earlier one of this publisher) is stable.
+    #[must_use]
+    pub fn is_stable(&self, handle: PublishHandle) -> bool {
+        self.inner.is_stable(handle)
+    }
+
+    /// Waits until `handle`'s message and every earlier one of this publisher are stable
+    /// (received by every member of every region the topic spans), at most `timeout`.
+    pub fn wait_stable(&mut self, handle: PublishHandle, timeout: Duration) -> Result<(), Error> {
+        Ok(self.inner.wait_stable(handle, timeout)?)
+    }
+
+    /// Waits from async code until `handle`'s message and every earlier one are stable.
+    pub async fn wait_stable_async(&self, handle: PublishHandle) -> Result<(), Error> {
+        Ok(self.inner.wait_stable_async(handle).await?)
+    }
+
+    /// Messages this publisher has published.
+    #[must_use]
+    pub fn published_count(&self) -> u64 {
+        self.inner.published_count()
+    }
+}
+
+impl<T> std::fmt::Debug for Publisher<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("topic", &self.topic.name())
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,136 @@
+//! Subscriptions: as an iterator (a bounded queue the application reads) or as a callback.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use tidings_proto::TopicId;
+
+use crate::error::Error;
+use crate::topic::Message;
+
+/// A subscription read as an iterator: every message of the topic, in each publisher's order.
+///
+/// Messages wait in a bounded queue (`NodeBuilder::subscription_capacity`). When the
+/// application does not keep up and the queue is full, the node stops taking deliveries, which
+/// slows the publishers down (back pressure) rather than dropping anything. Dropping the
+/// subscription unsubscribes.
+pub struct Subscription<T> {
+    pub(crate) inner: tidings_runtime::Subscription,
+    pub(crate) queue: Receiver<Result<Message<T>, Error>>,
+    pub(crate) name: String,
+    /// Set when the subscription is dropped, so a delivery waiting for room gives up.
+    pub(crate) dropped: Arc<AtomicBool>,
+}
+
+impl<T> Drop for Subscription<T> {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::Release);
+    }
+}
+
+impl<T> Subscription<T> {
+    /// The topic's id.
+    #[must_use]
+    pub fn topic_id(&self) -> TopicId {
+        self.inner.topic()
+    }
+
+    /// The topic's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The next message, waiting as long as it takes; `None` once the node has shut down and
+    /// every queued message was taken.
+    pub fn recv(&self) -> Option<Result<Message<T>, Error>> {
+        self.queue.recv().ok()
+    }
+
+    /// The next message, waiting at most `timeout`: `Err(Error::Timeout)` if none came,
+    /// `Err(Error::Closed)` once the node has shut down and the queue is empty.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message<T>, Error> {
+        match self.queue.recv_timeout(timeout) {
+            Ok(m) => m,
+            Err(RecvTimeoutError::Timeout) => Err(Error::Timeout("no message")),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::Closed),
+        }
+    }
+
+    /// The next message if one is queued.
+    pub fn try_recv(&self) -> Option<Result<Message<T>, Error>> {
+        self.queue.try_recv().ok()
+    }
+
+    /// Messages queued and not yet taken.
+    #[must_use]
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// A blocking iterator over the messages (ends when the node shuts down).
+    pub fn iter(&self) -> Iter<'_, T> {
+        Iter { queue: &self.queue }
+    }
+
+    /// Unsubscribes (also done by dropping it).
+    pub fn unsubscribe(self) {}
+}
+
+/// Blocking iterator of a [`Subscription`].
+#[derive(Debug)]
+pub struct Iter<'a, T> {
+    queue: &'a Receiver<Result<Message<T>, Error>>,
+}
+
+impl<T> Iterator for Iter<'_, T> {
+    type Item = Result<Message<T>, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.queue.recv().ok()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Subscription<T> {
+    type Item = Result<Message<T>, Error>;
+    type IntoIter = Iter<'a, T>;
+
+    fn into_iter(self) -> Iter<'a, T> {
+        self.iter()
+    }
+}
+
+/// A subscription whose messages go to a callback (on a delivery worker thread, in order within
+/// the topic). Dropping it unsubscribes.
+#[derive(Debug)]
+pub struct CallbackSubscription {
+    pub(crate) inner: tidings_runtime::Subscription,
+}
+
+impl CallbackSubscription {
+    /// The topic's id.
+    #[must_use]
+    pub fn topic_id(&self) -> TopicId {
+        self.inner.topic()
+    }
+
+    /// Changes the share of the delivery workers' time this subscription gets when topics
+    /// compete, in `(0, 1]`.
+    pub fn set_share(&self, share: f64) -> Result<(), Error> {
+        Ok(self.inner.set_share(share)?)
+    }
+
+    /// Unsubscribes (also done by dropping it).
+    pub fn unsubscribe(self) {}
+}
+
+impl<T> std::fmt::Debug for Subscription<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("name", &self.name)
+            .field("queued", &self.queue.len())
+            .finish_non_exhaustive()
+    }
+}

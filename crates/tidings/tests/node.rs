@@ -1,0 +1,156 @@
+//! The public library end to end on loopback: an embedded membership service, typed and raw
+//! topics, iterator and callback subscriptions, async publishing, errors.
+
+// Tests bound their waits by wall time.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tidings::{Bytes, Error, Node, Topic};
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Quote {
+    seq: u64,
+    symbol: String,
+    price: f64,
+}
+
+fn quote(seq: u64) -> Quote {
+    Quote {
+        seq,
+        symbol: format!("SYM{}", seq % 7),
+        price: seq as f64 * 0.5,
+    }
+}
+
+#[test]
+fn typed_messages_reach_iterator_and_callback_subscribers_in_order() {
+    let first = Node::builder().start().unwrap();
+    let second = Node::builder().gms(first.gms_addr()).start().unwrap();
+    let topic: Topic<Quote> = Topic::new("quotes/eu").unwrap();
+
+    let sub = second.subscribe(&topic).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    let _cb = first
+        .subscribe_with(&topic, move |m| {
+            s.lock().unwrap().push(m.unwrap().value.seq)
+        })
+        .unwrap();
+
+    let mut publisher = first.publisher(&topic).unwrap();
+    let n = 3000;
+    let mut last = None;
+    for k in 0..n {
+        last = Some(publisher.publish(&quote(k)).unwrap());
+    }
+    // The iterator holds 1024 messages: read before waiting for stability, since an unread
+    // subscription holds its node back (back pressure).
+    for k in 0..n {
+        let m = sub.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(m.value, quote(k));
+        assert_eq!(m.origin, first.id().unwrap());
+    }
+    publisher
+        .wait_stable(last.unwrap(), Duration::from_secs(20))
+        .unwrap();
+    let start = std::time::Instant::now();
+    while seen.lock().unwrap().len() < n as usize {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "callback deliveries"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(*seen.lock().unwrap(), (0..n).collect::<Vec<_>>());
+    let stats = first.stats().unwrap();
+    let gms = stats.gms.unwrap();
+    assert_eq!(gms.members.len(), 2);
+    drop(sub);
+    second.shutdown().unwrap();
+    // The leave reached the embedded service.
+    let gms = first.stats().unwrap().gms.unwrap();
+    assert_eq!(gms.members.len(), 1);
+    first.shutdown().unwrap();
+}
+
+#[test]
+fn raw_topics_pass_bytes_through_and_async_publish_works() {
+    let node = Node::builder().start().unwrap();
+    let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
+    let topic = Topic::raw("raw/bytes").unwrap();
+    let sub = peer.subscribe(&topic).unwrap();
+    let mut publisher = node.publisher(&topic).unwrap();
+    pollster::block_on(async {
+        let mut last = None;
+        for k in 0u32..500 {
+            last = Some(
+                publisher
+                    .publish_async(&Bytes::from(k.to_be_bytes().to_vec()))
+                    .await
+                    .unwrap(),
+            );
+        }
+        publisher.wait_stable_async(last.unwrap()).await.unwrap();
+    });
+    for k in 0u32..500 {
+        let m = sub.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(&m.value[..], &k.to_be_bytes());
+    }
+    drop(sub);
+    peer.shutdown().unwrap();
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn a_message_of_another_type_is_reported_not_dropped() {
+    let node = Node::builder().start().unwrap();
+    let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
+    let as_text: Topic<String> = Topic::new("mixed").unwrap();
+    let as_raw = Topic::raw("mixed").unwrap();
+    let sub = peer.subscribe(&as_text).unwrap();
+    let mut publisher = node.publisher(&as_raw).unwrap();
+    // A length prefix of 200 with 1 byte of text: not a valid postcard string.
+    let h = publisher
+        .publish(&Bytes::from_static(&[200, 1, b'x']))
+        .unwrap();
+    publisher.wait_stable(h, Duration::from_secs(10)).unwrap();
+    match sub.recv_timeout(Duration::from_secs(10)) {
+        Err(Error::Decode { topic, .. }) => assert_eq!(topic, "mixed"),
+        other => panic!("expected a decode error, got {other:?}"),
+    }
+    drop(sub);
+    peer.shutdown().unwrap();
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn bad_settings_and_names_are_refused_with_the_reason() {
+    let err = Node::builder()
+        .subscription_capacity(0)
+        .start()
+        .unwrap_err();
+    assert!(err.to_string().contains("subscription_capacity"), "{err}");
+    let err = Node::builder().subscription_share(1.5).start().unwrap_err();
+    assert!(err.to_string().contains("subscription_share"), "{err}");
+    assert!(matches!(Topic::<u32>::new(""), Err(Error::TopicName(_))));
+    assert!(matches!(
+        Topic::<u32>::new("x".repeat(300)),
+        Err(Error::TopicName(_))
+    ));
+}
+
+#[test]
+fn too_large_messages_are_refused_with_the_limit() {
+    let node = Node::builder().start().unwrap();
+    let topic = Topic::raw("big").unwrap();
+    let mut publisher = node.publisher(&topic).unwrap();
+    let max = publisher.max_payload();
+    let err = publisher
+        .try_publish(&Bytes::from(vec![0u8; max + 1]))
+        .unwrap_err();
+    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+    node.shutdown().unwrap();
+}
