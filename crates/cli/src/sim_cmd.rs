@@ -93,6 +93,20 @@ pub(crate) struct RunArgs {
     /// No progress on stderr.
     #[arg(long, short)]
     quiet: bool,
+    /// Run a paper experiment instead (gryphon-fig2, gryphon-fig4), with and without congestion
+    /// control, writing a CSV time series per run and a PNG plot into --out; the other scenario
+    /// flags are ignored (--seed is used).
+    #[arg(long = "scenario")]
+    experiment: Option<tidings_sim::experiment::Experiment>,
+    /// Where experiments write their CSV and PNG files.
+    #[arg(long, default_value = "docs/experiments")]
+    out: std::path::PathBuf,
+    /// Experiments at the reduced size CI runs.
+    #[arg(long)]
+    reduced: bool,
+    /// Length of the link failure of gryphon-fig4, seconds (the paper: 120).
+    #[arg(long)]
+    outage_seconds: Option<f64>,
 }
 
 #[derive(Args, Debug)]
@@ -239,7 +253,67 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
     }
 }
 
+fn sim_experiment(a: &RunArgs, experiment: tidings_sim::experiment::Experiment) -> ExitCode {
+    use tidings_sim::experiment::{run_experiment, to_csv, Setup};
+    if let Some(o) = a.outage_seconds {
+        if !(o > 0.0 && o <= 3600.0) {
+            eprintln!("error: --outage-seconds must be within (0, 3600]");
+            return ExitCode::from(2);
+        }
+    }
+    if let Err(e) = std::fs::create_dir_all(&a.out) {
+        eprintln!("error: {}: {e}", a.out.display());
+        return ExitCode::from(2);
+    }
+    let mut outcomes = Vec::new();
+    for cc in [false, true] {
+        let setup = Setup {
+            reduced: a.reduced,
+            outage: a.outage_seconds.map(Duration::from_secs_f64),
+            seed: a.seed,
+            ..Setup::new(experiment, cc)
+        };
+        let outcome = match run_experiment(&setup) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let file = a.out.join(format!(
+            "{}-cc-{}.csv",
+            experiment.name(),
+            if cc { "on" } else { "off" }
+        ));
+        if let Err(e) = std::fs::write(&file, to_csv(&outcome.rows)) {
+            eprintln!("error: {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+        println!("{}", outcome.summary_line());
+        println!("  wrote {}", file.display());
+        outcomes.push(outcome);
+    }
+    let png = a.out.join(format!("{}.png", experiment.name()));
+    if let Err(e) = std::fs::write(&png, tidings_sim::plot::experiment_png(&outcomes)) {
+        eprintln!("error: {}: {e}", png.display());
+        return ExitCode::from(2);
+    }
+    println!("  wrote {}", png.display());
+    // The experiment passes when congestion control prevents the collapse.
+    if outcomes
+        .iter()
+        .any(|o| o.setup.congestion_control && !o.summary.meets_targets(experiment))
+    {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 fn sim_run(a: &RunArgs) -> ExitCode {
+    if let Some(experiment) = a.experiment {
+        return sim_experiment(a, experiment);
+    }
     let s = scenario(&a.scenario, a.loss, a.seed);
     let show = !a.quiet && std::io::stderr().is_terminal();
     #[allow(clippy::disallowed_methods)] // wall time of the whole run, for the operator only

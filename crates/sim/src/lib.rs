@@ -4,10 +4,12 @@
 
 pub mod fault;
 pub mod net;
+pub mod plot;
 pub mod world;
 
 pub mod checker;
 pub mod churn;
+pub mod experiment;
 pub mod gms;
 pub mod report;
 pub mod scenario;
