@@ -12,40 +12,60 @@
 //! by that get (this is what gives the section III-D invariant, see `history.rs`). A non-zero
 //! count whose item is still being pushed, or was just taken, makes `get` move on to the next
 //! bucket, as in the paper.
+//!
+//! **No allocation per put.** Each bucket's FIFO is a preallocated ring (`ArrayQueue`,
+//! `SchedConfig::bucket_ring_capacity` tasks) with an unbounded spill queue (`SegQueue`) behind
+//! it. A put goes to the ring unless the ring is full or items are already spilled; a get takes
+//! from the ring first, then from the spill queue. While no more than the ring's capacity of
+//! tasks share a bucket (each task is in the set at most once), nothing is allocated after
+//! construction; a `SegQueue` alone would allocate a block every 31 puts. The spill keeps the
+//! bucket's FIFO order in sequential runs: items spill only behind a full ring or behind other
+//! spilled items, and the spill queue is only served when the ring is empty. `spilled` counts
+//! spilled items as a reservation too (raised before the push, lowered after the pop).
 
-use crate::fifo::{BucketFifo, NewFifo};
-use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
+use crate::fifo::{BucketRing, BucketSpill, NewFifo, RingFifo};
+use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crossbeam_utils::CachePadded;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 
-/// One bucket: a FIFO and the number of items reserved in it.
-struct Bucket<F> {
-    fifo: F,
+/// One bucket: a preallocated ring, its spill queue, and the number of items reserved in each.
+struct Bucket<R, S> {
+    ring: R,
+    spill: S,
+    /// Items reserved in the whole bucket (ring and spill queue).
     count: AtomicUsize,
+    /// Items reserved in the spill queue.
+    spilled: AtomicUsize,
 }
 
-/// The lock-free bucketed priority queue. `T` is the item (a task), `F` the bucket FIFO.
-pub(crate) struct BucketQueue<T, F = BucketFifo<T>> {
+/// The lock-free bucketed priority queue. `T` is the item (a task), `R` the bucket ring and `S`
+/// its spill queue.
+pub(crate) struct BucketQueue<T, R = BucketRing<T>, S = BucketSpill<T>> {
     /// Padded so that threads working in different buckets do not share cache lines.
-    buckets: Box<[CachePadded<Bucket<F>>]>,
+    buckets: Box<[CachePadded<Bucket<R, S>>]>,
     groups: Box<[CachePadded<AtomicUsize>]>,
     group_size: usize,
+    /// Puts that went to a spill queue (a ring was full or already spilled).
+    spills: AtomicU64,
     _items: PhantomData<fn(T) -> T>,
 }
 
-impl<T: Send, F: NewFifo<T>> BucketQueue<T, F> {
-    /// A queue of `bucket_total` buckets in groups of `group_size` (both at least 1).
-    pub(crate) fn new(bucket_total: usize, group_size: usize) -> Self {
+impl<T: Send, R: RingFifo<T>, S: NewFifo<T>> BucketQueue<T, R, S> {
+    /// A queue of `bucket_total` buckets in groups of `group_size`, each bucket with a ring of
+    /// `ring_capacity` items (all at least 1).
+    pub(crate) fn new(bucket_total: usize, group_size: usize, ring_capacity: usize) -> Self {
         assert!(
-            bucket_total >= 1 && group_size >= 1,
+            bucket_total >= 1 && group_size >= 1 && ring_capacity >= 1,
             "validated by SchedConfig"
         );
         let buckets = (0..bucket_total)
             .map(|_| {
                 CachePadded::new(Bucket {
-                    fifo: F::new_fifo(),
+                    ring: R::with_capacity(ring_capacity),
+                    spill: S::new_fifo(),
                     count: AtomicUsize::new(0),
+                    spilled: AtomicUsize::new(0),
                 })
             })
             .collect();
@@ -57,18 +77,31 @@ impl<T: Send, F: NewFifo<T>> BucketQueue<T, F> {
             buckets,
             groups,
             group_size,
+            spills: AtomicU64::new(0),
             _items: PhantomData,
         }
     }
 
     /// Adds `item` to bucket `bucket` (clamped to the last bucket).
     pub(crate) fn put(&self, item: T, bucket: usize) {
-        let bucket = bucket.min(self.buckets.len() - 1);
-        let group = bucket / self.group_size;
+        let bucket_index = bucket.min(self.buckets.len() - 1);
+        let group = bucket_index / self.group_size;
+        let bucket = &self.buckets[bucket_index];
         // Reserve in the group, then the bucket, then publish the item (see the module docs).
         self.groups[group].fetch_add(1, Ordering::SeqCst);
-        self.buckets[bucket].count.fetch_add(1, Ordering::SeqCst);
-        self.buckets[bucket].fifo.push(item);
+        bucket.count.fetch_add(1, Ordering::SeqCst);
+        let item = if bucket.spilled.load(Ordering::SeqCst) == 0 {
+            match bucket.ring.try_push(item) {
+                Ok(()) => return,
+                Err(item) => item,
+            }
+        } else {
+            // Behind items already spilled, to keep the bucket's FIFO order.
+            item
+        };
+        self.spills.fetch_add(1, Ordering::Relaxed);
+        bucket.spilled.fetch_add(1, Ordering::SeqCst);
+        bucket.spill.push(item);
     }
 
     /// Takes an item from the first non-empty bucket, with the index of its bucket.
@@ -87,7 +120,7 @@ impl<T: Send, F: NewFifo<T>> BucketQueue<T, F> {
                 if bucket.count.load(Ordering::SeqCst) == 0 {
                     continue;
                 }
-                if let Some(item) = bucket.fifo.pop() {
+                if let Some(item) = Self::pop_bucket(bucket) {
                     bucket.count.fetch_sub(1, Ordering::SeqCst);
                     group.fetch_sub(1, Ordering::SeqCst);
                     return Some((item, bucket_index));
@@ -97,12 +130,30 @@ impl<T: Send, F: NewFifo<T>> BucketQueue<T, F> {
         None
     }
 
+    /// The head of a bucket: from its ring, or if the ring is empty from its spill queue.
+    fn pop_bucket(bucket: &Bucket<R, S>) -> Option<T> {
+        if let Some(item) = bucket.ring.pop() {
+            return Some(item);
+        }
+        if bucket.spilled.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let item = bucket.spill.pop()?;
+        bucket.spilled.fetch_sub(1, Ordering::SeqCst);
+        Some(item)
+    }
+
     /// Whether any item is in the queue or being put (a conservative answer: used by idle workers
     /// to decide not to sleep).
     pub(crate) fn maybe_nonempty(&self) -> bool {
         self.groups
             .iter()
             .any(|group| group.load(Ordering::SeqCst) > 0)
+    }
+
+    /// Puts that went to a spill queue (and so may have allocated) since construction.
+    pub(crate) fn spills(&self) -> u64 {
+        self.spills.load(Ordering::Relaxed)
     }
 }
 
@@ -180,6 +231,14 @@ impl<T: Send> TaskSet<T> {
             Self::Mutex(queue) => queue.maybe_nonempty(),
         }
     }
+
+    /// Puts that spilled past a bucket's ring (the lock-free set only).
+    pub(crate) fn spills(&self) -> u64 {
+        match self {
+            Self::LockFree(queue) => queue.spills(),
+            Self::Mutex(_) => 0,
+        }
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -188,7 +247,7 @@ mod tests {
 
     #[test]
     fn get_takes_the_best_bucket_first_and_fifo_within_a_bucket() {
-        let queue: BucketQueue<u32> = BucketQueue::new(101, 11);
+        let queue: BucketQueue<u32> = BucketQueue::new(101, 11, 4);
         queue.put(1, 50);
         queue.put(2, 7);
         queue.put(3, 100);
@@ -201,8 +260,28 @@ mod tests {
     }
 
     #[test]
+    fn a_full_ring_spills_and_the_bucket_stays_fifo() {
+        let queue: BucketQueue<u32> = BucketQueue::new(3, 2, 2);
+        for item in 1..=3 {
+            queue.put(item, 1);
+        }
+        assert_eq!(queue.spills(), 1);
+        assert_eq!(queue.get(), Some((1, 1)));
+        // Behind the spilled item, although the ring has room again.
+        queue.put(4, 1);
+        assert_eq!(queue.spills(), 2);
+        let order: Vec<_> = std::iter::from_fn(|| queue.get()).collect();
+        assert_eq!(order, vec![(2, 1), (3, 1), (4, 1)]);
+        // Drained: puts go to the ring again.
+        queue.put(5, 1);
+        assert_eq!(queue.spills(), 2);
+        assert_eq!(queue.get(), Some((5, 1)));
+        assert!(!queue.maybe_nonempty());
+    }
+
+    #[test]
     fn mutex_baseline_has_the_same_order() {
-        let lock_free: BucketQueue<u32> = BucketQueue::new(13, 4);
+        let lock_free: BucketQueue<u32> = BucketQueue::new(13, 4, 1);
         let locked = MutexBucketQueue::new(13);
         for (item, bucket) in [(1, 12), (2, 3), (3, 3), (4, 0), (5, 9)] {
             lock_free.put(item, bucket);
@@ -216,7 +295,7 @@ mod tests {
 
     #[test]
     fn concurrent_puts_and_gets_lose_and_duplicate_nothing() {
-        let queue: BucketQueue<u64> = BucketQueue::new(101, 11);
+        let queue: BucketQueue<u64> = BucketQueue::new(101, 11, 2);
         let threads = 4;
         let per_thread = 20_000u64;
         let taken = std::sync::Mutex::new(Vec::new());

@@ -70,6 +70,7 @@ impl<E: Send + 'static> Core<E> {
             TaskSetKind::LockFree => TaskSet::LockFree(BucketQueue::new(
                 bucket_total,
                 config.effective_bucket_group_size(),
+                config.bucket_ring_capacity,
             )),
             TaskSetKind::Mutex => TaskSet::Mutex(MutexBucketQueue::new(bucket_total)),
         };
@@ -217,6 +218,13 @@ impl<E: Send + 'static> Core<E> {
 
     /// One iteration of the scheduling thread of Fig. 1b.
     pub(crate) fn step(&self) -> Step {
+        self.step_with(&mut Vec::new())
+    }
+
+    /// [`step`](Self::step) with a caller-owned scratch list for the tasks a reset drains, so
+    /// that a worker's resets reuse one allocation (the list grows to the number of tasks and
+    /// stays): resets happen every period, 100 times a second by default.
+    pub(crate) fn step_with(&self, scratch: &mut Vec<Arc<Task<E>>>) -> Step {
         let Some((task, _bucket)) = self.set.get() else {
             return Step::Idle;
         };
@@ -247,7 +255,7 @@ impl<E: Send + 'static> Core<E> {
                 .compare_exchange(epoch, epoch + 1, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
             {
-                self.reset_all_credits(task);
+                self.reset_all_credits(task, scratch);
                 return Step::Reset;
             }
             self.counters.requeues.fetch_add(1, Ordering::Relaxed);
@@ -290,14 +298,15 @@ impl<E: Send + 'static> Core<E> {
     /// Starts a new period: takes every task out of the set, renews its credit for the new epoch
     /// and puts it back (section III-B). Tasks held by other threads are renewed when those
     /// threads put them back. Terminates: each task is in the set at most once and the drained
-    /// ones are held here until the end.
-    fn reset_all_credits(&self, first: Arc<Task<E>>) {
+    /// ones are held here (in `drained`, empty on entry and on return) until the end.
+    fn reset_all_credits(&self, first: Arc<Task<E>>, drained: &mut Vec<Arc<Task<E>>>) {
+        debug_assert!(drained.is_empty());
         self.counters.resets.fetch_add(1, Ordering::Relaxed);
-        let mut drained = vec![first];
+        drained.push(first);
         while let Some((task, _bucket)) = self.set.get() {
             drained.push(task);
         }
-        for task in drained {
+        for task in drained.drain(..) {
             self.put_task(task, 0, true);
         }
     }
@@ -328,6 +337,11 @@ impl<E: Send + 'static> Core<E> {
         }
         let _guard = lock(&self.idle_lock);
         self.idle_cv.notify_all();
+    }
+
+    /// Puts into the set that spilled past a bucket's preallocated ring.
+    pub(crate) fn bucket_spills(&self) -> u64 {
+        self.set.spills()
     }
 
     /// Whether the set may hold a task (for shutdown draining).

@@ -48,6 +48,15 @@ pub enum ConfigError {
         /// The rejected value.
         task_queue_capacity: usize,
     },
+    /// `bucket_ring_capacity` is zero or above [`BUCKET_RING_CAPACITY_MAX`](crate::BUCKET_RING_CAPACITY_MAX).
+    #[error(
+        "bucket_ring_capacity {bucket_ring_capacity} is outside 1..={}",
+        crate::config::BUCKET_RING_CAPACITY_MAX
+    )]
+    BucketRingCapacity {
+        /// The rejected value.
+        bucket_ring_capacity: usize,
+    },
 }
 
 /// Why a share was rejected: it must be a finite number in `(0, 1]`.

@@ -159,7 +159,7 @@ pub fn check_history(puts: &[PutRecord], gets: &[GetRecord]) -> Result<(), Histo
 /// at the linearization point, from one global logical clock.
 #[cfg(any(test, loom))]
 pub(crate) mod recording {
-    use crate::fifo::{Fifo, NewFifo};
+    use crate::fifo::{Fifo, NewFifo, RingFifo};
     use crate::sync::{lock, AtomicU64, Mutex, Ordering};
     use std::collections::VecDeque;
 
@@ -196,18 +196,15 @@ pub(crate) mod recording {
         }
     }
 
-    /// A linearizable FIFO that stamps its elements at the linearization points.
+    /// A linearizable FIFO that stamps its elements at the linearization points; bounded when
+    /// used as a bucket ring, unbounded as a spill queue.
     pub(crate) struct RecordingFifo {
         items: Mutex<VecDeque<Stamped>>,
+        capacity: usize,
     }
 
-    impl Fifo<Stamped> for RecordingFifo {
-        fn push(&self, mut item: Stamped) {
-            let mut items = lock(&self.items);
-            item.pushed_at = stamp();
-            items.push_back(item);
-        }
-        fn pop(&self) -> Option<Stamped> {
+    impl RecordingFifo {
+        fn pop_stamped(&self) -> Option<Stamped> {
             let mut items = lock(&self.items);
             let mut item = items.pop_front()?;
             item.popped_at = stamp();
@@ -215,11 +212,41 @@ pub(crate) mod recording {
         }
     }
 
+    impl Fifo<Stamped> for RecordingFifo {
+        fn push(&self, item: Stamped) {
+            if self.try_push(item).is_err() {
+                panic!("recording FIFO overflow");
+            }
+        }
+        fn pop(&self) -> Option<Stamped> {
+            self.pop_stamped()
+        }
+    }
+
     impl NewFifo<Stamped> for RecordingFifo {
         fn new_fifo() -> Self {
+            RingFifo::with_capacity(usize::MAX)
+        }
+    }
+
+    impl RingFifo<Stamped> for RecordingFifo {
+        fn with_capacity(capacity: usize) -> Self {
             Self {
                 items: Mutex::new(VecDeque::new()),
+                capacity,
             }
+        }
+        fn try_push(&self, mut item: Stamped) -> Result<(), Stamped> {
+            let mut items = lock(&self.items);
+            if items.len() >= self.capacity {
+                return Err(item);
+            }
+            item.pushed_at = stamp();
+            items.push_back(item);
+            Ok(())
+        }
+        fn pop(&self) -> Option<Stamped> {
+            self.pop_stamped()
         }
     }
 }
@@ -371,6 +398,8 @@ mod tests {
         }
     }
 
+    type Queue = BucketQueue<Stamped, RecordingFifo, RecordingFifo>;
+
     /// Real threads use the real bucket-queue code (with recording FIFOs) the way scheduler
     /// threads do: get a task, put it back with a new priority. The recorded history must satisfy
     /// the invariant, and no element may be lost or duplicated.
@@ -380,7 +409,8 @@ mod tests {
         const ELEMENTS_PER_THREAD: u64 = 8;
         const ROUNDS: u64 = 3_000;
         let buckets = 21;
-        let queue: BucketQueue<Stamped, RecordingFifo> = BucketQueue::new(buckets, 5);
+        // Rings of 2: with 32 elements over 21 buckets, puts also spill (and come back).
+        let queue: Queue = BucketQueue::new(buckets, 5, 2);
         let prio_of = |bucket: usize| (buckets - bucket) as i64;
         let logs = std::sync::Mutex::new(Vec::new());
         std::thread::scope(|scope| {
@@ -393,15 +423,13 @@ mod tests {
                     let mut puts = Vec::new();
                     let mut gets = Vec::new();
                     let mut next = t * 1_000_000;
-                    let mut put_one =
-                        |queue: &BucketQueue<Stamped, RecordingFifo>,
-                         puts: &mut Vec<(u64, usize, u64)>| {
-                            let bucket = (rng() % buckets as u64) as usize;
-                            let start = stamp();
-                            queue.put(Stamped::new(next), bucket);
-                            puts.push((next, bucket, start));
-                            next += 1;
-                        };
+                    let mut put_one = |queue: &Queue, puts: &mut Vec<(u64, usize, u64)>| {
+                        let bucket = (rng() % buckets as u64) as usize;
+                        let start = stamp();
+                        queue.put(Stamped::new(next), bucket);
+                        puts.push((next, bucket, start));
+                        next += 1;
+                    };
                     for _ in 0..ELEMENTS_PER_THREAD {
                         put_one(queue, &mut puts);
                     }
@@ -434,6 +462,7 @@ mod tests {
             };
             tail.push((start, item.element, bucket, item.pushed_at, item.popped_at));
         }
+        assert!(queue.spills() > 0, "the spill path was exercised");
         let mut logs = logs.into_inner().unwrap_or_else(|e| e.into_inner());
         logs.push((Vec::new(), tail));
         // Assemble: each element id is put exactly once, so it identifies its put.

@@ -47,6 +47,8 @@ fn new_core(period_ns: u64, bucket_count: usize, capacity: usize) -> Arc<Core<u3
         bucket_group_size: Some(2),
         worker_threads: 0,
         task_queue_capacity: capacity,
+        // Rings of one task: a second task in the same bucket takes the spill path.
+        bucket_ring_capacity: 1,
         ..SchedConfig::default()
     };
     let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(TickClock(AtomicU64::new(0)));
@@ -240,13 +242,29 @@ fn loom_reset_and_epoch_correction() {
     });
 }
 
+type RecordingQueue = BucketQueue<Stamped, RecordingFifo, RecordingFifo>;
+
 /// The bucket queue under concurrent puts and gets: nothing lost or duplicated, and the recorded
 /// history satisfies the section III-D invariant.
 #[test]
 fn loom_bucket_queue_keeps_the_iii_d_invariant() {
-    model(|| {
+    bucket_queue_model(2, [(1, 0), (2, 1)]);
+}
+
+/// The same with rings of one item and two puts into one bucket: the second (or the first, if a
+/// getter took element 0 already) goes to the spill queue, racing with gets of the ring and the
+/// spill queue.
+#[test]
+fn loom_bucket_queue_spill_keeps_the_iii_d_invariant() {
+    bucket_queue_model(1, [(1, 2), (2, 0)]);
+}
+
+/// Element 0 is put into bucket 2 first; a putter thread then puts `puts` (element, bucket) while
+/// two getters take one element each; the rest is drained.
+fn bucket_queue_model(ring_capacity: usize, puts_of_putter: [(u64, usize); 2]) {
+    model(move || {
         // Buckets 0 (best) .. 2, groups of 2: [0, 1] [2].
-        let queue: Arc<BucketQueue<Stamped, RecordingFifo>> = Arc::new(BucketQueue::new(3, 2));
+        let queue: Arc<RecordingQueue> = Arc::new(BucketQueue::new(3, 2, ring_capacity));
         let prio = |bucket: usize| 3 - bucket as i64;
         let start = stamp();
         queue.put(Stamped::new(0), 2);
@@ -255,7 +273,7 @@ fn loom_bucket_queue_keeps_the_iii_d_invariant() {
             let queue = queue.clone();
             thread::spawn(move || {
                 let mut mine = Vec::new();
-                for (element, bucket) in [(1u64, 0usize), (2, 1)] {
+                for (element, bucket) in puts_of_putter {
                     let start = stamp();
                     queue.put(Stamped::new(element), bucket);
                     mine.push((element, bucket, start));

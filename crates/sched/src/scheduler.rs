@@ -59,6 +59,10 @@ pub struct SchedStats {
     pub handler_panics: u64,
     /// Events dropped from removed tasks.
     pub events_discarded: u64,
+    /// Puts into the schedulable set that found their priority bucket's preallocated ring full
+    /// (`SchedConfig::bucket_ring_capacity`) and went to its spill queue, which allocates. Zero
+    /// while no more tasks share a priority level than the ring holds.
+    pub bucket_spills: u64,
 }
 
 /// The delivery scheduler of paper 003: worker threads run tasks' events by time-based credit.
@@ -167,6 +171,7 @@ impl<E: Send + 'static> Scheduler<E> {
             idle_waits: c.idle_waits.load(Ordering::Relaxed),
             handler_panics: c.handler_panics.load(Ordering::Relaxed),
             events_discarded: c.events_discarded.load(Ordering::Relaxed),
+            bucket_spills: self.core.bucket_spills(),
         }
     }
 
@@ -238,11 +243,13 @@ impl<E: Send + 'static> std::fmt::Debug for Scheduler<E> {
 /// The loop of a worker thread: steps, with a short spin and then a sleep when idle.
 fn worker_loop<E: Send + 'static>(core: &Core<E>) {
     let backoff = Backoff::new();
+    // The tasks a reset drains: kept across steps, so resets do not allocate.
+    let mut scratch = Vec::new();
     loop {
         if core.must_stop() {
             return;
         }
-        match core.step() {
+        match core.step_with(&mut scratch) {
             Step::Idle => {
                 if core.is_closed() && !core.maybe_has_work() {
                     return;
