@@ -21,7 +21,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use crossbeam_queue::SegQueue;
 use mio::{Events, Interest, Poll, Token, Waker};
 use tidings_gms::{ClientEvent, GmsClient, RegionAddress};
@@ -34,7 +34,7 @@ use crate::addr::{AddressBook, Routes};
 use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
 use crate::gms_server::{frame, unframe};
-use crate::net::{self, Flush, NetSocket, RxBuffers, TxBatch, TxCounts};
+use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
 use crate::publish::{PublisherCore, PublisherShared};
 use crate::stats::RuntimeStats;
 
@@ -260,7 +260,7 @@ pub(crate) struct Core {
     routes: Routes,
     addresses: AddressBook,
     rx: RxBuffers,
-    arena: BytesMut,
+    arena: RxArena,
     /// The received batch, by priority class (control, recovery, data).
     classes: [Vec<Bytes>; 3],
     tx: TxBatch,
