@@ -100,10 +100,12 @@ pub(crate) struct BenchArgs {
     /// Interface address every process binds to, and for multicast joins groups on.
     #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
     interface: Ipv4Addr,
-    /// Protocol: token interval in milliseconds (default: the protocol's, 100).
+    /// Protocol: token interval in milliseconds (default: the library's, 10; see
+    /// `NodeBuilder::default_protocol_config`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     token_ms: Option<u64>,
-    /// Protocol: most unstable messages per sender and region (default: the protocol's, 16384).
+    /// Protocol: most unstable messages per sender and region (default: the protocol's, 16384);
+    /// the byte window grows with it (1 KiB per message).
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
     window: Option<u64>,
     /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.
@@ -200,12 +202,15 @@ impl ChildSpec {
         Membership::from_subscriptions(&subs, 5)
     }
 
-    /// The protocol configuration of every node.
+    /// The protocol configuration of every node: the library's default for nodes on a network
+    /// (`NodeBuilder::default_protocol_config`), with the overrides of the command line.
     pub(crate) fn protocol(&self) -> tidings_proto::Config {
-        let mut protocol = tidings_proto::Config::default();
+        let mut protocol = tidings::NodeBuilder::default_protocol_config();
         if let Some(w) = self.window {
             let w = usize::try_from(w).unwrap_or(usize::MAX);
             protocol.window_msgs_max = w;
+            // The byte window must not close first: 1 KiB per message of the window.
+            protocol.window_bytes_max = protocol.window_bytes_max.max(w.saturating_mul(1024));
             protocol.receive_window_msgs = protocol.receive_window_msgs.max(2 * w);
         }
         if let Some(t) = self.token_ms {
@@ -304,6 +309,9 @@ pub(crate) struct ChildResult {
     /// Injected drops and repairs received in all (subscribers).
     pub(crate) injected_drops: u64,
     pub(crate) repairs_received: u64,
+    /// Subscribers: times the core thread found a subscription's queue full and stopped reading
+    /// its sockets (the runtime's `delivery_stalls`), over the whole run.
+    pub(crate) delivery_stalls: u64,
 }
 
 /// Entry point of the hidden `tidings bench-child`.
@@ -538,6 +546,7 @@ struct Report {
     sender_send_calls: u64,
     injected_drops: u64,
     repairs_received: u64,
+    delivery_stalls: u64,
 }
 
 impl Report {
@@ -639,6 +648,7 @@ impl Report {
             "unstable_publishers": self.unstable_publishers,
             "injected_drops": self.injected_drops,
             "repairs_received": self.repairs_received,
+            "delivery_stalls": self.delivery_stalls,
         });
         v.to_string()
     }
@@ -717,6 +727,10 @@ impl Report {
             }
             None => s += "  raw UDP      not measured (--ceiling-seconds 0)\n",
         }
+        s += &format!(
+            "  recovery     {} repairs received, {} delivery stalls (subscribers, whole run)\n",
+            self.repairs_received, self.delivery_stalls
+        );
         s += &format!(
             "  delivery     {}: {} published, {} out of order, {} missing, {} publisher(s) not stable\n",
             if self.pass() { "pass" } else { "FAIL" },
@@ -958,5 +972,6 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         sender_send_calls: pubs.iter().map(|r| r.send_calls).sum(),
         injected_drops: sub_results.iter().map(|r| r.injected_drops).sum(),
         repairs_received: sub_results.iter().map(|r| r.repairs_received).sum(),
+        delivery_stalls: sub_results.iter().map(|r| r.delivery_stalls).sum(),
     })
 }

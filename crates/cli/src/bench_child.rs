@@ -1,6 +1,7 @@
 //! One process of `tidings bench`: a publisher or a subscriber node, told what to do by the
 //! parent over stdin and reporting on stdout (see the parent module).
 
+use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::net::UdpSocket;
 use std::process::ExitCode;
@@ -18,6 +19,50 @@ use super::{ChildResult, ChildSpec, FromChild, ToChild, HEADER_BYTES};
 
 /// Size of the blocks payloads are written into (one allocation per block, not per message).
 const PAYLOAD_BLOCK_BYTES: usize = 1 << 20;
+/// Most filled payload blocks kept for reuse: 64 MiB, more than a sender holds unstable and
+/// queued at once with the default windows.
+const PAYLOAD_BLOCKS_RETAINED_MAX: usize = 64;
+
+/// The publisher's payload blocks, recycled once every message cut from them was dropped (the
+/// runtime drops a message when it is stable), so steady publishing allocates nothing: the same
+/// scheme as the runtime's receive arena (`tidings_runtime`'s `net.rs`).
+struct PayloadBlocks {
+    current: BytesMut,
+    /// Filled blocks, oldest first (each the empty tail handle of its block).
+    retired: VecDeque<BytesMut>,
+}
+
+impl PayloadBlocks {
+    fn new() -> PayloadBlocks {
+        PayloadBlocks {
+            current: BytesMut::with_capacity(PAYLOAD_BLOCK_BYTES),
+            retired: VecDeque::with_capacity(PAYLOAD_BLOCKS_RETAINED_MAX),
+        }
+    }
+
+    /// The current block, with room for `len` (<= `PAYLOAD_BLOCK_BYTES`) more bytes.
+    fn with_room(&mut self, len: usize) -> &mut BytesMut {
+        if self.current.capacity() < len && !self.current.try_reclaim(PAYLOAD_BLOCK_BYTES) {
+            // A retired block whose messages are all gone, else a new block.
+            let reusable = (0..self.retired.len().min(4)).find_map(|_| {
+                let mut block = self.retired.pop_front()?;
+                if block.try_reclaim(PAYLOAD_BLOCK_BYTES) {
+                    Some(block)
+                } else {
+                    self.retired.push_back(block);
+                    None
+                }
+            });
+            let next = reusable.unwrap_or_else(|| BytesMut::with_capacity(PAYLOAD_BLOCK_BYTES));
+            let full = std::mem::replace(&mut self.current, next);
+            if self.retired.len() >= PAYLOAD_BLOCKS_RETAINED_MAX {
+                self.retired.pop_front();
+            }
+            self.retired.push_back(full);
+        }
+        &mut self.current
+    }
+}
 /// How often a child reports progress.
 const PROGRESS_EVERY_NS: u64 = 250_000_000;
 /// Largest latency recorded, in microseconds (larger values are clamped).
@@ -203,7 +248,7 @@ fn publisher(
     let message_bytes = spec.message_bytes.max(HEADER_BYTES);
     sleep_until(start_ns);
 
-    let mut block = BytesMut::with_capacity(PAYLOAD_BLOCK_BYTES);
+    let mut blocks = PayloadBlocks::new();
     let mut sent = 0u64;
     let mut in_window = 0u64;
     let mut last = None;
@@ -231,9 +276,7 @@ fn publisher(
         }
         let topic = TopicId((sent % topics) as u32);
         let seq = (sent / topics) as u32;
-        if block.capacity() < message_bytes {
-            block.reserve(PAYLOAD_BLOCK_BYTES);
-        }
+        let block = blocks.with_room(message_bytes);
         let stamp = shared_clock_ns();
         block.put_u64(stamp);
         block.put_u32(spec.node);
@@ -471,6 +514,7 @@ fn subscriber(
         latency_us,
         injected_drops: stats.injected_drops,
         repairs_received: stats.proto.repairs_received,
+        delivery_stalls: stats.delivery_stalls,
         ..ChildResult::default()
     })
 }
