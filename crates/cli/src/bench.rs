@@ -303,7 +303,8 @@ pub(crate) struct ChildResult {
     pub(crate) missing: u64,
     /// Subscribers: latency histogram (microseconds, count) of the window's deliveries.
     pub(crate) latency_us: Vec<(u64, u64)>,
-    /// Datagrams sent and short sends of the node in the window (from the runtime's stats).
+    /// Datagrams sent and send calls of the node in the window (from the runtime's stats); for a
+    /// subscriber: tokens, acknowledgements, repair requests and repairs.
     pub(crate) datagrams_sent: u64,
     pub(crate) send_calls: u64,
     /// Injected drops and repairs received in all (subscribers).
@@ -547,6 +548,8 @@ struct Report {
     injected_drops: u64,
     repairs_received: u64,
     delivery_stalls: u64,
+    /// Datagrams all subscribers sent in the window.
+    subscriber_datagrams: u64,
 }
 
 impl Report {
@@ -649,6 +652,9 @@ impl Report {
             "injected_drops": self.injected_drops,
             "repairs_received": self.repairs_received,
             "delivery_stalls": self.delivery_stalls,
+            "subscriber_datagrams_per_sec": self.subscriber_datagrams as f64
+                / self.window_secs.max(1e-9)
+                / f64::from(self.args.subscribers.max(1)),
         });
         v.to_string()
     }
@@ -728,8 +734,12 @@ impl Report {
             None => s += "  raw UDP      not measured (--ceiling-seconds 0)\n",
         }
         s += &format!(
-            "  recovery     {} repairs received, {} delivery stalls (subscribers, whole run)\n",
-            self.repairs_received, self.delivery_stalls
+            "  subscribers  {:.0} datagrams/s sent each (tokens, acknowledgements, repair requests); {} repairs received, {} delivery stalls (whole run)\n",
+            self.subscriber_datagrams as f64
+                / self.window_secs.max(1e-9)
+                / f64::from(a.subscribers.max(1)),
+            self.repairs_received,
+            self.delivery_stalls
         );
         s += &format!(
             "  delivery     {}: {} published, {} out of order, {} missing, {} publisher(s) not stable\n",
@@ -973,5 +983,6 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         injected_drops: sub_results.iter().map(|r| r.injected_drops).sum(),
         repairs_received: sub_results.iter().map(|r| r.repairs_received).sum(),
         delivery_stalls: sub_results.iter().map(|r| r.delivery_stalls).sum(),
+        subscriber_datagrams: sub_results.iter().map(|r| r.datagrams_sent).sum(),
     })
 }

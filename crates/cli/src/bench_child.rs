@@ -515,6 +515,8 @@ fn subscriber(
         injected_drops: stats.injected_drops,
         repairs_received: stats.proto.repairs_received,
         delivery_stalls: stats.delivery_stalls,
+        datagrams_sent: last.datagrams_sent - start.datagrams_sent,
+        send_calls: last.send_calls - start.send_calls,
         ..ChildResult::default()
     })
 }
