@@ -108,6 +108,9 @@ pub(crate) struct BenchArgs {
     /// the byte window grows with it (1 KiB per message).
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
     window: Option<u64>,
+    /// Protocol: Gryphon's PDCC congestion control on or off (default: the library's).
+    #[arg(long)]
+    congestion_control: Option<bool>,
     /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.
     #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero)]
     ceiling_seconds: f64,
@@ -177,6 +180,8 @@ pub(crate) struct ChildSpec {
     pub(crate) interface: Ipv4Addr,
     pub(crate) token_ms: Option<u64>,
     pub(crate) window: Option<u64>,
+    #[serde(default)]
+    pub(crate) congestion_control: Option<bool>,
     /// Injected receive loss at subscribers (tests).
     pub(crate) receive_loss: f64,
     /// The child exits by itself after this long, whatever happens.
@@ -212,6 +217,9 @@ impl ChildSpec {
             // The byte window must not close first: 1 KiB per message of the window.
             protocol.window_bytes_max = protocol.window_bytes_max.max(w.saturating_mul(1024));
             protocol.receive_window_msgs = protocol.receive_window_msgs.max(2 * w);
+        }
+        if let Some(on) = self.congestion_control {
+            protocol.congestion_control = on;
         }
         if let Some(t) = self.token_ms {
             protocol.token_interval = Duration::from_millis(t);
@@ -815,6 +823,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             interface: args.interface,
             token_ms: args.token_ms,
             window: args.window,
+            congestion_control: args.congestion_control,
             receive_loss: 0.0,
             lifetime_ms: nanos(lifetime) / 1_000_000,
             drain_ms: nanos(DRAIN) / 1_000_000,
