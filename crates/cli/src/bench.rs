@@ -111,6 +111,10 @@ pub(crate) struct BenchArgs {
     /// Protocol: Gryphon's PDCC congestion control on or off (default: the library's).
     #[arg(long)]
     congestion_control: Option<bool>,
+    /// Runtime: events each subscription's delivery queue holds (the scheduler's
+    /// `task_queue_capacity`; default: the runtime's, 1024).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    delivery_queue: Option<u64>,
     /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.
     #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero)]
     ceiling_seconds: f64,
@@ -182,6 +186,8 @@ pub(crate) struct ChildSpec {
     pub(crate) window: Option<u64>,
     #[serde(default)]
     pub(crate) congestion_control: Option<bool>,
+    #[serde(default)]
+    pub(crate) delivery_queue: Option<u64>,
     /// Injected receive loss at subscribers (tests).
     pub(crate) receive_loss: f64,
     /// The child exits by itself after this long, whatever happens.
@@ -824,6 +830,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             token_ms: args.token_ms,
             window: args.window,
             congestion_control: args.congestion_control,
+            delivery_queue: args.delivery_queue,
             receive_loss: 0.0,
             lifetime_ms: nanos(lifetime) / 1_000_000,
             drain_ms: nanos(DRAIN) / 1_000_000,

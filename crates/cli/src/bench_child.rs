@@ -199,6 +199,10 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         thread_name: format!("tidings-core-{}", spec.node),
         ..RuntimeConfig::default()
     };
+    let mut config = config;
+    if let Some(capacity) = spec.delivery_queue {
+        config.sched.task_queue_capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+    }
     let node = NodeRuntime::start_with_socket(
         config,
         spec.protocol(),
