@@ -82,6 +82,10 @@ pub(crate) struct DemoArgs {
     /// Give up (verdict "fail") after this many seconds.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout_seconds: u64,
+    /// Kill subscriber 0 (SIGKILL) once a third of the deliveries are done: the membership
+    /// service must remove it for failure, and the other subscribers must still get everything.
+    #[arg(long)]
+    kill_subscriber: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -522,6 +526,7 @@ struct Summary {
     retransmit_packets_sent: u64,
     gms_members_after: usize,
     gms_removed_for_failure: usize,
+    subscriber_killed: bool,
 }
 
 fn progress_bar(total: u64, quiet: bool) -> Option<indicatif::ProgressBar> {
@@ -654,12 +659,15 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         procs[p].say("go");
     }
     let mut progress = vec![0u64; subs.len()];
+    // The subscriber killed on purpose (`--kill-subscriber`), once it is.
+    let mut killed: Option<usize> = None;
+    let mut expected_live = total_expected;
     let mut done: BTreeMap<usize, SubscriberResult> = BTreeMap::new();
     let mut published: BTreeMap<usize, PublisherResult> = BTreeMap::new();
     let mut reasons = Vec::new();
     let deadline = Duration::from_secs(a.timeout_seconds);
     let mut finished_at = None;
-    while done.len() < subs.len() || published.len() < pubs.len() {
+    while done.len() + usize::from(killed.is_some()) < subs.len() || published.len() < pubs.len() {
         let elapsed = Duration::from_nanos(shared_clock_ns() - start);
         let Some(left) = deadline.checked_sub(elapsed) else {
             reasons.push(format!("timed out after {} s", a.timeout_seconds));
@@ -667,19 +675,41 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         };
         match rx.recv_timeout(left.min(Duration::from_millis(500))) {
             Ok((slot, Report::Progress { received })) => {
+                if killed == Some(slot) {
+                    continue;
+                }
                 if let Some(p) = progress.get_mut(slot) {
                     *p = received;
                 }
                 if let Some(bar) = &bar {
                     bar.set_position(progress.iter().sum());
                 }
+                if a.kill_subscriber
+                    && killed.is_none()
+                    && progress.iter().sum::<u64>() * 3 >= total_expected
+                {
+                    let victim = 0;
+                    let _ = procs[victim].child.kill();
+                    killed = Some(victim);
+                    expected_live -= expected_per_sub[victim];
+                    // What it had delivered no longer counts towards the total.
+                    let had = std::mem::take(&mut progress[victim]);
+                    if let Some(bar) = &bar {
+                        bar.set_length(expected_live);
+                        bar.set_position(progress.iter().sum());
+                        bar.set_message(format!("killed subscriber 0 after {had} deliveries"));
+                    }
+                }
             }
             Ok((slot, Report::Done(r))) => {
                 if let Some(p) = progress.get_mut(slot) {
                     *p = r.received;
                 }
+                if killed == Some(slot) {
+                    continue;
+                }
                 done.insert(slot, r);
-                if done.len() == subs.len() {
+                if done.len() + usize::from(killed.is_some()) == subs.len() {
                     finished_at = Some(shared_clock_ns());
                 }
             }
@@ -721,11 +751,11 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         p.stdin = None;
     }
     let exit_start = shared_clock_ns();
-    for p in &mut procs {
+    for (slot, p) in procs.iter_mut().enumerate() {
         loop {
             match p.child.try_wait() {
                 Ok(Some(status)) => {
-                    if !status.success() {
+                    if !status.success() && killed != Some(slot) {
                         reasons.push(format!("{} {} exited with {status}", p.role, p.index));
                     }
                     break;
@@ -751,6 +781,12 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         snapshot = server.snapshot();
     }
     server.shutdown();
+    let mut expected_per_sub = expected_per_sub;
+    if let Some(k) = killed {
+        expected_per_sub.remove(k);
+    } else if a.kill_subscriber {
+        reasons.push("the subscriber to kill was never killed".to_owned());
+    }
     Ok(summarize(
         a,
         &done,
@@ -780,6 +816,7 @@ fn summarize(
         subscribers: a.subscribers,
         topics: a.topics,
         transport: format!("{:?}", a.transport).to_lowercase(),
+        subscriber_killed: a.kill_subscriber,
         messages_published: published_total,
         messages_expected: expected,
         messages_delivered: delivered,
@@ -840,6 +877,13 @@ fn summarize(
                 .iter()
                 .filter(|(_, c)| *c != tidings_gms::RemoveCause::Left)
                 .count();
+            let want = usize::from(a.kill_subscriber);
+            if s.gms_removed_for_failure != want {
+                reasons.push(format!(
+                    "{} nodes removed for failure, expected {want}",
+                    s.gms_removed_for_failure
+                ));
+            }
             if !snap.members.is_empty() {
                 reasons.push(format!(
                     "{} nodes still in the membership service after shutdown",
@@ -888,6 +932,9 @@ fn print_summary(a: &DemoArgs, s: &Summary) {
          {} retransmission packets from publishers",
         s.injected_drops, s.repairs_received, s.retransmit_packets_sent
     );
+    if s.subscriber_killed {
+        println!("subscriber 0 was killed (SIGKILL) a third of the way through");
+    }
     println!(
         "membership: {} nodes left in the service after shutdown, {} removed for failure",
         s.gms_members_after, s.gms_removed_for_failure

@@ -54,8 +54,6 @@ fn demo_json(extra: &[&str]) -> serde_json::Value {
         "3",
         "--topics",
         "30",
-        "--messages-per-topic",
-        "200",
         "--timeout-seconds",
         "90",
     ];
@@ -75,7 +73,7 @@ fn demo_json(extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn demo_passes_over_unicast_with_loss_and_reports_its_figures() {
-    let v = demo_json(&["--loss", "0.02"]);
+    let v = demo_json(&["--loss", "0.02", "--messages-per-topic", "200"]);
     assert!(v["messages_per_sec"].as_f64().unwrap() > 0.0);
     assert_eq!(v["messages_lost"], 0);
     assert_eq!(v["messages_delivered"], v["messages_expected"]);
@@ -89,7 +87,7 @@ fn demo_passes_over_unicast_with_loss_and_reports_its_figures() {
 
 #[test]
 fn demo_passes_over_multicast_on_loopback() {
-    let v = demo_json(&["--transport", "multicast"]);
+    let v = demo_json(&["--transport", "multicast", "--messages-per-topic", "200"]);
     assert_eq!(v["transport"], "multicast");
     assert_eq!(v["messages_lost"], 0);
 }
@@ -198,4 +196,13 @@ fn node_reads_its_configuration_file_and_refuses_a_bad_one() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("subscribed to [\"a\", \"b\"]"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_subscriber_killed_mid_run_is_removed_and_the_others_lose_nothing() {
+    let v = demo_json(&["--kill-subscriber", "--messages-per-topic", "1000"]);
+    assert_eq!(v["subscriber_killed"], true);
+    assert_eq!(v["gms_removed_for_failure"], 1, "{v:#}");
+    assert_eq!(v["messages_lost"], 0);
+    assert_eq!(v["messages_delivered"], v["messages_expected"]);
 }

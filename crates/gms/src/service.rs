@@ -595,28 +595,30 @@ impl Gms {
         }
     }
 
-    /// Accepts a suspicion only from a ring neighbour of the suspect: the next or previous member
-    /// (cyclically, in ring order) of a region both are in. Anyone else's suspicion could be used
-    /// to evict arbitrary nodes.
+    /// Accepts a suspicion only from a node that shares a token ring with the suspect in some
+    /// region both are in: a member of the same partition (the partition ring), or, for a
+    /// partition leader, another partition leader (the rings of leaders above it). These are the
+    /// rings whose silence the protocol reports (`tidings_proto::Event::Suspect`). Anyone else's
+    /// suspicion could be used to evict arbitrary nodes.
     fn on_suspect(&mut self, by: NodeId, suspect: NodeId) {
-        let neighbour = self.planner.node_regions(by).any(|(_, r)| {
-            self.planner.region(r).is_some_and(|reg| {
-                if !reg.members.contains(&suspect) || by == suspect {
-                    return false;
-                }
-                let next = reg
-                    .members
-                    .range(by..)
-                    .nth(1)
-                    .or_else(|| reg.members.first());
-                let prev = reg
-                    .members
-                    .range(..by)
-                    .next_back()
-                    .or_else(|| reg.members.last());
-                next == Some(&suspect) || prev == Some(&suspect)
-            })
-        });
+        let partition_size = self.config.partition_size;
+        let neighbour = by != suspect
+            && self.planner.node_regions(by).any(|(_, r)| {
+                self.planner.region(r).is_some_and(|reg| {
+                    if !reg.members.contains(&suspect) {
+                        return false;
+                    }
+                    let members: Vec<NodeId> = reg.members.iter().copied().collect();
+                    let partitions =
+                        tidings_proto::RegionView::partitioned(&members, partition_size);
+                    let of = |n: NodeId| partitions.iter().position(|p| p.contains(&n));
+                    let leader = |n: NodeId| partitions.iter().any(|p| p.first() == Some(&n));
+                    match (of(by), of(suspect)) {
+                        (Some(a), Some(b)) => a == b || (leader(by) && leader(suspect)),
+                        _ => false,
+                    }
+                })
+            });
         match self.nodes.get_mut(&suspect) {
             Some(e) if neighbour => {
                 e.suspected = true;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tidings_proto::{Membership, Time};
-use tidings_wire::NodeId;
+use tidings_wire::{NodeId, ViewId};
 
 use crate::{
     ClientConfig, ClientEvent, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Item, Peer,
@@ -570,4 +570,36 @@ fn a_queued_request_is_due_at_once() {
     );
     // Once sent, it waits for the retransmission interval.
     assert!(w.clients[0].poll_timeout().is_some_and(|t| t > now));
+}
+
+#[test]
+fn suspicions_are_accepted_along_the_token_rings_of_the_partitioned_view() {
+    // 14 members of one region: two partitions of 7 (partition_size 6), leaders 0 and 7.
+    let mut w = World::new(14);
+    for i in 0..14 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    let r = w
+        .gms
+        .planner()
+        .topic_regions(w.gms.topic_id("t").unwrap())
+        .next()
+        .unwrap();
+    let view = w.gms.planner().region_view(r, ViewId(1), 6).unwrap();
+    assert_eq!(view.partitions.len(), 2);
+    let (p0, p1) = (&view.partitions[0], &view.partitions[1]);
+    let ids: Vec<NodeId> = (0..14).map(|i| w.node(i)).collect();
+    let index = |n: NodeId| ids.iter().position(|&x| x == n).unwrap();
+    // A non-leader of partition 0 suspecting a member of partition 1: no shared ring.
+    w.clients[index(p0[2])].suspect(p1[3]).unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.stats().suspicions_ignored, 1);
+    assert_eq!(w.gms.stats().suspicions_accepted, 0);
+    // The wrap-around of partition 0's ring (last member, first member): accepted.
+    w.clients[index(p0[6])].suspect(p0[0]).unwrap();
+    // Leader to leader (the ring of partition leaders): accepted.
+    w.clients[index(p0[0])].suspect(p1[0]).unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.stats().suspicions_accepted, 2);
 }

@@ -63,6 +63,9 @@ pub enum PublishError {
 pub struct StreamReport {
     /// The region.
     pub region: RegionId,
+    /// Partitions of the node's view of the region (the stream's caching share is one in this
+    /// many).
+    pub partitions: usize,
     /// The sender.
     pub origin: NodeId,
     /// Delivered (or filtered) in order up to here.
@@ -1170,6 +1173,7 @@ impl Node {
             .flat_map(|r| {
                 r.inbound.values().map(move |s| StreamReport {
                     region: r.region,
+                    partitions: r.partition_count(),
                     origin: s.origin,
                     delivered_upto: s.delivered_upto,
                     stable_upto: s.stable_upto,

@@ -325,6 +325,11 @@ impl RegionState {
     }
 
     /// The caching rule of this node in this region view.
+    /// Partitions of this view (at least 1): the caching share is one in this many.
+    pub(crate) fn partition_count(&self) -> usize {
+        self.partitions.len().max(1)
+    }
+
     pub(crate) fn caching_rule(&self) -> CachingRule {
         CachingRule {
             my_partition: self.my_partition,

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use tidings_proto::{Membership, NodeId};
+use tidings_proto::Membership;
 
 use crate::checker::Ledger;
 use crate::scenario::{percentiles_ms, recovery_totals, Scenario, SimHost};
@@ -188,12 +188,12 @@ impl RunReport {
                     &mut violations,
                 );
             }
-            let partitions = membership
-                .region_of(NodeId(i as u32))
-                .map_or(1, |r| r.partitions.len()) as u64;
             let block = s.proto.cache_block_msgs;
             let (mut cached, mut received) = (0u64, 0u64);
             for r in node.stream_reports() {
+                // The share is per region, in the node's own view of it: a node in several
+                // regions caches for each.
+                let partitions = r.partitions as u64;
                 cached += r.cached_total;
                 received += r.delivered_upto;
                 let bound = (r.delivered_upto.div_ceil(block * partitions) + 1) * block;

@@ -990,7 +990,11 @@ pub fn run_observed(
         let mut ledger = ledger.borrow_mut();
         for &n in &l.removed_alive {
             if !crashed[n.0 as usize] {
-                ledger.external_violation(format!("the GMS removed {n}, which was alive"));
+                let why = l
+                    .removed
+                    .get(&n)
+                    .map_or(String::new(), |(t, cause)| format!(" ({cause:?} at {t:?})"));
+                ledger.external_violation(format!("the GMS removed {n}, which was alive{why}"));
             }
         }
         let oversize: u64 = world.hosts().iter().map(SimHost::gms_oversize).sum();

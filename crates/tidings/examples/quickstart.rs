@@ -1,0 +1,42 @@
+//! Two nodes in one process: the first embeds the membership service, the second joins it; a
+//! typed topic, an iterator subscription, and waiting for stability.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tidings::{Node, Topic};
+
+#[derive(Serialize, Deserialize, Debug)]
+struct Quote {
+    symbol: String,
+    price: f64,
+}
+
+fn main() -> Result<(), tidings::Error> {
+    let first = Node::builder().start()?;
+    let second = Node::builder().gms(first.gms_addr()).start()?;
+    println!("membership service on {}", first.gms_addr());
+
+    let quotes: Topic<Quote> = Topic::new("quotes/eu")?;
+    let subscription = second.subscribe(&quotes)?;
+    let mut publisher = first.publisher(&quotes)?;
+    let mut last = None;
+    for (i, symbol) in ["ACME", "INITECH", "UMBRELLA"].iter().enumerate() {
+        last = Some(publisher.publish(&Quote {
+            symbol: (*symbol).to_owned(),
+            price: 10.0 + i as f64,
+        })?);
+    }
+    for message in subscription.iter().take(3) {
+        let message = message?;
+        println!("{:?} from node {:?}", message.value, message.origin);
+    }
+    if let Some(h) = last {
+        publisher.wait_stable(h, Duration::from_secs(5))?;
+        println!("all three are stable");
+    }
+    drop(subscription);
+    second.shutdown()?;
+    first.shutdown()?;
+    Ok(())
+}
