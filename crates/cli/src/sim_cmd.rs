@@ -198,6 +198,9 @@ struct ScenarioArgs {
     /// slowest receiver.
     #[arg(long)]
     congestion_control: bool,
+    /// Turn on Gryphon's adaptive NACK window (SDCC, equations 9-10).
+    #[arg(long)]
+    adaptive_nack_window: bool,
     /// Random membership events (crash, leave, join, resubscribe) during publishing.
     #[arg(long, default_value_t = 0)]
     churn: u32,
@@ -219,6 +222,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         proto.token_interval = Duration::from_millis(ms);
     }
     proto.congestion_control = a.congestion_control;
+    proto.adaptive_nack_window = a.adaptive_nack_window;
     if let Some(w) = a.window {
         proto.window_msgs_max = w;
         proto.receive_window_msgs = proto.receive_window_msgs.max(w);

@@ -86,8 +86,11 @@ pub(crate) struct InboundStream {
     pub(crate) msg_id_floors: BTreeMap<TopicId, u64>,
     /// Gryphon's NACK window (SDCC) and the smoothed repair time.
     pub(crate) nack: crate::sdcc::NackWindow,
-    /// `delivered_upto` at the last doubt horizon sample (the stream's rate, for the NACK window).
-    delivered_at_sample: u64,
+    /// Sender timestamp of the last message delivered in order.
+    last_delivered_ts_us: u64,
+    /// `delivered_upto` and `last_delivered_ts_us` at the last doubt horizon sample (the stream's
+    /// rate, for the NACK window).
+    progress_at_sample: (u64, u64),
     /// Queueing met by fresh messages (tells congestion from repairable loss for PDCC).
     pub(crate) queue_delay: crate::pdcc::QueueDelay,
     /// Messages received fresh (not retransmitted) since the last DCQ.
@@ -114,7 +117,8 @@ impl InboundStream {
             doubt_rate: None,
             nack: crate::sdcc::NackWindow::default(),
             queue_delay: crate::pdcc::QueueDelay::default(),
-            delivered_at_sample: 0,
+            last_delivered_ts_us: 0,
+            progress_at_sample: (0, 0),
             fresh_since_dcq: 0,
             known_at_dcq: 0,
         }
@@ -141,10 +145,11 @@ impl InboundStream {
     /// `t = horizon advance / time elapsed`, `t_smoothed = (1 - alpha) t_smoothed + alpha t`.
     pub(crate) fn sample_doubt_rate(&mut self, now: Time, alpha: f64) {
         if let Some((at, horizon)) = self.doubt_sample {
-            let advance = self.doubt_horizon_us.saturating_sub(horizon);
+            // The stream's rate from messages alone (silence would make it look sparse).
+            let (delivered, ts) = self.progress_at_sample;
             self.nack.on_progress(
-                self.delivered_upto.saturating_sub(self.delivered_at_sample),
-                std::time::Duration::from_micros(advance),
+                self.delivered_upto.saturating_sub(delivered),
+                std::time::Duration::from_micros(self.last_delivered_ts_us.saturating_sub(ts)),
             );
             let elapsed_us = now.saturating_duration_since(at).as_micros() as f64;
             if elapsed_us <= 0.0 {
@@ -157,7 +162,7 @@ impl InboundStream {
             });
         }
         self.doubt_sample = Some((now, self.doubt_horizon_us));
-        self.delivered_at_sample = self.delivered_upto;
+        self.progress_at_sample = (self.delivered_upto, self.last_delivered_ts_us);
         self.queue_delay.sample();
     }
 
@@ -229,6 +234,7 @@ impl InboundStream {
             self.delivered_upto += 1;
             let seq = self.delivered_upto;
             self.doubt_horizon_us = self.doubt_horizon_us.max(msg.timestamp_us);
+            self.last_delivered_ts_us = self.last_delivered_ts_us.max(msg.timestamp_us);
             let floor = self.msg_id_floors.entry(msg.topic).or_insert(0);
             let fresh = msg.msg_id.0 > *floor;
             *floor = (*floor).max(msg.msg_id.0);

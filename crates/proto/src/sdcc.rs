@@ -15,6 +15,9 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::time::Time;
 
+/// The longest wait before a request is repeated, before the doubling of later attempts.
+const REPAIR_TIMEOUT_MAX: Duration = Duration::from_secs(1);
+
 /// The NACK window of one inbound stream.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct NackWindow {
@@ -62,13 +65,16 @@ impl NackWindow {
     }
 
     /// How long to wait for a repair before asking again (before the doubling of later
-    /// attempts): `repair_timeout`, or with SDCC on at least twice the smoothed repair time, so
-    /// that requests are not repeated while their answers still wait in a queue.
+    /// attempts): `repair_timeout`, or with SDCC on twice the smoothed repair time, so that
+    /// requests are not repeated while their answers still wait in a queue (at least
+    /// `repair_timeout`, at most `REPAIR_TIMEOUT_MAX`, so a lost request is asked again soon).
     pub(crate) fn timeout(&self, config: &Config) -> Duration {
         match self.srtt_us {
-            Some(srtt) if config.adaptive_nack_window => config
-                .repair_timeout
-                .max(Duration::from_micros((2.0 * srtt) as u64)),
+            Some(srtt) if config.adaptive_nack_window => Duration::from_micros((2.0 * srtt) as u64)
+                .clamp(
+                    config.repair_timeout,
+                    REPAIR_TIMEOUT_MAX.max(config.repair_timeout),
+                ),
             _ => config.repair_timeout,
         }
     }
@@ -77,7 +83,8 @@ impl NackWindow {
         self.srtt_us.map(|us| Duration::from_micros(us as u64))
     }
 
-    /// A requested gap was filled `rtt` after its first request.
+    /// A requested gap was filled `rtt` after it was first requested (an answer to a repeated
+    /// request counts from the first: the estimate errs long, which is the safe side).
     pub(crate) fn on_repair(&mut self, rtt: Duration) {
         let sample = rtt.as_micros() as f64;
         self.srtt_us = Some(match self.srtt_us {
@@ -165,6 +172,18 @@ mod tests {
         assert_eq!(w.gauge(&c), c.repair_inflight_max);
         assert_eq!(w.timeout(&c), c.repair_timeout);
         assert_eq!(NackWindow::default().window(&on()), usize::MAX);
+    }
+
+    #[test]
+    fn the_repair_timeout_follows_the_repair_time_within_bounds() {
+        let c = on();
+        let mut w = known_rate();
+        w.on_repair(Duration::from_millis(1));
+        assert_eq!(w.timeout(&c), c.repair_timeout);
+        w.on_repair(Duration::from_secs(60));
+        // A repair that took a minute (its first request was lost, say) does not make the
+        // receiver wait a minute before asking again.
+        assert_eq!(w.timeout(&c), REPAIR_TIMEOUT_MAX);
     }
 
     #[test]

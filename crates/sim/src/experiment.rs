@@ -449,10 +449,12 @@ fn summarize(
         .filter(|r| r.t_s >= restore && r.t_s <= publish_end)
         .collect();
     let recovery_s = match setup.experiment {
-        // Until the victim's port queue, past its peak, drains below a tenth of it.
+        // Until the queue the onset built up at the victim's port (its peak within 10 s) has
+        // drained below a tenth of it.
         Experiment::GryphonFig2 => {
             let (peak_at, peak) = after
                 .iter()
+                .filter(|r| r.t_s <= restore + 10.0)
                 .map(|r| (r.t_s, r.victim_queue_bytes))
                 .fold((restore, 0), |a, b| if b.1 > a.1 { b } else { a });
             after

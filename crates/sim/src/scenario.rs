@@ -443,6 +443,9 @@ impl Scenario {
         if self.proto.congestion_control {
             cmd += " --congestion-control";
         }
+        if self.proto.adaptive_nack_window {
+            cmd += " --adaptive-nack-window";
+        }
         if self.detection != DETECTION_DEFAULT {
             cmd += &format!(" --detection-ms {}", self.detection.as_millis());
         }
