@@ -93,8 +93,8 @@ pub(crate) struct RunArgs {
     /// No progress on stderr.
     #[arg(long, short)]
     quiet: bool,
-    /// Run a paper experiment instead (gryphon-fig2, gryphon-fig4), with and without congestion
-    /// control, writing a CSV time series per run and a PNG plot into --out; the other scenario
+    /// Run a paper experiment instead (gryphon-fig2, gryphon-fig4, gryphon-fig9), with and without
+    /// congestion control, writing a CSV time series per run and a PNG plot into --out; the other scenario
     /// flags are ignored (--seed is used).
     #[arg(long = "scenario")]
     experiment: Option<tidings_sim::experiment::Experiment>,

@@ -37,11 +37,18 @@ pub enum Experiment {
     /// Gryphon Fig. 4: one receiver's link fails and comes back; without congestion control its
     /// recovery (repairs on top of new data) congests the link and it never catches up.
     GryphonFig4,
+    /// Gryphon Figs. 9-11 (E2): the victim's link alternates between 60% and 150% of the
+    /// offered load; the publish rate should track it and the queue stay small.
+    GryphonFig9,
 }
 
 impl Experiment {
     /// Every experiment.
-    pub const ALL: [Experiment; 2] = [Experiment::GryphonFig2, Experiment::GryphonFig4];
+    pub const ALL: [Experiment; 3] = [
+        Experiment::GryphonFig2,
+        Experiment::GryphonFig4,
+        Experiment::GryphonFig9,
+    ];
 
     /// The name on the command line and of the files written.
     #[must_use]
@@ -49,6 +56,7 @@ impl Experiment {
         match self {
             Experiment::GryphonFig2 => "gryphon-fig2",
             Experiment::GryphonFig4 => "gryphon-fig4",
+            Experiment::GryphonFig9 => "gryphon-fig9",
         }
     }
 
@@ -60,6 +68,9 @@ impl Experiment {
                 "Gryphon Figs. 2-3: a receiver's link throttled to 60% of the publish rate"
             }
             Experiment::GryphonFig4 => "Gryphon Fig. 4: a receiver's link fails and comes back",
+            Experiment::GryphonFig9 => {
+                "Gryphon Figs. 9-11 (E2): a receiver's link alternates 60% / 150% of the load"
+            }
         }
     }
 }
@@ -131,7 +142,7 @@ impl Setup {
     #[must_use]
     pub fn restore(&self) -> Time {
         match self.experiment {
-            Experiment::GryphonFig2 => self.onset(),
+            Experiment::GryphonFig2 | Experiment::GryphonFig9 => self.onset(),
             Experiment::GryphonFig4 => self.onset() + self.outage_duration(),
         }
     }
@@ -147,6 +158,29 @@ impl Setup {
         }
     }
 
+    /// Length of each phase of the alternating limit: the paper's 120 s (15 s reduced).
+    fn phase(&self) -> Duration {
+        Duration::from_secs_f64(self.secs(120.0, 15.0))
+    }
+
+    /// What the victim's link carries at `t_s` seconds, messages per second.
+    #[must_use]
+    pub fn capacity_at(&self, t_s: f64) -> f64 {
+        let per_msg_bits = MESSAGE_WIRE_BYTES as f64 * 8.0;
+        let full = 100e6 / per_msg_bits;
+        let onset = (self.onset() - Time::ZERO).as_secs_f64();
+        match self.experiment {
+            Experiment::GryphonFig2 if t_s >= onset => self.bottleneck_bps() as f64 / per_msg_bits,
+            Experiment::GryphonFig4 => self.bottleneck_bps() as f64 / per_msg_bits,
+            Experiment::GryphonFig9 if t_s >= onset => {
+                let phase = ((t_s - onset) / self.phase().as_secs_f64()) as u64;
+                let share = if phase == 1 { 1.5 } else { 0.6 };
+                self.offered_rate() * share
+            }
+            _ => full,
+        }
+    }
+
     fn outage_duration(&self) -> Duration {
         self.outage
             .unwrap_or(Duration::from_secs_f64(self.secs(30.0, 10.0)))
@@ -159,7 +193,7 @@ impl Setup {
     pub fn bottleneck_bps(&self) -> u64 {
         let offered_bps = self.offered_rate() * MESSAGE_WIRE_BYTES as f64 * 8.0;
         let share = match self.experiment {
-            Experiment::GryphonFig2 => 0.6,
+            Experiment::GryphonFig2 | Experiment::GryphonFig9 => 0.6,
             Experiment::GryphonFig4 => 3.0,
         };
         (offered_bps * share) as u64
@@ -204,6 +238,20 @@ impl Setup {
                         buffer_bytes: self.port_buffer_bytes(),
                     },
                 });
+            }
+            Experiment::GryphonFig9 => {
+                s.seconds = (at - Time::ZERO + self.phase() * 3).as_secs_f64();
+                let offered_bps = self.offered_rate() * MESSAGE_WIRE_BYTES as f64 * 8.0;
+                for (k, share) in [0.6, 1.5, 0.6].into_iter().enumerate() {
+                    s.link_events.push(LinkEvent {
+                        at: at + self.phase() * k as u32,
+                        node: victim,
+                        change: LinkChange::Downlink {
+                            bandwidth_bps: (offered_bps * share) as u64,
+                            buffer_bytes: self.port_buffer_bytes(),
+                        },
+                    });
+                }
             }
             Experiment::GryphonFig4 => {
                 // Publishing goes on for a while after the link comes back.
@@ -298,7 +346,7 @@ impl Summary {
     #[must_use]
     pub fn meets_targets(&self, experiment: Experiment) -> bool {
         let goodput_ok = match experiment {
-            Experiment::GryphonFig2 => self.goodput_share >= 0.9,
+            Experiment::GryphonFig2 | Experiment::GryphonFig9 => self.goodput_share >= 0.9,
             Experiment::GryphonFig4 => true,
         };
         goodput_ok
@@ -451,7 +499,7 @@ fn summarize(
     let recovery_s = match setup.experiment {
         // Until the queue the onset built up at the victim's port (its peak within 10 s) has
         // drained below a tenth of it.
-        Experiment::GryphonFig2 => {
+        Experiment::GryphonFig2 | Experiment::GryphonFig9 => {
             let (peak_at, peak) = after
                 .iter()
                 .filter(|r| r.t_s <= restore + 10.0)
@@ -474,13 +522,16 @@ fn summarize(
     let goodput_share = match setup.experiment {
         // In steady state: from 5 s after the onset (congestion control needs a few query
         // intervals to find the rate) to the end of publishing, against what the link carries.
-        Experiment::GryphonFig2 => {
+        Experiment::GryphonFig2 | Experiment::GryphonFig9 => {
             let steady: Vec<&Row> = after
                 .iter()
                 .copied()
                 .filter(|r| r.t_s > restore + 5.0)
                 .collect();
-            mean(&steady, &|r| r.goodput_victim) / capacity.min(setup.offered_rate())
+            mean(&steady, &|r| r.goodput_victim)
+                / mean(&steady, &|r| {
+                    setup.capacity_at(r.t_s).min(setup.offered_rate())
+                })
         }
         // During the recovery (to the end of publishing if it never ends): how much of the
         // victim's link carried messages it needed.

@@ -475,11 +475,9 @@ pub fn experiment_png(outcomes: &[Outcome]) -> Vec<u8> {
                 smoothed("goodput other", colour::GREEN, rows, |r| r.goodput_other),
             ];
             if capacity < rate_max {
-                rates.push(Series {
-                    label: "bottleneck".into(),
-                    colour: colour::GREY,
-                    points: vec![(0.0, capacity), (x_max, capacity)],
-                });
+                rates.push(series("bottleneck", colour::GREY, rows, |r| {
+                    o.setup.capacity_at(r.t_s).min(rate_max)
+                }));
             }
             let panels = vec![
                 Panel {
