@@ -159,7 +159,11 @@ struct Pending {
 struct NodeEntry {
     nonce: u64,
     last_heard: Time,
-    suspected: bool,
+    /// When a ring neighbour's suspicion was first accepted since the node was last heard from:
+    /// the node is removed if it stays silent for `suspicion_timeout` after that (counting
+    /// from the suspicion, not from the last message, so a suspicion never removes a node that
+    /// had no chance to speak).
+    suspected: Option<Time>,
     publishes: BTreeSet<TopicId>,
     req_upto: u64,
     next_seq: u64,
@@ -309,7 +313,7 @@ impl Gms {
                 };
                 entry.last_heard = now;
                 // Heard from: whatever a neighbour suspected, it is alive.
-                entry.suspected = false;
+                entry.suspected = None;
                 match msg {
                     GmsMessage::Heartbeat => {}
                     GmsMessage::Ack { upto } => self.on_ack(node, upto),
@@ -328,7 +332,10 @@ impl Gms {
         for (&node, e) in &self.nodes {
             if now >= e.last_heard + self.config.heartbeat_timeout {
                 failed.push((node, RemoveCause::HeartbeatTimeout));
-            } else if e.suspected && now >= e.last_heard + self.config.suspicion_timeout {
+            } else if e
+                .suspected
+                .is_some_and(|at| now >= at + self.config.suspicion_timeout)
+            {
                 failed.push((node, RemoveCause::Suspected));
             } else if e
                 .queue
@@ -354,10 +361,10 @@ impl Gms {
         self.nodes
             .values()
             .flat_map(|e| {
-                let live = if e.suspected {
-                    e.last_heard + self.config.suspicion_timeout
-                } else {
-                    e.last_heard + self.config.heartbeat_timeout
+                let heartbeat = e.last_heard + self.config.heartbeat_timeout;
+                let live = match e.suspected {
+                    Some(at) => heartbeat.min(at + self.config.suspicion_timeout),
+                    None => heartbeat,
                 };
                 let resend = e
                     .queue
@@ -402,7 +409,7 @@ impl Gms {
                     NodeEntry {
                         nonce,
                         last_heard: now,
-                        suspected: false,
+                        suspected: None,
                         publishes: BTreeSet::new(),
                         req_upto: 0,
                         next_seq: 1,
@@ -569,7 +576,7 @@ impl Gms {
                 Request::Unadvertise(name) => {
                     self.apply(now, Command::Unadvertise { node, name });
                 }
-                Request::Suspect(suspect) => self.on_suspect(node, suspect),
+                Request::Suspect(suspect) => self.on_suspect(now, node, suspect),
                 Request::Leave => {
                     // Acknowledge before the entry is gone, so the client can stop resending.
                     self.outbox.push_back(GmsTransmit {
@@ -600,7 +607,7 @@ impl Gms {
     /// partition leader, another partition leader (the rings of leaders above it). These are the
     /// rings whose silence the protocol reports (`tidings_proto::Event::Suspect`). Anyone else's
     /// suspicion could be used to evict arbitrary nodes.
-    fn on_suspect(&mut self, by: NodeId, suspect: NodeId) {
+    fn on_suspect(&mut self, now: Time, by: NodeId, suspect: NodeId) {
         let partition_size = self.config.partition_size;
         let neighbour = by != suspect
             && self.planner.node_regions(by).any(|(_, r)| {
@@ -621,7 +628,7 @@ impl Gms {
             });
         match self.nodes.get_mut(&suspect) {
             Some(e) if neighbour => {
-                e.suspected = true;
+                e.suspected.get_or_insert(now);
                 self.stats.suspicions_accepted += 1;
             }
             _ => self.stats.suspicions_ignored += 1,

@@ -603,3 +603,27 @@ fn suspicions_are_accepted_along_the_token_rings_of_the_partitioned_view() {
     w.run_for(Duration::from_millis(10));
     assert_eq!(w.gms.stats().suspicions_accepted, 2);
 }
+
+#[test]
+fn a_suspected_node_gets_the_whole_suspicion_timeout_to_speak() {
+    let mut w = World::new(3);
+    for i in 0..3 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    let dead = w.node(2);
+    w.crashed.insert(2);
+    // Silent for 900 ms, then suspected: the 1 s suspicion timeout counts from the suspicion.
+    w.run_for(Duration::from_millis(900));
+    w.clients[0].suspect(dead).unwrap();
+    w.run_for(Duration::from_millis(300));
+    assert!(
+        w.gms.members().any(|n| n == dead),
+        "removed before it could speak"
+    );
+    w.run_for(Duration::from_millis(900));
+    assert!(w.gms_events.contains(&GmsEvent::Removed {
+        node: dead,
+        cause: RemoveCause::Suspected
+    }));
+}

@@ -177,7 +177,6 @@ pub(crate) struct ServiceRole {
     subscriptions: Vec<Vec<TopicId>>,
     regions: BTreeMap<RegionId, Vec<NodeId>>,
     regions_changed: bool,
-    multi_region_reported: bool,
     log: Rc<RefCell<GmsLog>>,
 }
 
@@ -402,13 +401,6 @@ impl ServiceRole {
                     self.subscriptions[i as usize] = topics;
                 }
             }
-            let most = regions_per_node_max(&self.gms);
-            if most > 1 && !self.multi_region_reported {
-                self.multi_region_reported = true;
-                ledger.external_violation(format!(
-                    "the GMS put a node in {most} regions (the protocol orders per region)"
-                ));
-            }
             let regions = world_regions(&self.gms);
             if regions != self.regions {
                 self.regions = regions;
@@ -462,17 +454,12 @@ pub fn global_membership(gms: &Gms) -> Membership {
     m
 }
 
-/// Regions per topic the simulated GMS allows (no bound in practice: see [`configs`]).
-const REGIONS_PER_TOPIC_MAX: usize = 1 << 20;
-
 /// The configuration of the simulated GMS and its clients.
 ///
-/// **One region per node.** `tidings_proto::Node` keeps each sender's order per region stream,
-/// not across the regions a node is in; with the planner's defaults (paper 001's subsets) a node
-/// of this workload is in several regions and delivers a sender's messages out of order. So the
-/// planner here never bounds regions per topic or region size and places every topic from its
-/// first subscriber: all topics fall into one subset, whose regions are the sets of nodes with
-/// identical subscriptions (the oracle's rule). The glue checks it ([`regions_per_node_max`]).
+/// **Regions.** The planner runs with its defaults (paper 001's subsets), so a node is in
+/// several regions and gets a sender's topics through parallel streams: the promise is order per
+/// sender within a topic, and duplicates after view changes are recognised per (sender, topic)
+/// (ADR 0007).
 ///
 /// **Timing:** `detection` is the heartbeat timeout; clients heartbeat six
 /// times per timeout (so a few lost heartbeats never remove a node), a ring neighbour's
@@ -482,12 +469,7 @@ const REGIONS_PER_TOPIC_MAX: usize = 1 << 20;
 pub fn configs(detection: Duration, partition_size: usize) -> (GmsConfig, ClientConfig) {
     let detection = detection.max(Duration::from_millis(6));
     let gms = GmsConfig {
-        planner: PlannerConfig {
-            min_region_size: 1,
-            max_regions_per_topic: REGIONS_PER_TOPIC_MAX,
-            first_placement_subscribers: 1,
-            ..PlannerConfig::default()
-        },
+        planner: PlannerConfig::default(),
         partition_size: partition_size.max(1),
         heartbeat_timeout: detection,
         suspicion_timeout: detection / 3,
@@ -563,10 +545,9 @@ pub(crate) fn bootstrap(
     if senders > 0 {
         advertise(&mut gms, &mut clients, NodeId(0));
     }
-    // All topics into one subset (see `configs`): node 0 subscribes to every topic (each starts
-    // alone in a subset of its own), then node 1 does, topic by topic: at its second subscriber
-    // a topic alone looks for the subset holding most of its subscribers, which is the one the
-    // earlier topics joined. A topic sharing a subset never moves again.
+    // Nodes 0 and 1 subscribe to every topic first (dropping at the end those they do not want),
+    // then the others: the planner groups the topics into subsets as they gain subscribers, as
+    // paper 001's incremental greedy does; a node ends in one region per subset it has topics in.
     let sub = |gms: &mut Gms, clients: &mut [GmsClient], node: u32, t: TopicId, on: bool| {
         let node = to_gms(NodeId(node));
         let name = topic_name(t);
@@ -629,10 +610,6 @@ pub(crate) fn bootstrap(
             return Err(format!("topic {} is not bound to {t}", topic_name(*t)));
         }
     }
-    let most = regions_per_node_max(&gms);
-    if most > 1 {
-        return Err(format!("a node is in {most} regions"));
-    }
     let log = Rc::new(RefCell::new(GmsLog::default()));
     let global = global_membership(&gms);
     let regions = world_regions(&gms);
@@ -667,7 +644,6 @@ pub(crate) fn bootstrap(
             .collect(),
         regions,
         regions_changed: false,
-        multi_region_reported: false,
         log: log.clone(),
     })));
     Ok(Bootstrap {
@@ -744,7 +720,6 @@ mod tests {
         for i in 1..=4 {
             assert_eq!(gms.topic_id(&format!("t{i}")), Some(TopicId(i)));
         }
-        assert!(regions_per_node_max(gms) <= 1);
         // Every topic's members, as the sender sees them, are exactly its subscribers.
         let view = sender_view(&b.memberships[0]);
         for topic in 1..=3 {
