@@ -728,8 +728,11 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
             }
             Ok((_, Report::Ready { .. })) => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                // A child that died without a word.
-                for p in &mut procs {
+                // A child that died without a word (other than the one killed on purpose).
+                for (slot, p) in procs.iter_mut().enumerate() {
+                    if killed == Some(slot) {
+                        continue;
+                    }
                     if let Ok(Some(status)) = p.child.try_wait() {
                         reasons.push(format!("{} {} exited early: {status}", p.role, p.index));
                     }
