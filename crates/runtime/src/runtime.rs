@@ -241,19 +241,12 @@ impl NodeRuntime {
         &self,
         topic: TopicId,
         share: f64,
-        mut callback: F,
+        callback: F,
     ) -> Result<Subscription, RequestError>
     where
         F: FnMut(Delivery) + Send + 'static,
     {
-        let scheduler = self.scheduler.as_ref().ok_or(RequestError::Closed)?;
-        let shared = Arc::clone(&self.shared);
-        let task = scheduler
-            .add_task(share, move |d: Delivery| {
-                callback(d);
-                shared.delivered();
-            })
-            .map_err(|e| RequestError::Share(e.share))?;
+        let task = self.delivery_task(share, callback)?;
         let (reply, answer) = mpsc::sync_channel(1);
         self.shared.send(Control::Subscribe {
             topic,
@@ -277,19 +270,12 @@ impl NodeRuntime {
         &self,
         name: &str,
         share: f64,
-        mut callback: F,
+        callback: F,
     ) -> Result<Subscription, RequestError>
     where
         F: FnMut(Delivery) + Send + 'static,
     {
-        let scheduler = self.scheduler.as_ref().ok_or(RequestError::Closed)?;
-        let shared = Arc::clone(&self.shared);
-        let task = scheduler
-            .add_task(share, move |d: Delivery| {
-                callback(d);
-                shared.delivered();
-            })
-            .map_err(|e| RequestError::Share(e.share))?;
+        let task = self.delivery_task(share, callback)?;
         let (reply, answer) = mpsc::sync_channel(1);
         self.shared.send(Control::SubscribeNamed {
             name: name.to_owned(),
@@ -327,14 +313,27 @@ impl NodeRuntime {
 
     /// Like `wait`, for requests that need the membership service: twice the request timeout.
     fn wait_long<T>(&self, answer: &mpsc::Receiver<T>) -> Result<T, RequestError> {
-        if !self.shared.is_running() {
-            return Err(RequestError::Closed);
-        }
-        match answer.recv_timeout(self.config.request_timeout * 2) {
-            Ok(v) => Ok(v),
-            Err(RecvTimeoutError::Timeout) => Err(RequestError::Timeout),
-            Err(RecvTimeoutError::Disconnected) => Err(RequestError::Closed),
-        }
+        self.wait_for(answer, self.config.request_timeout * 2)
+    }
+
+    /// A scheduler task running `callback` for each delivery, then waking the core thread if it
+    /// waits for room.
+    fn delivery_task<F>(
+        &self,
+        share: f64,
+        mut callback: F,
+    ) -> Result<tidings_sched::TaskHandle<Delivery>, RequestError>
+    where
+        F: FnMut(Delivery) + Send + 'static,
+    {
+        let scheduler = self.scheduler.as_ref().ok_or(RequestError::Closed)?;
+        let shared = Arc::clone(&self.shared);
+        scheduler
+            .add_task(share, move |d: Delivery| {
+                callback(d);
+                shared.delivered();
+            })
+            .map_err(|e| RequestError::Share(e.share))
     }
 
     /// Installs a new membership (from the GMS), and a new address book if given. Multicast
@@ -361,10 +360,18 @@ impl NodeRuntime {
     }
 
     fn wait<T>(&self, answer: &mpsc::Receiver<T>) -> Result<T, RequestError> {
+        self.wait_for(answer, self.config.request_timeout)
+    }
+
+    fn wait_for<T>(
+        &self,
+        answer: &mpsc::Receiver<T>,
+        timeout: std::time::Duration,
+    ) -> Result<T, RequestError> {
         if !self.shared.is_running() {
             return Err(RequestError::Closed);
         }
-        match answer.recv_timeout(self.config.request_timeout) {
+        match answer.recv_timeout(timeout) {
             Ok(v) => Ok(v),
             Err(RecvTimeoutError::Timeout) => Err(RequestError::Timeout),
             Err(RecvTimeoutError::Disconnected) => Err(RequestError::Closed),

@@ -283,17 +283,7 @@ impl Node {
         let name = topic.name().to_owned();
         let topic_name = name.clone();
         let inner = runtime.subscribe_named(&name, self.share, move |d| {
-            let message = decode(d.payload)
-                .map(|value| Message {
-                    value,
-                    origin: d.origin,
-                    topic: d.topic,
-                    sent_at_us: d.timestamp_us,
-                })
-                .map_err(|why| Error::Decode {
-                    topic: topic_name.clone(),
-                    why,
-                });
+            let message = to_message(d, decode, &topic_name);
             // Waits while the queue is full: the back pressure the type documents (the worker
             // stops, the node stops reading, the publishers slow down).
             while sender.len() >= capacity
@@ -328,19 +318,7 @@ impl Node {
         let decode = topic.decoder();
         let topic_name = topic.name().to_owned();
         let inner = runtime.subscribe_named(topic.name(), self.share, move |d| {
-            callback(
-                decode(d.payload)
-                    .map(|value| Message {
-                        value,
-                        origin: d.origin,
-                        topic: d.topic,
-                        sent_at_us: d.timestamp_us,
-                    })
-                    .map_err(|why| Error::Decode {
-                        topic: topic_name.clone(),
-                        why,
-                    }),
-            );
+            callback(to_message(d, decode, &topic_name));
         })?;
         Ok(CallbackSubscription { inner })
     }
@@ -382,4 +360,24 @@ impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+/// A delivery as the application sees it: decoded as the topic's type, or the reason it was not.
+fn to_message<T>(
+    d: tidings_proto::Delivery,
+    decode: fn(bytes::Bytes) -> Result<T, String>,
+    topic_name: &str,
+) -> Result<Message<T>, Error> {
+    let (origin, topic, sent_at_us) = (d.origin, d.topic, d.timestamp_us);
+    decode(d.payload)
+        .map(|value| Message {
+            value,
+            origin,
+            topic,
+            sent_at_us,
+        })
+        .map_err(|why| Error::Decode {
+            topic: topic_name.to_owned(),
+            why,
+        })
 }
