@@ -114,6 +114,8 @@ pub struct Node {
     /// Per origin, the highest message id delivered in views that ended; kept even while this node
     /// is in no region, so a node that leaves and joins again never delivers a message twice.
     msg_id_floors: BTreeMap<(NodeId, TopicId), u64>,
+    /// The records of the last token received, kept so the next token reuses the list.
+    token_records: Vec<OwnedRecord>,
     /// When the doubt horizon rates are sampled next.
     next_doubt_sample: Time,
     /// The publish rate of congestion control (PDCC).
@@ -166,6 +168,7 @@ impl Node {
             data_rr: 0,
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
+            token_records: Vec::new(),
             next_doubt_sample: now,
             rate,
             rate_retry_at: None,
@@ -358,14 +361,19 @@ impl Node {
                 let Some(region) = self.regions.get_mut(&h.region) else {
                     return;
                 };
-                let token = OwnedToken {
+                // The records' list is reused from token to token.
+                let mut records = std::mem::take(&mut self.token_records);
+                records.clear();
+                records.extend(t.records().map(|r| OwnedRecord::from_view(&r)));
+                let mut token = OwnedToken {
                     level: t.level,
                     ring: t.ring,
                     round: t.round,
-                    records: t.records().map(|r| OwnedRecord::from_view(&r)).collect(),
+                    records,
                 };
                 let own = self.outbound.get(&h.region);
-                region.on_token(now, h.sender, token, own, &self.config, &mut self.out);
+                region.on_token(now, h.sender, &mut token, own, &self.config, &mut self.out);
+                self.token_records = token.records;
                 self.apply_self_feedback(now);
             }
             Body::Ack {
@@ -879,11 +887,13 @@ impl Node {
             };
             match c {
                 Control::Token { to, bytes } => {
-                    let Some(dst) = buf.get_mut(..bytes.len()) else {
+                    let len = bytes.len();
+                    let copied = buf.get_mut(..len).map(|dst| dst.copy_from_slice(&bytes));
+                    self.out.recycle_token_buffer(bytes);
+                    if copied.is_none() {
                         continue;
-                    };
-                    dst.copy_from_slice(&bytes);
-                    return Some(control(to, bytes.len()));
+                    }
+                    return Some(control(to, len));
                 }
                 Control::Dcq {
                     region,

@@ -144,7 +144,14 @@ pub(crate) struct Outbox {
     pub(crate) self_ucas: Vec<(u64, f64)>,
     /// NAKs this node, as region leader, owes its own outbound streams.
     pub(crate) self_naks: Vec<(RegionId, Vec<SeqRange>)>,
+    /// Buffers of tokens that went out, reused for the next ones: a token is encoded every round
+    /// on every ring, and the steady state allocates nothing.
+    token_buffers: Vec<Vec<u8>>,
 }
+
+/// Most token buffers kept for reuse: tokens waiting in the control queue at once are few (one per
+/// ring this node is in, plus resends).
+const TOKEN_BUFFERS_KEPT: usize = 16;
 
 impl Outbox {
     /// Queues a retransmission job, clipped to the room left in the retransmit queue.
@@ -164,8 +171,9 @@ impl Outbox {
         self.repairs.push_back(job);
     }
 
-    /// Encodes a token for `to`, queues it, and returns the encoding (kept for retransmission
-    /// until the next member confirms it).
+    /// Encodes a token for `to` into `encoded` (kept by the ring for retransmission until the
+    /// next member confirms it) and queues a copy for sending.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn send_token(
         &mut self,
         region: RegionId,
@@ -174,22 +182,21 @@ impl Outbox {
         to: NodeId,
         token: &OwnedToken,
         config: &Config,
-    ) -> Vec<u8> {
-        let mut bytes = vec![0u8; config.max_datagram_bytes];
+        encoded: &mut Vec<u8>,
+    ) {
+        encoded.clear();
+        encoded.resize(config.max_datagram_bytes, 0);
         let header = tidings_wire::Header {
             kind: tidings_wire::Kind::Token,
             region,
             view,
             sender: me,
         };
-        let Ok(mut w) = tidings_wire::TokenWriter::new(
-            &mut bytes,
-            &header,
-            token.level,
-            token.ring,
-            token.round,
-        ) else {
-            return Vec::new();
+        let Ok(mut w) =
+            tidings_wire::TokenWriter::new(encoded, &header, token.level, token.ring, token.round)
+        else {
+            encoded.clear();
+            return;
         };
         for rec in &token.records {
             // Our own bug if it fails: peers would drop the token as invalid.
@@ -203,11 +210,25 @@ impl Outbox {
             }
         }
         let len = w.finish();
-        bytes.truncate(len);
-        self.control.push_back(Control::Token {
-            to,
-            bytes: bytes.clone(),
-        });
-        bytes
+        encoded.truncate(len);
+        self.queue_token(to, encoded);
+    }
+
+    /// Queues an encoded token for `to`, copied into a recycled buffer.
+    pub(crate) fn queue_token(&mut self, to: NodeId, encoded: &[u8]) {
+        if encoded.is_empty() {
+            return;
+        }
+        let mut bytes = self.token_buffers.pop().unwrap_or_default();
+        bytes.clear();
+        bytes.extend_from_slice(encoded);
+        self.control.push_back(Control::Token { to, bytes });
+    }
+
+    /// Takes back the buffer of a token that went out, for the next one.
+    pub(crate) fn recycle_token_buffer(&mut self, bytes: Vec<u8>) {
+        if self.token_buffers.len() < TOKEN_BUFFERS_KEPT {
+            self.token_buffers.push(bytes);
+        }
     }
 }

@@ -16,7 +16,8 @@
 //! partitions`; only its members keep `seq` after delivery, until the region reports it stable.
 //! A receiver missing `seq` asks a random member of that partition (parallel repair).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::time::Duration;
 
 use tidings_wire::{NodeId, RecordView, RegionId, SeqRange, TopicId, ViewId};
@@ -130,7 +131,6 @@ impl Lead {
 struct Handoff {
     to: NodeId,
     round: u64,
-    bytes: Vec<u8>,
     sent_at: Time,
     attempts: u32,
 }
@@ -147,6 +147,9 @@ pub(crate) struct Ring {
     lead: Option<Lead>,
     /// The token this node passed on, until the next member confirms it.
     handoff: Option<Handoff>,
+    /// The encoding of the last token this node passed on (resent while `handoff` is unconfirmed);
+    /// the buffer is reused every round.
+    handoff_bytes: Vec<u8>,
 }
 
 impl Ring {
@@ -240,8 +243,10 @@ pub(crate) struct RegionState {
     ucas: BTreeMap<NodeId, crate::pdcc::UcaConsolidator>,
     /// Per origin, the highest message id delivered in earlier views (seeds new streams).
     msg_id_floors: BTreeMap<(NodeId, TopicId), u64>,
-    /// Scratch lists reused across tokens.
+    /// Scratch lists reused across tokens, so a token round allocates nothing in steady state.
     scratch: Vec<SeqRange>,
+    origins_scratch: Vec<NodeId>,
+    records_scratch: Vec<OwnedRecord>,
 }
 
 impl RegionState {
@@ -278,6 +283,7 @@ impl RegionState {
                 last_round_seen: 0,
                 lead,
                 handoff: None,
+                handoff_bytes: Vec::new(),
             });
         }
         let mut topics = view.topics.clone();
@@ -295,6 +301,8 @@ impl RegionState {
             msg_id_floors: BTreeMap::new(),
             ucas: BTreeMap::new(),
             scratch: Vec::new(),
+            origins_scratch: Vec::new(),
+            records_scratch: Vec::new(),
         })
     }
 
@@ -524,20 +532,18 @@ impl RegionState {
         }
     }
 
-    /// Origins this node has something to say about at `level`.
-    fn known_origins(&self, level: usize, own: Option<&OutboundStream>) -> BTreeSet<NodeId> {
+    /// Origins this node has something to say about at `level`, sorted, into `origins`.
+    fn known_origins(&self, level: usize, own: Option<&OutboundStream>, origins: &mut Vec<NodeId>) {
+        origins.clear();
         if level == 0 {
-            let mut set: BTreeSet<NodeId> = self.inbound.keys().copied().collect();
+            origins.extend(self.inbound.keys().copied());
             if own.is_some_and(|s| s.sent_upto > 0) {
-                set.insert(self.me);
+                if let Err(at) = origins.binary_search(&self.me) {
+                    origins.insert(at, self.me);
+                }
             }
-            set
-        } else {
-            self.rings[level - 1]
-                .lead
-                .as_ref()
-                .map(|l| l.reports.keys().copied().collect())
-                .unwrap_or_default()
+        } else if let Some(lead) = self.rings[level - 1].lead.as_ref() {
+            origins.extend(lead.reports.keys().copied());
         }
     }
 
@@ -564,19 +570,31 @@ impl RegionState {
         config: &Config,
         out: &mut Outbox,
     ) {
-        let mut origins: Vec<NodeId> = self
-            .known_origins(level, own)
-            .into_iter()
-            .filter(|&o| {
-                let lead = self.rings[level].lead.as_ref();
-                let idle = lead
-                    .and_then(|l| l.idle_rounds.get(&o))
-                    .copied()
-                    .unwrap_or(0);
-                let state_max = self.member_state(level, o, 0, own, 0, config).max;
-                !(idle >= config.idle_rounds_before_drop && state_max <= self.stable_known(o, own))
-            })
-            .collect();
+        let mut origins = std::mem::take(&mut self.origins_scratch);
+        self.known_origins(level, own, &mut origins);
+        origins.retain(|&o| {
+            let lead = self.rings[level].lead.as_ref();
+            let idle = lead
+                .and_then(|l| l.idle_rounds.get(&o))
+                .copied()
+                .unwrap_or(0);
+            let state_max = self.member_state(level, o, 0, own, 0, config).max;
+            !(idle >= config.idle_rounds_before_drop && state_max <= self.stable_known(o, own))
+        });
+        self.release_with(now, level, &mut origins, own, config, out);
+        self.origins_scratch = origins;
+    }
+
+    /// [`release`](Self::release) for the origins that ride along this round.
+    fn release_with(
+        &mut self,
+        now: Time,
+        level: usize,
+        origins: &mut Vec<NodeId>,
+        own: Option<&OutboundStream>,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
         let Some(lead) = self.rings[level].lead.as_mut() else {
             return;
         };
@@ -596,44 +614,58 @@ impl RegionState {
         lead.released_at = now;
         let round = lead.round;
         let cap = Self::record_cap(config, origins.len());
-        let records = origins
-            .iter()
-            .map(|&o| {
-                let st = self.member_state(level, o, 0, own, cap, config);
-                OwnedRecord {
-                    origin: o,
-                    stable_upto: self.stable_known(o, own),
-                    agg_contiguous: st.contiguous,
-                    agg_max: st.max,
-                    prev_contiguous: st.contiguous,
-                    prev_max: st.exact_upto.max(st.contiguous),
-                    missing_all: st.missing.clone(),
-                    lost: st.lost,
-                    prev_missing: st.missing,
-                }
-            })
-            .collect();
+        let mut records = std::mem::take(&mut self.records_scratch);
+        records.clear();
+        records.extend(origins.iter().map(|&o| {
+            let st = self.member_state(level, o, 0, own, cap, config);
+            OwnedRecord {
+                origin: o,
+                stable_upto: self.stable_known(o, own),
+                agg_contiguous: st.contiguous,
+                agg_max: st.max,
+                prev_contiguous: st.contiguous,
+                prev_max: st.exact_upto.max(st.contiguous),
+                missing_all: st.missing.clone(),
+                lost: st.lost,
+                prev_missing: st.missing,
+            }
+        }));
         out.stats.tokens_released += 1;
         let ring = &self.rings[level];
-        let token = OwnedToken {
+        let mut token = OwnedToken {
             level: ring.level,
             ring: ring.index,
             round,
             records,
         };
         if ring.members.len() == 1 {
-            self.complete_round(now, level, token, own, config, out);
+            self.complete_round(now, level, &mut token, own, config, out);
         } else {
-            let to = ring.successor();
-            let bytes = out.send_token(self.region, self.view, self.me, to, &token, config);
-            self.rings[level].handoff = Some(Handoff {
-                to,
-                round,
-                bytes,
-                sent_at: now,
-                attempts: 0,
-            });
+            self.pass_on(now, level, &token, config, out);
         }
+        self.records_scratch = token.records;
+    }
+
+    /// Hands `token` to the next member of the ring at `level`, keeping its encoding until the
+    /// member confirms it.
+    fn pass_on(
+        &mut self,
+        now: Time,
+        level: usize,
+        token: &OwnedToken,
+        config: &Config,
+        out: &mut Outbox,
+    ) {
+        let (region, view, me) = (self.region, self.view, self.me);
+        let ring = &mut self.rings[level];
+        let to = ring.successor();
+        out.send_token(region, view, me, to, token, config, &mut ring.handoff_bytes);
+        ring.handoff = Some(Handoff {
+            to,
+            round: token.round,
+            sent_at: now,
+            attempts: 0,
+        });
     }
 
     /// A token arrived from `from`.
@@ -641,7 +673,7 @@ impl RegionState {
         &mut self,
         now: Time,
         from: NodeId,
-        token: OwnedToken,
+        token: &mut OwnedToken,
         own: Option<&OutboundStream>,
         config: &Config,
         out: &mut Outbox,
@@ -677,12 +709,10 @@ impl RegionState {
             return;
         }
         ring.last_round_seen = token.round;
-        let successor = ring.successor();
-        let mut seen = BTreeSet::new();
-        let mut records = Vec::with_capacity(token.records.len() + 1);
+        let mut records = std::mem::take(&mut self.records_scratch);
+        records.clear();
         let cap = Self::record_cap(config, token.records.len() + 1);
         for rec in &token.records {
-            seen.insert(rec.origin);
             self.learn(now, level, rec, config, out);
             let st = self.member_state(level, rec.origin, rec.agg_max, own, cap, config);
             if level == 0 {
@@ -693,8 +723,11 @@ impl RegionState {
         // Senders this node knows of with unstable data that the token lacks: add a record whose
         // aggregate claims nothing (earlier members did not report), so the leader learns of them.
         if records.len() < Self::records_max(config) {
-            for o in self.known_origins(level, own) {
-                if seen.contains(&o) || records.len() >= Self::records_max(config) {
+            let mut origins = std::mem::take(&mut self.origins_scratch);
+            self.known_origins(level, own, &mut origins);
+            for &o in &origins {
+                let seen = token.records.iter().any(|r| r.origin == o);
+                if seen || records.len() >= Self::records_max(config) {
                     continue;
                 }
                 let st = self.member_state(level, o, 0, own, cap, config);
@@ -713,17 +746,17 @@ impl RegionState {
                     ..Default::default()
                 });
             }
+            self.origins_scratch = origins;
         }
-        let token = OwnedToken { records, ..token };
-        out.stats.tokens_forwarded += 1;
-        let bytes = out.send_token(self.region, self.view, self.me, successor, &token, config);
-        self.rings[level].handoff = Some(Handoff {
-            to: successor,
+        let forwarded = OwnedToken {
+            level: token.level,
+            ring: token.ring,
             round: token.round,
-            bytes,
-            sent_at: now,
-            attempts: 0,
-        });
+            records,
+        };
+        out.stats.tokens_forwarded += 1;
+        self.pass_on(now, level, &forwarded, config, out);
+        self.records_scratch = forwarded.records;
     }
 
     /// The next member confirmed a token this node passed on.
@@ -765,10 +798,7 @@ impl RegionState {
                 h.attempts += 1;
                 h.sent_at = now;
                 out.stats.tokens_resent += 1;
-                out.control.push_back(Control::Token {
-                    to: h.to,
-                    bytes: h.bytes.clone(),
-                });
+                out.queue_token(h.to, &ring.handoff_bytes);
             } else {
                 out.stats.suspicions += 1;
                 out.events.push_back(Event::Suspect {
@@ -918,7 +948,7 @@ impl RegionState {
         &mut self,
         now: Time,
         level: usize,
-        token: OwnedToken,
+        token: &mut OwnedToken,
         own: Option<&OutboundStream>,
         config: &Config,
         out: &mut Outbox,
@@ -945,7 +975,7 @@ impl RegionState {
             top,
             rtt,
         });
-        for rec in token.records {
+        for rec in token.records.drain(..) {
             if !single {
                 self.learn(now, level, &rec, config, out);
                 if level == 0 {
@@ -1068,8 +1098,14 @@ impl RegionState {
     ) {
         let (region, view) = (self.region, self.view);
         let mut by_target: BTreeMap<NodeId, Vec<SeqRange>> = BTreeMap::new();
-        let origins: Vec<NodeId> = self.inbound.keys().copied().collect();
-        for origin in origins {
+        // Walks the origins by key rather than collecting them: this runs every repair interval.
+        let mut next_origin = self.inbound.keys().next().copied();
+        while let Some(origin) = next_origin {
+            next_origin = self
+                .inbound
+                .range((Bound::Excluded(origin), Bound::Unbounded))
+                .next()
+                .map(|(&o, _)| o);
             let mut wanted: Vec<(u64, u32)> = Vec::new();
             if let Some(stream) = self.inbound.get_mut(&origin) {
                 let (timeout, range) = (stream.nack.timeout(config), stream.nack.window(config));
