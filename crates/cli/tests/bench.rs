@@ -3,35 +3,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+mod common;
 
-/// Longest a bench run of these tests may take before it is killed.
-const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Runs `tidings ARGS`, killing it if it outlives [`TIMEOUT`].
-fn tidings(args: &[&str]) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_tidings"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if rx.recv_timeout(TIMEOUT).is_err() {
-            // Still running: kill it by its pid (the bench kills its own children when its stdin
-            // or its parent goes away, and each child has a lifetime of its own).
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    });
-    let output = child.wait_with_output().unwrap();
-    let _ = tx.send(());
-    watchdog.join().unwrap();
-    output
-}
+use common::tidings;
 
 fn bench_json(extra: &[&str]) -> serde_json::Value {
     let mut args = vec![
@@ -49,7 +23,7 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
         args.extend_from_slice(&["--seconds", "2", "--warmup-seconds", "0.5"]);
     }
     args.extend_from_slice(extra);
-    let out = tidings(&args);
+    let out = tidings(&args, "");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -113,7 +87,7 @@ fn bench_rejects_bad_input() {
         &["bench", "--transport", "carrier-pigeon"],
         &["bench", "--messages", "10", "--seconds", "2"],
     ] {
-        let out = tidings(args);
+        let out = tidings(args, "");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains("error"), "{args:?}: {stderr}");

@@ -2,47 +2,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
-/// Longest any command of these tests may run before it is killed.
-const TIMEOUT: Duration = Duration::from_secs(120);
+mod common;
 
-/// Kills a child that outlives the test (a panic included).
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Runs `tidings ARGS` with `stdin`, killing it if it outlives [`TIMEOUT`].
-fn tidings(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tidings"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(mut s) = child.stdin.take() {
-        s.write_all(stdin.as_bytes()).unwrap();
-    }
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if rx.recv_timeout(TIMEOUT).is_err() {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    });
-    let output = child.wait_with_output().unwrap();
-    let _ = tx.send(());
-    watchdog.join().unwrap();
-    output
-}
+use common::{standalone_gms, tidings, Guard};
 
 fn demo_json(extra: &[&str]) -> serde_json::Value {
     let mut args = vec![
@@ -103,19 +68,7 @@ fn demo_refuses_bad_options() {
 
 #[test]
 fn pub_and_sub_pass_lines_through_a_standalone_gms() {
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let gms_addr = format!("127.0.0.1:{port}");
-    let _gms = Guard(
-        Command::new(env!("CARGO_BIN_EXE_tidings"))
-            .args(["gms", "--bind", &gms_addr, "--seconds", "100"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_gms, gms_addr) = standalone_gms();
     // The subscriber says on stderr when it is subscribed.
     let mut sub = Guard(
         Command::new(env!("CARGO_BIN_EXE_tidings"))
@@ -172,19 +125,7 @@ fn node_reads_its_configuration_file_and_refuses_a_bad_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("colour"), "{err}");
 
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let gms_addr = format!("127.0.0.1:{port}");
-    let _gms = Guard(
-        Command::new(env!("CARGO_BIN_EXE_tidings"))
-            .args(["gms", "--bind", &gms_addr, "--seconds", "100"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_gms, gms_addr) = standalone_gms();
     let good = dir.join("good.toml");
     std::fs::write(
         &good,
