@@ -81,12 +81,30 @@ impl Figure {
         }
     }
 
+    /// A short title for the plot.
+    #[must_use]
+    pub fn plot_title(self) -> &'static str {
+        match self {
+            Figure::Fig1 => "Horus Fig. 1: window, local/global",
+            Figure::Fig2 => "Horus Fig. 2: packing on/off",
+            Figure::Fig3 => "Horus Fig. 3: back pressure on/off",
+        }
+    }
+
     /// What the x axis is.
     #[must_use]
     pub fn x_label(self) -> &'static str {
         match self {
-            Figure::Fig1 => "window (msgs)",
-            Figure::Fig2 | Figure::Fig3 => "offered load per member (msgs/s)",
+            Figure::Fig1 => "x: log2 of the window (msgs)",
+            Figure::Fig2 | Figure::Fig3 => "x: offered load per member (msgs/s)",
+        }
+    }
+
+    /// Where a run's x value goes on the plot (Fig. 1's windows on a log scale).
+    fn plot_x(self, x: f64) -> f64 {
+        match self {
+            Figure::Fig1 => x.log2(),
+            Figure::Fig2 | Figure::Fig3 => x,
         }
     }
 
@@ -105,13 +123,15 @@ impl Figure {
     pub fn xs(self, reduced: bool) -> Vec<f64> {
         let full: &[f64] = match self {
             Figure::Fig1 => &[
-                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
             ],
             Figure::Fig2 => &[
-                250.0, 500.0, 1000.0, 2000.0, 3000.0, 4000.0, 6000.0, 8000.0, 10000.0, 12000.0,
+                250.0, 500.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0, 6000.0, 7000.0, 8000.0,
+                9000.0, 10000.0,
             ],
             Figure::Fig3 => &[
-                2000.0, 4000.0, 6000.0, 8000.0, 10000.0, 12000.0, 16000.0, 20000.0, 24000.0,
+                2000.0, 4000.0, 6000.0, 8000.0, 10000.0, 12000.0, 14000.0, 16000.0, 18000.0,
+                20000.0,
             ],
         };
         let small: &[f64] = match self {
@@ -370,7 +390,7 @@ pub fn to_png(figure: Figure, points: &[Point]) -> Vec<u8> {
         points: points
             .iter()
             .filter(|p| p.variant == variant)
-            .map(|p| (p.x, f(p)))
+            .map(|p| (figure.plot_x(p.x), f(p)))
             .collect(),
     };
     let panel = |title: String, f: &dyn Fn(&Point) -> f64| Panel {
@@ -378,22 +398,25 @@ pub fn to_png(figure: Figure, points: &[Point]) -> Vec<u8> {
         y_max: nice_ceiling(points.iter().map(f).fold(0.0, f64::max)),
         series: vec![line(0, f), line(1, f)],
     };
-    let x = figure.x_label();
-    let mut panels = vec![panel(
-        format!("throughput (msgs/s per group) against {x}"),
-        &|p| p.throughput_msgs,
-    )];
+    let mut panels = vec![panel("throughput (msgs/s per group)".into(), &|p| {
+        p.throughput_msgs
+    })];
     if figure == Figure::Fig3 {
-        panels.push(panel(
-            format!("most msgs held by a sender against {x}"),
-            &|p| p.held_msgs_max as f64,
-        ));
-        panels.push(panel(format!("latency p99 (ms) against {x}"), &|p| {
-            p.latency_p99_ms
+        panels.push(panel("most msgs held by a sender".into(), &|p| {
+            p.held_msgs_max as f64
         }));
+        panels.push(panel("latency p99 (ms)".into(), &|p| p.latency_p99_ms));
     }
-    let x_max = points.iter().map(|p| p.x).fold(1.0, f64::max);
-    render(figure.title(), &[(String::new(), panels)], x_max).to_png()
+    let x_max = points
+        .iter()
+        .map(|p| figure.plot_x(p.x))
+        .fold(1.0, f64::max);
+    render(
+        figure.plot_title(),
+        &[(figure.x_label().to_string(), panels)],
+        x_max,
+    )
+    .to_png()
 }
 
 /// Runs a figure and writes `<name>.csv` and `<name>.png` into `out`; returns the points.
