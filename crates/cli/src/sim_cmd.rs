@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use tidings_proto::Config;
 use tidings_sim::fault::FaultSpec;
+use tidings_sim::horus::PaperScenario;
 use tidings_sim::{MembershipKind, Progress, Scenario};
 
 #[derive(Subcommand, Debug)]
@@ -93,11 +94,11 @@ pub(crate) struct RunArgs {
     /// No progress on stderr.
     #[arg(long, short)]
     quiet: bool,
-    /// Run a paper experiment instead (gryphon-fig2, gryphon-fig4, gryphon-fig9), with and without
-    /// congestion control, writing a CSV time series per run and a PNG plot into --out; the other scenario
+    /// Run a paper experiment instead (gryphon-fig2, gryphon-fig4, gryphon-fig9 with and without
+    /// congestion control; horus-fig1, horus-fig2, horus-fig3: see `tidings_sim::horus`), writing a CSV time series per run and a PNG plot into --out; the other scenario
     /// flags are ignored (--seed is used).
     #[arg(long = "scenario")]
-    experiment: Option<tidings_sim::experiment::Experiment>,
+    experiment: Option<tidings_sim::horus::PaperScenario>,
     /// Where experiments write their CSV and PNG files.
     #[arg(long, default_value = "docs/experiments")]
     out: std::path::PathBuf,
@@ -254,6 +255,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
             MembershipKind::Oracle
         },
         link_events: Vec::new(),
+        ..Scenario::default()
     }
 }
 
@@ -315,8 +317,10 @@ fn sim_experiment(a: &RunArgs, experiment: tidings_sim::experiment::Experiment) 
 }
 
 fn sim_run(a: &RunArgs) -> ExitCode {
-    if let Some(experiment) = a.experiment {
-        return sim_experiment(a, experiment);
+    match a.experiment {
+        Some(PaperScenario::Gryphon(experiment)) => return sim_experiment(a, experiment),
+        Some(PaperScenario::Horus(figure)) => return sim_horus(a, figure),
+        None => {}
     }
     let s = scenario(&a.scenario, a.loss, a.seed);
     let show = !a.quiet && std::io::stderr().is_terminal();
@@ -437,5 +441,27 @@ pub(crate) fn run(command: SimCommand) -> ExitCode {
         SimCommand::Run(a) => sim_run(&a),
         SimCommand::Sweep(a) => sim_sweep(&a),
         SimCommand::Regions(a) => sim_regions(&a),
+    }
+}
+
+/// Runs a Horus figure (paper 004) and writes its CSV and PNG.
+fn sim_horus(a: &RunArgs, figure: tidings_sim::horus::Figure) -> ExitCode {
+    let setup = tidings_sim::horus::Setup {
+        figure,
+        reduced: a.reduced,
+        seed: a.seed,
+    };
+    let mut show = |p: &tidings_sim::horus::Point| {
+        println!("{}", tidings_sim::horus::point_line(figure, p));
+    };
+    match tidings_sim::horus::run_and_write(&setup, &a.out, &mut show) {
+        Ok(_) => {
+            println!("  wrote {}/{}.{{csv,png}}", a.out.display(), figure.name());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
     }
 }

@@ -16,6 +16,12 @@ pub struct Config {
     /// Largest unstable bytes (payload) per region stream. Default 16 MiB, matching the message window
     /// for 1000-byte messages.
     pub window_bytes_max: usize,
+    /// Which credit window `window_msgs_max` bounds (Horus, paper 004 section 3). Default
+    /// [`WindowAlgorithm::Local`]: the paper found it better, and it needs no shared state.
+    pub window_algorithm: WindowAlgorithm,
+    /// Horus' message packing: a data datagram carries as many pending messages of the stream as
+    /// fit. Off: one message per datagram (to measure what packing gains). Default on.
+    pub packing: bool,
     /// Largest number of published messages waiting to be sent per region stream (the queue ahead
     /// of the socket); beyond it `publish` returns `WouldBlock`. With the window this bounds unsent
     /// plus unstable data (back pressure, Horus' end-to-end chain). Default 1024: about 90 ms of
@@ -169,6 +175,8 @@ impl Default for Config {
             max_datagram_bytes: 1472,
             window_msgs_max: 16384,
             window_bytes_max: 16 << 20,
+            window_algorithm: WindowAlgorithm::Local,
+            packing: true,
             send_queue_msgs_max: 1024,
             send_queue_bytes_max: 1 << 20,
             receive_window_msgs: 32768,
@@ -217,6 +225,26 @@ impl Default for Config {
             rng_seed: 1,
         }
     }
+}
+
+/// The credit window of a sender (Horus, paper 004 section 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WindowAlgorithm {
+    /// One window per sender and region: the sender's own unstable messages (the most any
+    /// receiver has not acknowledged, `max_j(s_i - r_ij)`) stay below `window_msgs_max`, and their
+    /// payload below `window_bytes_max`.
+    #[default]
+    Local,
+    /// One window per region shared by all its senders: the sum over the region's senders of
+    /// their unstable messages (`sum_i max_j(s_i - r_ij)`) stays below `window_msgs_max`, so a
+    /// sender holds back when the region as a whole has too much outstanding. Each node
+    /// approximates the sum from what it already knows, with no extra messages: for itself, sent
+    /// minus stable; for every other sender of the region, the highest sequence number it knows
+    /// to exist (received data, silences, and token records' `agg_max`) minus the stability
+    /// point the token records carry (`stable_upto`). Both lag the truth by up to a token round,
+    /// so the estimate is stale, never invented. `window_bytes_max` still bounds the node's own
+    /// unstable bytes (other senders' bytes are not in the records).
+    Global,
 }
 
 /// A configuration that cannot work, and why.

@@ -16,7 +16,7 @@ mod send;
 mod stats;
 pub mod time;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, WindowAlgorithm};
 pub use event::{Delivery, Event};
 pub use node::{Node, PublishError, StreamReport, Transmit};
 pub use stats::Stats;

@@ -9,7 +9,7 @@ use tidings_wire::{
     TopicId, MESSAGE_HEADER_LEN,
 };
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, WindowAlgorithm};
 use crate::event::{Delivery, Event};
 use crate::membership::Membership;
 use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
@@ -1084,7 +1084,14 @@ impl Node {
             let Some((&region, stream)) = self.outbound.iter_mut().nth(idx) else {
                 continue;
             };
-            if !stream.can_send(&self.config) {
+            let others_unstable = match self.config.window_algorithm {
+                WindowAlgorithm::Local => 0,
+                WindowAlgorithm::Global => self
+                    .regions
+                    .get(&region)
+                    .map_or(0, RegionState::others_unstable_estimate),
+            };
+            if !stream.can_send(&self.config, others_unstable) {
                 continue;
             }
             let header = Header {
@@ -1096,7 +1103,7 @@ impl Node {
             let Ok(mut w) = MessagesWriter::data(buf, &header) else {
                 return None;
             };
-            let packed = stream.pack_unsent(&mut w, &self.config);
+            let packed = stream.pack_unsent(&mut w, &self.config, others_unstable);
             if packed == 0 {
                 continue;
             }
@@ -1151,14 +1158,21 @@ impl Node {
     fn update_gauges(&mut self) {
         let s = &mut self.out.stats;
         let mut unstable = 0;
+        let mut held_msgs = 0;
+        let mut held_bytes = 0;
         for stream in self.outbound.values() {
             unstable += stream.unstable_msgs();
+            held_msgs += stream.unstable_msgs() + stream.unsent_msgs();
+            held_bytes += stream.held_bytes() as u64;
             s.unstable_msgs_max = s.unstable_msgs_max.max(stream.unstable_msgs());
             s.unstable_bytes_max = s.unstable_bytes_max.max(stream.unstable_bytes() as u64);
             debug_assert!(stream.unstable_msgs() as usize <= self.config.window_msgs_max);
             debug_assert!(stream.stable_upto <= stream.sent_upto);
         }
         s.unstable_msgs_current = unstable;
+        s.held_msgs_current = held_msgs;
+        s.held_bytes_current = held_bytes;
+        s.held_bytes_max = s.held_bytes_max.max(held_bytes);
         let cached: u64 = self
             .regions
             .values()

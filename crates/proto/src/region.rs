@@ -453,6 +453,17 @@ impl RegionState {
         }
     }
 
+    /// Horus' global window without its own sender: the sum over the other senders of the region
+    /// of their unstable messages, as far as this node knows (the highest sequence number it knows
+    /// to exist, from data, silences and token records, minus the stability point the tokens
+    /// report). Stale by up to a token round, never invented.
+    pub(crate) fn others_unstable_estimate(&self) -> u64 {
+        self.inbound
+            .values()
+            .map(|s| s.known_max().saturating_sub(s.stable_upto))
+            .sum()
+    }
+
     fn stable_known(&self, origin: NodeId, own: Option<&OutboundStream>) -> u64 {
         if origin == self.me {
             own.map_or(0, |s| s.stable_upto)

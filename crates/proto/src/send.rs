@@ -93,12 +93,23 @@ impl OutboundStream {
         self.last_seq()
     }
 
-    /// Whether an unsent message may go out now (Horus' local window).
-    pub(crate) fn can_send(&self, config: &Config) -> bool {
+    /// Whether an unsent message may go out now. `others_unstable` is what the credit window
+    /// counts besides this stream's own unstable messages: 0 for Horus' local window, the other
+    /// senders' estimated unstable messages in the region for the global one. A stream with
+    /// nothing unstable may always send, so every sender progresses however stale the estimate
+    /// (the global sum then overshoots by at most one datagram per sender).
+    pub(crate) fn can_send(&self, config: &Config, others_unstable: u64) -> bool {
+        let unstable = self.unstable_msgs();
         self.sent_upto < self.last_seq()
             && self.paused_until == Time::ZERO
-            && (self.unstable_msgs() as usize) < config.window_msgs_max
-            && self.unstable_bytes < config.window_bytes_max
+            && (unstable == 0
+                || (unstable.saturating_add(others_unstable) < config.window_msgs_max as u64
+                    && self.unstable_bytes < config.window_bytes_max))
+    }
+
+    /// Payload bytes held: unsent plus sent and unstable (what back pressure bounds).
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.unsent_bytes + self.unstable_bytes
     }
 
     /// A held message by sequence number (sent or not).
@@ -109,15 +120,16 @@ impl OutboundStream {
         self.msgs.get((seq - self.stable_upto - 1) as usize)
     }
 
-    /// Packs unsent messages into `writer` while the window and the datagram allow; returns how
-    /// many were packed.
+    /// Packs unsent messages into `writer` while the window (see [`Self::can_send`]) and the
+    /// datagram allow, or only one if `config.packing` is off; returns how many were packed.
     pub(crate) fn pack_unsent(
         &mut self,
         writer: &mut MessagesWriter<'_>,
         config: &Config,
+        others_unstable: u64,
     ) -> usize {
         let mut packed = 0;
-        while self.can_send(config) {
+        while self.can_send(config, others_unstable) && (config.packing || packed == 0) {
             let seq = self.sent_upto + 1;
             let Some(m) = self.msgs.get((seq - self.stable_upto - 1) as usize) else {
                 break;
@@ -280,16 +292,102 @@ mod tests {
         };
         let mut buf = [0u8; 1472];
         let mut w = MessagesWriter::data(&mut buf, &header).unwrap();
-        assert_eq!(s.pack_unsent(&mut w, &config), 2);
+        assert_eq!(s.pack_unsent(&mut w, &config, 0), 2);
         let len = w.finish();
         assert!(Packet::parse(&buf[..len]).is_ok());
-        assert!(!s.can_send(&config));
+        assert!(!s.can_send(&config, 0));
         let mut released = Vec::new();
         assert!(!s.ack(3, |m| released.push(m)));
         assert!(s.ack(1, |m| released.push(m)));
         assert_eq!(released, vec![MsgId(1)]);
-        assert!(s.can_send(&config));
+        assert!(s.can_send(&config, 0));
         assert!(s.get(1).is_none() && s.get(3).is_some());
+    }
+
+    fn data_writer(buf: &mut [u8]) -> MessagesWriter<'_> {
+        let header = Header {
+            kind: Kind::Data,
+            region: RegionId(1),
+            view: ViewId(1),
+            sender: NodeId(0),
+        };
+        MessagesWriter::data(buf, &header).unwrap()
+    }
+
+    #[test]
+    fn global_window_counts_other_senders_and_packing_can_be_off() {
+        let config = Config {
+            window_msgs_max: 4,
+            window_algorithm: crate::config::WindowAlgorithm::Global,
+            ..Config::default()
+        };
+        let mut s = OutboundStream::new(ViewId(1), Time::ZERO);
+        for id in 1..=6 {
+            s.push(out(id, 10));
+        }
+        let mut buf = [0u8; 1472];
+        // Others hold 3 of the 4 credits: this sender gets the one left.
+        assert_eq!(s.pack_unsent(&mut data_writer(&mut buf), &config, 3), 1);
+        assert!(!s.can_send(&config, 3));
+        // Others hold them all: nothing more while this sender has unstable messages...
+        assert!(!s.can_send(&config, 10));
+        assert!(s.ack(1, |_| {}));
+        // ...but a sender with nothing unstable may always send one datagram.
+        assert_eq!(s.pack_unsent(&mut data_writer(&mut buf), &config, 10), 1);
+        // Packing off: one message per datagram even with credit left.
+        let one = Config {
+            packing: false,
+            ..config
+        };
+        assert_eq!(s.pack_unsent(&mut data_writer(&mut buf), &one, 0), 1);
+        assert_eq!(s.pack_unsent(&mut data_writer(&mut buf), &config, 0), 2);
+    }
+
+    #[test]
+    fn send_queue_and_window_bound_unsent_plus_unstable() {
+        // Horus' end-to-end chain: publish is admitted only while the send queue has room, the
+        // window bounds what leaves it; together they bound all a sender holds, by count and by
+        // bytes, whatever the region acknowledges.
+        let config = Config {
+            window_msgs_max: 8,
+            window_bytes_max: 3000,
+            send_queue_msgs_max: 5,
+            send_queue_bytes_max: 2000,
+            ..Config::default()
+        };
+        let mut s = OutboundStream::new(ViewId(1), Time::ZERO);
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut next_id = 1;
+        let mut buf = [0u8; 1472];
+        let msg_max = 700;
+        for round in 0..2000u64 {
+            for _ in 0..rng.usize(0..4) {
+                let len = rng.usize(1..=msg_max);
+                if s.admits(len, &config) {
+                    s.push(out(next_id, len));
+                    next_id += 1;
+                }
+            }
+            if rng.bool() {
+                s.pack_unsent(&mut data_writer(&mut buf), &config, 0);
+            }
+            if round % 7 == 0 {
+                let upto = s.stable_upto + rng.u64(0..=s.unstable_msgs());
+                assert!(s.ack(upto, |_| {}));
+            }
+            let unsent = s.unsent_msgs() as usize;
+            let unstable = s.unstable_msgs() as usize;
+            assert!(unsent <= config.send_queue_msgs_max);
+            assert!(unstable <= config.window_msgs_max);
+            assert!(s.unsent_bytes <= config.send_queue_bytes_max.max(msg_max));
+            // The window is checked before a message is added, so it may end one message over.
+            assert!(s.unstable_bytes < config.window_bytes_max + msg_max);
+            assert!(
+                s.held_bytes()
+                    < config.send_queue_bytes_max.max(msg_max) + config.window_bytes_max + msg_max
+            );
+        }
+        assert!(next_id > 100, "the run admitted {next_id} messages");
     }
 
     #[test]

@@ -34,6 +34,14 @@ pub struct Stats {
     pub unstable_msgs_current: u64,
     /// Most unstable messages in any one region stream at any time.
     pub unstable_msgs_max: u64,
+    /// Messages held by all outbound streams now: unsent plus unstable (what back pressure
+    /// bounds; a message sent to several regions counts once per region).
+    pub held_msgs_current: u64,
+    /// Payload bytes held by all outbound streams now: unsent plus unstable (counted per region,
+    /// though the payload is stored once).
+    pub held_bytes_current: u64,
+    /// Most of `held_bytes_current` ever.
+    pub held_bytes_max: u64,
     /// Most unstable payload bytes in any one region stream at any time.
     pub unstable_bytes_max: u64,
     /// Silence heartbeats sent.

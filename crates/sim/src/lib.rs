@@ -11,6 +11,7 @@ pub mod checker;
 pub mod churn;
 pub mod experiment;
 pub mod gms;
+pub mod horus;
 pub mod report;
 pub mod scenario;
 pub mod sweep;

@@ -76,6 +76,12 @@ pub struct Scenario {
     /// Changes to links at given times (a throttled link, a link that fails and comes back):
     /// the congestion experiments. Default none.
     pub link_events: Vec<LinkEvent>,
+    /// CPU time each accepted publish costs the sender's node (the application's send path on
+    /// the node's CPU, competing with packet processing). Default zero.
+    pub publish_cost: Duration,
+    /// CPU time of every node per datagram received or sent. Default
+    /// [`NodeNetConfig::PROC_COST_PER_PACKET_DEFAULT`] (2 us).
+    pub proc_cost_per_packet: Duration,
 }
 
 /// A change to one node's links at a given time.
@@ -139,6 +145,8 @@ impl Default for Scenario {
             detection: DETECTION_DEFAULT,
             membership: MembershipKind::Oracle,
             link_events: Vec::new(),
+            publish_cost: Duration::ZERO,
+            proc_cost_per_packet: NodeNetConfig::PROC_COST_PER_PACKET_DEFAULT,
         }
     }
 }
@@ -484,6 +492,10 @@ pub struct SimHost {
     gms_out: Outgoing,
     /// GMS datagrams larger than the world's datagram limit (dropped).
     gms_oversize: u64,
+    /// CPU time per accepted publish ([`Scenario::publish_cost`]).
+    publish_cost: Duration,
+    /// CPU time spent publishing and not yet charged by the world.
+    cpu_charge: Duration,
 }
 
 impl SimHost {
@@ -552,6 +564,7 @@ impl SimHost {
                 let payload = Bytes::from(payload_for(me, id, p.len));
                 match self.node.publish(now, p.next_topic, payload) {
                     Ok(msg_id) => {
+                        self.cpu_charge += self.publish_cost;
                         self.ledger
                             .borrow_mut()
                             .published(me, msg_id, p.next_topic, p.len, now)
@@ -633,6 +646,10 @@ impl Host for SimHost {
 
     fn poll_regions(&mut self) -> Option<BTreeMap<RegionId, Vec<NodeId>>> {
         self.gms.as_mut().and_then(Role::poll_regions)
+    }
+
+    fn take_cpu_charge(&mut self) -> Duration {
+        std::mem::take(&mut self.cpu_charge)
     }
 
     fn poll_timeout(&self) -> Option<Time> {
@@ -734,6 +751,8 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             gms: roles.get_mut(i as usize).and_then(Option::take),
             gms_out: Outgoing::default(),
             gms_oversize: 0,
+            publish_cost: s.publish_cost,
+            cpu_charge: Duration::ZERO,
         });
     }
     if let Some(service) = roles.get_mut(s.nodes as usize).and_then(Option::take) {
@@ -751,6 +770,8 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             gms: Some(service),
             gms_out: Outgoing::default(),
             gms_oversize: 0,
+            publish_cost: s.publish_cost,
+            cpu_charge: Duration::ZERO,
         });
     }
     let link = LinkConfig {
@@ -760,6 +781,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     let base = NodeNetConfig {
         uplink: link,
         downlink: link,
+        proc_cost_per_packet: s.proc_cost_per_packet,
         ..NodeNetConfig::default()
     };
     let mut world_config = WorldConfig::uniform(s.seed, hosts.len(), &base);

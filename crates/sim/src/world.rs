@@ -55,6 +55,12 @@ pub trait Host {
     /// Pull one datagram to send, written into `buf`; called only while the node's uplink has
     /// room for `buf.len()` bytes. Returns the destination and the number of bytes written.
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Destination, usize)>;
+    /// CPU time the host spent beyond the per-datagram cost since it was last asked (work the
+    /// application did on the node's CPU, such as publishing), charged to the node's turn after
+    /// each `handle_*` call. Default: none.
+    fn take_cpu_charge(&mut self) -> Duration {
+        Duration::ZERO
+    }
     /// The next time `handle_timeout` must be called.
     fn poll_timeout(&self) -> Option<Time>;
     /// A new region map for the world (a host that runs the membership service changes the
@@ -975,14 +981,18 @@ impl<H: Host> World<H> {
                 stats.datagrams_delivered += 1;
                 stats.bytes_delivered += datagram.len() as u64;
                 host.handle_datagram(t, datagram);
-                t += cost;
-                stats.busy_time += cost;
+                let charged = cost + host.take_cpu_charge();
+                t += charged;
+                stats.busy_time += charged;
             }
         }
 
         let mut fired = false;
         if host.poll_timeout().is_some_and(|deadline| deadline <= t) {
             host.handle_timeout(t);
+            let charged = host.take_cpu_charge();
+            t += charged;
+            stats.busy_time += charged;
             fired = true;
         }
         if let Some(regions) = host.poll_regions() {

@@ -53,6 +53,22 @@ pub enum Error {
     /// The node refused the request (the message says why), e.g. the GMS removed it.
     #[error("refused: {0}")]
     Refused(String),
+    /// The subscription's reader fell behind: its queue stayed full longer than its
+    /// [`SlowConsumerPolicy::Disconnect`](crate::SlowConsumerPolicy::Disconnect) allows, so it
+    /// was disconnected. The messages before this error were delivered in order; none after it
+    /// will be. Subscribe again (and read faster, or allow more lag) to resume.
+    #[error(
+        "subscription to {topic:?} disconnected: its queue of {capacity} messages stayed full \
+         for {waited:?}; read faster or allow more lag"
+    )]
+    SlowConsumer {
+        /// The topic's name.
+        topic: String,
+        /// The queue's capacity (the lag allowed, in messages).
+        capacity: usize,
+        /// How long the delivery waited for room.
+        waited: std::time::Duration,
+    },
     /// The node has shut down (or its core thread stopped).
     #[error("the node has shut down")]
     Closed,

@@ -45,9 +45,10 @@ mod subscribe;
 mod topic;
 
 pub use error::Error;
+pub use node::SubscribeBuilder;
 pub use node::{GmsMode, Node, NodeBuilder, NodeStats};
 pub use publish::Publisher;
-pub use subscribe::{CallbackSubscription, Iter, Subscription};
+pub use subscribe::{CallbackSubscription, Iter, SlowConsumerPolicy, Subscription};
 pub use topic::{Message, Topic, TOPIC_NAME_BYTES_MAX};
 
 pub use bytes::Bytes;

@@ -13,7 +13,7 @@ use tidings_runtime::{
 
 use crate::error::Error;
 use crate::publish::Publisher;
-use crate::subscribe::{CallbackSubscription, Subscription};
+use crate::subscribe::{CallbackSubscription, SlowConsumerPolicy, Subscription};
 use crate::topic::{Message, Topic};
 
 /// Where the node finds the membership service.
@@ -269,38 +269,25 @@ impl Node {
     }
 
     /// Subscribes to `topic`, read as an iterator; in force when this returns (every message
-    /// published after it is delivered).
+    /// published after it is delivered). The node's subscription capacity and the default
+    /// [`SlowConsumerPolicy::SlowDown`]; [`Node::subscription`] chooses others.
     pub fn subscribe<T: Send + 'static>(&self, topic: &Topic<T>) -> Result<Subscription<T>, Error> {
-        let runtime = self.runtime()?;
-        // Unbounded underneath, bounded by waiting for room below: a shutdown must not wait
-        // for an application that stopped reading.
-        let (sender, queue) = crossbeam_channel::unbounded();
-        let capacity = self.subscription_capacity;
-        let closing = Arc::clone(&self.closing);
-        let dropped = Arc::new(AtomicBool::new(false));
-        let reader_gone = Arc::clone(&dropped);
-        let decode = topic.decoder();
-        let name = topic.name().to_owned();
-        let topic_name = name.clone();
-        let inner = runtime.subscribe_named(&name, self.share, move |d| {
-            let message = to_message(d, decode, &topic_name);
-            // Waits while the queue is full: the back pressure the type documents (the worker
-            // stops, the node stops reading, the publishers slow down).
-            while sender.len() >= capacity
-                && !closing.load(Ordering::Acquire)
-                && !reader_gone.load(Ordering::Acquire)
-            {
-                std::thread::sleep(ROOM_POLL);
-            }
-            // Fails only once the application dropped the subscription: nobody wants it.
-            let _ = sender.send(message);
-        })?;
-        Ok(Subscription {
-            inner,
-            queue,
-            name,
-            dropped,
-        })
+        self.subscription(topic).subscribe()
+    }
+
+    /// A builder for an iterator subscription to `topic` with its own queue capacity and
+    /// slow-consumer policy.
+    #[must_use]
+    pub fn subscription<'a, T: Send + 'static>(
+        &'a self,
+        topic: &'a Topic<T>,
+    ) -> SubscribeBuilder<'a, T> {
+        SubscribeBuilder {
+            node: self,
+            topic,
+            capacity: self.subscription_capacity,
+            policy: SlowConsumerPolicy::SlowDown,
+        }
     }
 
     /// Subscribes to `topic` with a callback, run on a delivery worker thread for every message
@@ -380,4 +367,93 @@ fn to_message<T>(
             topic: topic_name.to_owned(),
             why,
         })
+}
+
+/// Options of one iterator subscription, from [`Node::subscription`].
+#[derive(Debug)]
+pub struct SubscribeBuilder<'a, T> {
+    node: &'a Node,
+    topic: &'a Topic<T>,
+    capacity: usize,
+    policy: SlowConsumerPolicy,
+}
+
+impl<T: Send + 'static> SubscribeBuilder<'_, T> {
+    /// Messages the subscription's queue holds: how far its reader may lag before the policy
+    /// applies. Default the node's `subscription_capacity`.
+    #[must_use]
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// What happens when the queue is full. Default [`SlowConsumerPolicy::SlowDown`].
+    #[must_use]
+    pub fn slow_consumer(mut self, policy: SlowConsumerPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Subscribes; in force when this returns (every message published after it is delivered).
+    pub fn subscribe(self) -> Result<Subscription<T>, Error> {
+        if !(1..=SUBSCRIPTION_CAPACITY_MAX).contains(&self.capacity) {
+            return Err(Error::Config(format!(
+                "subscription capacity {} must be within 1..={SUBSCRIPTION_CAPACITY_MAX}",
+                self.capacity
+            )));
+        }
+        let node = self.node;
+        let runtime = node.runtime()?;
+        // Unbounded underneath, bounded by waiting for room below: a shutdown must not wait
+        // for an application that stopped reading.
+        let (sender, queue) = crossbeam_channel::unbounded();
+        let mut sender = Some(sender);
+        let capacity = self.capacity;
+        let policy = self.policy;
+        let closing = Arc::clone(&node.closing);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let reader_gone = Arc::clone(&dropped);
+        let decode = self.topic.decoder();
+        let name = self.topic.name().to_owned();
+        let topic_name = name.clone();
+        let inner = runtime.subscribe_named(&name, node.share, move |d| {
+            // Disconnected (the reader was told): nothing more is queued for it.
+            let Some(queue) = sender.as_ref() else {
+                return;
+            };
+            let message = to_message(d, decode, &topic_name);
+            // Waits while the queue is full: the back pressure the type documents (the worker
+            // stops, the node stops reading, the publishers slow down), within the policy's
+            // bound.
+            #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+            let started = std::time::Instant::now();
+            while queue.len() >= capacity
+                && !closing.load(Ordering::Acquire)
+                && !reader_gone.load(Ordering::Acquire)
+            {
+                if let SlowConsumerPolicy::Disconnect { max_wait } = policy {
+                    if started.elapsed() >= max_wait {
+                        // The error goes after what is queued; dropping the sender then ends
+                        // the reader's iterator.
+                        let _ = queue.send(Err(Error::SlowConsumer {
+                            topic: topic_name.clone(),
+                            capacity,
+                            waited: started.elapsed(),
+                        }));
+                        sender = None;
+                        return;
+                    }
+                }
+                std::thread::sleep(ROOM_POLL);
+            }
+            // Fails only once the application dropped the subscription: nobody wants it.
+            let _ = queue.send(message);
+        })?;
+        Ok(Subscription {
+            inner,
+            queue,
+            name,
+            dropped,
+        })
+    }
 }

@@ -10,12 +10,31 @@ use tidings_proto::TopicId;
 use crate::error::Error;
 use crate::topic::Message;
 
+/// What an iterator [`Subscription`] does when its reader falls behind: its queue holds
+/// `capacity` messages (the most it may lag) and is full.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SlowConsumerPolicy {
+    /// Slow the stream: the delivery waits for room as long as it takes, so the node stops
+    /// taking deliveries for the topic and the publishers slow down (back pressure). The default.
+    #[default]
+    SlowDown,
+    /// Slow the stream for at most this long per message; if the queue is still full then, the
+    /// subscription is disconnected: its reader gets the messages already queued, then
+    /// `Err(Error::SlowConsumer)`, then the end (`None`). Later messages of the topic are not
+    /// queued for it (it was told), and the node's other subscriptions go on.
+    Disconnect {
+        /// Longest wait for room before disconnecting.
+        max_wait: std::time::Duration,
+    },
+}
+
 /// A subscription read as an iterator: every message of the topic, in each publisher's order.
 ///
-/// Messages wait in a bounded queue (`NodeBuilder::subscription_capacity`). When the
-/// application does not keep up and the queue is full, the node stops taking deliveries, which
-/// slows the publishers down (back pressure) rather than dropping anything. Dropping the
-/// subscription unsubscribes.
+/// Messages wait in a bounded queue (`NodeBuilder::subscription_capacity`, or
+/// [`SubscribeBuilder::capacity`]). When the application does not keep up and the queue is
+/// full, its [`SlowConsumerPolicy`] applies: by default the node stops taking deliveries, which
+/// slows the publishers down (back pressure); or the subscription is disconnected with an
+/// error. Nothing is dropped silently. Dropping the subscription unsubscribes.
 pub struct Subscription<T> {
     pub(crate) inner: tidings_runtime::Subscription,
     pub(crate) queue: Receiver<Result<Message<T>, Error>>,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tidings::{Bytes, Error, Node, Topic};
+use tidings::{Bytes, Error, Node, SlowConsumerPolicy, Topic};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 struct Quote {
@@ -153,4 +153,44 @@ fn too_large_messages_are_refused_with_the_limit() {
         .unwrap_err();
     assert!(matches!(err, Error::TooLarge { .. }), "{err}");
     node.shutdown().unwrap();
+}
+
+#[test]
+fn a_slow_subscriber_is_disconnected_with_an_error_and_the_others_go_on() {
+    let node = Node::builder().start().unwrap();
+    let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
+    let topic: Topic<Quote> = Topic::new("quotes/slow").unwrap();
+    // Never read until the end: lags 4 messages at most, waits 50 ms for room, then leaves.
+    let slow = peer
+        .subscription(&topic)
+        .capacity(4)
+        .slow_consumer(SlowConsumerPolicy::Disconnect {
+            max_wait: Duration::from_millis(50),
+        })
+        .subscribe()
+        .unwrap();
+    let fast = peer.subscribe(&topic).unwrap();
+    let mut publisher = node.publisher(&topic).unwrap();
+    for seq in 0..40 {
+        publisher.publish(&quote(seq)).unwrap();
+    }
+    for seq in 0..40 {
+        let m = fast.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(m.value.seq, seq);
+    }
+    // The slow reader gets what was queued, in order, then the error, then the end.
+    let mut got = Vec::new();
+    let error = loop {
+        match slow.recv_timeout(Duration::from_secs(10)) {
+            Ok(m) => got.push(m.value.seq),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(error, Error::SlowConsumer { capacity: 4, .. }),
+        "{error}"
+    );
+    assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>());
+    assert!(got.len() <= 5, "{got:?}");
+    assert!(slow.recv().is_none());
 }
