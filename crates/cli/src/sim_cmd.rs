@@ -43,6 +43,14 @@ pub(crate) struct RegionsArgs {
     /// Seed of the workload.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Correlated interest: nodes form this many communities, each subscribing to its own
+    /// Zipf-drawn profile of topics (0: every node draws independently, paper 001's workload).
+    #[arg(long, default_value_t = 0)]
+    communities: usize,
+    /// With --communities, the share of each node's topics drawn on its own, outside its
+    /// community's profile.
+    #[arg(long, default_value_t = 0.0)]
+    personal: f64,
     /// Also run the batch (from scratch, largest first) greedy for comparison.
     #[arg(long)]
     batch: bool,
@@ -57,12 +65,15 @@ fn sim_regions(a: &RegionsArgs) -> ExitCode {
         || !(a.interest > 0.0 && a.interest <= 1.0)
         || a.zipf.is_nan()
         || a.zipf < 0.0
+        || !(0.0..=1.0).contains(&a.personal)
     {
-        eprintln!("error: --nodes and --topics must be positive, --interest within (0, 1], --zipf at least 0");
+        eprintln!("error: --nodes and --topics must be positive, --interest within (0, 1], --zipf at least 0, --personal within [0, 1]");
         return ExitCode::from(2);
     }
     let mut params = tidings_gms::RegionsParams::new(a.nodes, a.topics, a.interest, a.zipf, a.seed);
     params.compare_batch = a.batch;
+    params.communities = a.communities;
+    params.personal = a.personal;
     let report = tidings_gms::regions_report(&params);
     if a.json {
         match serde_json::to_string_pretty(&report) {

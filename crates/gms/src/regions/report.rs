@@ -21,6 +21,15 @@ pub struct RegionsParams {
     pub zipf: f64,
     /// Seed of the workload; the same seed gives the same figures.
     pub seed: u64,
+    /// Interest communities (0: none, every node draws its topics independently, which is how
+    /// paper 001 describes its workload). With `c > 0`, node `i` belongs to community `i mod c`;
+    /// each community draws one profile of topics by Zipf popularity, and its nodes subscribe to
+    /// that profile, except for a [`personal`](Self::personal) share drawn on their own. This
+    /// models correlated interest: nodes that share some topics share many.
+    pub communities: usize,
+    /// With communities, the share of each node's subscriptions drawn independently of its
+    /// community (0.0: a node subscribes to exactly its community's profile).
+    pub personal: f64,
     /// The planner's tuning.
     pub planner: PlannerConfig,
     /// Also run the paper's batch greedy ([`Planner::from_scratch`]) on the final subscriptions
@@ -37,6 +46,8 @@ impl Default for RegionsParams {
             interest: 0.1,
             zipf: 1.0,
             seed: 1,
+            communities: 0,
+            personal: 0.0,
             planner: PlannerConfig::default(),
             compare_batch: false,
         }
@@ -118,6 +129,10 @@ pub struct RegionsReport {
     pub zipf: f64,
     /// Seed.
     pub seed: u64,
+    /// Interest communities (0: independent draws).
+    pub communities: usize,
+    /// Share of each node's subscriptions drawn outside its community.
+    pub personal: f64,
     /// Subscriptions fed to the planner.
     pub subscriptions: usize,
     /// Topics with at least one subscriber.
@@ -184,9 +199,10 @@ pub(crate) struct Workload {
 }
 
 /// Generates the workload of paper 001: each node subscribes to `round(interest * topics)`
-/// distinct topics drawn by Zipf popularity (weighted sampling without replacement,
-/// Efraimidis-Spirakis: the `k` largest of `ln(u) / w`), in a random order. Topic of rank `r` is
-/// `TopicId(r)`, node `i` is `NodeId(i + 1)`.
+/// distinct topics drawn by Zipf popularity, in a random order; with
+/// [`communities`](RegionsParams::communities), a node takes its community's profile instead,
+/// except for its [`personal`](RegionsParams::personal) share. Topic of rank `r` is `TopicId(r)`,
+/// node `i` is `NodeId(i + 1)`.
 pub(crate) fn workload(params: &RegionsParams) -> Workload {
     let mut rng = fastrand::Rng::with_seed(params.seed);
     let weight: Vec<f64> = (1..=params.topics)
@@ -194,29 +210,52 @@ pub(crate) fn workload(params: &RegionsParams) -> Workload {
         .collect();
     let interest = params.interest.clamp(0.0, 1.0);
     let k = ((interest * params.topics as f64).round() as usize).min(params.topics);
-    let mut subscriptions = Vec::with_capacity(params.nodes);
     let mut keys: Vec<(f64, u32)> = Vec::with_capacity(params.topics);
+    let profiles: Vec<Vec<TopicId>> = (0..params.communities)
+        .map(|_| zipf_sample(&mut rng, &weight, k, &mut keys))
+        .collect();
+    let personal = ((params.personal.clamp(0.0, 1.0) * k as f64).round() as usize).min(k);
+    let mut subscriptions = Vec::with_capacity(params.nodes);
     for i in 0..params.nodes {
-        keys.clear();
-        for (t, &w) in weight.iter().enumerate() {
-            // ln(u) < 0; divided by the weight, popular topics get keys nearer zero (larger).
-            let u = rng.f64().max(f64::MIN_POSITIVE);
-            keys.push((u.ln() / w, t as u32 + 1));
+        let mut chosen = zipf_sample(&mut rng, &weight, k, &mut keys);
+        if let Some(profile) = profiles.get(i % params.communities.max(1)) {
+            // The profile (in its shuffled order) less `personal` topics, then that many of the
+            // node's own draws that the kept part lacks.
+            let kept: BTreeSet<TopicId> = profile[..k - personal].iter().copied().collect();
+            let own = chosen.iter().copied().filter(|t| !kept.contains(t));
+            let mut mine: Vec<TopicId> = kept.iter().copied().chain(own.take(personal)).collect();
+            rng.shuffle(&mut mine);
+            chosen = mine;
         }
-        let chosen: Vec<TopicId> = if k == 0 {
-            Vec::new()
-        } else {
-            keys.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
-            let mut c: Vec<TopicId> = keys[..k].iter().map(|&(_, t)| TopicId(t)).collect();
-            rng.shuffle(&mut c);
-            c
-        };
         subscriptions.push((NodeId(i as u32 + 1), chosen));
     }
     Workload {
         subscriptions,
         weight,
     }
+}
+
+/// `k` distinct topics drawn by weight (weighted sampling without replacement,
+/// Efraimidis-Spirakis: the `k` largest of `ln(u) / w`), in a random order.
+fn zipf_sample(
+    rng: &mut fastrand::Rng,
+    weight: &[f64],
+    k: usize,
+    keys: &mut Vec<(f64, u32)>,
+) -> Vec<TopicId> {
+    if k == 0 {
+        return Vec::new();
+    }
+    keys.clear();
+    for (t, &w) in weight.iter().enumerate() {
+        // ln(u) < 0; divided by the weight, popular topics get keys nearer zero (larger).
+        let u = rng.f64().max(f64::MIN_POSITIVE);
+        keys.push((u.ln() / w, t as u32 + 1));
+    }
+    keys.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
+    let mut chosen: Vec<TopicId> = keys[..k].iter().map(|&(_, t)| TopicId(t)).collect();
+    rng.shuffle(&mut chosen);
+    chosen
 }
 
 fn millis(d: std::time::Duration) -> u64 {
@@ -273,6 +312,8 @@ pub fn regions_report(params: &RegionsParams) -> RegionsReport {
         interest: params.interest,
         zipf: params.zipf,
         seed: params.seed,
+        communities: params.communities,
+        personal: params.personal,
         subscriptions,
         topics_subscribed: planner.topic_count(),
         regions_per_node_mean: incremental.regions_per_node_mean,
@@ -421,6 +462,14 @@ impl RegionsReport {
             self.seed,
             self.subscriptions
         );
+        if self.communities > 0 {
+            let _ = writeln!(
+                s,
+                "correlated interest: {} communities, {}% of each node's topics its own",
+                self.communities,
+                self.personal * 100.0
+            );
+        }
         let _ = writeln!(
             s,
             "{:<38} {:>14} {:>14}   paper 001",

@@ -302,3 +302,69 @@ fn workload_draws_popular_topics_more_often() {
     let tail: usize = count[900..].iter().sum::<usize>() / 101;
     assert!(tail < count[10], "tail {tail} vs rank 10 {}", count[10]);
 }
+
+#[test]
+fn community_workload_shares_profiles_and_personal_topics_differ() {
+    let mut params = RegionsParams::new(200, 1000, 0.1, 1.0, 5);
+    params.communities = 10;
+    let w = report::workload(&params);
+    let set = |i: usize| {
+        w.subscriptions[i]
+            .1
+            .iter()
+            .copied()
+            .collect::<BTreeSet<_>>()
+    };
+    for i in 0..200 {
+        assert_eq!(set(i).len(), 100, "node {i} has 100 distinct topics");
+        // Nodes 10 apart are in the same community: identical subscriptions.
+        if i >= 10 {
+            assert_eq!(set(i), set(i - 10), "node {i} and its community");
+        }
+    }
+    assert_ne!(set(0), set(1), "two communities, two profiles");
+
+    params.personal = 0.1;
+    let w = report::workload(&params);
+    let set = |i: usize| {
+        w.subscriptions[i]
+            .1
+            .iter()
+            .copied()
+            .collect::<BTreeSet<_>>()
+    };
+    for i in 10..200 {
+        assert_eq!(set(i).len(), 100);
+        let shared = set(i).intersection(&set(i - 10)).count();
+        assert!(
+            (80..100).contains(&shared),
+            "node {i} shares 90 profile topics plus chance overlaps with its community: {shared}"
+        );
+    }
+}
+
+#[test]
+fn nodes_of_one_community_always_share_their_regions() {
+    // With no personal topics, the nodes of a community subscribe to the same topics, so the
+    // planner (fed node by node, incrementally) must keep them in the same regions throughout.
+    let mut params = RegionsParams::new(120, 600, 0.1, 1.0, 4);
+    params.communities = 12;
+    let w = report::workload(&params);
+    let mut planner = Planner::new(PlannerConfig::default()).unwrap();
+    for (n, ts) in &w.subscriptions {
+        for &t in ts {
+            let _ = planner.subscribe(*n, t);
+        }
+    }
+    planner.check_invariants().unwrap();
+    let regions = |i: u32| planner.node_regions(NodeId(i + 1)).collect::<Vec<_>>();
+    for i in 12..120 {
+        assert_eq!(
+            regions(i),
+            regions(i - 12),
+            "node {} and its community",
+            i + 1
+        );
+    }
+    assert!(!regions(0).is_empty());
+}
