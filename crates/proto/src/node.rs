@@ -976,10 +976,12 @@ impl Node {
                     let h = self.header(Kind::Pull, region, view);
                     let Ok((len, written)) = write_ranges(buf, &h, Kind::Pull, origin, &ranges)
                     else {
+                        self.out.recycle_range_list(ranges);
                         continue;
                     };
                     if written < ranges.len() {
-                        let rest = ranges[written..].to_vec();
+                        let mut rest = ranges;
+                        rest.drain(..written);
                         self.out.control.push_front(Control::Pull {
                             to,
                             region,
@@ -987,6 +989,8 @@ impl Node {
                             origin,
                             ranges: rest,
                         });
+                    } else {
+                        self.out.recycle_range_list(ranges);
                     }
                     return Some(Transmit {
                         destination: Destination::Node(to),

@@ -147,7 +147,13 @@ pub(crate) struct Outbox {
     /// Buffers of tokens that went out, reused for the next ones: a token is encoded every round
     /// on every ring, and the steady state allocates nothing.
     token_buffers: Vec<Vec<u8>>,
+    /// Range lists of pull requests that went out, reused for the next ones (repairs under loss
+    /// allocate nothing once the pool is warm).
+    range_lists: Vec<Vec<SeqRange>>,
 }
+
+/// Most range lists kept for reuse.
+const RANGE_LISTS_KEPT: usize = 64;
 
 /// Most token buffers kept for reuse: tokens waiting in the control queue at once are few (one per
 /// ring this node is in, plus resends).
@@ -223,6 +229,20 @@ impl Outbox {
         bytes.clear();
         bytes.extend_from_slice(encoded);
         self.control.push_back(Control::Token { to, bytes });
+    }
+
+    /// An empty range list, recycled if one is free.
+    pub(crate) fn take_range_list(&mut self) -> Vec<SeqRange> {
+        let mut list = self.range_lists.pop().unwrap_or_default();
+        list.clear();
+        list
+    }
+
+    /// Takes back a range list that is no longer needed, for the next request.
+    pub(crate) fn recycle_range_list(&mut self, list: Vec<SeqRange>) {
+        if self.range_lists.len() < RANGE_LISTS_KEPT && list.capacity() > 0 {
+            self.range_lists.push(list);
+        }
     }
 
     /// Takes back the buffer of a token that went out, for the next one.

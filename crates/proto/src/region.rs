@@ -247,6 +247,12 @@ pub(crate) struct RegionState {
     scratch: Vec<SeqRange>,
     origins_scratch: Vec<NodeId>,
     records_scratch: Vec<OwnedRecord>,
+    /// Gaps due for a repair request (sequence number, attempts so far), and the pull lists by
+    /// target, reused every repair interval.
+    wanted_scratch: Vec<(u64, u32)>,
+    pulls_by_target: Vec<(NodeId, Vec<SeqRange>)>,
+    /// What a ring neighbour lacks and this node can push, reused every token.
+    push_scratch: Vec<SeqRange>,
 }
 
 impl RegionState {
@@ -303,6 +309,9 @@ impl RegionState {
             scratch: Vec::new(),
             origins_scratch: Vec::new(),
             records_scratch: Vec::new(),
+            wanted_scratch: Vec::new(),
+            pulls_by_target: Vec::new(),
+            push_scratch: Vec::new(),
         })
     }
 
@@ -883,7 +892,8 @@ impl RegionState {
     ) {
         let (region, view) = (self.region, self.view);
         // Push: what the predecessor reported missing and this node holds.
-        let mut push = Vec::new();
+        let mut push = std::mem::take(&mut self.push_scratch);
+        push.clear();
         let (mut pushed, mut scanned) = (0usize, 0usize);
         let scan_max = config.push_max_per_token * 4;
         'ranges: for r in &rec.prev_missing {
@@ -905,7 +915,7 @@ impl RegionState {
                 }
             }
         }
-        for r in push {
+        for &r in &push {
             let job = RepairJob::new(
                 Destination::Node(pred),
                 region,
@@ -918,6 +928,7 @@ impl RegionState {
             );
             out.queue_repair(job, config);
         }
+        self.push_scratch = push;
         // Pull.
         if rec.origin == self.me {
             return;
@@ -927,7 +938,7 @@ impl RegionState {
             return;
         };
         let stable = stream.stable_upto;
-        let mut pulls = Vec::new();
+        let mut pulls = out.take_range_list();
         let range = stream.nack.window(config);
         stream.request_gaps_where(
             now,
@@ -952,6 +963,8 @@ impl RegionState {
                 origin: rec.origin,
                 ranges: pulls,
             });
+        } else {
+            out.recycle_range_list(pulls);
         }
     }
 
@@ -1108,7 +1121,8 @@ impl RegionState {
         out: &mut Outbox,
     ) {
         let (region, view) = (self.region, self.view);
-        let mut by_target: BTreeMap<NodeId, Vec<SeqRange>> = BTreeMap::new();
+        let mut wanted = std::mem::take(&mut self.wanted_scratch);
+        let mut by_target = std::mem::take(&mut self.pulls_by_target);
         // Walks the origins by key rather than collecting them: this runs every repair interval.
         let mut next_origin = self.inbound.keys().next().copied();
         while let Some(origin) = next_origin {
@@ -1117,7 +1131,7 @@ impl RegionState {
                 .range((Bound::Excluded(origin), Bound::Unbounded))
                 .next()
                 .map(|(&o, _)| o);
-            let mut wanted: Vec<(u64, u32)> = Vec::new();
+            wanted.clear();
             if let Some(stream) = self.inbound.get_mut(&origin) {
                 let (timeout, range) = (stream.nack.timeout(config), stream.nack.window(config));
                 stream.due_gaps(
@@ -1128,19 +1142,29 @@ impl RegionState {
                     |seq, attempts| wanted.push((seq, attempts)),
                 );
             }
-            for (seq, attempts) in wanted {
+            for &(seq, attempts) in &wanted {
                 let target = if attempts < config.repair_attempts_before_sender {
                     self.random_cacher(seq, rng).unwrap_or(origin)
                 } else {
                     origin
                 };
-                let list = by_target.entry(target).or_default();
+                // Targets are a handful of cachers: a list beats a map here.
+                let at = match by_target.iter().position(|(t, _)| *t == target) {
+                    Some(at) => at,
+                    None => {
+                        by_target.push((target, out.take_range_list()));
+                        by_target.len() - 1
+                    }
+                };
+                let list = &mut by_target[at].1;
                 let end = list.last().map_or(0, |r| r.end());
                 if seq >= end {
                     ranges::push_range(list, seq, seq + 1, usize::MAX);
                 }
             }
-            for (target, ranges) in std::mem::take(&mut by_target) {
+            // Requests go out in target order, as they did from an ordered map.
+            by_target.sort_unstable_by_key(|(t, _)| *t);
+            for (target, ranges) in by_target.drain(..) {
                 if target == origin {
                     out.stats.pulls_to_sender += 1;
                 } else {
@@ -1157,6 +1181,8 @@ impl RegionState {
                 });
             }
         }
+        self.wanted_scratch = wanted;
+        self.pulls_by_target = by_target;
     }
 
     /// A dump of the rings' state, for debugging.

@@ -4,7 +4,8 @@
 //! (`publish`, `handle_datagram`, `handle_timeout`, `poll_transmit`, `poll_event`), after a
 //! warm-up that lets every buffer reach its working size. The target of issue 4 is zero per
 //! message; this test holds it at zero in total, per message and per token round alike. With loss,
-//! repairs allocate their range lists; that rate is printed and bounded loosely.
+//! pull requests reuse their range lists, but the range lists of token records with gaps still
+//! allocate; that rate is printed and bounded.
 //!
 //! Allocations are counted by a global allocator, so this file holds a single test: another test
 //! running in a parallel thread would be counted too.
@@ -240,10 +241,10 @@ fn no_heap_allocation_per_message_in_steady_state() {
         messages >= 190_000,
         "only {messages} messages delivered with loss"
     );
-    // About two per lost datagram today (the lists of a pull and of its answer).
+    // Under one per lost datagram today (range lists of token records with gaps).
     assert!(
-        h.counter.allocations * 2 <= messages,
-        "repairs allocate more than one per two messages: {}",
+        h.counter.allocations * 10 <= messages,
+        "repairs allocate more than one per ten messages: {}",
         h.counter.allocations
     );
 }
