@@ -9,14 +9,16 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod netns_support;
+
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use netns_support::{address, field, spawn_in, stdin_lines, Children, Namespaces};
 use tidings_proto::{Config, Membership, NodeId, TopicId};
 use tidings_runtime::{AddressBook, MulticastConfig, NodeRuntime, RuntimeConfig, Transport};
 
@@ -46,11 +48,6 @@ fn membership() -> Membership {
         .map(|i| (NodeId(i), topics_of(i)))
         .collect();
     Membership::from_subscriptions(&subs, 5)
-}
-
-/// Node `i`'s address on the bridge: 198.18.0.(i + 1), in the benchmarking range 198.18.0.0/15.
-fn address(i: u32) -> Ipv4Addr {
-    Ipv4Addr::new(198, 18, 0, u8::try_from(i + 1).unwrap())
 }
 
 /// Everyone's addresses: fixed, since each node has a namespace of its own; one group per region.
@@ -94,20 +91,6 @@ fn payload(topic: TopicId, index: u64) -> Bytes {
 /// Messages published on `t`: round-robin over the topics.
 fn want(t: TopicId) -> u64 {
     TOTAL / u64::from(TOPICS) + u64::from(u64::from(t.0) < TOTAL % u64::from(TOPICS))
-}
-
-/// Reads stdin lines in a thread; `None` when stdin closes (the parent is done or gone).
-fn stdin_lines() -> mpsc::Receiver<Option<String>> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
-            if tx.send(Some(line)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(None);
-    });
-    rx
 }
 
 /// Runs only in a child process, inside a namespace: one node.
@@ -207,185 +190,23 @@ fn subscriber(me: u32, node: &NodeRuntime) -> String {
     "ok".to_owned()
 }
 
-/// Runs `ip ARGS`; the error says what failed.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// The namespaces of one run: a hub holding the bridge, and one per node. Deleted on drop, also
-/// when the test panics. Names carry the pid, so concurrent runs do not collide.
-struct Namespaces {
-    hub: String,
-    nodes: Vec<String>,
-}
-
-impl Namespaces {
-    fn create(nodes: u32) -> Namespaces {
-        remove_stale();
-        let pid = std::process::id();
-        let hub = format!("tdg{pid}hub");
-        if let Err(e) = ip(&["netns", "add", &hub]) {
-            panic!(
-                "network namespaces are unavailable here, so multicast between namespaces was \
-                 NOT tested (this test needs root and iproute2): {e}"
-            );
-        }
-        // From here on, dropping `ns` (also by a panic) deletes what was created.
-        let mut ns = Namespaces {
-            hub,
-            nodes: Vec::new(),
-        };
-        let setup = |ns: &mut Namespaces| -> Result<(), String> {
-            // Without an IGMP querier, snooping could prune a group; flood multicast instead.
-            ip(&[
-                "-n",
-                &ns.hub,
-                "link",
-                "add",
-                "br0",
-                "type",
-                "bridge",
-                "mcast_snooping",
-                "0",
-            ])?;
-            ip(&["-n", &ns.hub, "link", "set", "br0", "up"])?;
-            for i in 0..nodes {
-                let name = format!("tdg{pid}n{i}");
-                ip(&["netns", "add", &name])?;
-                ns.nodes.push(name.clone());
-                let port = format!("p{i}");
-                // veth0 in the node's namespace, its peer on the hub's bridge.
-                ip(&[
-                    "-n", &name, "link", "add", "veth0", "type", "veth", "peer", "name", &port,
-                    "netns", &ns.hub,
-                ])?;
-                ip(&["-n", &ns.hub, "link", "set", &port, "master", "br0"])?;
-                ip(&["-n", &ns.hub, "link", "set", &port, "up"])?;
-                let cidr = format!("{}/15", address(i));
-                ip(&["-n", &name, "addr", "add", &cidr, "dev", "veth0"])?;
-                ip(&["-n", &name, "link", "set", "veth0", "up"])?;
-                ip(&["-n", &name, "link", "set", "lo", "up"])?;
-                ip(&["-n", &name, "route", "add", "224.0.0.0/4", "dev", "veth0"])?;
-            }
-            Ok(())
-        };
-        if let Err(e) = setup(&mut ns) {
-            // `ns` is dropped by the unwind and deletes what was created.
-            panic!("setting up the namespaces and the bridge failed: {e}");
-        }
-        ns
-    }
-}
-
-/// Deletes namespaces left by runs of this test that were killed before their guard ran (their
-/// pid, in the name, is gone).
-fn remove_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(name) = line.split_whitespace().next() else {
-            continue;
-        };
-        let Some(rest) = name.strip_prefix("tdg") else {
-            continue;
-        };
-        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        let suffix = &rest[pid.len()..];
-        let ours = suffix == "hub"
-            || suffix
-                .strip_prefix('n')
-                .is_some_and(|i| !i.is_empty() && i.chars().all(|c| c.is_ascii_digit()));
-        if !pid.is_empty() && ours && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = ip(&["netns", "del", name]);
-        }
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        // Deleting a namespace deletes its end of each veth pair, and with it the peer; the
-        // bridge goes with the hub.
-        for name in self.nodes.iter().chain(std::iter::once(&self.hub)) {
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("cleanup: {e}");
-            }
-        }
-    }
-}
-
-/// The child processes; killed and reaped on drop (before the namespaces are deleted: a live
-/// process would keep its namespace alive).
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            drop(c.stdin.take());
-        }
-        let deadline = tidings_runtime::now() + Duration::from_secs(10);
-        for c in &mut self.0 {
-            while matches!(c.try_wait(), Ok(None)) && tidings_runtime::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn spawn_in(namespace: &str, me: u32, lines: mpsc::Sender<String>) -> Child {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", namespace])
-        .arg(exe)
-        .args([
-            "child_netns_node",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, me.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            // libtest prints "test child_netns_node ... " without a newline before the output.
-            if let Some(at) = line.find("CHILD-") {
-                let _ = lines.send(line[at..].to_owned());
-            }
-        }
-    });
-    child
-}
-
 #[test]
 fn multicast_between_network_namespaces() {
     if std::env::var(CHILD).is_ok() {
         return;
     }
-    let namespaces = Namespaces::create(SUBSCRIBERS + 1);
+    let namespaces = Namespaces::create(SUBSCRIBERS + 1, "multicast between namespaces");
     let (tx, rx) = mpsc::channel();
     let mut children = Children(
         (0..=SUBSCRIBERS)
-            .map(|i| spawn_in(&namespaces.nodes[i as usize], i, tx.clone()))
+            .map(|i| {
+                spawn_in(
+                    &namespaces.nodes[i as usize],
+                    "child_netns_node",
+                    (CHILD, &i.to_string()),
+                    tx.clone(),
+                )
+            })
             .collect(),
     );
     drop(tx);
@@ -428,16 +249,4 @@ fn multicast_between_network_namespaces() {
         );
     }
     eprintln!("{results:#?}");
-}
-
-/// The number after `name ` in a result line.
-fn field(line: &str, name: &str) -> u64 {
-    let at = line.find(name).unwrap() + name.len();
-    line[at..]
-        .split(|c: char| !c.is_ascii_digit() && c != ' ')
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
 }
