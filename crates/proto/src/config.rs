@@ -132,6 +132,12 @@ pub struct Config {
     pub pdcc_t_no_uca: Duration,
     /// r_min: least rate increase, messages per second. Default 2 (Table 1).
     pub pdcc_rate_min_increase: f64,
+    /// Least rate increase as a share of the rate in force (eq. 1's r_min, scaled): an increase
+    /// is at least `pdcc_rate_min_increase` and at least this share of the rate. Default 0
+    /// (Table 1's fixed r_min alone). Table 1's 2 messages/s were 0.4% of the paper's 500
+    /// messages/s; at thousands of messages/s a fixed r_min takes minutes to climb back after a
+    /// decrease (ADR 9: 313 to 331 messages/s in 20 s behind an 8 Mbit/s bottleneck).
+    pub pdcc_rate_min_increase_share: f64,
     /// f_incr: multiplicative increment (eq. 1). Default 0.05 (Table 1).
     pub pdcc_f_incr: f64,
     /// f_decr1: multiplicative decrement (eqs. 2-3). Default 0.5 (Table 1).
@@ -148,19 +154,41 @@ pub struct Config {
     /// it alerts (eq. 7). Default 4 s (Table 1).
     pub pdcc_delta_t_s: Duration,
     /// How much the one-way delay of fresh messages must have grown over its minimum of the last
-    /// 10 s before a non-recovering receiver's falling doubt horizon rate (equation 6) counts as
-    /// congestion. Repairing random loss stalls the doubt horizon without delaying new messages;
-    /// a filling queue (a bottleneck, an overloaded receiver) delays them. Default 200 ms: above
+    /// `pdcc_queue_delay_baseline` before a non-recovering receiver's falling doubt horizon rate
+    /// (equation 6) counts as congestion. Repairing random loss stalls the doubt horizon without
+    /// delaying new messages; a filling queue (a bottleneck, an overloaded receiver) delays
+    /// them. Default 200 ms: above
     /// what a sender at full speed adds by itself (its send queue of 1024 messages, about 90 ms
     /// at 100 Mbit/s, fills and drains with its window) plus full 256 KiB switch ports (21 ms
     /// each), so these are not read as congestion. Zero: equation 6 alone, as in the paper.
     pub pdcc_queue_delay_threshold: Duration,
+    /// The queueing delay is measured over the least one-way delay of this long a past (in
+    /// whole `doubt_sample_interval`s): a queue that stands longer becomes the new baseline and
+    /// no longer counts. Default 2 s: a sender's own full send queue, which stands as long as it
+    /// publishes at full speed, is not congestion. A bottleneck's queue that stands for a few
+    /// seconds below the alert threshold, while the rate probes back up, hides the next rise
+    /// over a baseline this short (ADR 9: behind a tbf the queue then overflowed); 10 s sees it.
+    pub pdcc_queue_delay_baseline: Duration,
+    /// Queueing delay at which a non-recovering receiver alerts even though its doubt horizon
+    /// keeps pace (t >= 1 - delta_t_nonrec): the rate then does not rise while the queue
+    /// stands, and falls if it does not drain. Equation 6 alone lets the rate probe upwards
+    /// from a queue left by the last overshoot, which then overflows (ADR 9). Default zero
+    /// (off: the paper's equations).
+    pub pdcc_standing_queue_threshold: Duration,
     /// Share of the messages a receiver learnt of since the last DCQ that it did not receive
     /// fresh (they had to be repaired) above which its falling doubt horizon rate counts as
     /// congestion even without queueing: a full shallow queue drops rather than delays. Default
     /// 0.25: far above the random loss the simulator injects (at most 5% on average; 1% bursty
     /// loss reaches 10% at some of 99 receivers within a second now and then).
     pub pdcc_loss_threshold: f64,
+    /// After a decrease of the publish rate, alerts answering queries sent within this time do
+    /// not count either (besides those answering queries sent before it, which never do): the
+    /// receivers' smoothed doubt horizon rates (equation 5) lag by about
+    /// `doubt_sample_interval / doubt_rate_alpha` (1 s), and the queue built before the
+    /// decrease must drain before the lower rate shows, so an early second alert looks "not
+    /// improving" and halves the rate again (equation 3). Default zero (the paper's rule alone,
+    /// enough with 1 s queries); with faster queries about the smoothing's lag (ADR 9).
+    pub pdcc_decrease_holdoff: Duration,
     /// Burst the publish rate allows, as time at the rate. Default 50 ms.
     pub pdcc_burst: Duration,
     /// The publish rate never falls below this, messages per second. Default 10.
@@ -210,6 +238,7 @@ impl Default for Config {
             pdcc_dcq_interval: Duration::from_secs(1),
             pdcc_t_no_uca: Duration::from_secs(2),
             pdcc_rate_min_increase: 2.0,
+            pdcc_rate_min_increase_share: 0.0,
             pdcc_f_incr: 0.05,
             pdcc_f_decr1: 0.5,
             pdcc_f_decr2: 0.25,
@@ -217,7 +246,10 @@ impl Default for Config {
             pdcc_delta_t_rec: 1.0,
             pdcc_delta_t_s: Duration::from_secs(4),
             pdcc_queue_delay_threshold: Duration::from_millis(200),
+            pdcc_queue_delay_baseline: Duration::from_secs(2),
+            pdcc_standing_queue_threshold: Duration::ZERO,
             pdcc_loss_threshold: 0.25,
+            pdcc_decrease_holdoff: Duration::ZERO,
             pdcc_burst: Duration::from_millis(50),
             pdcc_rate_floor: 10.0,
             doubt_sample_interval: Duration::from_millis(100),
@@ -345,6 +377,10 @@ impl Config {
         for (field, v) in [
             ("pdcc_f_incr", self.pdcc_f_incr),
             ("pdcc_rate_min_increase", self.pdcc_rate_min_increase),
+            (
+                "pdcc_rate_min_increase_share",
+                self.pdcc_rate_min_increase_share,
+            ),
             ("pdcc_delta_t_nonrec", self.pdcc_delta_t_nonrec),
             ("pdcc_rate_floor", self.pdcc_rate_floor),
             ("sdcc_alpha", self.sdcc_alpha),
@@ -394,7 +430,22 @@ impl Config {
                 "must exceed token_interval",
             ));
         }
+        if self.pdcc_queue_delay_baseline < self.doubt_sample_interval {
+            return Err(invalid(
+                "pdcc_queue_delay_baseline",
+                self.pdcc_queue_delay_baseline,
+                "must be at least doubt_sample_interval",
+            ));
+        }
         Ok(())
+    }
+
+    /// How many doubt samples the queueing delay's baseline is the least of
+    /// (`pdcc_queue_delay_baseline` in whole `doubt_sample_interval`s, at least one).
+    pub(crate) fn pdcc_queue_delay_history_samples(&self) -> usize {
+        let samples = self.pdcc_queue_delay_baseline.as_micros()
+            / self.doubt_sample_interval.as_micros().max(1);
+        usize::try_from(samples).unwrap_or(usize::MAX).max(1)
     }
 }
 

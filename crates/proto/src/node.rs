@@ -783,8 +783,9 @@ impl Node {
         }
         if now >= self.next_doubt_sample {
             self.next_doubt_sample = now + self.config.doubt_sample_interval;
+            let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
             for region in self.regions.values_mut() {
-                region.sample_doubt_rates(now, self.config.doubt_rate_alpha);
+                region.sample_doubt_rates(now, self.config.doubt_rate_alpha, queue_delay_history);
             }
         }
         if now >= self.next_repair_scan {

@@ -45,11 +45,19 @@ pub(crate) fn uca_rates(
     let t = rate?;
     let queue_grew =
         queueing >= config.pdcc_queue_delay_threshold || loss >= config.pdcc_loss_threshold;
+    let queue_stands = !config.pdcc_standing_queue_threshold.is_zero()
+        && queueing >= config.pdcc_standing_queue_threshold;
     if recovering {
         // Eq. 8: a recovering receiver must gain on the sender by at least delta_t_rec.
         (t < 1.0 + config.pdcc_delta_t_rec).then_some((f64::INFINITY, t))
-    } else if (t < 1.0 - config.pdcc_delta_t_nonrec && queue_grew) || lag > config.pdcc_delta_t_s {
-        // Eq. 6 (falling behind) or eq. 7 (slowly drifting behind the sender's position).
+    } else if (t < 1.0 - config.pdcc_delta_t_nonrec && queue_grew)
+        || lag > config.pdcc_delta_t_s
+        || queue_stands
+    {
+        // Eq. 6 (falling behind) or eq. 7 (slowly drifting behind the sender's position), or a
+        // queue that still stands although the rate fell below the bottleneck's: the alert
+        // holds the rate (no increase while alerts come) and lowers it if the queue does not
+        // drain (the rate does not improve).
         Some((t, f64::INFINITY))
     } else {
         None
@@ -63,18 +71,14 @@ pub(crate) fn uca_rates(
 pub(crate) struct QueueDelay {
     /// Least `arrival - timestamp` (microseconds) in the current sample interval.
     interval_min_us: Option<i64>,
-    /// Least delays of the last intervals, oldest first (at most `QUEUE_DELAY_HISTORY`).
+    /// Least delays of the last intervals, oldest first (at most the history asked for, see
+    /// `Config::pdcc_queue_delay_baseline`).
     history: std::collections::VecDeque<i64>,
     /// The latest interval's least delay.
     current_us: Option<i64>,
     /// Intervals with fresh messages seen.
     intervals: usize,
 }
-
-/// Sample intervals the delay minimum is taken over (2 s at the default 100 ms): a queue that
-/// stands longer than that (a full send queue at the sender, a standing backlog) is the new
-/// baseline; what counts is a queue that builds up.
-const QUEUE_DELAY_HISTORY: usize = 20;
 
 /// Sample intervals at the start of a stream that are not used (1 s at the default 100 ms).
 const QUEUE_DELAY_WARMUP: usize = 10;
@@ -86,16 +90,16 @@ impl QueueDelay {
         self.interval_min_us = Some(self.interval_min_us.map_or(d, |m| m.min(d)));
     }
 
-    /// End of a sample interval. An interval without fresh messages leaves the estimate as it
-    /// was.
-    pub(crate) fn sample(&mut self) {
+    /// End of a sample interval; the baseline is the least delay of the last `history`
+    /// intervals. An interval without fresh messages leaves the estimate as it was.
+    pub(crate) fn sample(&mut self, history: usize) {
         if let Some(m) = self.interval_min_us.take() {
             self.intervals += 1;
             if self.intervals <= QUEUE_DELAY_WARMUP {
                 // The start of a stream (the sender's queue filling) sets no baseline.
                 return;
             }
-            if self.history.len() == QUEUE_DELAY_HISTORY {
+            while self.history.len() >= history.max(1) {
                 self.history.pop_front();
             }
             self.history.push_back(m);
@@ -103,9 +107,8 @@ impl QueueDelay {
         }
     }
 
-    /// Queueing delay now: the latest interval's least delay above the least of the last
-    /// `QUEUE_DELAY_HISTORY` intervals; zero until `QUEUE_DELAY_WARMUP` more intervals than
-    /// the warm-up were seen.
+    /// Queueing delay now: the latest interval's least delay above the least of the history;
+    /// zero until `QUEUE_DELAY_WARMUP` more intervals than the warm-up were seen.
     pub(crate) fn queueing(&self) -> Duration {
         if self.intervals < 2 * QUEUE_DELAY_WARMUP {
             return Duration::ZERO;
@@ -162,6 +165,8 @@ pub(crate) struct RateController {
     /// The DCQ sequence number sent after the last decrease: UCAs older than that answer queries
     /// sent before the system could react, and are ignored.
     seq_after_decrease: u64,
+    /// When the rate was last decreased.
+    decreased_at: Time,
     last_uca_value: f64,
     last_uca_at: Time,
     tokens: f64,
@@ -183,6 +188,7 @@ impl RateController {
             rate: None,
             rate_at_decrease: 0.0,
             seq_after_decrease: 0,
+            decreased_at: now,
             last_uca_value: f64::INFINITY,
             last_uca_at: now,
             tokens: 0.0,
@@ -237,7 +243,12 @@ impl RateController {
             if self.throttled
                 && now.saturating_duration_since(self.last_uca_at) >= config.pdcc_t_no_uca
             {
-                let new = (old + config.pdcc_rate_min_increase)
+                // Eq. 1, with r_min at least a share of the rate: Table 1's fixed r_min was
+                // sized for hundreds of messages per second.
+                let rate_min_increase = config
+                    .pdcc_rate_min_increase
+                    .max(config.pdcc_rate_min_increase_share * old);
+                let new = (old + rate_min_increase)
                     .max(old + config.pdcc_f_incr * (old - self.rate_at_decrease));
                 self.rate = Some(new);
                 self.throttled = false;
@@ -245,6 +256,13 @@ impl RateController {
             }
         }
         self.dcq_seq += 1;
+        if self.rate.is_some()
+            && now.saturating_duration_since(self.decreased_at) < config.pdcc_decrease_holdoff
+        {
+            // The receivers cannot show the last decrease yet (their smoothed rates lag, and
+            // the queue built before it still drains): alerts answering this query do not count.
+            self.seq_after_decrease = self.dcq_seq + 1;
+        }
         self.next_dcq = now + config.pdcc_dcq_interval;
         self.dcq_seq
     }
@@ -274,6 +292,7 @@ impl RateController {
         self.rate = Some(new);
         self.rate_at_decrease = new;
         self.seq_after_decrease = self.dcq_seq + 1;
+        self.decreased_at = now;
         self.tokens = self.tokens.min(1.0);
     }
 }
@@ -321,6 +340,17 @@ mod tests {
             Some((f64::INFINITY, 1.5))
         );
         assert_eq!(uca_rates(Some(2.5), true, none, (none, 0.0), &c), None);
+        // A standing queue alerts even while the horizon keeps pace, if asked to.
+        let deep = Duration::from_millis(300);
+        assert_eq!(uca_rates(Some(1.1), false, none, (deep, 0.0), &c), None);
+        let hold = Config {
+            pdcc_standing_queue_threshold: deep,
+            ..on()
+        };
+        assert_eq!(
+            uca_rates(Some(1.1), false, none, (deep, 0.0), &hold),
+            Some((1.1, f64::INFINITY))
+        );
     }
 
     #[test]
@@ -330,21 +360,21 @@ mod tests {
         // A constant clock offset of 7 s and 2 ms of transit: no queueing.
         for k in 0..10u64 {
             q.on_fresh(ms(7000 + k * 100 + 2), k * 100_000);
-            q.sample();
+            q.sample(20);
         }
         // Nothing is reported in the first 2 s.
         assert_eq!(q.queueing(), Duration::ZERO);
         for k in 10..40u64 {
             q.on_fresh(ms(7000 + k * 100 + 2), k * 100_000);
-            q.sample();
+            q.sample(20);
         }
         assert_eq!(q.queueing(), Duration::ZERO);
         // The queue grows: each message is 30 ms later than the least seen.
         q.on_fresh(ms(7000 + 4000 + 32), 4_000_000);
-        q.sample();
+        q.sample(20);
         assert_eq!(q.queueing(), Duration::from_millis(30));
         // An interval without fresh messages keeps the estimate.
-        q.sample();
+        q.sample(20);
         assert_eq!(q.queueing(), Duration::from_millis(30));
     }
 
@@ -393,5 +423,50 @@ mod tests {
         r.on_dcq_timer(ms(3000), &c);
         r.on_dcq_timer(ms(4100), &c);
         assert!(r.rate().is_some_and(|x| x > 250.0), "rate {:?}", r.rate());
+    }
+
+    #[test]
+    fn alerts_to_queries_within_the_holdoff_after_a_decrease_do_not_count() {
+        let c = Config {
+            pdcc_decrease_holdoff: Duration::from_millis(1500),
+            ..on()
+        };
+        let mut r = RateController::new(ms(0), &c);
+        for k in 0..1000 {
+            let _ = r.admit(ms(k), &c);
+        }
+        assert_eq!(r.on_dcq_timer(ms(1000), &c), 1);
+        r.on_uca(ms(1010), 1, 0.5, &c);
+        assert_eq!(r.rate(), Some(500.0));
+        // Query 2 goes out 1 s after the decrease, within the holdoff: its alert is ignored.
+        assert_eq!(r.on_dcq_timer(ms(2000), &c), 2);
+        r.on_uca(ms(2010), 2, 0.4, &c);
+        assert_eq!(r.rate(), Some(500.0));
+        // Query 3, 2 s after: its alert counts (eq. 3, consecutive decreases halve).
+        assert_eq!(r.on_dcq_timer(ms(3000), &c), 3);
+        r.on_uca(ms(3010), 3, 0.3, &c);
+        assert_eq!(r.rate(), Some(250.0));
+    }
+
+    #[test]
+    fn the_least_increase_can_be_a_share_of_the_rate() {
+        let c = Config {
+            pdcc_rate_min_increase_share: 0.1,
+            ..on()
+        };
+        let mut r = RateController::new(ms(0), &c);
+        for k in 0..1000 {
+            let _ = r.admit(ms(k), &c);
+        }
+        r.on_dcq_timer(ms(1000), &c);
+        r.on_uca(ms(1010), 1, 0.5, &c);
+        assert_eq!(r.rate(), Some(500.0));
+        // Throttled, then t_noUCA without alerts: 10% of 500 rather than r_min = 2.
+        for k in 0..100 {
+            let _ = r.admit(ms(1100 + k), &c);
+        }
+        r.on_dcq_timer(ms(2000), &c);
+        r.on_dcq_timer(ms(3100), &c);
+        assert_eq!(r.rate(), Some(550.0));
     }
 }

@@ -143,7 +143,8 @@ impl InboundStream {
 
     /// Takes a sample of the doubt horizon's progress and folds it into the smoothed rate:
     /// `t = horizon advance / time elapsed`, `t_smoothed = (1 - alpha) t_smoothed + alpha t`.
-    pub(crate) fn sample_doubt_rate(&mut self, now: Time, alpha: f64) {
+    /// `queue_delay_history` is how many samples the queueing delay's baseline is the least of.
+    pub(crate) fn sample_doubt_rate(&mut self, now: Time, alpha: f64, queue_delay_history: usize) {
         if let Some((at, horizon)) = self.doubt_sample {
             // The stream's rate from messages alone (silence would make it look sparse).
             let (delivered, ts) = self.progress_at_sample;
@@ -163,7 +164,7 @@ impl InboundStream {
         }
         self.doubt_sample = Some((now, self.doubt_horizon_us));
         self.progress_at_sample = (self.delivered_upto, self.last_delivered_ts_us);
-        self.queue_delay.sample();
+        self.queue_delay.sample(queue_delay_history);
     }
 
     /// Highest sequence number known to exist.
@@ -555,7 +556,7 @@ mod doubt_tests {
         for k in 1..=20u64 {
             s.receive(at(k * 10), k, msg_at(k, k * 10), 100, |_, _, _| false);
             if k % 5 == 0 {
-                s.sample_doubt_rate(at(k * 10), alpha);
+                s.sample_doubt_rate(at(k * 10), alpha, 20);
             }
         }
         let r = s.doubt_rate.unwrap();
@@ -564,7 +565,7 @@ mod doubt_tests {
         for k in 22..=40u64 {
             s.receive(at(k * 10), k, msg_at(k, k * 10), 100, |_, _, _| false);
             if k % 5 == 0 {
-                s.sample_doubt_rate(at(k * 10), alpha);
+                s.sample_doubt_rate(at(k * 10), alpha, 20);
             }
         }
         let stalled = s.doubt_rate.unwrap();
@@ -574,7 +575,7 @@ mod doubt_tests {
         );
         // The repair releases everything at once: the rate jumps above real time.
         s.receive(at(405), 21, msg_at(21, 210), 100, |_, _, _| false);
-        s.sample_doubt_rate(at(410), alpha);
+        s.sample_doubt_rate(at(410), alpha, 20);
         assert!(s.doubt_rate.unwrap() > stalled);
     }
 }

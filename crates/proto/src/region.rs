@@ -1296,9 +1296,9 @@ impl RegionState {
     }
 
     /// Samples the doubt horizon rate of every inbound stream.
-    pub(crate) fn sample_doubt_rates(&mut self, now: Time, alpha: f64) {
+    pub(crate) fn sample_doubt_rates(&mut self, now: Time, alpha: f64, queue_delay_history: usize) {
         for stream in self.inbound.values_mut() {
-            stream.sample_doubt_rate(now, alpha);
+            stream.sample_doubt_rate(now, alpha, queue_delay_history);
         }
     }
 
