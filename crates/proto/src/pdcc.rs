@@ -31,6 +31,16 @@ pub(crate) fn milli_to_rate(milli: u32) -> f64 {
 /// Equations 6-8: whether a receiver answers a DCQ, and with which rates (non-recovering,
 /// recovering; infinity for "not this kind").
 ///
+/// A receiver is recovering if it ignored messages beyond its receive window (paper 002, section
+/// 4) or if its doubt horizon trails the sender's position by more than `pdcc_delta_t_s`. The
+/// paper's receive window is a span of ticks, so ignoring messages beyond it means "lagging by a
+/// significant amount"; ours counts messages and must hold the sender's whole window
+/// (`Config::validate`), so a receiver catching up a backlog the sender still holds never ignores
+/// anything, and without the lag it would never count as recovering: equation 8 and
+/// `pdcc_delta_t_rec` would have no effect (the Fig. 16 experiment found this). Such a receiver
+/// must now gain on the sender by `delta_t_rec` (eq. 8) instead of alerting on every query until
+/// it caught up (eq. 7), which cut the publish rate to its floor during a recovery.
+///
 /// A non-recovering receiver's falling rate (eq. 6) counts only if its fresh messages also meet
 /// at least `pdcc_queue_delay_threshold` of queueing, or at least `pdcc_loss_threshold` of them
 /// are lost: repairing random loss stalls the doubt horizon without delaying new messages, while
@@ -43,6 +53,7 @@ pub(crate) fn uca_rates(
     config: &Config,
 ) -> Option<(f64, f64)> {
     let t = rate?;
+    let recovering = recovering || lag > config.pdcc_delta_t_s;
     let queue_grew =
         queueing >= config.pdcc_queue_delay_threshold || loss >= config.pdcc_loss_threshold;
     let queue_stands = !config.pdcc_standing_queue_threshold.is_zero()
@@ -50,14 +61,12 @@ pub(crate) fn uca_rates(
     if recovering {
         // Eq. 8: a recovering receiver must gain on the sender by at least delta_t_rec.
         (t < 1.0 + config.pdcc_delta_t_rec).then_some((f64::INFINITY, t))
-    } else if (t < 1.0 - config.pdcc_delta_t_nonrec && queue_grew)
-        || lag > config.pdcc_delta_t_s
-        || queue_stands
-    {
-        // Eq. 6 (falling behind) or eq. 7 (slowly drifting behind the sender's position), or a
-        // queue that still stands although the rate fell below the bottleneck's: the alert
-        // holds the rate (no increase while alerts come) and lowers it if the queue does not
-        // drain (the rate does not improve).
+    } else if (t < 1.0 - config.pdcc_delta_t_nonrec && queue_grew) || queue_stands {
+        // Eq. 6 (falling behind), or a queue that still stands although the rate fell below the
+        // bottleneck's: the alert holds the rate (no increase while alerts come) and lowers it if
+        // the queue does not drain (the rate does not improve). Eq. 7 (slowly drifting more than
+        // delta_t_s behind the sender's position) is within eq. 8 above: such a receiver must
+        // gain on the sender.
         Some((t, f64::INFINITY))
     } else {
         None
@@ -120,6 +129,10 @@ impl QueueDelay {
     }
 }
 
+/// DCQ send times a sender remembers to time its feedback loop (64 s at the default interval;
+/// an answer older than that is timed by the oldest).
+const DCQ_SENT_HISTORY: usize = 64;
+
 /// Figure 5: consolidation of UCAs for one sender at one node.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct UcaConsolidator {
@@ -176,6 +189,12 @@ pub(crate) struct RateController {
     published_in_interval: u64,
     interval_start: Time,
     measured_rate: f64,
+    /// When the last DCQs were sent (at most `DCQ_SENT_HISTORY`, oldest first), to time the
+    /// feedback loop.
+    dcq_sent_at: std::collections::VecDeque<(u64, Time)>,
+    /// How long the last UCA took from its DCQ's sending to its arrival here: the delay of the
+    /// feedback loop, which grows with the queue at a bottleneck the DCQs wait in.
+    feedback_delay: Duration,
     /// Sequence number of the last DCQ sent.
     pub(crate) dcq_seq: u64,
     /// When the next DCQ goes out.
@@ -197,6 +216,8 @@ impl RateController {
             published_in_interval: 0,
             interval_start: now,
             measured_rate: 0.0,
+            dcq_sent_at: std::collections::VecDeque::new(),
+            feedback_delay: Duration::ZERO,
             dcq_seq: 0,
             next_dcq: now + config.pdcc_dcq_interval,
         }
@@ -240,9 +261,12 @@ impl RateController {
         self.published_in_interval = 0;
         self.interval_start = now;
         if let Some(old) = self.rate {
-            if self.throttled
-                && now.saturating_duration_since(self.last_uca_at) >= config.pdcc_t_no_uca
-            {
+            // Silence means "not congested" only once it outlasts the feedback loop: a DCQ that
+            // waits behind data in a bottleneck's queue comes back late, and alerts then arrive
+            // further apart than t_noUCA while the queue grows (Figs. 12-15 at 30%: the rate
+            // rose twice while the queue grew, and the next decrease was then eq. 2's tiny one).
+            let silence = config.pdcc_t_no_uca + self.feedback_delay;
+            if self.throttled && now.saturating_duration_since(self.last_uca_at) >= silence {
                 // Eq. 1, with r_min at least a share of the rate: Table 1's fixed r_min was
                 // sized for hundreds of messages per second.
                 let rate_min_increase = config
@@ -253,6 +277,8 @@ impl RateController {
                 self.rate = Some(new);
                 self.throttled = false;
                 self.last_uca_at = now;
+                // The silence outlasted the last delay measured: the loop is faster now.
+                self.feedback_delay = Duration::ZERO;
             }
         }
         self.dcq_seq += 1;
@@ -264,12 +290,25 @@ impl RateController {
             self.seq_after_decrease = self.dcq_seq + 1;
         }
         self.next_dcq = now + config.pdcc_dcq_interval;
+        if self.dcq_sent_at.len() == DCQ_SENT_HISTORY {
+            self.dcq_sent_at.pop_front();
+        }
+        self.dcq_sent_at.push_back((self.dcq_seq, now));
         self.dcq_seq
     }
 
     /// A UCA reached the sender: maybe decrease the rate (eqs. 2-3).
     pub(crate) fn on_uca(&mut self, now: Time, seq: u64, value: f64, config: &Config) {
         self.last_uca_at = now;
+        // An answer older than the history took at least as long as the oldest entry.
+        let sent = self
+            .dcq_sent_at
+            .iter()
+            .find(|(k, _)| *k >= seq)
+            .map(|&(_, at)| at);
+        if let Some(sent) = sent {
+            self.feedback_delay = now.saturating_duration_since(sent);
+        }
         if seq < self.seq_after_decrease {
             // The system has not had time to react to the last decrease.
             return;
@@ -331,10 +370,14 @@ mod tests {
             uca_rates(Some(0.9), false, none, (none, c.pdcc_loss_threshold), &c),
             Some((0.9, f64::INFINITY))
         );
+        // More than delta_t_s behind the sender (eq. 7) is recovering: it must gain on the
+        // sender by delta_t_rec (eq. 8), and does not alert once it does.
+        let behind = c.pdcc_delta_t_s + Duration::from_secs(1);
         assert_eq!(
-            uca_rates(Some(1.0), false, Duration::from_secs(5), (none, 0.0), &c),
-            Some((1.0, f64::INFINITY))
+            uca_rates(Some(1.0), false, behind, (none, 0.0), &c),
+            Some((f64::INFINITY, 1.0))
         );
+        assert_eq!(uca_rates(Some(2.5), false, behind, (none, 0.0), &c), None);
         assert_eq!(
             uca_rates(Some(1.5), true, none, (none, 0.0), &c),
             Some((f64::INFINITY, 1.5))
@@ -468,5 +511,28 @@ mod tests {
         r.on_dcq_timer(ms(2000), &c);
         r.on_dcq_timer(ms(3100), &c);
         assert_eq!(r.rate(), Some(550.0));
+    }
+
+    #[test]
+    fn silence_counts_only_once_it_outlasts_the_feedback_delay() {
+        let c = on();
+        let mut r = RateController::new(ms(0), &c);
+        for k in 0..1000 {
+            let _ = r.admit(ms(k), &c);
+        }
+        r.on_dcq_timer(ms(1000), &c);
+        // The answer to DCQ 1 took 5 s (it waited in a bottleneck's queue).
+        r.on_uca(ms(6000), 1, 0.5, &c);
+        assert_eq!(r.rate(), Some(500.0));
+        // Publishers want more than the rate allows (the burst is 25 messages).
+        let _ = (0..100).map(|_| r.admit(ms(6001), &c)).count();
+        // 3 s of silence is not enough: t_noUCA (2 s) plus the 5 s delay is.
+        for t in [7000, 8000, 9000, 10_000, 12_000] {
+            r.on_dcq_timer(ms(t), &c);
+        }
+        assert_eq!(r.rate(), Some(500.0));
+        let _ = (0..100).map(|_| r.admit(ms(12_001), &c)).count();
+        r.on_dcq_timer(ms(13_000), &c);
+        assert!(r.rate().is_some_and(|x| x > 500.0), "rate {:?}", r.rate());
     }
 }
