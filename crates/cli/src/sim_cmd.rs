@@ -105,9 +105,11 @@ pub(crate) struct RunArgs {
     /// No progress on stderr.
     #[arg(long, short)]
     quiet: bool,
-    /// Run a paper experiment instead (gryphon-fig2, gryphon-fig4, gryphon-fig9 with and without
-    /// congestion control; horus-fig1, horus-fig2, horus-fig3: see `tidings_sim::horus`), writing a CSV time series per run and a PNG plot into --out; the other scenario
-    /// flags are ignored (--seed is used).
+    /// Run a paper experiment instead (gryphon-fig2, gryphon-fig4, gryphon-fig7, gryphon-fig9,
+    /// gryphon-fig12, gryphon-fig16 with and without congestion control; horus-fig1, horus-fig2,
+    /// horus-fig3: see `tidings_sim::horus`), writing a CSV time series per run (gryphon-fig16: one
+    /// CSV row per delta_t_rec) and a PNG plot into --out; the other scenario flags are ignored
+    /// (--seed is used).
     #[arg(long = "scenario")]
     experiment: Option<tidings_sim::horus::PaperScenario>,
     /// Where experiments write their CSV and PNG files.
@@ -116,7 +118,8 @@ pub(crate) struct RunArgs {
     /// Experiments at the reduced size CI runs.
     #[arg(long)]
     reduced: bool,
-    /// Length of the link failure of gryphon-fig4, seconds (the paper: 120).
+    /// Length of the link failure of gryphon-fig4, -fig7 and -fig16, seconds (the paper: 120;
+    /// default 30, for -fig7 120).
     #[arg(long)]
     outage_seconds: Option<f64>,
 }
@@ -271,7 +274,9 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
 }
 
 fn sim_experiment(a: &RunArgs, experiment: tidings_sim::experiment::Experiment) -> ExitCode {
-    use tidings_sim::experiment::{run_experiment, to_csv, Setup};
+    use tidings_sim::experiment::{
+        regions_csv, run_experiment, run_sweep, sweep_csv, to_csv, Experiment, Setup,
+    };
     if let Some(o) = a.outage_seconds {
         if !(o > 0.0 && o <= 3600.0) {
             eprintln!("error: --outage-seconds must be within (0, 3600]");
@@ -290,6 +295,27 @@ fn sim_experiment(a: &RunArgs, experiment: tidings_sim::experiment::Experiment) 
             seed: a.seed,
             ..Setup::new(experiment, cc)
         };
+        if experiment == Experiment::GryphonFig16 && cc {
+            // With congestion control: the sweep, one run per delta_t_rec.
+            let sweep = match run_sweep(&setup) {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            for o in &sweep {
+                println!("{}", o.summary_line());
+            }
+            let file = a.out.join(format!("{}.csv", experiment.name()));
+            if let Err(e) = std::fs::write(&file, sweep_csv(&sweep)) {
+                eprintln!("error: {}: {e}", file.display());
+                return ExitCode::from(2);
+            }
+            println!("  wrote {}", file.display());
+            outcomes = sweep;
+            break;
+        }
         let outcome = match run_experiment(&setup) {
             Ok(o) => o,
             Err(e) => {
@@ -297,26 +323,43 @@ fn sim_experiment(a: &RunArgs, experiment: tidings_sim::experiment::Experiment) 
                 return ExitCode::from(2);
             }
         };
+        println!("{}", outcome.summary_line());
+        if experiment == Experiment::GryphonFig16 {
+            // Without congestion control delta_t_rec means nothing: one reference run, printed
+            // only.
+            continue;
+        }
         let file = a.out.join(format!(
             "{}-cc-{}.csv",
             experiment.name(),
             if cc { "on" } else { "off" }
         ));
-        if let Err(e) = std::fs::write(&file, to_csv(&outcome.rows)) {
+        let csv = if experiment == Experiment::GryphonFig12 {
+            regions_csv(&outcome.regions)
+        } else {
+            to_csv(&outcome.rows)
+        };
+        if let Err(e) = std::fs::write(&file, csv) {
             eprintln!("error: {}: {e}", file.display());
             return ExitCode::from(2);
         }
-        println!("{}", outcome.summary_line());
         println!("  wrote {}", file.display());
         outcomes.push(outcome);
     }
     let png = a.out.join(format!("{}.png", experiment.name()));
-    if let Err(e) = std::fs::write(&png, tidings_sim::plot::experiment_png(&outcomes)) {
+    let plot = match experiment {
+        Experiment::GryphonFig7 => tidings_sim::plot::recovery_png(&outcomes),
+        Experiment::GryphonFig12 => tidings_sim::plot::regions_png(&outcomes),
+        Experiment::GryphonFig16 => tidings_sim::plot::sweep_png(&outcomes),
+        _ => tidings_sim::plot::experiment_png(&outcomes),
+    };
+    if let Err(e) = std::fs::write(&png, plot) {
         eprintln!("error: {}: {e}", png.display());
         return ExitCode::from(2);
     }
     println!("  wrote {}", png.display());
-    // The experiment passes when congestion control prevents the collapse.
+    // The experiment passes when congestion control prevents the collapse (every run of the
+    // sweep).
     if outcomes
         .iter()
         .any(|o| o.setup.congestion_control && !o.summary.meets_targets(experiment))

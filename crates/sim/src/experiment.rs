@@ -37,17 +37,30 @@ pub enum Experiment {
     /// Gryphon Fig. 4: one receiver's link fails and comes back; without congestion control its
     /// recovery (repairs on top of new data) congests the link and it never catches up.
     GryphonFig4,
+    /// Gryphon Figs. 7-8 (E1): the failed link of Fig. 4 for the paper's 120 s, plotted as the
+    /// paper does: publish rate, receivers' rates and the victim's NACK window over time.
+    GryphonFig7,
     /// Gryphon Figs. 9-11 (E2): the victim's link alternates between 60% and 150% of the
     /// offered load; the publish rate should track it and the queue stay small.
     GryphonFig9,
+    /// Gryphon Figs. 12-15 (E3): four regions, each fed by its own sender; three have a
+    /// throttled receiver (60%, 30% and 80% of the offered load), one has none. Each sender's
+    /// rate should track its own region's bottleneck, and the un-throttled region keep its rate.
+    GryphonFig12,
+    /// Gryphon Fig. 16 (E4): the failed link's recovery time against `pdcc_delta_t_rec`, one run
+    /// per value.
+    GryphonFig16,
 }
 
 impl Experiment {
     /// Every experiment.
-    pub const ALL: [Experiment; 3] = [
+    pub const ALL: [Experiment; 6] = [
         Experiment::GryphonFig2,
         Experiment::GryphonFig4,
+        Experiment::GryphonFig7,
         Experiment::GryphonFig9,
+        Experiment::GryphonFig12,
+        Experiment::GryphonFig16,
     ];
 
     /// The name on the command line and of the files written.
@@ -56,7 +69,10 @@ impl Experiment {
         match self {
             Experiment::GryphonFig2 => "gryphon-fig2",
             Experiment::GryphonFig4 => "gryphon-fig4",
+            Experiment::GryphonFig7 => "gryphon-fig7",
             Experiment::GryphonFig9 => "gryphon-fig9",
+            Experiment::GryphonFig12 => "gryphon-fig12",
+            Experiment::GryphonFig16 => "gryphon-fig16",
         }
     }
 
@@ -68,12 +84,52 @@ impl Experiment {
                 "Gryphon Figs. 2-3: a receiver's link throttled to 60% of the publish rate"
             }
             Experiment::GryphonFig4 => "Gryphon Fig. 4: a receiver's link fails and comes back",
+            Experiment::GryphonFig7 => {
+                "Gryphon Figs. 7-8 (E1): recovery after a 120 s link failure, NACK window"
+            }
             Experiment::GryphonFig9 => {
                 "Gryphon Figs. 9-11 (E2): a receiver's link alternates 60% / 150% of the load"
             }
+            Experiment::GryphonFig12 => {
+                "Gryphon Figs. 12-15 (E3): bottlenecks in three of four regions at once"
+            }
+            Experiment::GryphonFig16 => {
+                "Gryphon Fig. 16 (E4): recovery time against delta_t_rec (failed link)"
+            }
         }
     }
+
+    /// Whether the experiment fails a link and watches the recovery (rather than a bottleneck).
+    #[must_use]
+    pub fn failed_link(self) -> bool {
+        matches!(
+            self,
+            Experiment::GryphonFig4 | Experiment::GryphonFig7 | Experiment::GryphonFig16
+        )
+    }
 }
+
+/// A region an experiment watches: its sender, the receiver whose link is throttled or fails
+/// (the victim), a healthy receiver of the same region, and what the victim's link carries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Probe {
+    /// The region's sender.
+    pub sender: NodeId,
+    /// The receiver whose link is throttled or fails.
+    pub victim: NodeId,
+    /// A healthy receiver of the same region.
+    pub other: NodeId,
+    /// The victim's link as a share of the offered load (for the alternating limit, its first
+    /// phase); `None`: not throttled.
+    pub share: Option<f64>,
+}
+
+/// The regions of [`Experiment::GryphonFig12`]: the share of the offered load each region's
+/// victim link carries (`None`: not throttled).
+const FIG12_SHARES: [Option<f64>; 4] = [Some(0.6), Some(0.3), Some(0.8), None];
+
+/// Receivers per region in [`Experiment::GryphonFig12`].
+const FIG12_RECEIVERS_PER_REGION: u32 = 4;
 
 impl FromStr for Experiment {
     type Err = String;
@@ -103,6 +159,9 @@ pub struct Setup {
     pub outage: Option<Duration>,
     /// Seed.
     pub seed: u64,
+    /// `pdcc_delta_t_rec` of every node; `None`: Table 1's 1.0 (tick-seconds per second).
+    /// [`Experiment::GryphonFig16`] sweeps it ([`delta_t_rec_sweep`]).
+    pub delta_t_rec: Option<f64>,
 }
 
 impl Setup {
@@ -115,13 +174,48 @@ impl Setup {
             reduced: false,
             outage: None,
             seed: 1,
+            delta_t_rec: None,
         }
     }
 
-    /// The receiver whose link is throttled or fails.
+    /// The receiver whose link is throttled or fails (the first region's).
     #[must_use]
     pub fn victim(&self) -> NodeId {
-        NodeId(self.scenario().nodes - 1)
+        self.probes()[0].victim
+    }
+
+    /// The regions watched: one, but four for [`Experiment::GryphonFig12`].
+    #[must_use]
+    pub fn probes(&self) -> Vec<Probe> {
+        match self.experiment {
+            Experiment::GryphonFig12 => {
+                let regions = FIG12_SHARES.len() as u32;
+                let last_row = regions * FIG12_RECEIVERS_PER_REGION;
+                FIG12_SHARES
+                    .iter()
+                    .enumerate()
+                    .map(|(p, &share)| {
+                        let p = p as u32;
+                        // Node j is in region j mod regions; senders are nodes 0..regions.
+                        Probe {
+                            sender: NodeId(p),
+                            victim: NodeId(last_row + p),
+                            other: NodeId(regions + p),
+                            share,
+                        }
+                    })
+                    .collect()
+            }
+            e => vec![Probe {
+                sender: NodeId(0),
+                victim: NodeId(10),
+                other: NodeId(1),
+                // The failed link carries three times the offered load (the paper's Fig. 4:
+                // 250 KB/s; its E4 had twice that, but at six times ours the recovery does not
+                // depend on delta_t_rec at all: docs/experiments/README.md).
+                share: Some(if e.failed_link() { 3.0 } else { 0.6 }),
+            }],
+        }
     }
 
     fn secs(&self, full: f64, reduced: f64) -> f64 {
@@ -141,9 +235,10 @@ impl Setup {
     /// When the failed link comes back (the onset for the bottleneck experiment).
     #[must_use]
     pub fn restore(&self) -> Time {
-        match self.experiment {
-            Experiment::GryphonFig2 | Experiment::GryphonFig9 => self.onset(),
-            Experiment::GryphonFig4 => self.onset() + self.outage_duration(),
+        if self.experiment.failed_link() {
+            self.onset() + self.outage_duration()
+        } else {
+            self.onset()
         }
     }
 
@@ -163,40 +258,53 @@ impl Setup {
         Duration::from_secs_f64(self.secs(120.0, 15.0))
     }
 
-    /// What the victim's link carries at `t_s` seconds, messages per second.
+    /// What the victim's link of region `region` (an index into [`Setup::probes`]) carries at
+    /// `t_s` seconds, messages per second.
     #[must_use]
-    pub fn capacity_at(&self, t_s: f64) -> f64 {
-        let per_msg_bits = MESSAGE_WIRE_BYTES as f64 * 8.0;
-        let full = 100e6 / per_msg_bits;
+    pub fn capacity_at(&self, region: usize, t_s: f64) -> f64 {
+        let full = 100e6 / (MESSAGE_WIRE_BYTES as f64 * 8.0);
         let onset = (self.onset() - Time::ZERO).as_secs_f64();
-        match self.experiment {
-            Experiment::GryphonFig2 if t_s >= onset => self.bottleneck_bps() as f64 / per_msg_bits,
-            Experiment::GryphonFig4 => self.bottleneck_bps() as f64 / per_msg_bits,
-            Experiment::GryphonFig9 if t_s >= onset => {
+        let share = self.probes().get(region).and_then(|p| p.share);
+        match (self.experiment, share) {
+            (_, None) => full,
+            (e, Some(share)) if e.failed_link() => self.offered_rate() * share,
+            (_, Some(_)) if t_s < onset => full,
+            (Experiment::GryphonFig9, Some(share)) => {
                 let phase = ((t_s - onset) / self.phase().as_secs_f64()) as u64;
-                let share = if phase == 1 { 1.5 } else { 0.6 };
-                self.offered_rate() * share
+                self.offered_rate() * if phase == 1 { 1.5 } else { share }
             }
-            _ => full,
+            (_, Some(share)) => self.offered_rate() * share,
         }
     }
 
     fn outage_duration(&self) -> Duration {
+        let full = match self.experiment {
+            // The paper's E1 failure lasts 120 s; Fig. 4's shorter default keeps its run short.
+            Experiment::GryphonFig7 => 120.0,
+            _ => 30.0,
+        };
+        // At the reduced size Fig. 7's recovery must still be long enough for the NACK window
+        // to open (Fig. 8): it does not within a 10 s failure's 7 s recovery.
+        let reduced = if self.experiment == Experiment::GryphonFig7 {
+            20.0
+        } else {
+            10.0
+        };
         self.outage
-            .unwrap_or(Duration::from_secs_f64(self.secs(30.0, 10.0)))
+            .unwrap_or(Duration::from_secs_f64(self.secs(full, reduced)))
     }
 
-    /// The bottleneck the experiment imposes, bits per second (the victim's link): 60% of the
-    /// offered load for the bottleneck (the paper: 60 KB/s), three times the offered load for the
-    /// failed link (the paper: 250 KB/s, enough without a failure).
+    /// The bottleneck the experiment imposes on the first region's victim link, bits per second:
+    /// 60% of the offered load for the bottleneck (the paper: 60 KB/s), three times the offered
+    /// load for the failed link (the paper: 250 KB/s, enough without a failure).
     #[must_use]
     pub fn bottleneck_bps(&self) -> u64 {
-        let offered_bps = self.offered_rate() * MESSAGE_WIRE_BYTES as f64 * 8.0;
-        let share = match self.experiment {
-            Experiment::GryphonFig2 | Experiment::GryphonFig9 => 0.6,
-            Experiment::GryphonFig4 => 3.0,
-        };
-        (offered_bps * share) as u64
+        let share = self.probes()[0].share.unwrap_or(1.0);
+        (self.offered_bps() * share) as u64
+    }
+
+    fn offered_bps(&self) -> f64 {
+        self.offered_rate() * MESSAGE_WIRE_BYTES as f64 * 8.0
     }
 
     /// The sender's offered rate, messages per second: the paper's 500.
@@ -205,16 +313,25 @@ impl Setup {
         500.0
     }
 
-    /// The scenario: 1 sender and 10 receivers on 100 Mbit/s links, 1000-byte messages at the
-    /// offered rate, and the experiment's link events on the last receiver.
+    /// The scenario: 1 sender and 10 receivers (for [`Experiment::GryphonFig12`]: 4 senders, each
+    /// feeding its own region of 4 receivers) on 100 Mbit/s links, 1000-byte messages at the
+    /// offered rate per sender, and the experiment's link events on the victims.
     #[must_use]
     pub fn scenario(&self) -> Scenario {
-        let nodes = 11;
-        let victim = NodeId(nodes - 1);
+        let probes = self.probes();
+        let regions = probes.len() as u32;
+        let (nodes, topics, profiles) = if self.experiment == Experiment::GryphonFig12 {
+            let nodes = regions * (FIG12_RECEIVERS_PER_REGION + 1);
+            (nodes, regions, Some(regions))
+        } else {
+            (11, 1, None)
+        };
         let mut s = Scenario {
             nodes,
-            senders: 1,
-            topics: 1,
+            senders: regions,
+            topics,
+            profiles,
+            regions_apart: self.experiment == Experiment::GryphonFig12,
             seed: self.seed,
             publish_rate: Some(self.offered_rate()),
             drain_seconds: self.secs(30.0, 10.0),
@@ -222,40 +339,53 @@ impl Setup {
         };
         s.proto.congestion_control = self.congestion_control;
         s.proto.adaptive_nack_window = self.congestion_control;
+        if let Some(d) = self.delta_t_rec {
+            s.proto.pdcc_delta_t_rec = d;
+        }
         if !self.congestion_control {
             // No SDCC either: a receiver asks for every gap in its receive window at once.
             s.proto.repair_inflight_max = s.proto.receive_window_msgs;
         }
         let at = self.onset();
+        let throttle = |at: Time, node: NodeId, share: f64| LinkEvent {
+            at,
+            node,
+            change: LinkChange::Downlink {
+                bandwidth_bps: (self.offered_bps() * share) as u64,
+                buffer_bytes: self.port_buffer_bytes(),
+            },
+        };
+        let victim = probes[0].victim;
         match self.experiment {
             Experiment::GryphonFig2 => {
                 s.seconds = self.secs(130.0, 50.0);
-                s.link_events.push(LinkEvent {
-                    at,
-                    node: victim,
-                    change: LinkChange::Downlink {
-                        bandwidth_bps: self.bottleneck_bps(),
-                        buffer_bytes: self.port_buffer_bytes(),
-                    },
-                });
+                s.link_events.push(throttle(at, victim, 0.6));
             }
             Experiment::GryphonFig9 => {
                 s.seconds = (at - Time::ZERO + self.phase() * 3).as_secs_f64();
-                let offered_bps = self.offered_rate() * MESSAGE_WIRE_BYTES as f64 * 8.0;
                 for (k, share) in [0.6, 1.5, 0.6].into_iter().enumerate() {
-                    s.link_events.push(LinkEvent {
-                        at: at + self.phase() * k as u32,
-                        node: victim,
-                        change: LinkChange::Downlink {
-                            bandwidth_bps: (offered_bps * share) as u64,
-                            buffer_bytes: self.port_buffer_bytes(),
-                        },
-                    });
+                    s.link_events
+                        .push(throttle(at + self.phase() * k as u32, victim, share));
                 }
             }
-            Experiment::GryphonFig4 => {
-                // Publishing goes on for a while after the link comes back.
-                s.seconds = (self.restore() - Time::ZERO).as_secs_f64() + self.secs(40.0, 15.0);
+            Experiment::GryphonFig12 => {
+                s.seconds = self.secs(130.0, 40.0);
+                // The 30% region's queue takes up to 20 s to drain after publishing stops.
+                s.drain_seconds = 30.0;
+                for p in &probes {
+                    if let Some(share) = p.share {
+                        s.link_events.push(throttle(at, p.victim, share));
+                    }
+                }
+            }
+            Experiment::GryphonFig4 | Experiment::GryphonFig7 | Experiment::GryphonFig16 => {
+                // Publishing goes on for a while after the link comes back: long enough for the
+                // slowest recovery of the delta_t_rec sweep.
+                let after = match self.experiment {
+                    Experiment::GryphonFig4 => self.secs(40.0, 15.0),
+                    _ => self.secs(120.0, 20.0),
+                };
+                s.seconds = (self.restore() - Time::ZERO).as_secs_f64() + after;
                 // The sender keeps publishing through the outage (Gryphon's pubend logs to disk):
                 // its window holds everything the failed receiver misses.
                 let outage_msgs =
@@ -267,14 +397,8 @@ impl Setup {
                 if !self.congestion_control {
                     s.proto.repair_inflight_max = s.proto.receive_window_msgs;
                 }
-                s.link_events.push(LinkEvent {
-                    at: Time::ZERO,
-                    node: victim,
-                    change: LinkChange::Downlink {
-                        bandwidth_bps: self.bottleneck_bps(),
-                        buffer_bytes: self.port_buffer_bytes(),
-                    },
-                });
+                s.link_events
+                    .push(throttle(Time::ZERO, victim, probes[0].share.unwrap_or(3.0)));
                 s.link_events.push(LinkEvent {
                     at,
                     node: victim,
@@ -285,6 +409,19 @@ impl Setup {
             }
         }
         s
+    }
+}
+
+/// The values of `pdcc_delta_t_rec` [`Experiment::GryphonFig16`] runs with: the paper's 0.2 to
+/// 2.0 in steps of 0.2 (its -0.2 and 0 are left out: "not used in practice, as it can result in
+/// an infinite recovery time", and `Config::validate` refuses them); at the reduced size 0.2, 1.0
+/// and 2.0.
+#[must_use]
+pub fn delta_t_rec_sweep(reduced: bool) -> Vec<f64> {
+    if reduced {
+        vec![0.2, 1.0, 2.0]
+    } else {
+        (1..=10).map(|k| f64::from(k) * 0.2).collect()
     }
 }
 
@@ -317,6 +454,8 @@ pub struct Row {
     pub doubt_rate: f64,
     /// How far the victim's doubt horizon trails the sender's clock, seconds.
     pub lag_s: f64,
+    /// Congestion alerts (UCAs) the sender received per second (Gryphon Figs. 11 and 15).
+    pub ucas: f64,
 }
 
 /// The figures that matter, against the targets of issue 6.
@@ -324,32 +463,35 @@ pub struct Row {
 pub struct Summary {
     /// Goodput at the victim as a share of what its link can carry (or of the offered rate, if
     /// lower): for the bottleneck, from the onset plus 5 s to the end of publishing; for the
-    /// failed link, during the recovery.
+    /// failed link, during the recovery. For several regions: the least of the throttled ones.
     pub goodput_share: f64,
     /// The sender's publish rate from the onset (or restore) to the end of publishing, as a
-    /// share of the offered rate.
+    /// share of the offered rate. For several regions: the un-throttled region's sender.
     pub publish_share: f64,
+    /// The sender's mean publish rate during the recovery (failed link; to the end of publishing
+    /// if it never ends), messages per second; 0 for a bottleneck.
+    pub publish_rate_recovery: f64,
     /// Most bytes ever queued at any link (exact, from the link counters).
     pub queue_bytes_max: usize,
     /// Most messages the sender held unstable.
     pub sender_unstable_max: u64,
     /// From the restore (or onset) until the victim last caught up for good; `None` if it was
-    /// still behind at the end of publishing.
+    /// still behind at the end of publishing. For several regions: the longest.
     pub recovery_s: Option<f64>,
     /// The checker's verdict ("pass" or "fail").
     pub verdict: &'static str,
 }
 
 impl Summary {
-    /// No collapse: queues under 1 MB, the victim recovered, the checker passed, and (for the
-    /// bottleneck) goodput at least 90% of it.
+    /// No collapse: queues under 1 MB, the victim recovered, the checker passed, and (for a
+    /// bottleneck) goodput at least 90% of it; with several regions, the un-throttled one also
+    /// published at least 95% of the offered rate.
     #[must_use]
     pub fn meets_targets(&self, experiment: Experiment) -> bool {
-        let goodput_ok = match experiment {
-            Experiment::GryphonFig2 | Experiment::GryphonFig9 => self.goodput_share >= 0.9,
-            Experiment::GryphonFig4 => true,
-        };
+        let goodput_ok = experiment.failed_link() || self.goodput_share >= 0.9;
+        let others_ok = experiment != Experiment::GryphonFig12 || self.publish_share >= 0.95;
         goodput_ok
+            && others_ok
             && self.queue_bytes_max < 1_000_000
             && self.recovery_s.is_some()
             && self.verdict == "pass"
@@ -361,10 +503,14 @@ impl Summary {
 pub struct Outcome {
     /// How it was run.
     pub setup: Setup,
-    /// The time series.
+    /// The time series of the first region (the only one but for [`Experiment::GryphonFig12`]).
     pub rows: Vec<Row>,
-    /// The sums.
+    /// The time series of every region of [`Setup::probes`], in its order.
+    pub regions: Vec<Vec<Row>>,
+    /// The sums (over all regions).
     pub summary: Summary,
+    /// The sums per region, in the order of [`Setup::probes`].
+    pub region_summaries: Vec<Summary>,
     /// The run's report.
     pub report: RunReport,
 }
@@ -377,6 +523,7 @@ struct Prev {
     delivered_other: u64,
     retransmits: u64,
     tail_drops: u64,
+    ucas: u64,
 }
 
 fn retransmits(world: &World<SimHost>) -> u64 {
@@ -390,18 +537,8 @@ fn retransmits(world: &World<SimHost>) -> u64 {
         .sum()
 }
 
-fn sample(now: Time, world: &World<SimHost>, victim: NodeId, prev: &mut Prev) -> Row {
-    let t = now.as_nanos() as f64 / 1e9;
-    let dt = (t - prev.t).max(1e-9);
-    let sender = world.host(NodeId(0)).node().stats();
-    let v = world.host(victim).node();
-    let other = world.host(NodeId(1)).node().stats();
-    let published = sender.messages_published;
-    let delivered_victim = v.stats().messages_delivered;
-    let delivered_other = other.messages_delivered;
-    let retx = retransmits(world);
-    let drops = world.stats().nodes[victim.0 as usize].drops.tail_drop_down;
-    let queue_bytes_max = (0..world.hosts().len())
+fn links_queued_bytes_max(now: Time, world: &World<SimHost>) -> usize {
+    (0..world.hosts().len())
         .map(|i| {
             let n = NodeId(i as u32);
             world
@@ -410,18 +547,39 @@ fn sample(now: Time, world: &World<SimHost>, victim: NodeId, prev: &mut Prev) ->
                 .max(world.downlink(n).queued_bytes_at(now))
         })
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+fn sample(
+    now: Time,
+    world: &World<SimHost>,
+    probe: &Probe,
+    queue_bytes_max: usize,
+    prev: &mut Prev,
+) -> Row {
+    let t = now.as_nanos() as f64 / 1e9;
+    let dt = (t - prev.t).max(1e-9);
+    let sender = world.host(probe.sender).node().stats();
+    let v = world.host(probe.victim).node();
+    let other = world.host(probe.other).node().stats();
+    let published = sender.messages_published;
+    let delivered_victim = v.stats().messages_delivered;
+    let delivered_other = other.messages_delivered;
+    let retx = retransmits(world);
+    let drops = world.stats().nodes[probe.victim.0 as usize]
+        .drops
+        .tail_drop_down;
     let stream = v
         .stream_reports()
         .into_iter()
-        .find(|r| r.origin == NodeId(0));
+        .find(|r| r.origin == probe.sender);
     let row = Row {
         t_s: t,
         publish_rate: (published - prev.published) as f64 / dt,
         pdcc_rate: sender.publish_rate_milli_current as f64 / 1000.0,
         goodput_victim: (delivered_victim - prev.delivered_victim) as f64 / dt,
         goodput_other: (delivered_other - prev.delivered_other) as f64 / dt,
-        victim_queue_bytes: world.downlink(victim).queued_bytes_at(now),
+        victim_queue_bytes: world.downlink(probe.victim).queued_bytes_at(now),
         queue_bytes_max,
         sender_unstable_msgs: sender.unstable_msgs_current,
         retransmits: (retx - prev.retransmits) as f64 / dt,
@@ -431,6 +589,7 @@ fn sample(now: Time, world: &World<SimHost>, victim: NodeId, prev: &mut Prev) ->
         lag_s: stream.map_or(0.0, |s| {
             now.as_micros().saturating_sub(s.doubt_horizon_us) as f64 / 1e6
         }),
+        ucas: sender.ucas_received.saturating_sub(prev.ucas) as f64 / dt,
     };
     *prev = Prev {
         t,
@@ -439,27 +598,47 @@ fn sample(now: Time, world: &World<SimHost>, victim: NodeId, prev: &mut Prev) ->
         delivered_other,
         retransmits: retx,
         tail_drops: drops,
+        ucas: sender.ucas_received,
     };
     row
 }
 
-/// Runs one experiment.
+/// Runs one experiment (for [`Experiment::GryphonFig16`], one point of its sweep: see
+/// [`run_sweep`]).
 pub fn run_experiment(setup: &Setup) -> Result<Outcome, ScenarioError> {
     run_variant(setup, &setup.scenario())
+}
+
+/// Runs [`Experiment::GryphonFig16`]: one run with congestion control per value of
+/// [`delta_t_rec_sweep`], in its order.
+pub fn run_sweep(setup: &Setup) -> Result<Vec<Outcome>, ScenarioError> {
+    delta_t_rec_sweep(setup.reduced)
+        .into_iter()
+        .map(|d| {
+            run_experiment(&Setup {
+                congestion_control: true,
+                delta_t_rec: Some(d),
+                ..*setup
+            })
+        })
+        .collect()
 }
 
 /// Runs one experiment with a changed scenario (other protocol parameters, say); `s` should be
 /// `setup.scenario()` with changes that keep its link events.
 pub fn run_variant(setup: &Setup, s: &Scenario) -> Result<Outcome, ScenarioError> {
-    let victim = setup.victim();
-    let mut rows = Vec::new();
-    let mut prev = Prev::default();
+    let probes = setup.probes();
+    let mut regions: Vec<Vec<Row>> = vec![Vec::new(); probes.len()];
+    let mut prev: Vec<Prev> = probes.iter().map(|_| Prev::default()).collect();
     let mut links_max = 0usize;
     let report = run_observed(
         s,
         &mut |_| {},
         &mut |now, world: &World<SimHost>, _: &Ledger| {
-            rows.push(sample(now, world, victim, &mut prev));
+            let queued_max = links_queued_bytes_max(now, world);
+            for ((probe, rows), prev) in probes.iter().zip(&mut regions).zip(&mut prev) {
+                rows.push(sample(now, world, probe, queued_max, prev));
+            }
             links_max = (0..world.hosts().len())
                 .map(|i| {
                     let n = NodeId(i as u32);
@@ -473,82 +652,145 @@ pub fn run_variant(setup: &Setup, s: &Scenario) -> Result<Outcome, ScenarioError
                 .unwrap_or(0);
         },
     )?;
-    let summary = summarize(setup, s, &rows, links_max, &report);
+    let region_summaries: Vec<Summary> = regions
+        .iter()
+        .enumerate()
+        .map(|(i, rows)| summarize(setup, s, i, rows, links_max, &report))
+        .collect();
+    let summary = combine(setup, &region_summaries);
     Ok(Outcome {
         setup: *setup,
-        rows,
+        rows: regions.first().cloned().unwrap_or_default(),
+        regions,
         summary,
+        region_summaries,
         report,
     })
+}
+
+/// The sums over several regions: the throttled regions' least goodput and longest recovery,
+/// the un-throttled region's publish share (none: the least of all).
+fn combine(setup: &Setup, regions: &[Summary]) -> Summary {
+    let probes = setup.probes();
+    let Some(first) = regions.first() else {
+        return Summary {
+            goodput_share: 0.0,
+            publish_share: 0.0,
+            publish_rate_recovery: 0.0,
+            queue_bytes_max: 0,
+            sender_unstable_max: 0,
+            recovery_s: None,
+            verdict: "fail",
+        };
+    };
+    if regions.len() == 1 {
+        return *first;
+    }
+    let throttled = || {
+        regions
+            .iter()
+            .zip(&probes)
+            .filter(|(_, p)| p.share.is_some())
+            .map(|(s, _)| s)
+    };
+    let free = regions
+        .iter()
+        .zip(&probes)
+        .filter(|(_, p)| p.share.is_none())
+        .map(|(s, _)| s.publish_share)
+        .fold(f64::INFINITY, f64::min);
+    let recovery_s = throttled()
+        .map(|s| s.recovery_s)
+        .try_fold(0.0f64, |m, r| r.map(|r| m.max(r)));
+    Summary {
+        goodput_share: throttled()
+            .map(|s| s.goodput_share)
+            .fold(f64::INFINITY, f64::min),
+        publish_share: if free.is_finite() {
+            free
+        } else {
+            regions
+                .iter()
+                .map(|s| s.publish_share)
+                .fold(f64::INFINITY, f64::min)
+        },
+        publish_rate_recovery: 0.0,
+        queue_bytes_max: first.queue_bytes_max,
+        sender_unstable_max: first.sender_unstable_max,
+        recovery_s,
+        verdict: first.verdict,
+    }
 }
 
 fn summarize(
     setup: &Setup,
     s: &Scenario,
+    region: usize,
     rows: &[Row],
     queue_bytes_max: usize,
     report: &RunReport,
 ) -> Summary {
     let publish_end = s.seconds;
     let restore = setup.restore().as_nanos() as f64 / 1e9;
-    let capacity = setup.bottleneck_bps() as f64 / 8.0 / MESSAGE_WIRE_BYTES as f64;
     let after: Vec<&Row> = rows
         .iter()
         .filter(|r| r.t_s >= restore && r.t_s <= publish_end)
         .collect();
-    let recovery_s = match setup.experiment {
-        // Until the queue the onset built up at the victim's port (its peak within 10 s) has
-        // drained below a tenth of it.
-        Experiment::GryphonFig2 | Experiment::GryphonFig9 => {
-            let (peak_at, peak) = after
-                .iter()
-                .filter(|r| r.t_s <= restore + 10.0)
-                .map(|r| (r.t_s, r.victim_queue_bytes))
-                .fold((restore, 0), |a, b| if b.1 > a.1 { b } else { a });
-            after
-                .iter()
-                .find(|r| r.t_s > peak_at && r.victim_queue_bytes * 10 <= peak)
-                .map(|r| r.t_s - restore)
-        }
+    let failed_link = setup.experiment.failed_link();
+    let recovery_s = if failed_link {
         // Until the victim's doubt horizon is within 0.5 s of the sender's clock again.
-        Experiment::GryphonFig4 => after
+        after
             .iter()
             .find(|r| r.lag_s <= CAUGHT_UP.as_secs_f64())
-            .map(|r| r.t_s - restore),
+            .map(|r| r.t_s - restore)
+    } else {
+        // Until the queue the onset built up at the victim's port (its peak within 10 s) has
+        // drained below a tenth of it.
+        let (peak_at, peak) = after
+            .iter()
+            .filter(|r| r.t_s <= restore + 10.0)
+            .map(|r| (r.t_s, r.victim_queue_bytes))
+            .fold((restore, 0), |a, b| if b.1 > a.1 { b } else { a });
+        after
+            .iter()
+            .find(|r| r.t_s > peak_at && r.victim_queue_bytes * 10 <= peak)
+            .map(|r| r.t_s - restore)
     };
     let mean = |rows: &[&Row], f: &dyn Fn(&Row) -> f64| {
         rows.iter().map(|r| f(r)).sum::<f64>() / rows.len().max(1) as f64
     };
-    let goodput_share = match setup.experiment {
+    // During the recovery (to the end of publishing if it never ends).
+    let until = restore + recovery_s.unwrap_or(publish_end);
+    let recovering: Vec<&Row> = after
+        .iter()
+        .copied()
+        .filter(|r| r.t_s > restore && r.t_s <= until.max(restore + 0.1))
+        .collect();
+    let goodput_share = if failed_link {
+        // How much of the victim's link carried messages it needed.
+        mean(&recovering, &|r| r.goodput_victim) / setup.capacity_at(region, restore)
+    } else {
         // In steady state: from 5 s after the onset (congestion control needs a few query
         // intervals to find the rate) to the end of publishing, against what the link carries.
-        Experiment::GryphonFig2 | Experiment::GryphonFig9 => {
-            let steady: Vec<&Row> = after
-                .iter()
-                .copied()
-                .filter(|r| r.t_s > restore + 5.0)
-                .collect();
-            mean(&steady, &|r| r.goodput_victim)
-                / mean(&steady, &|r| {
-                    setup.capacity_at(r.t_s).min(setup.offered_rate())
-                })
-        }
-        // During the recovery (to the end of publishing if it never ends): how much of the
-        // victim's link carried messages it needed.
-        Experiment::GryphonFig4 => {
-            let until = restore + recovery_s.unwrap_or(publish_end);
-            let recovering: Vec<&Row> = after
-                .iter()
-                .copied()
-                .filter(|r| r.t_s > restore && r.t_s <= until.max(restore + 0.1))
-                .collect();
-            mean(&recovering, &|r| r.goodput_victim) / capacity
-        }
+        let steady: Vec<&Row> = after
+            .iter()
+            .copied()
+            .filter(|r| r.t_s > restore + 5.0)
+            .collect();
+        mean(&steady, &|r| r.goodput_victim)
+            / mean(&steady, &|r| {
+                setup.capacity_at(region, r.t_s).min(setup.offered_rate())
+            })
     };
     let publish_share = mean(&after, &|r| r.publish_rate) / setup.offered_rate();
     Summary {
         goodput_share,
         publish_share,
+        publish_rate_recovery: if failed_link {
+            mean(&recovering, &|r| r.publish_rate)
+        } else {
+            0.0
+        },
         queue_bytes_max,
         sender_unstable_max: report.pending_ack_max,
         recovery_s,
@@ -557,7 +799,7 @@ fn summarize(
 }
 
 /// The header of [`to_csv`].
-pub const CSV_HEADER: &str = "t_s,publish_rate_msgs,pdcc_rate_msgs,goodput_victim_msgs,goodput_other_msgs,victim_queue_bytes,queue_bytes_max,sender_unstable_msgs,retransmits_msgs,victim_tail_drops_pkts,nack_window_msgs,doubt_rate,lag_s";
+pub const CSV_HEADER: &str = "t_s,publish_rate_msgs,pdcc_rate_msgs,goodput_victim_msgs,goodput_other_msgs,victim_queue_bytes,queue_bytes_max,sender_unstable_msgs,retransmits_msgs,victim_tail_drops_pkts,nack_window_msgs,doubt_rate,lag_s,ucas_per_s";
 
 /// The time series as CSV (one row per 100 ms; rates per second).
 #[must_use]
@@ -567,7 +809,7 @@ pub fn to_csv(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:.1},{:.0},{:.0},{:.0},{:.0},{},{},{},{:.0},{:.0},{},{:.3},{:.3}",
+            "{:.1},{:.0},{:.0},{:.0},{:.0},{},{},{},{:.0},{:.0},{},{:.3},{:.3},{:.0}",
             r.t_s,
             r.publish_rate,
             r.pdcc_rate,
@@ -580,7 +822,46 @@ pub fn to_csv(rows: &[Row]) -> String {
             r.victim_tail_drops,
             r.nack_window,
             r.doubt_rate,
-            r.lag_s
+            r.lag_s,
+            r.ucas
+        );
+    }
+    out
+}
+
+/// The time series of several regions as CSV: [`to_csv`]'s columns after a `region` column (the
+/// index into [`Setup::probes`]), region by region.
+#[must_use]
+pub fn regions_csv(regions: &[Vec<Row>]) -> String {
+    let mut out = format!("region,{CSV_HEADER}\n");
+    for (i, rows) in regions.iter().enumerate() {
+        for line in to_csv(rows).lines().skip(1) {
+            let _ = writeln!(out, "{i},{line}");
+        }
+    }
+    out
+}
+
+/// The header of [`sweep_csv`].
+pub const SWEEP_CSV_HEADER: &str =
+    "delta_t_rec,recovery_s,publish_rate_recovery_msgs,goodput_share,queue_bytes_max,checker";
+
+/// The delta_t_rec sweep as CSV, one row per run (recovery time empty if the victim never
+/// caught up).
+#[must_use]
+pub fn sweep_csv(outcomes: &[Outcome]) -> String {
+    let mut out = format!("{SWEEP_CSV_HEADER}\n");
+    for o in outcomes {
+        let s = &o.summary;
+        let _ = writeln!(
+            out,
+            "{:.1},{},{:.0},{:.3},{},{}",
+            o.setup.delta_t_rec.unwrap_or(1.0),
+            s.recovery_s.map_or(String::new(), |r| format!("{r:.1}")),
+            s.publish_rate_recovery,
+            s.goodput_share,
+            s.queue_bytes_max,
+            s.verdict
         );
     }
     out
@@ -591,17 +872,46 @@ impl Outcome {
     #[must_use]
     pub fn summary_line(&self) -> String {
         let s = &self.summary;
-        format!(
-            "{} (congestion control {}): goodput {:.0}% of the bottleneck, published {:.0}% of the offered rate, largest queue {:.0} KiB, sender unstable max {} msgs, recovery {}, checker {}, throughput {:.0} msgs/s",
+        let mut line = format!(
+            "{} (congestion control {}{}): goodput {:.0}% of the bottleneck, published {:.0}% of the offered rate, largest queue {:.0} KiB, sender unstable max {} msgs, recovery {}, checker {}, throughput {:.0} msgs/s",
             self.setup.experiment.name(),
             if self.setup.congestion_control { "on" } else { "off" },
+            self.setup
+                .delta_t_rec
+                .map_or(String::new(), |d| format!(", delta_t_rec {d:.1}")),
             s.goodput_share * 100.0,
             s.publish_share * 100.0,
             s.queue_bytes_max as f64 / 1024.0,
             s.sender_unstable_max,
-            s.recovery_s.map_or("never".to_string(), |r| format!("{r:.1} s")),
+            recovery(s.recovery_s),
             s.verdict,
             self.report.throughput_msgs_per_sec,
-        )
+        );
+        if self.setup.experiment.failed_link() {
+            let _ = write!(
+                line,
+                ", publish rate during recovery {:.0} msgs/s",
+                s.publish_rate_recovery
+            );
+        }
+        if self.region_summaries.len() > 1 {
+            for (p, r) in self.setup.probes().iter().zip(&self.region_summaries) {
+                let _ = write!(
+                    line,
+                    "\n  region of sender {} (victim link {}): published {:.0}% of the offered rate, goodput {:.0}% of the bottleneck, recovery {}",
+                    p.sender,
+                    p.share
+                        .map_or("not throttled".to_string(), |x| format!("{:.0}%", x * 100.0)),
+                    r.publish_share * 100.0,
+                    r.goodput_share * 100.0,
+                    recovery(r.recovery_s),
+                );
+            }
+        }
+        line
     }
+}
+
+fn recovery(r: Option<f64>) -> String {
+    r.map_or("never".to_string(), |r| format!("{r:.1} s"))
 }

@@ -476,7 +476,7 @@ pub fn experiment_png(outcomes: &[Outcome]) -> Vec<u8> {
             ];
             if capacity < rate_max {
                 rates.push(series("bottleneck", colour::GREY, rows, |r| {
-                    o.setup.capacity_at(r.t_s).min(rate_max)
+                    o.setup.capacity_at(0, r.t_s).min(rate_max)
                 }));
             }
             let panels = vec![
@@ -530,6 +530,243 @@ pub fn experiment_png(outcomes: &[Outcome]) -> Vec<u8> {
         })
         .collect();
     render(first.setup.experiment.title(), &columns, x_max).to_png()
+}
+
+fn on_off(o: &Outcome) -> &'static str {
+    if o.setup.congestion_control {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// The plot of a failed link's recovery as the paper's Figs. 7-8 show it: one column per run,
+/// with the publish rate and the receivers' rates, the victim's NACK window, its doubt horizon
+/// rate against equation 8's threshold, and its lag behind the sender.
+#[must_use]
+pub fn recovery_png(outcomes: &[Outcome]) -> Vec<u8> {
+    let Some(first) = outcomes.first() else {
+        return Canvas::new(1, 1).to_png();
+    };
+    let all = || outcomes.iter().flat_map(|o| o.rows.iter());
+    let rate_max = nice_ceiling(first.setup.offered_rate() * 1.5);
+    let x_max = all().map(|r| r.t_s).fold(1.0, f64::max);
+    let lag_max = nice_ceiling(all().map(|r| r.lag_s).fold(0.0, f64::max));
+    let columns: Vec<(String, Vec<Panel>)> = outcomes
+        .iter()
+        .map(|o| {
+            let rows = &o.rows;
+            let s = &o.summary;
+            let head = format!(
+                "congestion control {}: recovery {}, queue max {:.0} KB",
+                on_off(o),
+                s.recovery_s
+                    .map_or("never".to_string(), |r| format!("{r:.0} s")),
+                s.queue_bytes_max as f64 / 1024.0
+            );
+            let threshold = 1.0 + o.setup.delta_t_rec.unwrap_or(1.0);
+            let panels = vec![
+                Panel {
+                    title: "messages/s (1 s average) over time (s)".into(),
+                    y_max: rate_max,
+                    series: vec![
+                        smoothed("published", colour::BLUE, rows, |r| r.publish_rate),
+                        series("PDCC rate", colour::GREY, rows, |r| {
+                            r.pdcc_rate.min(rate_max)
+                        }),
+                        smoothed("victim", colour::RED, rows, |r| r.goodput_victim),
+                        smoothed("other receiver", colour::GREEN, rows, |r| r.goodput_other),
+                    ],
+                },
+                Panel {
+                    title: "victim's NACK window (msgs, 500 msgs = 1 tick-s)".into(),
+                    y_max: nice_ceiling(
+                        rows.iter()
+                            .filter(|r| r.t_s > 1.0)
+                            .map(|r| r.nack_window as f64)
+                            .fold(0.0, f64::max),
+                    ),
+                    series: vec![series("NACK window", colour::CYAN, rows, |r| {
+                        r.nack_window as f64
+                    })],
+                },
+                Panel {
+                    title: "victim's doubt horizon rate (tick-s/s)".into(),
+                    y_max: 4.0,
+                    series: vec![
+                        series("doubt horizon rate", colour::PURPLE, rows, |r| r.doubt_rate),
+                        Series {
+                            label: "1 + delta_t_rec".into(),
+                            colour: colour::GREY,
+                            points: vec![(0.0, threshold), (x_max, threshold)],
+                        },
+                    ],
+                },
+                Panel {
+                    title: "victim's lag behind the sender (s)".into(),
+                    y_max: lag_max,
+                    series: vec![series("lag", colour::ORANGE, rows, |r| r.lag_s)],
+                },
+            ];
+            (head, panels)
+        })
+        .collect();
+    render(first.setup.experiment.title(), &columns, x_max).to_png()
+}
+
+/// The plot of several regions at once (Figs. 12-15): one column per run, one panel per region
+/// (its sender's rate, its victim's and a healthy receiver's goodput, the victim's link), and the
+/// victims' queues.
+#[must_use]
+pub fn regions_png(outcomes: &[Outcome]) -> Vec<u8> {
+    let Some(first) = outcomes.first() else {
+        return Canvas::new(1, 1).to_png();
+    };
+    let probes = first.setup.probes();
+    let all = || outcomes.iter().flat_map(|o| o.regions.iter().flatten());
+    let rate_max = nice_ceiling(first.setup.offered_rate() * 1.5);
+    let x_max = all().map(|r| r.t_s).fold(1.0, f64::max);
+    let queue_max = nice_ceiling(
+        all()
+            .map(|r| r.victim_queue_bytes as f64 / 1024.0)
+            .fold(0.0, f64::max),
+    )
+    .max(1024.0);
+    let queue_colours = [colour::RED, colour::PURPLE, colour::ORANGE, colour::CYAN];
+    let columns: Vec<(String, Vec<Panel>)> = outcomes
+        .iter()
+        .map(|o| {
+            let s = &o.summary;
+            let head = format!(
+                "congestion control {}: least goodput {:.0}%, queue max {:.0} KB",
+                on_off(o),
+                s.goodput_share * 100.0,
+                s.queue_bytes_max as f64 / 1024.0
+            );
+            let mut panels: Vec<Panel> = probes
+                .iter()
+                .zip(&o.regions)
+                .enumerate()
+                .map(|(i, (p, rows))| {
+                    let mut lines = vec![
+                        smoothed("published", colour::BLUE, rows, |r| r.publish_rate),
+                        smoothed("victim", colour::RED, rows, |r| r.goodput_victim),
+                        smoothed("other receiver", colour::GREEN, rows, |r| r.goodput_other),
+                    ];
+                    if p.share.is_some() {
+                        lines.push(series("victim's link", colour::GREY, rows, |r| {
+                            o.setup.capacity_at(i, r.t_s).min(rate_max)
+                        }));
+                    }
+                    Panel {
+                        title: format!(
+                            "region {} ({}): msgs/s over time (s)",
+                            i + 1,
+                            p.share.map_or("not throttled".to_string(), |x| format!(
+                                "victim's link {:.0}%",
+                                x * 100.0
+                            ))
+                        ),
+                        y_max: rate_max,
+                        series: lines,
+                    }
+                })
+                .collect();
+            let mut queues: Vec<Series> = o
+                .regions
+                .iter()
+                .zip(queue_colours.iter().cycle())
+                .enumerate()
+                .map(|(i, (rows, &c))| {
+                    series(&format!("region {}", i + 1), c, rows, |r| {
+                        r.victim_queue_bytes as f64 / 1024.0
+                    })
+                })
+                .collect();
+            queues.push(Series {
+                label: "1 MB".into(),
+                colour: colour::GREY,
+                points: vec![(0.0, 976.6), (x_max, 976.6)],
+            });
+            panels.push(Panel {
+                title: "queue at each victim's port (KB)".into(),
+                y_max: queue_max,
+                series: queues,
+            });
+            (head, panels)
+        })
+        .collect();
+    render(first.setup.experiment.title(), &columns, x_max).to_png()
+}
+
+/// The plot of the delta_t_rec sweep (Fig. 16): recovery time, the publish rate during the
+/// recovery and the largest queue, each against delta_t_rec. Runs that never recovered are left
+/// out of the first panel.
+#[must_use]
+pub fn sweep_png(outcomes: &[Outcome]) -> Vec<u8> {
+    if outcomes.is_empty() {
+        return Canvas::new(1, 1).to_png();
+    }
+    let point = |o: &Outcome, y: f64| (o.setup.delta_t_rec.unwrap_or(1.0), y);
+    let recovery: Vec<(f64, f64)> = outcomes
+        .iter()
+        .filter_map(|o| o.summary.recovery_s.map(|r| point(o, r)))
+        .collect();
+    let publish: Vec<(f64, f64)> = outcomes
+        .iter()
+        .map(|o| point(o, o.summary.publish_rate_recovery))
+        .collect();
+    let queue: Vec<(f64, f64)> = outcomes
+        .iter()
+        .map(|o| point(o, o.summary.queue_bytes_max as f64 / 1024.0))
+        .collect();
+    let y_max = |pts: &[(f64, f64)]| nice_ceiling(pts.iter().map(|p| p.1).fold(0.0, f64::max));
+    let x_max = outcomes
+        .iter()
+        .map(|o| o.setup.delta_t_rec.unwrap_or(1.0))
+        .fold(0.1, f64::max);
+    let panels = vec![
+        Panel {
+            title: "recovery time (s) against delta_t_rec (tick-s/s)".into(),
+            y_max: y_max(&recovery),
+            series: vec![Series {
+                label: "recovery time".into(),
+                colour: colour::RED,
+                points: recovery,
+            }],
+        },
+        Panel {
+            title: "publish rate during the recovery (msgs/s)".into(),
+            y_max: y_max(&publish),
+            series: vec![Series {
+                label: "published".into(),
+                colour: colour::BLUE,
+                points: publish,
+            }],
+        },
+        Panel {
+            title: "largest queue (KB)".into(),
+            y_max: y_max(&queue).max(1024.0),
+            series: vec![
+                Series {
+                    label: "largest queue".into(),
+                    colour: colour::PURPLE,
+                    points: queue,
+                },
+                Series {
+                    label: "1 MB".into(),
+                    colour: colour::GREY,
+                    points: vec![(0.0, 976.6), (x_max, 976.6)],
+                },
+            ],
+        },
+    ];
+    let columns = vec![(
+        "congestion control on, one run per value".to_string(),
+        panels,
+    )];
+    // One column is narrower than the experiment's title.
+    render("Gryphon Fig. 16 (E4)", &columns, x_max).to_png()
 }
 
 #[cfg(test)]

@@ -82,6 +82,11 @@ pub struct Scenario {
     /// CPU time of every node per datagram received or sent. Default
     /// [`NodeNetConfig::PROC_COST_PER_PACKET_DEFAULT`] (2 us).
     pub proc_cost_per_packet: Duration,
+    /// Regions kept apart: topic `t` is wanted by profile `t mod profiles` alone (no random
+    /// overlap), and sender `s` publishes only the topics of profile `s mod profiles`, so each
+    /// sender feeds one region of its own (the congestion experiment with several bottlenecks,
+    /// Gryphon Figs. 12-15). Default false.
+    pub regions_apart: bool,
 }
 
 /// A change to one node's links at a given time.
@@ -147,6 +152,7 @@ impl Default for Scenario {
             link_events: Vec::new(),
             publish_cost: Duration::ZERO,
             proc_cost_per_packet: NodeNetConfig::PROC_COST_PER_PACKET_DEFAULT,
+            regions_apart: false,
         }
     }
 }
@@ -294,7 +300,9 @@ impl Scenario {
         let mut by_profile: Vec<Vec<TopicId>> = vec![Vec::new(); k];
         for t in 0..self.topics {
             for (p, topics) in by_profile.iter_mut().enumerate() {
-                if p == t as usize % k || rng.f64() < 0.3 {
+                // The draw is made as before (only for other profiles), so keeping regions
+                // apart changes nothing else.
+                if p == t as usize % k || (rng.f64() < 0.3 && !self.regions_apart) {
                     topics.push(TopicId(t + 1));
                 }
             }
@@ -732,9 +740,25 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
         let node = Node::new(config, NodeId(i), initial, Time::ZERO)?;
         let publisher = (i < s.senders).then(|| {
             let mut rng = fastrand::Rng::with_seed(s.seed ^ (u64::from(i) << 40) ^ 0x0050_5542);
-            let next_topic = all_topics[rng.usize(..all_topics.len())];
+            let k = s.profile_count().max(1);
+            let topics: Vec<TopicId> = if s.regions_apart {
+                all_topics
+                    .iter()
+                    .copied()
+                    .filter(|t| (t.0 - 1) % k == i % k)
+                    .collect()
+            } else {
+                all_topics.clone()
+            };
+            // A sender with no topic of its own (more senders than topics) publishes to all.
+            let topics = if topics.is_empty() {
+                all_topics.clone()
+            } else {
+                topics
+            };
+            let next_topic = topics[rng.usize(..topics.len())];
             Publisher {
-                topics: all_topics.clone(),
+                topics,
                 rng,
                 next_topic,
                 until: Time::ZERO + secs(s.seconds),
