@@ -39,7 +39,7 @@ pub(crate) fn milli_to_rate(milli: u32) -> f64 {
 /// anything, and without the lag it would never count as recovering: equation 8 and
 /// `pdcc_delta_t_rec` would have no effect (the Fig. 16 experiment found this). Such a receiver
 /// must now gain on the sender by `delta_t_rec` (eq. 8) instead of alerting on every query until
-/// it caught up (eq. 7), which cut the publish rate to its floor during a recovery.
+/// it caught up, whatever its progress (eq. 7).
 ///
 /// A non-recovering receiver's falling rate (eq. 6) counts only if its fresh messages also meet
 /// at least `pdcc_queue_delay_threshold` of queueing, or at least `pdcc_loss_threshold` of them
