@@ -307,7 +307,9 @@ impl Node {
         let inner = runtime.subscribe_named(topic.name(), self.share, move |d| {
             callback(to_message(d, decode, &topic_name));
         })?;
-        Ok(CallbackSubscription { inner })
+        Ok(CallbackSubscription {
+            handle: Box::new(inner),
+        })
     }
 
     /// The node's counters (and the embedded service's state).
@@ -454,6 +456,33 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
             queue,
             name,
             dropped,
+        })
+    }
+
+    /// Subscribes with a callback that runs on a thread of its own, fed from the subscription's
+    /// bounded queue, so that [`capacity`](Self::capacity) and
+    /// [`slow_consumer`](Self::slow_consumer) apply to it as to an iterator: under
+    /// [`SlowConsumerPolicy::Disconnect`] a callback that falls behind gets the messages queued
+    /// before, then `Err(Error::SlowConsumer)` as its last call. In force when this returns.
+    pub fn subscribe_with<F>(self, mut callback: F) -> Result<CallbackSubscription, Error>
+    where
+        F: FnMut(Result<Message<T>, Error>) + Send + 'static,
+    {
+        let subscription = self.subscribe()?;
+        let queue = subscription.queue.clone();
+        let thread_name = format!("tidings-callback-{}", subscription.name);
+        // Ends when the queue does: the subscription was dropped (unsubscribed), disconnected
+        // for being slow, or the node shut down.
+        std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || {
+                for message in queue.iter() {
+                    callback(message);
+                }
+            })
+            .map_err(|e| Error::Refused(format!("no thread for the callback: {e}")))?;
+        Ok(CallbackSubscription {
+            handle: Box::new(subscription),
         })
     }
 }

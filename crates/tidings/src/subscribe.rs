@@ -121,28 +121,68 @@ impl<'a, T> IntoIterator for &'a Subscription<T> {
     }
 }
 
-/// A subscription whose messages go to a callback (on a delivery worker thread, in order within
-/// the topic). Dropping it unsubscribes.
-#[derive(Debug)]
+/// A subscription whose messages go to a callback, in order within the topic. Dropping it
+/// unsubscribes.
+///
+/// From [`Node::subscribe_with`](crate::Node::subscribe_with) the callback runs on a delivery
+/// worker thread and a slow callback slows the stream (back pressure). From
+/// [`SubscribeBuilder::subscribe_with`](crate::SubscribeBuilder::subscribe_with) it runs on a
+/// thread of its own behind the subscription's bounded queue, so the builder's capacity and
+/// [`SlowConsumerPolicy`] apply: a callback that falls behind under
+/// [`SlowConsumerPolicy::Disconnect`] gets `Err(Error::SlowConsumer)` as its last call.
 pub struct CallbackSubscription {
-    pub(crate) inner: tidings_runtime::Subscription,
+    pub(crate) handle: Box<dyn SubscriptionHandle>,
+}
+
+/// What a [`CallbackSubscription`] keeps of its subscription: dropping it unsubscribes.
+pub(crate) trait SubscriptionHandle: Send {
+    fn topic_id(&self) -> TopicId;
+    fn set_share(&self, share: f64) -> Result<(), Error>;
+}
+
+impl SubscriptionHandle for tidings_runtime::Subscription {
+    fn topic_id(&self) -> TopicId {
+        self.topic()
+    }
+
+    fn set_share(&self, share: f64) -> Result<(), Error> {
+        Ok(tidings_runtime::Subscription::set_share(self, share)?)
+    }
+}
+
+impl<T: Send> SubscriptionHandle for Subscription<T> {
+    fn topic_id(&self) -> TopicId {
+        self.inner.topic()
+    }
+
+    fn set_share(&self, share: f64) -> Result<(), Error> {
+        Ok(self.inner.set_share(share)?)
+    }
 }
 
 impl CallbackSubscription {
     /// The topic's id.
     #[must_use]
     pub fn topic_id(&self) -> TopicId {
-        self.inner.topic()
+        self.handle.topic_id()
     }
 
     /// Changes the share of the delivery workers' time this subscription gets when topics
     /// compete, in `(0, 1]`.
     pub fn set_share(&self, share: f64) -> Result<(), Error> {
-        Ok(self.inner.set_share(share)?)
+        self.handle.set_share(share)
     }
 
     /// Unsubscribes (also done by dropping it).
     pub fn unsubscribe(self) {}
+}
+
+impl std::fmt::Debug for CallbackSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallbackSubscription")
+            .field("topic", &self.handle.topic_id())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<T> std::fmt::Debug for Subscription<T> {

@@ -194,3 +194,77 @@ fn a_slow_subscriber_is_disconnected_with_an_error_and_the_others_go_on() {
     assert!(got.len() <= 5, "{got:?}");
     assert!(slow.recv().is_none());
 }
+
+#[test]
+fn a_slow_callback_is_disconnected_with_an_error_as_its_last_call() {
+    let node = Node::builder().start().unwrap();
+    let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
+    let topic: Topic<Quote> = Topic::new("quotes/slow-callback").unwrap();
+    let (calls, seen) = std::sync::mpsc::channel();
+    // Takes 200 ms per message with room for 4 and 50 ms of patience: a burst of 40 leaves its
+    // queue full for longer than that.
+    let _slow = peer
+        .subscription(&topic)
+        .capacity(4)
+        .slow_consumer(SlowConsumerPolicy::Disconnect {
+            max_wait: Duration::from_millis(50),
+        })
+        .subscribe_with(move |m: Result<tidings::Message<Quote>, Error>| {
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = calls.send(m.map(|m| m.value.seq));
+        })
+        .unwrap();
+    let fast = peer.subscribe(&topic).unwrap();
+    let mut publisher = node.publisher(&topic).unwrap();
+    for seq in 0..40 {
+        publisher.publish(&quote(seq)).unwrap();
+    }
+    for seq in 0..40 {
+        assert_eq!(
+            fast.recv_timeout(Duration::from_secs(10))
+                .unwrap()
+                .value
+                .seq,
+            seq
+        );
+    }
+    let mut got = Vec::new();
+    let error = loop {
+        match seen.recv_timeout(Duration::from_secs(10)).unwrap() {
+            Ok(seq) => got.push(seq),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(error, Error::SlowConsumer { capacity: 4, .. }),
+        "{error}"
+    );
+    assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>());
+    assert!(got.len() < 40, "disconnected before the end: {got:?}");
+    // The error was the last call: the callback's thread has ended.
+    assert!(seen.recv_timeout(Duration::from_millis(500)).is_err());
+}
+
+#[test]
+fn a_builder_callback_within_its_capacity_gets_everything() {
+    let node = Node::builder().start().unwrap();
+    let topic: Topic<Quote> = Topic::new("quotes/callback").unwrap();
+    let (calls, seen) = std::sync::mpsc::channel();
+    let subscription = node
+        .subscription(&topic)
+        .capacity(8)
+        .subscribe_with(move |m: Result<tidings::Message<Quote>, Error>| {
+            let _ = calls.send(m.unwrap().value.seq);
+        })
+        .unwrap();
+    let mut publisher = node.publisher(&topic).unwrap();
+    for seq in 0..200 {
+        publisher.publish(&quote(seq)).unwrap();
+    }
+    let got: Vec<u64> = (0..200)
+        .map(|_| seen.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
+    assert_eq!(got, (0..200).collect::<Vec<_>>());
+    assert_eq!(subscription.topic_id(), publisher.topic_id());
+    drop(subscription);
+}
