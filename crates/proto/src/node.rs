@@ -361,10 +361,9 @@ impl Node {
                 let Some(region) = self.regions.get_mut(&h.region) else {
                     return;
                 };
-                // The records' list is reused from token to token.
+                // The records, lists and all, are reused from token to token.
                 let mut records = std::mem::take(&mut self.token_records);
-                records.clear();
-                records.extend(t.records().map(|r| OwnedRecord::from_view(&r)));
+                crate::region::assign_records(&mut records, t.records(), &mut self.out);
                 let mut token = OwnedToken {
                     level: t.level,
                     ring: t.ring,

@@ -46,18 +46,30 @@ pub(crate) struct OwnedRecord {
 }
 
 impl OwnedRecord {
-    pub(crate) fn from_view(v: &RecordView<'_>) -> Self {
+    /// A record whose (empty) lists come from `out`'s pool, so filling them reuses storage.
+    fn with_pooled_lists(out: &mut Outbox) -> Self {
         OwnedRecord {
-            origin: v.origin,
-            stable_upto: v.stable_upto,
-            agg_contiguous: v.agg_contiguous,
-            agg_max: v.agg_max,
-            prev_contiguous: v.prev_contiguous,
-            prev_max: v.prev_max,
-            missing_all: v.missing_all.iter().collect(),
-            lost: v.lost.iter().collect(),
-            prev_missing: v.prev_missing.iter().collect(),
+            missing_all: out.take_range_list(),
+            lost: out.take_range_list(),
+            prev_missing: out.take_range_list(),
+            ..Default::default()
         }
+    }
+
+    /// Overwrites this record with `v`, keeping the lists' storage.
+    fn assign_view(&mut self, v: &RecordView<'_>) {
+        self.origin = v.origin;
+        self.stable_upto = v.stable_upto;
+        self.agg_contiguous = v.agg_contiguous;
+        self.agg_max = v.agg_max;
+        self.prev_contiguous = v.prev_contiguous;
+        self.prev_max = v.prev_max;
+        self.missing_all.clear();
+        self.missing_all.extend(v.missing_all.iter());
+        self.lost.clear();
+        self.lost.extend(v.lost.iter());
+        self.prev_missing.clear();
+        self.prev_missing.extend(v.prev_missing.iter());
     }
 
     pub(crate) fn as_wire(&self) -> tidings_wire::Record<'_> {
@@ -75,6 +87,44 @@ impl OwnedRecord {
     }
 }
 
+/// The `n`-th record of `records`, appended if `records` is shorter (every field is to be
+/// overwritten: records are reused from token to token, lists and all).
+fn record_slot<'a>(
+    records: &'a mut Vec<OwnedRecord>,
+    n: usize,
+    out: &mut Outbox,
+) -> &'a mut OwnedRecord {
+    while records.len() <= n {
+        records.push(OwnedRecord::with_pooled_lists(out));
+    }
+    &mut records[n]
+}
+
+/// Shortens `records` to `len`, handing the lists of the records cut off back to `out`'s pool.
+fn truncate_records(records: &mut Vec<OwnedRecord>, len: usize, out: &mut Outbox) {
+    while records.len() > len {
+        if let Some(r) = records.pop() {
+            out.recycle_range_list(r.missing_all);
+            out.recycle_range_list(r.lost);
+            out.recycle_range_list(r.prev_missing);
+        }
+    }
+}
+
+/// Overwrites `records` with the records of a token that arrived, reusing their storage.
+pub(crate) fn assign_records<'v>(
+    records: &mut Vec<OwnedRecord>,
+    views: impl Iterator<Item = RecordView<'v>>,
+    out: &mut Outbox,
+) {
+    let mut n = 0;
+    for v in views {
+        record_slot(records, n, out).assign_view(&v);
+        n += 1;
+    }
+    truncate_records(records, n, out);
+}
+
 /// A token in memory: which ring, which round, the records.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct OwnedToken {
@@ -84,7 +134,8 @@ pub(crate) struct OwnedToken {
     pub(crate) records: Vec<OwnedRecord>,
 }
 
-/// A member's own state for one sender at one level of the hierarchy.
+/// A member's own state for one sender at one level of the hierarchy. One is kept as scratch and
+/// overwritten for every record, so its lists keep their storage.
 #[derive(Clone, Debug, Default)]
 struct MemberState {
     contiguous: u64,
@@ -95,6 +146,17 @@ struct MemberState {
     exact_upto: u64,
     /// Level 1 and up: what caching partitions below lost entirely.
     lost: Vec<SeqRange>,
+}
+
+impl MemberState {
+    /// Sets the figures and empties the lists (keeping their storage).
+    fn reset(&mut self, contiguous: u64, max: u64, exact_upto: u64) {
+        self.contiguous = contiguous;
+        self.max = max;
+        self.exact_upto = exact_upto;
+        self.missing.clear();
+        self.lost.clear();
+    }
 }
 
 /// What a ring leader learned from the last completed round, per sender.
@@ -244,7 +306,7 @@ pub(crate) struct RegionState {
     /// Per origin, the highest message id delivered in earlier views (seeds new streams).
     msg_id_floors: BTreeMap<(NodeId, TopicId), u64>,
     /// Scratch lists reused across tokens, so a token round allocates nothing in steady state.
-    scratch: Vec<SeqRange>,
+    state_scratch: MemberState,
     origins_scratch: Vec<NodeId>,
     records_scratch: Vec<OwnedRecord>,
     /// Gaps due for a repair request (sequence number, attempts so far), and the pull lists by
@@ -306,7 +368,7 @@ impl RegionState {
             rings,
             msg_id_floors: BTreeMap::new(),
             ucas: BTreeMap::new(),
-            scratch: Vec::new(),
+            state_scratch: MemberState::default(),
             origins_scratch: Vec::new(),
             records_scratch: Vec::new(),
             wanted_scratch: Vec::new(),
@@ -481,7 +543,9 @@ impl RegionState {
         }
     }
 
-    /// This node's state for `origin` at `level`; level-0 missing lists extend to `horizon`.
+    /// This node's state for `origin` at `level`, into `st` (whose lists keep their storage);
+    /// level-0 missing lists extend to `horizon`.
+    #[allow(clippy::too_many_arguments)]
     fn member_state(
         &self,
         level: usize,
@@ -490,47 +554,35 @@ impl RegionState {
         own: Option<&OutboundStream>,
         cap: usize,
         config: &Config,
-    ) -> MemberState {
+        st: &mut MemberState,
+    ) {
         if level == 0 {
             if origin == self.me {
                 let sent = own.map_or(0, |s| s.sent_upto);
-                return MemberState {
-                    contiguous: sent,
-                    max: sent,
-                    exact_upto: sent,
-                    ..Default::default()
-                };
+                st.reset(sent, sent, sent);
+                return;
             }
             let Some(stream) = self.inbound.get(&origin) else {
-                let mut missing = Vec::new();
-                ranges::push_range(&mut missing, 1, horizon + 1, cap);
-                return MemberState {
-                    missing,
-                    exact_upto: horizon,
-                    ..Default::default()
-                };
+                st.reset(0, 0, horizon);
+                ranges::push_range(&mut st.missing, 1, horizon + 1, cap);
+                return;
             };
-            let mut missing = Vec::new();
             let mut horizon = horizon.max(stream.known_max());
             if config.adaptive_nack_window {
                 // Ring neighbours push only what lies within this node's NACK window.
                 let window = u64::try_from(stream.nack.window(config)).unwrap_or(u64::MAX);
                 horizon = horizon.min(stream.delivered_upto.saturating_add(window));
             }
-            let exact_upto = stream.missing_ranges(horizon, cap, &mut missing);
-            return MemberState {
-                contiguous: stream.delivered_upto,
-                max: stream.known_max(),
-                missing,
-                exact_upto,
-                lost: Vec::new(),
-            };
+            st.reset(stream.delivered_upto, stream.known_max(), 0);
+            st.exact_upto = stream.missing_ranges(horizon, cap, &mut st.missing);
+            return;
         }
         let below = &self.rings[level - 1];
         let Some(report) = below.lead.as_ref().and_then(|l| l.reports.get(&origin)) else {
-            return MemberState::default();
+            st.reset(0, 0, 0);
+            return;
         };
-        let mut lost = Vec::new();
+        st.reset(report.contiguous, report.max, report.max);
         if level == 1 {
             ranges::filter_partition(
                 &report.ranges,
@@ -538,17 +590,10 @@ impl RegionState {
                 self.partitions.len(),
                 config.cache_block_msgs,
                 cap,
-                &mut lost,
+                &mut st.lost,
             );
         } else {
-            lost.extend(report.ranges.iter().take(cap).copied());
-        }
-        MemberState {
-            contiguous: report.contiguous,
-            max: report.max,
-            exact_upto: report.max,
-            missing: Vec::new(),
-            lost,
+            st.lost.extend(report.ranges.iter().take(cap).copied());
         }
     }
 
@@ -592,15 +637,17 @@ impl RegionState {
     ) {
         let mut origins = std::mem::take(&mut self.origins_scratch);
         self.known_origins(level, own, &mut origins);
+        let mut st = std::mem::take(&mut self.state_scratch);
         origins.retain(|&o| {
             let lead = self.rings[level].lead.as_ref();
             let idle = lead
                 .and_then(|l| l.idle_rounds.get(&o))
                 .copied()
                 .unwrap_or(0);
-            let state_max = self.member_state(level, o, 0, own, 0, config).max;
-            !(idle >= config.idle_rounds_before_drop && state_max <= self.stable_known(o, own))
+            self.member_state(level, o, 0, own, 0, config, &mut st);
+            !(idle >= config.idle_rounds_before_drop && st.max <= self.stable_known(o, own))
         });
+        self.state_scratch = st;
         self.release_with(now, level, &mut origins, own, config, out);
         self.origins_scratch = origins;
     }
@@ -634,22 +681,24 @@ impl RegionState {
         lead.released_at = now;
         let round = lead.round;
         let cap = Self::record_cap(config, origins.len());
+        // Records (and their lists) are overwritten in place, round after round.
         let mut records = std::mem::take(&mut self.records_scratch);
-        records.clear();
-        records.extend(origins.iter().map(|&o| {
-            let st = self.member_state(level, o, 0, own, cap, config);
-            OwnedRecord {
-                origin: o,
-                stable_upto: self.stable_known(o, own),
-                agg_contiguous: st.contiguous,
-                agg_max: st.max,
-                prev_contiguous: st.contiguous,
-                prev_max: st.exact_upto.max(st.contiguous),
-                missing_all: st.missing.clone(),
-                lost: st.lost,
-                prev_missing: st.missing,
-            }
-        }));
+        let mut st = std::mem::take(&mut self.state_scratch);
+        for (n, &o) in origins.iter().enumerate() {
+            self.member_state(level, o, 0, own, cap, config, &mut st);
+            let rec = record_slot(&mut records, n, out);
+            rec.origin = o;
+            rec.stable_upto = self.stable_known(o, own);
+            rec.agg_contiguous = st.contiguous;
+            rec.agg_max = st.max;
+            rec.prev_contiguous = st.contiguous;
+            rec.prev_max = st.exact_upto.max(st.contiguous);
+            rec.missing_all.clone_from(&st.missing);
+            rec.lost.clone_from(&st.lost);
+            rec.prev_missing.clone_from(&st.missing);
+        }
+        truncate_records(&mut records, origins.len(), out);
+        self.state_scratch = st;
         out.stats.tokens_released += 1;
         let ring = &self.rings[level];
         let mut token = OwnedToken {
@@ -729,45 +778,52 @@ impl RegionState {
             return;
         }
         ring.last_round_seen = token.round;
+        // Records (and their lists) are overwritten in place, token after token.
         let mut records = std::mem::take(&mut self.records_scratch);
-        records.clear();
+        let mut st = std::mem::take(&mut self.state_scratch);
+        let mut n = 0;
         let cap = Self::record_cap(config, token.records.len() + 1);
         for rec in &token.records {
             self.learn(now, level, rec, config, out);
-            let st = self.member_state(level, rec.origin, rec.agg_max, own, cap, config);
+            self.member_state(level, rec.origin, rec.agg_max, own, cap, config, &mut st);
             if level == 0 {
                 self.compare_with_predecessor(now, from, rec, own, config, out);
             }
-            records.push(self.merge(level, rec, st, cap, own));
+            let merged = record_slot(&mut records, n, out);
+            self.merge(level, rec, &st, cap, own, merged);
+            n += 1;
         }
         // Senders this node knows of with unstable data that the token lacks: add a record whose
         // aggregate claims nothing (earlier members did not report), so the leader learns of them.
-        if records.len() < Self::records_max(config) {
+        if n < Self::records_max(config) {
             let mut origins = std::mem::take(&mut self.origins_scratch);
             self.known_origins(level, own, &mut origins);
             for &o in &origins {
                 let seen = token.records.iter().any(|r| r.origin == o);
-                if seen || records.len() >= Self::records_max(config) {
+                if seen || n >= Self::records_max(config) {
                     continue;
                 }
-                let st = self.member_state(level, o, 0, own, cap, config);
+                self.member_state(level, o, 0, own, cap, config, &mut st);
                 let stable = self.stable_known(o, own);
                 if st.max <= stable {
                     continue;
                 }
-                records.push(OwnedRecord {
-                    origin: o,
-                    stable_upto: stable,
-                    agg_contiguous: 0,
-                    agg_max: st.max,
-                    prev_contiguous: st.contiguous,
-                    prev_max: st.exact_upto.max(st.contiguous),
-                    prev_missing: st.missing,
-                    ..Default::default()
-                });
+                let rec = record_slot(&mut records, n, out);
+                rec.origin = o;
+                rec.stable_upto = stable;
+                rec.agg_contiguous = 0;
+                rec.agg_max = st.max;
+                rec.prev_contiguous = st.contiguous;
+                rec.prev_max = st.exact_upto.max(st.contiguous);
+                rec.missing_all.clear();
+                rec.lost.clear();
+                rec.prev_missing.clone_from(&st.missing);
+                n += 1;
             }
             self.origins_scratch = origins;
         }
+        truncate_records(&mut records, n, out);
+        self.state_scratch = st;
         let forwarded = OwnedToken {
             level: token.level,
             ring: token.ring,
@@ -830,33 +886,32 @@ impl RegionState {
         }
     }
 
-    /// Folds this node's state into a record.
+    /// Folds this node's state into a record, written over `merged` (whose lists keep their
+    /// storage).
     fn merge(
-        &mut self,
+        &self,
         level: usize,
         rec: &OwnedRecord,
-        st: MemberState,
+        st: &MemberState,
         cap: usize,
         own: Option<&OutboundStream>,
-    ) -> OwnedRecord {
-        let mut merged = OwnedRecord {
-            origin: rec.origin,
-            stable_upto: rec.stable_upto.max(self.stable_known(rec.origin, own)),
-            agg_contiguous: rec.agg_contiguous.min(st.contiguous),
-            agg_max: rec.agg_max.max(st.max),
-            prev_contiguous: st.contiguous,
-            prev_max: st.exact_upto.max(st.contiguous),
-            ..Default::default()
-        };
+        merged: &mut OwnedRecord,
+    ) {
+        merged.origin = rec.origin;
+        merged.stable_upto = rec.stable_upto.max(self.stable_known(rec.origin, own));
+        merged.agg_contiguous = rec.agg_contiguous.min(st.contiguous);
+        merged.agg_max = rec.agg_max.max(st.max);
+        merged.prev_contiguous = st.contiguous;
+        merged.prev_max = st.exact_upto.max(st.contiguous);
         if level == 0 {
-            ranges::intersect(&rec.missing_all, &st.missing, cap, &mut self.scratch);
-            merged.missing_all = self.scratch.clone();
-            merged.prev_missing = st.missing;
+            ranges::intersect(&rec.missing_all, &st.missing, cap, &mut merged.missing_all);
+            merged.prev_missing.clone_from(&st.missing);
+            merged.lost.clear();
         } else {
-            ranges::union(&rec.lost, &st.lost, cap, &mut self.scratch);
-            merged.lost = self.scratch.clone();
+            ranges::union(&rec.lost, &st.lost, cap, &mut merged.lost);
+            merged.missing_all.clear();
+            merged.prev_missing.clear();
         }
-        merged
     }
 
     /// What a record teaches this node: that messages exist (gap detection) and what is stable
@@ -999,11 +1054,12 @@ impl RegionState {
             top,
             rtt,
         });
-        for rec in token.records.drain(..) {
+        // The records stay in the token for reuse; their lists are swapped with the reports'.
+        for rec in &mut token.records {
             if !single {
-                self.learn(now, level, &rec, config, out);
+                self.learn(now, level, rec, config, out);
                 if level == 0 {
-                    self.compare_with_predecessor(now, pred, &rec, own, config, out);
+                    self.compare_with_predecessor(now, pred, rec, own, config, out);
                 }
             }
             let Some(lead) = self.rings[level].lead.as_mut() else {
@@ -1012,15 +1068,20 @@ impl RegionState {
             let idle = rec.agg_contiguous == rec.agg_max && rec.stable_upto == rec.agg_max;
             let count = lead.idle_rounds.entry(rec.origin).or_insert(0);
             *count = if idle { count.saturating_add(1) } else { 0 };
-            let report = Report {
-                contiguous: rec.agg_contiguous,
-                max: rec.agg_max,
-                ranges: if level == 0 {
-                    rec.missing_all
-                } else {
-                    rec.lost
-                },
+            // The old report's list goes to the record (overwritten next round) rather than freed.
+            let mut report = lead
+                .reports
+                .get_mut(&rec.origin)
+                .map(std::mem::take)
+                .unwrap_or_default();
+            report.contiguous = rec.agg_contiguous;
+            report.max = rec.agg_max;
+            let list = if level == 0 {
+                &mut rec.missing_all
+            } else {
+                &mut rec.lost
             };
+            std::mem::swap(&mut report.ranges, list);
             if top {
                 self.region_round(rec.origin, &report, own, config, out);
             }
