@@ -732,9 +732,13 @@ impl Node {
             self.out.stats.ucas_received += 1;
             self.rate.on_uca(now, seq, rate, &self.config);
         }
-        for (region, ranges) in std::mem::take(&mut self.out.self_naks) {
-            self.remulticast(now, region, ranges.into_iter());
+        // The list of NAKs and their range lists are kept for reuse.
+        let mut naks = std::mem::take(&mut self.out.self_naks);
+        for (region, ranges) in naks.drain(..) {
+            self.remulticast(now, region, ranges.iter().copied());
+            self.out.recycle_range_list(ranges);
         }
+        self.out.self_naks = naks;
     }
 
     /// Answers a region NAK: queues the sent, unstable messages of `ranges` of this node's stream
@@ -961,7 +965,9 @@ impl Node {
                     ranges,
                 } => {
                     let h = self.header(Kind::Nak, region, view);
-                    let Ok((len, _)) = write_ranges(buf, &h, Kind::Nak, origin, &ranges) else {
+                    let written = write_ranges(buf, &h, Kind::Nak, origin, &ranges);
+                    self.out.recycle_range_list(ranges);
+                    let Ok((len, _)) = written else {
                         continue;
                     };
                     return Some(control(to, len));

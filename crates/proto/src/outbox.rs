@@ -147,8 +147,9 @@ pub(crate) struct Outbox {
     /// Buffers of tokens that went out, reused for the next ones: a token is encoded every round
     /// on every ring, and the steady state allocates nothing.
     token_buffers: Vec<Vec<u8>>,
-    /// Range lists of pull requests that went out, reused for the next ones (repairs under loss
-    /// allocate nothing once the pool is warm).
+    /// Range lists no longer needed (of pulls and NAKs that went out, of token records a token
+    /// no longer carries), reused for the next ones: repairs under loss allocate nothing once the
+    /// pool is warm.
     range_lists: Vec<Vec<SeqRange>>,
 }
 

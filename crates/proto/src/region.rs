@@ -1107,7 +1107,9 @@ impl RegionState {
         if origin == self.me {
             out.self_acks.push((region, stable));
             if !lost.is_empty() {
-                out.self_naks.push((region, lost.clone()));
+                let mut list = out.take_range_list();
+                list.extend_from_slice(lost);
+                out.self_naks.push((region, list));
             }
             return;
         }
@@ -1127,12 +1129,14 @@ impl RegionState {
         }
         if !lost.is_empty() {
             out.stats.naks_sent += 1;
+            let mut list = out.take_range_list();
+            list.extend_from_slice(lost);
             out.control.push_back(Control::Nak {
                 to: origin,
                 region,
                 view,
                 origin,
-                ranges: lost.clone(),
+                ranges: list,
             });
         }
     }
