@@ -4,8 +4,8 @@
 //! (`publish`, `handle_datagram`, `handle_timeout`, `poll_transmit`, `poll_event`), after a
 //! warm-up that lets every buffer reach its working size. The target of issue 4 is zero per
 //! message; this test holds it at zero in total, per message and per token round alike. With loss,
-//! pull requests reuse their range lists, but the range lists of token records with gaps still
-//! allocate; that rate is printed and bounded.
+//! the range lists of pulls, NAKs and token records with gaps are reused too; what is left is
+//! buffers growing to a new high, printed and bounded.
 //!
 //! Allocations are counted by a global allocator, so this file holds a single test: another test
 //! running in a parallel thread would be counted too.
@@ -214,8 +214,8 @@ fn no_heap_allocation_per_message_in_steady_state() {
         "the protocol allocated in steady state ({messages} messages, {rounds} token rounds)"
     );
 
-    // The same stream with 1% of the datagrams lost: gaps, pulls, pushes and retransmissions
-    // allocate their range lists (a few per repair, not per message). Printed, not held to zero.
+    // The same stream with 1% of the datagrams lost: gaps, pulls, pushes and retransmissions reuse
+    // their range lists. Not held to zero: see the bound below.
     h.drop_every = 100;
     h.counter.on = false;
     h.run(
@@ -233,7 +233,7 @@ fn no_heap_allocation_per_message_in_steady_state() {
     );
     let messages = h.delivered[1] - delivered_before;
     eprintln!(
-        "with 1% loss: {messages} messages, {} allocations inside the protocol ({:.4} per message)",
+        "with 1% loss: {messages} messages, {} allocations inside the protocol ({:.5} per message)",
         h.counter.allocations,
         h.counter.allocations as f64 / messages as f64
     );
@@ -241,10 +241,14 @@ fn no_heap_allocation_per_message_in_steady_state() {
         messages >= 190_000,
         "only {messages} messages delivered with loss"
     );
-    // Under one per lost datagram today (range lists of token records with gaps).
+    // 18 over 200 000 messages when measured (6 817 before token records reused their lists).
+    // What remains is buffers doubling when the loss pattern sets a new high: the receive window,
+    // the sender's unstable messages, the event queue, a pooled range list that must hold more
+    // ranges than before. Longer runs keep finding new highs (5 to 10 per further 200 000
+    // messages), so the bound leaves room for that and catches any allocation per repair.
     assert!(
-        h.counter.allocations * 10 <= messages,
-        "repairs allocate more than one per ten messages: {}",
+        h.counter.allocations * 2_000 <= messages,
+        "repairs allocate more than one per 2 000 messages: {}",
         h.counter.allocations
     );
 }
