@@ -51,6 +51,10 @@ pub(crate) struct RegionsArgs {
     /// community's profile.
     #[arg(long, default_value_t = 0.0)]
     personal: f64,
+    /// Topics alone in their subset with at most this many subscribers count as carried by
+    /// personal regions in the "with personal regions" figures (ADR 0010).
+    #[arg(long, default_value_t = 100)]
+    personal_max: usize,
     /// Also run the batch (from scratch, largest first) greedy for comparison.
     #[arg(long)]
     batch: bool,
@@ -74,6 +78,7 @@ fn sim_regions(a: &RegionsArgs) -> ExitCode {
     params.compare_batch = a.batch;
     params.communities = a.communities;
     params.personal = a.personal;
+    params.personal_subscribers_max = a.personal_max;
     let report = tidings_gms::regions_report(&params);
     if a.json {
         match serde_json::to_string_pretty(&report) {

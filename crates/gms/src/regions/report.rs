@@ -30,6 +30,10 @@ pub struct RegionsParams {
     /// With communities, the share of each node's subscriptions drawn independently of its
     /// community (0.0: a node subscribes to exactly its community's profile).
     pub personal: f64,
+    /// Topics alone in their subset with at most this many subscribers go through personal
+    /// regions in the figures `personal_*` (ADR 0010); more popular ones keep their region.
+    /// Default 100.
+    pub personal_subscribers_max: usize,
     /// The planner's tuning.
     pub planner: PlannerConfig,
     /// Also run the paper's batch greedy ([`Planner::from_scratch`]) on the final subscriptions
@@ -48,6 +52,7 @@ impl Default for RegionsParams {
             seed: 1,
             communities: 0,
             personal: 0.0,
+            personal_subscribers_max: 100,
             planner: PlannerConfig::default(),
             compare_batch: false,
         }
@@ -103,6 +108,16 @@ pub struct StructureFigures {
     pub top2_region_traffic_share: f64,
     /// The same with every topic publishing at the same rate.
     pub top2_region_traffic_share_uniform: f64,
+    /// Regions per node, mean, if the topics alone in their subset (with at most
+    /// `personal_subscribers_max` subscribers) reached each subscriber through one region of its
+    /// own (a *personal region*: its one member subscribes to every
+    /// topic it carries, so it stays exact) instead of one region per topic. ADR 0010.
+    pub personal_regions_per_node_mean: f64,
+    /// What personal regions cost on IP multicast: datagrams a publisher sends per message with
+    /// them over datagrams with the planned regions, weighted by topic rate (popularity). Such a
+    /// topic is one multicast region today and one unicast copy per subscriber
+    /// with personal regions. On unicast fan-out the cost is the same either way (1.0).
+    pub personal_multicast_send_factor: f64,
     /// Subsets of regularly overlapping topics.
     pub subsets: usize,
     /// Regions.
@@ -288,7 +303,7 @@ pub fn regions_report(params: &RegionsParams) -> RegionsReport {
         }
     }
     let elapsed_ms = millis(start.elapsed());
-    let mut incremental = figures(&planner, &load.weight);
+    let mut incremental = figures(&planner, &load.weight, params.personal_subscribers_max);
     incremental.elapsed_ms = elapsed_ms;
 
     let batch = params.compare_batch.then(|| {
@@ -301,7 +316,7 @@ pub fn regions_report(params: &RegionsParams) -> RegionsReport {
         let start = std::time::Instant::now();
         let p = Planner::from_scratch_valid(config.clone(), &table);
         let ms = millis(start.elapsed());
-        let mut f = figures(&p, &load.weight);
+        let mut f = figures(&p, &load.weight, params.personal_subscribers_max);
         f.elapsed_ms = ms;
         f
     });
@@ -344,13 +359,36 @@ const BUCKETS: [(usize, usize); 9] = [
 ];
 
 /// Measures a structure. `weight[t - 1]` is topic `t`'s publishing rate.
-fn figures(planner: &Planner, weight: &[f64]) -> StructureFigures {
+fn figures(planner: &Planner, weight: &[f64], personal_max: usize) -> StructureFigures {
     let rate = |t: TopicId| {
         weight
             .get((t.0 as usize).wrapping_sub(1))
             .copied()
             .unwrap_or(0.0)
     };
+    let mut singletons = BTreeSet::new();
+    let mut subset_topics: BTreeMap<SubsetId, usize> = BTreeMap::new();
+    for t in planner.topics() {
+        if let Some(s) = planner.subset_of(t) {
+            *subset_topics.entry(s).or_default() += 1;
+        }
+    }
+    for (s, c) in subset_topics {
+        if c == 1 {
+            singletons.insert(s);
+        }
+    }
+    // Topics alone in their subset with few enough subscribers to go through personal regions.
+    let personal: BTreeSet<SubsetId> = singletons
+        .iter()
+        .copied()
+        .filter(|&s| {
+            planner
+                .subset_topics(s)
+                .all(|t| planner.subscribers(t).count() <= personal_max)
+        })
+        .collect();
+    let mut personal_per_node_sum = 0usize;
     let mut per_node_sum = 0usize;
     let mut per_node_max = 0usize;
     let mut share_sum = 0.0;
@@ -359,6 +397,14 @@ fn figures(planner: &Planner, weight: &[f64]) -> StructureFigures {
     let mut traffic: Vec<f64> = Vec::new();
     let mut traffic_uniform: Vec<f64> = Vec::new();
     for n in planner.nodes() {
+        let shared = planner
+            .node_regions(n)
+            .filter(|(subset, _)| !personal.contains(subset))
+            .count();
+        let alone = planner
+            .node_regions(n)
+            .any(|(subset, _)| personal.contains(&subset));
+        personal_per_node_sum += shared + usize::from(alone);
         let regions: Vec<_> = planner.node_regions(n).map(|(_, r)| r).collect();
         nodes += 1;
         per_node_sum += regions.len();
@@ -376,10 +422,19 @@ fn figures(planner: &Planner, weight: &[f64]) -> StructureFigures {
     }
     let mut per_topic_sum = 0usize;
     let mut per_topic_max = 0usize;
+    let (mut planned_sends, mut personal_sends) = (0.0, 0.0);
     for t in planner.topics() {
         let c = planner.topic_regions(t).count();
         per_topic_sum += c;
         per_topic_max = per_topic_max.max(c);
+        planned_sends += rate(t) * c as f64;
+        let alone = planner.subset_of(t).is_some_and(|s| personal.contains(&s));
+        personal_sends += rate(t)
+            * if alone {
+                planner.subscribers(t).count() as f64
+            } else {
+                c as f64
+            };
     }
     let mut size_sum = 0usize;
     let mut size_sq_sum = 0usize;
@@ -392,18 +447,6 @@ fn figures(planner: &Planner, weight: &[f64]) -> StructureFigures {
             regions: 0,
         })
         .collect();
-    let mut singletons = BTreeSet::new();
-    let mut subset_topics: BTreeMap<SubsetId, usize> = BTreeMap::new();
-    for t in planner.topics() {
-        if let Some(s) = planner.subset_of(t) {
-            *subset_topics.entry(s).or_default() += 1;
-        }
-    }
-    for (s, c) in subset_topics {
-        if c == 1 {
-            singletons.insert(s);
-        }
-    }
     for (_, reg) in planner.regions() {
         let size = reg.members.len();
         size_sum += size;
@@ -427,6 +470,12 @@ fn figures(planner: &Planner, weight: &[f64]) -> StructureFigures {
         region_size_member_weighted_mean: ratio(size_sq_sum as f64, size_sum),
         top2_region_traffic_share: ratio(share_sum, nodes),
         top2_region_traffic_share_uniform: ratio(share_uniform_sum, nodes),
+        personal_regions_per_node_mean: ratio(personal_per_node_sum as f64, nodes),
+        personal_multicast_send_factor: if planned_sends > 0.0 {
+            personal_sends / planned_sends
+        } else {
+            1.0
+        },
         subsets: planner.subset_count(),
         regions: planner.region_count(),
         singleton_subsets: singletons.len(),
@@ -547,6 +596,21 @@ impl RegionsReport {
             "subsets (alone) / regions",
             format!("{} ({}) / {}", i.subsets, i.singleton_subsets, i.regions),
             b.map(|b| format!("{} ({}) / {}", b.subsets, b.singleton_subsets, b.regions)),
+            "",
+        );
+        row(
+            &mut s,
+            "with personal regions: per node / sends",
+            format!(
+                "{:.1} / x{:.2}",
+                i.personal_regions_per_node_mean, i.personal_multicast_send_factor
+            ),
+            b.map(|b| {
+                format!(
+                    "{:.1} / x{:.2}",
+                    b.personal_regions_per_node_mean, b.personal_multicast_send_factor
+                )
+            }),
             "",
         );
         row(

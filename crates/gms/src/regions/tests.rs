@@ -368,3 +368,24 @@ fn nodes_of_one_community_always_share_their_regions() {
     }
     assert!(!regions(0).is_empty());
 }
+
+#[test]
+fn personal_regions_bound_regions_per_node_by_the_shared_subsets() {
+    let report = regions_report(&RegionsParams::new(200, 1000, 0.1, 1.0, 6));
+    let f = &report.incremental;
+    assert!(f.singleton_subsets > 0, "this workload leaves topics alone");
+    assert!(f.personal_regions_per_node_mean >= 1.0);
+    // Every topic alone in its subset folds into one region per node.
+    assert!(
+        f.personal_regions_per_node_mean < f.regions_per_node_mean,
+        "{} vs {}",
+        f.personal_regions_per_node_mean,
+        f.regions_per_node_mean
+    );
+    assert!(
+        f.personal_regions_per_node_mean <= (f.subsets - f.singleton_subsets + 1) as f64,
+        "at most one region per shared subset plus the personal one"
+    );
+    // A topic alone in its subset is one region today, so unicast copies cost more sends.
+    assert!(f.personal_multicast_send_factor > 1.0);
+}
