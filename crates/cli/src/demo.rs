@@ -613,6 +613,7 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         }),
         ..GmsConfig::default()
     };
+    let heartbeat_timeout = gms_config.heartbeat_timeout;
     let server = GmsServer::start(gms_config, SocketAddr::from(([127, 0, 0, 1], 0)))
         .map_err(|e| format!("cannot start the membership service: {e}"))?;
     let gms = server.local_addr();
@@ -774,11 +775,18 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
             }
         }
     }
-    // Give the service a moment to process the last leaves.
+    // Give the service a moment to process the last leaves. A killed subscriber is removed by
+    // failure detection: when no ring neighbour was left to suspect it (everyone else finished
+    // and left), that takes the heartbeat timeout from its last heartbeat.
+    let settle_max = if killed.is_some() {
+        heartbeat_timeout + Duration::from_secs(2)
+    } else {
+        Duration::from_secs(2)
+    };
     let mut snapshot = server.snapshot();
     let settle = shared_clock_ns();
     while snapshot.as_ref().is_some_and(|s| !s.members.is_empty())
-        && Duration::from_nanos(shared_clock_ns() - settle) < Duration::from_secs(2)
+        && Duration::from_nanos(shared_clock_ns() - settle) < settle_max
     {
         std::thread::sleep(Duration::from_millis(20));
         snapshot = server.snapshot();
