@@ -29,13 +29,14 @@ mod netns_support;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use netns_support::{address, field, run, spawn_in, stdin_lines, Children, Namespaces};
+use netns_support::{
+    address, address_book, field, run, spawn_in, stdin_lines, Children, Namespaces,
+};
 use tidings_proto::{Config, Membership, NodeId, TopicId};
 use tidings_runtime::{
     AddressBook, MulticastConfig, NodeRuntime, PublishError, RuntimeConfig, Transport,
@@ -106,17 +107,7 @@ fn membership() -> Membership {
 
 /// Everyone's addresses: fixed, since each node has a namespace of its own; one group per region.
 fn book() -> AddressBook {
-    let mut book = AddressBook::default();
-    for i in 0..=SUBSCRIBERS {
-        book.nodes
-            .insert(NodeId(i), SocketAddr::from((address(i), PORT)));
-    }
-    for (k, &region) in membership().regions.keys().enumerate() {
-        let group = Ipv4Addr::new(239, 255, 1, u8::try_from(k + 1).unwrap());
-        let port = PORT + 1 + u16::try_from(k).unwrap();
-        book.groups.insert(region, SocketAddrV4::new(group, port));
-    }
-    book
+    address_book(&membership(), SUBSCRIBERS, PORT, 1)
 }
 
 fn runtime_config(me: u32) -> RuntimeConfig {

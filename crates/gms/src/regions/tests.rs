@@ -303,18 +303,17 @@ fn workload_draws_popular_topics_more_often() {
     assert!(tail < count[10], "tail {tail} vs rank 10 {}", count[10]);
 }
 
+/// Node `i`'s subscriptions in workload `w`, as a set.
+fn topic_set(w: &report::Workload, i: usize) -> BTreeSet<TopicId> {
+    w.subscriptions[i].1.iter().copied().collect()
+}
+
 #[test]
 fn community_workload_shares_profiles_and_personal_topics_differ() {
     let mut params = RegionsParams::new(200, 1000, 0.1, 1.0, 5);
     params.communities = 10;
     let w = report::workload(&params);
-    let set = |i: usize| {
-        w.subscriptions[i]
-            .1
-            .iter()
-            .copied()
-            .collect::<BTreeSet<_>>()
-    };
+    let set = |i: usize| topic_set(&w, i);
     for i in 0..200 {
         assert_eq!(set(i).len(), 100, "node {i} has 100 distinct topics");
         // Nodes 10 apart are in the same community: identical subscriptions.
@@ -326,13 +325,7 @@ fn community_workload_shares_profiles_and_personal_topics_differ() {
 
     params.personal = 0.1;
     let w = report::workload(&params);
-    let set = |i: usize| {
-        w.subscriptions[i]
-            .1
-            .iter()
-            .copied()
-            .collect::<BTreeSet<_>>()
-    };
+    let set = |i: usize| topic_set(&w, i);
     for i in 10..200 {
         assert_eq!(set(i).len(), 100);
         let shared = set(i).intersection(&set(i - 10)).count();

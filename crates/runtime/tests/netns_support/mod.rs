@@ -21,6 +21,31 @@ pub(crate) fn address(i: u32) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, 0, u8::try_from(i + 1).unwrap())
 }
 
+/// Everyone's addresses for nodes `0..=last`, each in a namespace of its own at
+/// [`address`]`(i)` and `port`; one multicast group per region of `membership`, at
+/// `239.255.{group_block}.k` and the ports after `port`.
+pub(crate) fn address_book(
+    membership: &tidings_proto::Membership,
+    last: u32,
+    port: u16,
+    group_block: u8,
+) -> tidings_runtime::AddressBook {
+    let mut book = tidings_runtime::AddressBook::default();
+    for i in 0..=last {
+        book.nodes.insert(
+            tidings_proto::NodeId(i),
+            std::net::SocketAddr::from((address(i), port)),
+        );
+    }
+    for (k, &region) in membership.regions.keys().enumerate() {
+        let group = Ipv4Addr::new(239, 255, group_block, u8::try_from(k + 1).unwrap());
+        let group_port = port + 1 + u16::try_from(k).unwrap();
+        book.groups
+            .insert(region, std::net::SocketAddrV4::new(group, group_port));
+    }
+    book
+}
+
 /// Runs `program ARGS`; the error says what failed. Returns standard output.
 pub(crate) fn run(program: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(program)
