@@ -107,8 +107,9 @@ pub struct Node {
     out: Outbox,
     rng: fastrand::Rng,
     next_repair_scan: Time,
-    /// Round-robin position over outbound streams for data.
-    data_rr: usize,
+    /// Outbound streams with unsent messages, in round-robin order: sending a datagram costs the
+    /// same whatever the number of streams (each stream's `data_queued` says it is here).
+    data_ready: std::collections::VecDeque<RegionId>,
     /// Datagrams of views not known yet, oldest first (bounded by `future_datagrams_max`).
     future: std::collections::VecDeque<Bytes>,
     /// Per origin, the highest message id delivered in views that ended; kept even while this node
@@ -122,6 +123,54 @@ pub struct Node {
     rate: crate::pdcc::RateController,
     /// After a publish refused by the rate: when to wake the application to try again.
     rate_retry_at: Option<Time>,
+    /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
+    /// region updates the totals by difference (see [`Node::refresh_gauges`]).
+    gauge_shares: BTreeMap<RegionId, GaugeShare>,
+}
+
+/// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
+/// of its inbound streams.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct GaugeShare {
+    unstable_msgs: u64,
+    unstable_bytes: u64,
+    held_msgs: u64,
+    held_bytes: u64,
+    cached_msgs: u64,
+    nack_window_min: Option<usize>,
+}
+
+impl GaugeShare {
+    fn of(
+        region: RegionId,
+        outbound: &BTreeMap<RegionId, OutboundStream>,
+        regions: &BTreeMap<RegionId, RegionState>,
+        config: &Config,
+    ) -> GaugeShare {
+        let mut share = GaugeShare::default();
+        if let Some(stream) = outbound.get(&region) {
+            debug_assert!(stream.unstable_msgs() as usize <= config.window_msgs_max);
+            debug_assert!(stream.stable_upto <= stream.sent_upto);
+            share.unstable_msgs = stream.unstable_msgs();
+            share.unstable_bytes = stream.unstable_bytes() as u64;
+            share.held_msgs = stream.unstable_msgs() + stream.unsent_msgs();
+            share.held_bytes = stream.held_bytes() as u64;
+        }
+        if let Some(r) = regions.get(&region) {
+            share.cached_msgs = r.inbound.values().map(|s| s.cache_len() as u64).sum();
+            share.nack_window_min = r.nack_window_min(config);
+        }
+        share
+    }
+}
+
+/// The smallest NACK window of any region (0 with none), for [`crate::Stats::nack_window_msgs_current`].
+fn nack_window_min(shares: &BTreeMap<RegionId, GaugeShare>) -> u64 {
+    shares
+        .values()
+        .filter_map(|s| s.nack_window_min)
+        .min()
+        .unwrap_or(0) as u64
 }
 
 /// Where a datagram's view stands relative to what this node knows.
@@ -165,13 +214,14 @@ impl Node {
             out: Outbox::default(),
             rng,
             next_repair_scan: now,
-            data_rr: 0,
+            data_ready: std::collections::VecDeque::new(),
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
             token_records: Vec::new(),
             next_doubt_sample: now,
             rate,
             rate_retry_at: None,
+            gauge_shares: BTreeMap::new(),
         })
     }
 
@@ -277,6 +327,10 @@ impl Node {
                 timestamp_us,
                 payload: payload.clone(),
             });
+            if !stream.data_queued {
+                stream.data_queued = true;
+                self.data_ready.push_back(region);
+            }
         }
         self.out.stats.messages_published += 1;
         // A topic nobody subscribes to is stable at once (it reached everyone it must).
@@ -299,7 +353,17 @@ impl Node {
                 payload,
             }));
         }
-        self.update_gauges();
+        // The topic's regions, by index: the list is borrowed from the membership.
+        for i in 0..regions.len() {
+            let region = self
+                .membership
+                .topic_regions
+                .get(&topic)
+                .and_then(|r| r.get(i));
+            if let Some(&region) = region {
+                self.refresh_gauges(region);
+            }
+        }
         Ok(msg_id)
     }
 
@@ -452,7 +516,9 @@ impl Node {
                 }
             }
         }
-        self.update_gauges();
+        // What a datagram changes is confined to its region (ACKs of other regions refresh
+        // theirs in `apply_ack`).
+        self.refresh_gauges(h.region);
     }
 
     /// Where the datagram's view stands: packets of a region this node is in are compared with
@@ -577,7 +643,14 @@ impl Node {
             }
         }
         self.membership = membership;
-        self.data_rr = 0;
+        // Streams were replaced and re-homed messages added: queue every stream with unsent ones.
+        self.data_ready.clear();
+        for (&region, stream) in &mut self.outbound {
+            stream.data_queued = stream.unsent_msgs() > 0;
+            if stream.data_queued {
+                self.data_ready.push_back(region);
+            }
+        }
         // Datagrams that waited for this membership.
         for datagram in std::mem::take(&mut self.future) {
             self.out.stats.datagrams_received -= 1;
@@ -720,6 +793,7 @@ impl Node {
         if !ok {
             out.stats.invalid_dropped += 1;
         }
+        self.refresh_gauges(region);
     }
 
     /// Applies ACKs and NAKs this node owes itself as region leader of its own streams.
@@ -1088,12 +1162,17 @@ impl Node {
     }
 
     fn poll_data(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        let n = self.outbound.len();
-        for i in 0..n {
-            let idx = (self.data_rr + i) % n;
-            let Some((&region, stream)) = self.outbound.iter_mut().nth(idx) else {
+        // Each queued stream is looked at once per call: one whose window is closed (or that is
+        // paused) goes to the back and waits for its ACKs.
+        for _ in 0..self.data_ready.len() {
+            let region = self.data_ready.pop_front()?;
+            let Some(stream) = self.outbound.get_mut(&region) else {
                 continue;
             };
+            if stream.unsent_msgs() == 0 {
+                stream.data_queued = false;
+                continue;
+            }
             let others_unstable = match self.config.window_algorithm {
                 WindowAlgorithm::Local => 0,
                 WindowAlgorithm::Global => self
@@ -1102,6 +1181,7 @@ impl Node {
                     .map_or(0, RegionState::others_unstable_estimate),
             };
             if !stream.can_send(&self.config, others_unstable) {
+                self.data_ready.push_back(region);
                 continue;
             }
             let header = Header {
@@ -1111,19 +1191,26 @@ impl Node {
                 sender: self.me,
             };
             let Ok(mut w) = MessagesWriter::data(buf, &header) else {
+                self.data_ready.push_front(region);
                 return None;
             };
             let packed = stream.pack_unsent(&mut w, &self.config, others_unstable);
             if packed == 0 {
+                self.data_ready.push_back(region);
                 continue;
             }
             let len = w.finish();
             stream.last_send = now;
             stream.silence_pending = false;
-            self.data_rr = (idx + 1) % n;
+            // Round robin: a stream with more to send goes behind the others.
+            if stream.unsent_msgs() > 0 {
+                self.data_ready.push_back(region);
+            } else {
+                stream.data_queued = false;
+            }
             self.out.stats.data_packets_sent += 1;
             self.out.stats.messages_sent += packed as u64;
-            self.update_gauges();
+            self.refresh_gauges(region);
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,
@@ -1165,38 +1252,60 @@ impl Node {
         None
     }
 
+    /// Recomputes every gauge from every stream (after timers and membership changes, which may
+    /// touch any region).
     fn update_gauges(&mut self) {
+        let (outbound, regions, config) = (&self.outbound, &self.regions, &self.config);
+        self.gauge_shares
+            .retain(|r, _| outbound.contains_key(r) || regions.contains_key(r));
+        for &region in outbound.keys().chain(regions.keys()) {
+            let share = GaugeShare::of(region, outbound, regions, config);
+            // An existing key is overwritten in place: no allocation in steady state.
+            self.gauge_shares.insert(region, share);
+        }
         let s = &mut self.out.stats;
-        let mut unstable = 0;
-        let mut held_msgs = 0;
-        let mut held_bytes = 0;
-        for stream in self.outbound.values() {
-            unstable += stream.unstable_msgs();
-            held_msgs += stream.unstable_msgs() + stream.unsent_msgs();
-            held_bytes += stream.held_bytes() as u64;
-            s.unstable_msgs_max = s.unstable_msgs_max.max(stream.unstable_msgs());
-            s.unstable_bytes_max = s.unstable_bytes_max.max(stream.unstable_bytes() as u64);
-            debug_assert!(stream.unstable_msgs() as usize <= self.config.window_msgs_max);
-            debug_assert!(stream.stable_upto <= stream.sent_upto);
+        let (mut unstable, mut held_msgs, mut held_bytes, mut cached) = (0, 0, 0, 0);
+        for share in self.gauge_shares.values() {
+            unstable += share.unstable_msgs;
+            held_msgs += share.held_msgs;
+            held_bytes += share.held_bytes;
+            cached += share.cached_msgs;
+            s.unstable_msgs_max = s.unstable_msgs_max.max(share.unstable_msgs);
+            s.unstable_bytes_max = s.unstable_bytes_max.max(share.unstable_bytes);
         }
         s.unstable_msgs_current = unstable;
         s.held_msgs_current = held_msgs;
         s.held_bytes_current = held_bytes;
         s.held_bytes_max = s.held_bytes_max.max(held_bytes);
-        let cached: u64 = self
-            .regions
-            .values()
-            .flat_map(|r| r.inbound.values())
-            .map(|s| s.cache_len() as u64)
-            .sum();
         s.cache_msgs_current = cached;
-        s.nack_window_msgs_current = self
-            .regions
-            .values()
-            .filter_map(|r| r.nack_window_min(&self.config))
-            .min()
-            .unwrap_or(0) as u64;
         s.cache_msgs_max = s.cache_msgs_max.max(cached);
+        s.nack_window_msgs_current = nack_window_min(&self.gauge_shares);
+    }
+
+    /// Updates the gauges after a change confined to `region`, by difference: the cost of a
+    /// message does not grow with the number of regions the node is in.
+    fn refresh_gauges(&mut self, region: RegionId) {
+        let share = GaugeShare::of(region, &self.outbound, &self.regions, &self.config);
+        let old = self.gauge_shares.get(&region).copied();
+        if old == Some(share) {
+            return;
+        }
+        let old = old.unwrap_or_default();
+        // A region seen for the first time (rare: membership changes refresh everything).
+        self.gauge_shares.insert(region, share);
+        let s = &mut self.out.stats;
+        // Each total includes the region's old part, so none of these can go below zero.
+        s.unstable_msgs_current = s.unstable_msgs_current + share.unstable_msgs - old.unstable_msgs;
+        s.held_msgs_current = s.held_msgs_current + share.held_msgs - old.held_msgs;
+        s.held_bytes_current = s.held_bytes_current + share.held_bytes - old.held_bytes;
+        s.cache_msgs_current = s.cache_msgs_current + share.cached_msgs - old.cached_msgs;
+        s.unstable_msgs_max = s.unstable_msgs_max.max(share.unstable_msgs);
+        s.unstable_bytes_max = s.unstable_bytes_max.max(share.unstable_bytes);
+        s.held_bytes_max = s.held_bytes_max.max(s.held_bytes_current);
+        s.cache_msgs_max = s.cache_msgs_max.max(s.cache_msgs_current);
+        if share.nack_window_min != old.nack_window_min {
+            s.nack_window_msgs_current = nack_window_min(&self.gauge_shares);
+        }
     }
 
     /// Receive-side figures of every inbound stream.

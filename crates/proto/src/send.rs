@@ -41,6 +41,8 @@ pub(crate) struct OutboundStream {
     /// After a view change, nothing is sent before this time (receivers install the new view);
     /// `Time::ZERO` when not paused. Cleared by the node's timer.
     pub(crate) paused_until: Time,
+    /// The stream is in the node's queue of streams with unsent messages (`Node::data_ready`).
+    pub(crate) data_queued: bool,
 }
 
 impl OutboundStream {
@@ -55,6 +57,7 @@ impl OutboundStream {
             last_send: now,
             silence_pending: false,
             paused_until: Time::ZERO,
+            data_queued: false,
         }
     }
 
