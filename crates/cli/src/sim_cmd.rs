@@ -208,6 +208,10 @@ struct ScenarioArgs {
     /// Link bandwidth, Mbit/s.
     #[arg(long, default_value_t = 100.0)]
     link_mbps: f64,
+    /// Links serve congestion queries and alerts (DCQ, UCA) before the data waiting (also for the
+    /// Gryphon experiments, whose ports are otherwise one FIFO each).
+    #[arg(long)]
+    control_priority: bool,
     /// Token release interval of ring leaders, milliseconds.
     #[arg(long)]
     token_interval_ms: Option<u64>,
@@ -263,6 +267,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         replication: a.replication,
         publish_rate: a.rate,
         link_mbps: a.link_mbps,
+        control_priority: a.control_priority,
         proto,
         churn: a.churn,
         churn_events: Vec::new(),
@@ -298,6 +303,7 @@ fn sim_experiment(a: &RunArgs, experiment: tidings_sim::experiment::Experiment) 
             reduced: a.reduced,
             outage: a.outage_seconds.map(Duration::from_secs_f64),
             seed: a.seed,
+            control_priority: a.scenario.control_priority,
             ..Setup::new(experiment, cc)
         };
         if experiment == Experiment::GryphonFig16 && cc {

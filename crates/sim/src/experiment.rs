@@ -162,6 +162,11 @@ pub struct Setup {
     /// `pdcc_delta_t_rec` of every node; `None`: Table 1's 1.0 (tick-seconds per second).
     /// [`Experiment::GryphonFig16`] sweeps it ([`delta_t_rec_sweep`]).
     pub delta_t_rec: Option<f64>,
+    /// Links serve DCQs and UCAs before the data waiting
+    /// ([`crate::net::LinkConfig::control_priority`]), as Gryphon's brokers sent them. Default
+    /// off (one FIFO per port): with it on, the feedback comes in time and queues stay small, but
+    /// Table 1's slow increase then keeps goodput under the 90% target (ADR 11).
+    pub control_priority: bool,
 }
 
 impl Setup {
@@ -175,6 +180,7 @@ impl Setup {
             outage: None,
             seed: 1,
             delta_t_rec: None,
+            control_priority: false,
         }
     }
 
@@ -334,6 +340,7 @@ impl Setup {
             regions_apart: self.experiment == Experiment::GryphonFig12,
             seed: self.seed,
             publish_rate: Some(self.offered_rate()),
+            control_priority: self.control_priority,
             drain_seconds: self.secs(30.0, 10.0),
             ..Scenario::default()
         };
@@ -480,6 +487,9 @@ pub struct Summary {
     pub recovery_s: Option<f64>,
     /// The checker's verdict ("pass" or "fail").
     pub verdict: &'static str,
+    /// Of the repairs (pushed, pulled or resent) that reached the victim, the share it already
+    /// had (duplicates it dropped). For several regions: the largest.
+    pub victim_duplicate_share: f64,
 }
 
 impl Summary {
@@ -631,6 +641,8 @@ pub fn run_variant(setup: &Setup, s: &Scenario) -> Result<Outcome, ScenarioError
     let mut regions: Vec<Vec<Row>> = vec![Vec::new(); probes.len()];
     let mut prev: Vec<Prev> = probes.iter().map(|_| Prev::default()).collect();
     let mut links_max = 0usize;
+    // The victims' (duplicates dropped, repairs received), as of the last sample.
+    let mut repairs = vec![(0u64, 0u64); probes.len()];
     let report = run_observed(
         s,
         &mut |_| {},
@@ -638,6 +650,10 @@ pub fn run_variant(setup: &Setup, s: &Scenario) -> Result<Outcome, ScenarioError
             let queued_max = links_queued_bytes_max(now, world);
             for ((probe, rows), prev) in probes.iter().zip(&mut regions).zip(&mut prev) {
                 rows.push(sample(now, world, probe, queued_max, prev));
+            }
+            for (probe, r) in probes.iter().zip(&mut repairs) {
+                let v = world.host(probe.victim).node().stats();
+                *r = (v.duplicates_dropped, v.repairs_received);
             }
             links_max = (0..world.hosts().len())
                 .map(|i| {
@@ -655,7 +671,11 @@ pub fn run_variant(setup: &Setup, s: &Scenario) -> Result<Outcome, ScenarioError
     let region_summaries: Vec<Summary> = regions
         .iter()
         .enumerate()
-        .map(|(i, rows)| summarize(setup, s, i, rows, links_max, &report))
+        .zip(&repairs)
+        .map(|((i, rows), &(duplicates, repaired))| Summary {
+            victim_duplicate_share: duplicates as f64 / (duplicates + repaired).max(1) as f64,
+            ..summarize(setup, s, i, rows, links_max, &report)
+        })
         .collect();
     let summary = combine(setup, &region_summaries);
     Ok(Outcome {
@@ -681,6 +701,7 @@ fn combine(setup: &Setup, regions: &[Summary]) -> Summary {
             sender_unstable_max: 0,
             recovery_s: None,
             verdict: "fail",
+            victim_duplicate_share: 0.0,
         };
     };
     if regions.len() == 1 {
@@ -719,6 +740,10 @@ fn combine(setup: &Setup, regions: &[Summary]) -> Summary {
         sender_unstable_max: first.sender_unstable_max,
         recovery_s,
         verdict: first.verdict,
+        victim_duplicate_share: regions
+            .iter()
+            .map(|s| s.victim_duplicate_share)
+            .fold(0.0, f64::max),
     }
 }
 
@@ -795,6 +820,7 @@ fn summarize(
         sender_unstable_max: report.pending_ack_max,
         recovery_s,
         verdict: report.verdict,
+        victim_duplicate_share: 0.0,
     }
 }
 
@@ -890,8 +916,9 @@ impl Outcome {
         if self.setup.experiment.failed_link() {
             let _ = write!(
                 line,
-                ", publish rate during recovery {:.0} msgs/s",
-                s.publish_rate_recovery
+                ", publish rate during recovery {:.0} msgs/s, victim duplicates {:.0}% of repairs",
+                s.publish_rate_recovery,
+                s.victim_duplicate_share * 100.0
             );
         }
         if self.region_summaries.len() > 1 {

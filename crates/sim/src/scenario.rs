@@ -57,6 +57,9 @@ pub struct Scenario {
     pub publish_rate: Option<f64>,
     /// Link bandwidth of every node, Mbit/s. Default 100 (the papers' cluster).
     pub link_mbps: f64,
+    /// Every link serves DCQs and UCAs before the data waiting
+    /// ([`LinkConfig::control_priority`]). Default off (one FIFO per link, a plain switch).
+    pub control_priority: bool,
     /// Protocol configuration of every node (its `rng_seed` is replaced by one derived from `seed`).
     pub proto: Config,
     /// Random membership events (crash, leave, join, resubscribe) spread over the middle of the
@@ -143,6 +146,7 @@ impl Default for Scenario {
             replication: 5,
             publish_rate: None,
             link_mbps: 100.0,
+            control_priority: false,
             proto: Config::default(),
             churn: 0,
             churn_events: Vec::new(),
@@ -467,6 +471,9 @@ impl Scenario {
         }
         if self.link_mbps != d.link_mbps {
             cmd += &format!(" --link-mbps {}", self.link_mbps);
+        }
+        if self.control_priority {
+            cmd += " --control-priority";
         }
         if self.membership == MembershipKind::Gms {
             cmd += " --gms";
@@ -800,6 +807,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     }
     let link = LinkConfig {
         bandwidth_bps: (s.link_mbps * 1e6) as u64,
+        control_priority: s.control_priority,
         ..LinkConfig::default()
     };
     let base = NodeNetConfig {

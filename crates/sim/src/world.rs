@@ -26,8 +26,11 @@
 //!
 //! # Cost
 //!
-//! A link is FIFO, so arrivals at the switch from one uplink and at a node from its downlink are in
-//! time order: each such queue has a single event-queue entry, for its head. Each node has at most
+//! A link hands out its packets in arrival order, so each uplink (towards the switch) and each
+//! downlink (towards a node) has a single event-queue entry, for its next arrival. A control packet
+//! that jumps a link's data queue ([`LinkConfig::control_priority`]) may arrive before the packet
+//! whose event is pending, or delay it: an earlier arrival gets an event of its own, and an event
+//! that finds its packet delayed (or is superseded) reschedules or does nothing. Each node has at most
 //! one live service event (CPU free, timer, uplink room, end of freeze; stale ones are skipped by
 //! generation). A datagram is copied once when sent; multicast copies share it by reference count.
 
@@ -37,10 +40,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Serialize;
 use tidings_proto::{Destination, NodeId, RegionId, Time};
-use tidings_wire::peek_kind;
+use tidings_wire::{peek_kind, Kind};
 
 use crate::fault::{FaultError, FaultSpec, LossModel, Periodic};
-use crate::net::{Link, LinkConfig, LinkConfigError, LinkStats};
+use crate::net::{Class, Link, LinkConfig, LinkConfigError, LinkStats};
 
 /// A simulated node: the sans-IO protocol node (or a test double) that the world drives.
 ///
@@ -380,8 +383,14 @@ impl EventQueue {
 /// Per-node simulation state.
 #[derive(Debug)]
 struct NodeState {
-    uplink: Link,
-    downlink: Link,
+    /// Carries (destination, bytes) to the switch.
+    uplink: Link<(Destination, Bytes)>,
+    /// Carries bytes to the node.
+    downlink: Link<Bytes>,
+    /// Time of the pending event for the uplink's next arrival at the switch (`Time::MAX`: none).
+    switch_at: Time,
+    /// Time of the pending event for the downlink's next arrival at the node (`Time::MAX`: none).
+    arrive_at: Time,
     loss_up: LossModel,
     loss_down: LossModel,
     rng_up: fastrand::Rng,
@@ -390,10 +399,6 @@ struct NodeState {
     freeze: Option<Periodic>,
     socket_buffer_bytes: usize,
     proc_cost: Duration,
-    /// Accepted by the uplink, not yet at the switch: (arrival at switch, destination, bytes).
-    to_switch: VecDeque<(Time, Destination, Bytes)>,
-    /// Accepted by the downlink, not yet at the node: (arrival, bytes).
-    arrivals: VecDeque<(Time, Bytes)>,
     /// Received, waiting for the CPU.
     socket: VecDeque<Bytes>,
     socket_bytes: usize,
@@ -492,12 +497,12 @@ impl<H: Host> World<H> {
         let mut events = EventQueue::default();
         for (i, c) in config.nodes.iter().enumerate() {
             let node = NodeId(i as u32);
-            let link = |cfg: LinkConfig, direction| {
-                Link::new(cfg).map_err(|source| WorldError::Link {
+            let link_error = |direction| {
+                move |source| WorldError::Link {
                     node,
                     direction,
                     source,
-                })
+                }
             };
             let fault = |what| move |source| WorldError::Fault { node, what, source };
             c.loss_up.validate().map_err(fault("loss_up"))?;
@@ -522,8 +527,8 @@ impl<H: Host> World<H> {
                 }
             }
             let mut state = NodeState {
-                uplink: link(c.uplink, "uplink")?,
-                downlink: link(c.downlink, "downlink")?,
+                uplink: Link::new(c.uplink).map_err(link_error("uplink"))?,
+                downlink: Link::new(c.downlink).map_err(link_error("downlink"))?,
                 loss_up: c.loss_up.clone(),
                 loss_down: c.loss_down.clone(),
                 rng_up: fastrand::Rng::with_seed(derive_seed(
@@ -540,8 +545,8 @@ impl<H: Host> World<H> {
                 freeze: c.freeze,
                 socket_buffer_bytes: c.socket_buffer_bytes,
                 proc_cost: c.proc_cost_per_packet,
-                to_switch: VecDeque::new(),
-                arrivals: VecDeque::new(),
+                switch_at: Time::MAX,
+                arrive_at: Time::MAX,
                 socket: VecDeque::new(),
                 socket_bytes: 0,
                 busy_until: Time::ZERO,
@@ -661,7 +666,7 @@ impl<H: Host> World<H> {
     /// # Panics
     /// If `node` does not exist.
     #[must_use]
-    pub fn uplink(&self, node: NodeId) -> &Link {
+    pub fn uplink(&self, node: NodeId) -> &Link<(Destination, Bytes)> {
         &self.nodes[node.0 as usize].uplink
     }
 
@@ -670,7 +675,7 @@ impl<H: Host> World<H> {
     /// # Panics
     /// If `node` does not exist.
     #[must_use]
-    pub fn downlink(&self, node: NodeId) -> &Link {
+    pub fn downlink(&self, node: NodeId) -> &Link<Bytes> {
         &self.nodes[node.0 as usize].downlink
     }
 
@@ -851,13 +856,15 @@ impl<H: Host> World<H> {
     fn on_switch(&mut self, src: u32) {
         let now = self.now;
         let state = &mut self.nodes[src as usize];
-        let Some((at, destination, datagram)) = state.to_switch.pop_front() else {
+        let Some((destination, datagram)) = take_arrival(
+            &mut state.uplink,
+            &mut state.switch_at,
+            &mut self.events,
+            now,
+            Event::Switch { node: src },
+        ) else {
             return;
         };
-        debug_assert_eq!(at, now);
-        if let Some(&(next, ..)) = state.to_switch.front() {
-            self.events.push(next, Event::Switch { node: src });
-        }
         match destination {
             Destination::Node(dst) => match self.nodes.get_mut(dst.0 as usize) {
                 Some(state) => forward(
@@ -897,13 +904,15 @@ impl<H: Host> World<H> {
         let now = self.now;
         let i = node as usize;
         let state = &mut self.nodes[i];
-        let Some((at, datagram)) = state.arrivals.pop_front() else {
+        let Some(datagram) = take_arrival(
+            &mut state.downlink,
+            &mut state.arrive_at,
+            &mut self.events,
+            now,
+            Event::Arrive { node },
+        ) else {
             return;
         };
-        debug_assert_eq!(at, now);
-        if let Some(&(next, _)) = state.arrivals.front() {
-            self.events.push(next, Event::Arrive { node });
-        }
         let stats = &mut self.stats.nodes[i];
         if state.crashed {
             stats.drops.crashed += 1;
@@ -1029,17 +1038,22 @@ impl<H: Host> World<H> {
             stats.bytes_sent += len as u64;
             t += cost;
             stats.busy_time += cost;
-            match state.uplink.offer(t, len) {
+            let class = link_class(&datagram);
+            let (loss, rng) = (&mut state.loss_up, &mut state.rng_up);
+            let mut lost = false;
+            let arrives = || {
+                lost = loss.drops(rng);
+                (!lost).then_some((destination, datagram))
+            };
+            match state.uplink.offer(t, len, class, arrives) {
                 Err(_) => stats.drops.tail_drop_up += 1,
-                Ok(_) if state.loss_up.drops(&mut state.rng_up) => stats.drops.loss_up += 1,
-                Ok(at_switch) => {
-                    if state.to_switch.is_empty() {
-                        self.events.push(at_switch, Event::Switch { node });
-                    }
-                    state
-                        .to_switch
-                        .push_back((at_switch, destination, datagram));
-                }
+                Ok(_) if lost => stats.drops.loss_up += 1,
+                Ok(_) => schedule_arrival(
+                    &state.uplink,
+                    &mut state.switch_at,
+                    &mut self.events,
+                    Event::Switch { node },
+                ),
             }
         }
         state.busy_until = t;
@@ -1076,16 +1090,68 @@ fn forward(
     now: Time,
     datagram: Bytes,
 ) {
-    match state.downlink.offer(now, datagram.len()) {
+    let (len, class) = (datagram.len(), link_class(&datagram));
+    let (loss, rng) = (&mut state.loss_down, &mut state.rng_down);
+    let mut lost = false;
+    let arrives = || {
+        lost = loss.drops(rng);
+        (!lost).then_some(datagram)
+    };
+    match state.downlink.offer(now, len, class, arrives) {
         Err(_) => stats.drops.tail_drop_down += 1,
-        Ok(_) if state.loss_down.drops(&mut state.rng_down) => stats.drops.loss_down += 1,
-        Ok(arrival) => {
-            if state.arrivals.is_empty() {
-                events.push(arrival, Event::Arrive { node: dst });
-            }
-            state.arrivals.push_back((arrival, datagram));
+        Ok(_) if lost => stats.drops.loss_down += 1,
+        Ok(_) => schedule_arrival(
+            &state.downlink,
+            &mut state.arrive_at,
+            events,
+            Event::Arrive { node: dst },
+        ),
+    }
+}
+
+/// The queue a datagram joins on a link with control priority: Gryphon's congestion messages
+/// (DCQ, UCA) are control, everything else is data. Not the other control kinds: a token
+/// announces messages (its records) that would then overtake the data still queued, and the
+/// receiver would ask for them again (ADR 11).
+fn link_class(datagram: &[u8]) -> Class {
+    match peek_kind(datagram) {
+        Some(Kind::Dcq | Kind::Uca) => Class::Control,
+        _ => Class::Data,
+    }
+}
+
+/// Makes sure an event (`event`, pending at `scheduled`) comes at `link`'s next arrival: pushes
+/// one if that is earlier than the one pending.
+fn schedule_arrival<P>(
+    link: &Link<P>,
+    scheduled: &mut Time,
+    events: &mut EventQueue,
+    event: Event,
+) {
+    if let Some(next) = link.next_arrival() {
+        if next < *scheduled {
+            events.push(next, event);
+            *scheduled = next;
         }
     }
+}
+
+/// The packet `link` delivers at `now`, if the event firing now is the pending one (`scheduled`)
+/// and its packet was not delayed by a control packet; schedules the event for the next arrival.
+fn take_arrival<P>(
+    link: &mut Link<P>,
+    scheduled: &mut Time,
+    events: &mut EventQueue,
+    now: Time,
+    event: Event,
+) -> Option<P> {
+    if *scheduled != now {
+        return None; // superseded by an earlier event
+    }
+    *scheduled = Time::MAX;
+    let packet = link.pop_arrival(now);
+    schedule_arrival(link, scheduled, events, event);
+    packet
 }
 
 /// Every member of every region is a node of the world, listed once.

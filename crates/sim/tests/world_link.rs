@@ -7,18 +7,14 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tidings_proto::Time;
-use tidings_sim::net::{Dropped, Link, LinkConfig, LinkConfigError};
+use tidings_sim::net::{Class, Dropped, Link, LinkConfig, LinkConfigError};
 
 fn us(n: u64) -> Time {
     Time::from_nanos(n * 1_000)
 }
 
 fn link(buffer_bytes: usize) -> Link {
-    Link::new(LinkConfig {
-        buffer_bytes,
-        ..LinkConfig::default()
-    })
-    .unwrap()
+    link_with_payload(buffer_bytes)
 }
 
 #[test]
@@ -33,12 +29,15 @@ fn defaults_are_the_papers_cluster() {
 fn serialization_and_latency_are_exact() {
     let mut l = link(1 << 20);
     // 1000 bytes at 100 Mbit/s = 80 us, then 50 us latency.
-    assert_eq!(l.offer(Time::ZERO, 1000), Ok(us(130)));
+    assert_eq!(l.offer(Time::ZERO, 1000, Class::Data, || None), Ok(us(130)));
     // Queued behind the first: starts at 80 us.
-    assert_eq!(l.offer(Time::ZERO, 1000), Ok(us(210)));
+    assert_eq!(l.offer(Time::ZERO, 1000, Class::Data, || None), Ok(us(210)));
     assert_eq!(l.free_at(), us(160));
     // An offer after the link went idle starts at once.
-    assert_eq!(l.offer(us(1000), 500), Ok(us(1000 + 40 + 50)));
+    assert_eq!(
+        l.offer(us(1000), 500, Class::Data, || None),
+        Ok(us(1000 + 40 + 50))
+    );
     let s = l.stats();
     assert_eq!(
         (s.packets_offered, s.packets_sent, s.packets_dropped),
@@ -50,14 +49,18 @@ fn serialization_and_latency_are_exact() {
 
 #[test]
 fn odd_bandwidth_rounds_up_to_the_nanosecond() {
-    let mut l = Link::new(LinkConfig {
+    let mut l: Link = Link::new(LinkConfig {
         bandwidth_bps: 3,
         latency: Duration::ZERO,
         buffer_bytes: 10,
+        ..LinkConfig::default()
     })
     .unwrap();
     // 8 bits at 3 bit/s = 2.666... s, rounded up.
-    assert_eq!(l.offer(Time::ZERO, 1), Ok(Time::from_nanos(2_666_666_667)));
+    assert_eq!(
+        l.offer(Time::ZERO, 1, Class::Data, || None),
+        Ok(Time::from_nanos(2_666_666_667))
+    );
     assert_eq!(
         LinkConfig {
             bandwidth_bps: 1_000_000_007,
@@ -73,10 +76,10 @@ fn odd_bandwidth_rounds_up_to_the_nanosecond() {
 fn tail_drop_counts_bytes_not_yet_fully_transmitted() {
     let mut l = link(3000);
     for _ in 0..3 {
-        assert!(l.offer(Time::ZERO, 1000).is_ok());
+        assert!(l.offer(Time::ZERO, 1000, Class::Data, || None).is_ok());
     }
     assert_eq!(
-        l.offer(Time::ZERO, 1000),
+        l.offer(Time::ZERO, 1000, Class::Data, || None),
         Err(Dropped {
             queued_bytes: 3000,
             len: 1000
@@ -84,12 +87,17 @@ fn tail_drop_counts_bytes_not_yet_fully_transmitted() {
     );
     // The first packet is still on the wire 1 ns before its last bit leaves.
     assert_eq!(l.queued_bytes(Time::from_nanos(79_999)), 3000);
-    assert!(l.offer(Time::from_nanos(79_999), 1).is_err());
+    assert!(l
+        .offer(Time::from_nanos(79_999), 1, Class::Data, || None)
+        .is_err());
     // Room for a max-size packet exactly when the first packet finishes.
     assert_eq!(l.room_at(Time::from_nanos(79_999), 1000), us(80));
     assert_eq!(l.room_at(Time::from_nanos(79_999), 1001), us(160));
     assert_eq!(l.room_at(Time::from_nanos(79_999), 3001), Time::MAX);
-    assert_eq!(l.offer(us(80), 1000), Ok(us(80 * 4 + 50)));
+    assert_eq!(
+        l.offer(us(80), 1000, Class::Data, || None),
+        Ok(us(80 * 4 + 50))
+    );
     // Fits exactly: 2000 queued + 1000 = buffer.
     assert_eq!(l.queued_bytes(us(160)), 2000);
     assert!(l.has_room(us(160), 1000));
@@ -111,14 +119,17 @@ fn invalid_configs_are_rejected() {
         ..LinkConfig::default()
     };
     assert_eq!(
-        Link::new(zero_bw).err(),
+        Link::<()>::new(zero_bw).err(),
         Some(LinkConfigError::ZeroBandwidth)
     );
     let zero_buf = LinkConfig {
         buffer_bytes: 0,
         ..LinkConfig::default()
     };
-    assert_eq!(Link::new(zero_buf).err(), Some(LinkConfigError::ZeroBuffer));
+    assert_eq!(
+        Link::<()>::new(zero_buf).err(),
+        Some(LinkConfigError::ZeroBuffer)
+    );
 }
 
 /// A reference model that keeps every accepted packet forever and scans.
@@ -155,15 +166,20 @@ proptest! {
         buffer_bytes in 1500usize..20_000,
         offers in prop::collection::vec((0u64..200_000, 1usize..1500), 1..300),
     ) {
-        let config = LinkConfig { bandwidth_bps, latency: Duration::from_micros(7), buffer_bytes };
-        let mut link = Link::new(config).unwrap();
+        let config = LinkConfig {
+            bandwidth_bps,
+            latency: Duration::from_micros(7),
+            buffer_bytes,
+            ..LinkConfig::default()
+        };
+        let mut link: Link = Link::new(config).unwrap();
         let mut reference = Reference { config, finishes: Vec::new(), free_at: 0 };
         let mut now = 0;
         let mut last_arrival = Time::ZERO;
         let mut dropped = 0;
         for (gap, len) in offers {
             now += gap;
-            let got = link.offer(Time::from_nanos(now), len).ok();
+            let got = link.offer(Time::from_nanos(now), len, Class::Data, || None).ok();
             let want = reference.offer(now, len).map(Time::from_nanos);
             prop_assert_eq!(got, want);
             if let Some(arrival) = got {
@@ -191,7 +207,7 @@ proptest! {
         let mut now = 0;
         for (gap, l) in offers {
             now += gap;
-            let _ = link.offer(Time::from_nanos(now), l);
+            let _ = link.offer(Time::from_nanos(now), l, Class::Data, || None);
         }
         let at = link.room_at(Time::from_nanos(now), len);
         prop_assert!(at >= Time::from_nanos(now));
@@ -206,15 +222,110 @@ proptest! {
 #[test]
 fn a_reconfigured_link_keeps_what_it_accepted_and_serializes_the_rest_at_the_new_rate() {
     let mut l = link(1 << 20);
-    assert_eq!(l.offer(Time::ZERO, 1000), Ok(us(130)));
+    assert_eq!(l.offer(Time::ZERO, 1000, Class::Data, || None), Ok(us(130)));
     assert_eq!(l.queued_bytes_at(Time::ZERO), 1000);
     // Throttled to 10 Mbit/s with a 2000-byte buffer: the first packet keeps its timing; the
     // next starts when it is done and takes 800 us.
     l.reconfigure(10_000_000, 2000).unwrap();
-    assert_eq!(l.offer(Time::ZERO, 1000), Ok(us(80 + 800 + 50)));
+    assert_eq!(
+        l.offer(Time::ZERO, 1000, Class::Data, || None),
+        Ok(us(80 + 800 + 50))
+    );
     assert_eq!(l.queued_bytes_at(us(80)), 1000);
     assert_eq!(l.queued_bytes_at(us(880)), 0);
     // The smaller buffer applies to the next offer.
-    assert!(l.offer(Time::ZERO, 1000).is_err());
+    assert!(l.offer(Time::ZERO, 1000, Class::Data, || None).is_err());
     assert_eq!(l.reconfigure(0, 2000), Err(LinkConfigError::ZeroBandwidth));
+}
+
+fn priority_link(buffer_bytes: usize, control_buffer_bytes: usize) -> Link<u32> {
+    Link::new(LinkConfig {
+        buffer_bytes,
+        control_priority: true,
+        control_buffer_bytes,
+        ..LinkConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_control_packet_goes_after_the_packet_on_the_wire_and_delays_the_data_waiting() {
+    let mut l = priority_link(1 << 20, 1000);
+    // Three data packets of 1000 bytes: on the wire until 80 us, then 160, 240.
+    for id in 0..3 {
+        assert!(l.offer(Time::ZERO, 1000, Class::Data, || Some(id)).is_ok());
+    }
+    // A 100-byte control packet at 10 us: after the first (80 us), 8 us on the wire.
+    assert_eq!(
+        l.offer(us(10), 100, Class::Control, || Some(10)),
+        Ok(us(88 + 50))
+    );
+    // A second one queues behind the first control packet, still ahead of the data.
+    assert_eq!(
+        l.offer(us(20), 100, Class::Control, || Some(11)),
+        Ok(us(96 + 50))
+    );
+    assert_eq!(l.free_at(), us(240 + 16));
+    // Both queues count; the control queue has its own bound (1000 bytes).
+    assert_eq!(l.queued_bytes_at(us(20)), 3200);
+    assert!(l.offer(us(20), 900, Class::Control, || Some(12)).is_err());
+    assert_eq!(l.stats().queued_bytes_max, 3200);
+    assert_eq!(l.stats().control_queued_bytes_max, 200);
+    // Data offered now goes last.
+    assert_eq!(
+        l.offer(us(20), 1000, Class::Data, || Some(3)),
+        Ok(us(336 + 50))
+    );
+    // Arrivals: the packet that was on the wire, the control packets, then the data, delayed by
+    // the control packets' 16 us.
+    let mut order = Vec::new();
+    while let Some(at) = l.next_arrival() {
+        order.push((at, l.pop_arrival(at).unwrap()));
+    }
+    let want = [(130, 0), (138, 10), (146, 11), (226, 1), (306, 2), (386, 3)];
+    assert_eq!(order, want.map(|(t, id)| (us(t), id)));
+    assert_eq!(l.queued_bytes_at(us(336)), 0);
+}
+
+#[test]
+fn without_priority_control_packets_wait_in_the_fifo() {
+    let mut l: Link<u32> = link_with_payload(1 << 20);
+    assert!(l.offer(Time::ZERO, 1000, Class::Data, || Some(0)).is_ok());
+    assert!(l.offer(Time::ZERO, 1000, Class::Data, || Some(1)).is_ok());
+    assert_eq!(
+        l.offer(us(10), 100, Class::Control, || Some(2)),
+        Ok(us(168 + 50))
+    );
+    // A lost packet takes its place on the wire but never arrives.
+    assert_eq!(
+        l.offer(us(10), 1000, Class::Data, || None),
+        Ok(us(248 + 50))
+    );
+    assert_eq!(l.queued_bytes_at(us(10)), 3100);
+    let mut ids = Vec::new();
+    while let Some(at) = l.next_arrival() {
+        assert!(l.pop_arrival(Time::from_nanos(at.as_nanos() - 1)).is_none());
+        ids.push(l.pop_arrival(at).unwrap());
+    }
+    assert_eq!(ids, [0, 1, 2]);
+}
+
+fn link_with_payload<P>(buffer_bytes: usize) -> Link<P> {
+    Link::new(LinkConfig {
+        buffer_bytes,
+        ..LinkConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn room_at_counts_only_the_data_queue_under_priority() {
+    let mut l = priority_link(2000, 1000);
+    assert!(l.offer(Time::ZERO, 1000, Class::Data, || Some(0)).is_ok());
+    assert!(l.offer(Time::ZERO, 1000, Class::Data, || Some(1)).is_ok());
+    assert!(l.offer(Time::ZERO, 500, Class::Control, || Some(2)).is_ok());
+    assert!(!l.has_room(Time::ZERO, 1000));
+    // The first data packet leaves at 80 us; the control packet (40 us) delays the second.
+    assert_eq!(l.room_at(Time::ZERO, 1000), us(80));
+    assert_eq!(l.room_at(Time::ZERO, 2000), us(200));
 }
