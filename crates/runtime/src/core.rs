@@ -129,7 +129,9 @@ impl CoreShared {
     pub(crate) fn notify(&self) {
         // Pairs with the fence in `Core::run` between announcing sleep and re-checking queues.
         fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) {
+        // Only the first caller to see the flag writes the eventfd: one wake-up is enough, and
+        // at high publish rates the others would each pay a system call for nothing.
+        if self.sleeping.load(Ordering::Relaxed) && self.sleeping.swap(false, Ordering::AcqRel) {
             let _ = self.waker.wake();
         }
     }
@@ -268,6 +270,8 @@ pub(crate) struct Core {
     tx_more: bool,
     loss_rng: fastrand::Rng,
     publishers: Vec<PublisherCore>,
+    /// Some publisher's messages became stable during the current batch of events.
+    publishers_advanced: bool,
     publisher_rr: usize,
     /// Owner (index into `publishers`) of each message id from `owners_base`, until stable.
     owners: VecDeque<Option<usize>>,
@@ -364,6 +368,7 @@ impl Core {
             tx,
             tx_more: true,
             publishers: Vec::new(),
+            publishers_advanced: false,
             publisher_rr: 0,
             owners: VecDeque::new(),
             owners_base: 1,
@@ -867,8 +872,18 @@ impl Core {
 
     // ---- Events: deliveries and stability ----------------------------------------------
 
-    /// Hands the protocol's events on, until a subscription's queue is full.
+    /// Hands the protocol's events on, until a subscription's queue is full, then wakes the
+    /// publishers whose messages became stable.
     fn drain_events(&mut self) {
+        self.hand_events_on();
+        if std::mem::take(&mut self.publishers_advanced) {
+            for p in &mut self.publishers {
+                p.wake_if_advanced();
+            }
+        }
+    }
+
+    fn hand_events_on(&mut self) {
         if self.blocked.is_some() {
             return;
         }
@@ -952,7 +967,7 @@ impl Core {
         };
         if let Some(owner) = self.owners.get_mut(index).and_then(Option::take) {
             if let Some(p) = self.publishers.get_mut(owner) {
-                p.on_stable(msg_id);
+                self.publishers_advanced |= p.on_stable(msg_id);
             }
         }
         while self.owners.front().is_some_and(Option::is_none) {

@@ -385,6 +385,8 @@ pub(crate) struct PublisherCore {
     pub(crate) pending: VecDeque<(MsgId, bool)>,
     /// Tickets known stable (mirrors `shared.stable_upto`).
     pub(crate) stable_upto: u64,
+    /// `stable_upto` advanced since the publisher was last woken (see [`Self::wake_if_advanced`]).
+    advanced: bool,
 }
 
 impl PublisherCore {
@@ -395,14 +397,22 @@ impl PublisherCore {
             retry_at: None,
             pending: VecDeque::new(),
             stable_upto: 0,
+            advanced: false,
         }
     }
 
     /// Marks `msg_id` stable; advances the stable ticket over the stable prefix. True if the
-    /// message was this publisher's.
+    /// message was this publisher's. The publisher is woken later, once per batch of events
+    /// ([`Self::wake_if_advanced`]): waking costs a fence.
     pub(crate) fn on_stable(&mut self, msg_id: MsgId) -> bool {
-        let Ok(i) = self.pending.binary_search_by_key(&msg_id, |&(m, _)| m) else {
-            return false;
+        // Messages usually become stable in publish order: the oldest pending one.
+        let i = if self.pending.front().is_some_and(|&(m, _)| m == msg_id) {
+            0
+        } else {
+            let Ok(i) = self.pending.binary_search_by_key(&msg_id, |&(m, _)| m) else {
+                return false;
+            };
+            i
         };
         self.pending[i].1 = true;
         let before = self.stable_upto;
@@ -414,9 +424,16 @@ impl PublisherCore {
             self.shared
                 .stable_upto
                 .store(self.stable_upto, Ordering::Release);
-            self.shared.wake();
+            self.advanced = true;
         }
         true
+    }
+
+    /// Wakes the publisher if its stable ticket advanced since the last call.
+    pub(crate) fn wake_if_advanced(&mut self) {
+        if std::mem::take(&mut self.advanced) {
+            self.shared.wake();
+        }
     }
 
     /// Whether the core thread can forget this publisher.
