@@ -28,6 +28,14 @@ pub(crate) struct Gap {
     pub(crate) attempts: u32,
 }
 
+impl Gap {
+    /// Whether the last request for this gap may still be answered (within its backoff).
+    fn pending(&self, now: Time, timeout: std::time::Duration) -> bool {
+        self.last_request
+            .is_some_and(|at| now < at + InboundStream::backoff(timeout, self.attempts))
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Slot {
     Missing(Gap),
@@ -323,10 +331,7 @@ impl InboundStream {
         if self.missing == 0 {
             return;
         }
-        let pending = |gap: &Gap| {
-            gap.last_request
-                .is_some_and(|at| now < at + Self::backoff(timeout, gap.attempts))
-        };
+        let pending = |gap: &Gap| gap.pending(now, timeout);
         let mut inflight = self
             .window
             .iter()
@@ -360,10 +365,13 @@ impl InboundStream {
 
     /// Marks the gaps for which `pick` returns true as requested now (from a ring neighbour that has
     /// them), calling `requested(seq)` for each, at most `max`, among the first `range_max`
-    /// messages after the last delivered one (the NACK window).
+    /// messages after the last delivered one (the NACK window). Gaps requested less than their
+    /// backoff of `timeout` ago are left alone: their answers may still be on the way (queued at
+    /// this node's port), and asking again would only bring duplicates.
     pub(crate) fn request_gaps_where(
         &mut self,
         now: Time,
+        timeout: std::time::Duration,
         (max, range_max): (usize, usize),
         mut pick: impl FnMut(u64) -> bool,
         mut requested: impl FnMut(u64),
@@ -375,7 +383,7 @@ impl InboundStream {
             }
             let Slot::Missing(gap) = slot else { continue };
             let seq = self.delivered_upto + 1 + i as u64;
-            if pick(seq) {
+            if !gap.pending(now, timeout) && pick(seq) {
                 requested(seq);
                 gap.first_request.get_or_insert(now);
                 gap.last_request = Some(now);

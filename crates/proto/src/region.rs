@@ -994,9 +994,10 @@ impl RegionState {
         };
         let stable = stream.stable_upto;
         let mut pulls = out.take_range_list();
-        let range = stream.nack.window(config);
+        let (timeout, range) = (stream.nack.timeout(config), stream.nack.window(config));
         stream.request_gaps_where(
             now,
+            timeout,
             (config.repair_inflight_max, range),
             |seq| {
                 let cached_here = caching.caches(seq);
