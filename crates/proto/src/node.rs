@@ -1,6 +1,7 @@
 //! The sans-IO node: the one type a driver (the runtime or the simulator) talks to.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use bytes::Bytes;
 use tidings_wire::{
@@ -123,6 +124,19 @@ pub struct Node {
     rate: crate::pdcc::RateController,
     /// After a publish refused by the rate: when to wake the application to try again.
     rate_retry_at: Option<Time>,
+    /// The regions' ring timers (token releases, round and hand-off timeouts), earliest first, so
+    /// that a timer costs the same whatever the number of regions. An entry is current while it
+    /// equals its region's `timer_at`; a moved deadline adds an entry and the old one is skipped.
+    region_timers: BinaryHeap<Reverse<(Time, RegionId)>>,
+    /// Scratch list of the regions whose timers are due (kept to reuse its buffer).
+    due_regions: Vec<RegionId>,
+    /// Regions with gaps to repair (kept with the gauges), so that `poll_timeout` need not look.
+    regions_with_gaps: usize,
+    /// No outbound stream's silence or pause ends before this (a lower bound: sends only move
+    /// silences later); `handle_timeout` visits the streams only once it has passed.
+    stream_timer_at: Option<Time>,
+    /// Outbound streams whose `silence_pending` is set.
+    silences_pending: usize,
     /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
     /// region updates the totals by difference (see [`Node::refresh_gauges`]).
     gauge_shares: BTreeMap<RegionId, GaugeShare>,
@@ -138,6 +152,8 @@ struct GaugeShare {
     held_bytes: u64,
     cached_msgs: u64,
     nack_window_min: Option<usize>,
+    /// Some inbound stream of the region has gaps to repair.
+    has_gaps: bool,
 }
 
 impl GaugeShare {
@@ -159,6 +175,7 @@ impl GaugeShare {
         if let Some(r) = regions.get(&region) {
             share.cached_msgs = r.inbound.values().map(|s| s.cache_len() as u64).sum();
             share.nack_window_min = r.nack_window_min(config);
+            share.has_gaps = r.has_gaps();
         }
         share
     }
@@ -221,7 +238,16 @@ impl Node {
             next_doubt_sample: now,
             rate,
             rate_retry_at: None,
+            region_timers: BinaryHeap::new(),
+            due_regions: Vec::new(),
+            regions_with_gaps: 0,
+            stream_timer_at: None,
+            silences_pending: 0,
             gauge_shares: BTreeMap::new(),
+        })
+        .map(|mut node| {
+            node.schedule_all_region_timers();
+            node
         })
     }
 
@@ -362,6 +388,8 @@ impl Node {
                 .and_then(|r| r.get(i));
             if let Some(&region) = region {
                 self.refresh_gauges(region);
+                // Unsent messages shorten the silence interval.
+                self.note_stream_deadline(region);
             }
         }
         Ok(msg_id)
@@ -519,6 +547,7 @@ impl Node {
         // What a datagram changes is confined to its region (ACKs of other regions refresh
         // theirs in `apply_ack`).
         self.refresh_gauges(h.region);
+        self.schedule_region_timer(h.region);
     }
 
     /// Where the datagram's view stands: packets of a region this node is in are compared with
@@ -651,6 +680,10 @@ impl Node {
                 self.data_ready.push_back(region);
             }
         }
+        // Regions were replaced, added and removed: their ring timers are entered afresh, and
+        // so are the streams'.
+        self.schedule_all_region_timers();
+        self.reset_stream_timer();
         // Datagrams that waited for this membership.
         for datagram in std::mem::take(&mut self.future) {
             self.out.stats.datagrams_received -= 1;
@@ -832,14 +865,36 @@ impl Node {
 
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Time) {
-        for (region_id, region) in &mut self.regions {
-            region.on_timeout(
-                now,
-                self.outbound.get_mut(region_id),
-                &self.config,
-                &mut self.out,
-            );
+        // The ring timers that are due, taken out first so that a timer rescheduled at or
+        // before `now` waits for the next call instead of looping here.
+        let mut due = std::mem::take(&mut self.due_regions);
+        while let Some(&Reverse((at, region))) = self.region_timers.peek() {
+            if at > now {
+                break;
+            }
+            self.region_timers.pop();
+            if let Some(state) = self.regions.get_mut(&region) {
+                // Only the entry of the region's current deadline; older ones are skipped.
+                if state.timer_at == Some(at) {
+                    state.timer_at = None;
+                    due.push(region);
+                }
+            }
         }
+        for &region_id in &due {
+            if let Some(region) = self.regions.get_mut(&region_id) {
+                region.on_timeout(
+                    now,
+                    self.outbound.get_mut(&region_id),
+                    &self.config,
+                    &mut self.out,
+                );
+            }
+            self.refresh_gauges(region_id);
+            self.schedule_region_timer(region_id);
+        }
+        due.clear();
+        self.due_regions = due;
         self.apply_self_feedback(now);
         if self.rate_retry_at.is_some_and(|t| now >= t) {
             self.rate_retry_at = None;
@@ -858,7 +913,10 @@ impl Node {
             self.out.stats.publish_rate_milli_current =
                 self.rate.rate().map_or(0, |r| (r * 1000.0) as u64);
         }
+        // The periodic scans visit every region; the gauges are recomputed whole after them.
+        let mut scanned = false;
         if now >= self.next_doubt_sample {
+            scanned = true;
             self.next_doubt_sample = now + self.config.doubt_sample_interval;
             let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
             for region in self.regions.values_mut() {
@@ -866,47 +924,103 @@ impl Node {
             }
         }
         if now >= self.next_repair_scan {
+            scanned = true;
             self.next_repair_scan = now + self.config.repair_interval;
             for region in self.regions.values_mut() {
                 region.adjust_nack_windows(now, &self.config);
                 region.request_repairs(now, &self.config, &mut self.rng, &mut self.out);
             }
         }
-        for stream in self.outbound.values_mut() {
-            if stream.paused_until != Time::ZERO && now >= stream.paused_until {
-                stream.paused_until = Time::ZERO;
-            }
-            if let Some(deadline) = silence_deadline(stream, &self.config) {
-                if now >= deadline {
-                    stream.silence_pending = true;
-                    stream.last_send = now;
+        if self.stream_timer_at.is_some_and(|at| now >= at) {
+            for stream in self.outbound.values_mut() {
+                if stream.paused_until != Time::ZERO && now >= stream.paused_until {
+                    stream.paused_until = Time::ZERO;
+                }
+                if let Some(deadline) = silence_deadline(stream, &self.config) {
+                    if now >= deadline {
+                        stream.silence_pending = true;
+                        self.silences_pending += 1;
+                        stream.last_send = now;
+                    }
                 }
             }
+            self.reset_stream_timer();
         }
-        self.update_gauges();
+        if scanned {
+            self.update_gauges();
+        }
+    }
+
+    /// Enters `region`'s next ring deadline in the timer queue if it moved.
+    fn schedule_region_timer(&mut self, region: RegionId) {
+        let Some(state) = self.regions.get_mut(&region) else {
+            return;
+        };
+        let deadline = state.next_deadline(&self.config);
+        if deadline != state.timer_at {
+            state.timer_at = deadline;
+            if let Some(at) = deadline {
+                self.region_timers.push(Reverse((at, region)));
+            }
+        }
+    }
+
+    /// When `stream`'s silence or pause may be due next.
+    fn stream_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
+        let pause = (stream.paused_until != Time::ZERO).then_some(stream.paused_until);
+        silence_deadline(stream, config)
+            .into_iter()
+            .chain(pause)
+            .min()
+    }
+
+    /// Lowers the streams' timer to `stream`'s deadline if that is earlier.
+    fn note_stream_deadline(&mut self, region: RegionId) {
+        let Some(stream) = self.outbound.get(&region) else {
+            return;
+        };
+        if let Some(at) = Self::stream_deadline(stream, &self.config) {
+            self.stream_timer_at = Some(self.stream_timer_at.map_or(at, |t| t.min(at)));
+        }
+    }
+
+    /// Recomputes the streams' timer and pending silences from every outbound stream.
+    fn reset_stream_timer(&mut self) {
+        let config = &self.config;
+        self.stream_timer_at = self
+            .outbound
+            .values()
+            .filter_map(|s| Self::stream_deadline(s, config))
+            .min();
+        self.silences_pending = self.outbound.values().filter(|s| s.silence_pending).count();
+    }
+
+    /// Rebuilds the timer queue from every region (a new node, a new membership).
+    fn schedule_all_region_timers(&mut self) {
+        self.region_timers.clear();
+        for (&region, state) in &mut self.regions {
+            state.timer_at = state.next_deadline(&self.config);
+            if let Some(at) = state.timer_at {
+                self.region_timers.push(Reverse((at, region)));
+            }
+        }
     }
 
     /// The next time [`handle_timeout`](Node::handle_timeout) must be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        let rings = self
-            .regions
-            .values()
-            .filter_map(|r| r.next_deadline(&self.config));
-        let repair = self
-            .regions
-            .values()
-            .any(RegionState::has_gaps)
-            .then_some(self.next_repair_scan);
-        let silence = self
+        // May be a skipped entry, earlier than any current deadline: that only wakes the
+        // caller early once.
+        let rings = self.region_timers.peek().map(|Reverse((at, _))| *at);
+        let repair = (self.regions_with_gaps > 0).then_some(self.next_repair_scan);
+        // Exact, not `stream_timer_at` (a lower bound): an early return here would wake the
+        // caller for nothing once per silence interval. One pass per call, not per message.
+        let config = &self.config;
+        let silences_and_pauses = self
             .outbound
             .values()
-            .filter_map(|s| silence_deadline(s, &self.config));
-        let pauses = self
-            .outbound
-            .values()
-            .filter(|s| s.paused_until != Time::ZERO)
-            .map(|s| s.paused_until);
+            .filter_map(|s| Self::stream_deadline(s, config))
+            .min();
         let doubt = self
             .regions
             .values()
@@ -915,9 +1029,9 @@ impl Node {
         let dcq = (self.config.congestion_control && !self.outbound.is_empty())
             .then_some(self.rate.next_dcq);
         rings
+            .into_iter()
             .chain(repair)
-            .chain(silence)
-            .chain(pauses)
+            .chain(silences_and_pauses)
             .chain(doubt)
             .chain(dcq)
             .chain(self.rate_retry_at)
@@ -1201,7 +1315,9 @@ impl Node {
             }
             let len = w.finish();
             stream.last_send = now;
-            stream.silence_pending = false;
+            if std::mem::take(&mut stream.silence_pending) {
+                self.silences_pending -= 1;
+            }
             // Round robin: a stream with more to send goes behind the others.
             if stream.unsent_msgs() > 0 {
                 self.data_ready.push_back(region);
@@ -1211,6 +1327,8 @@ impl Node {
             self.out.stats.data_packets_sent += 1;
             self.out.stats.messages_sent += packed as u64;
             self.refresh_gauges(region);
+            // A first send gives the stream a silence deadline.
+            self.note_stream_deadline(region);
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,
@@ -1221,6 +1339,9 @@ impl Node {
     }
 
     fn poll_silence(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        if self.silences_pending == 0 {
+            return None;
+        }
         let me = self.me;
         for (&region, stream) in &mut self.outbound {
             if !stream.silence_pending {
@@ -1242,7 +1363,12 @@ impl Node {
             };
             stream.silence_pending = false;
             stream.last_send = now;
+            self.silences_pending -= 1;
             self.out.stats.silences_sent += 1;
+            let deadline = Self::stream_deadline(stream, &self.config);
+            if let Some(at) = deadline {
+                self.stream_timer_at = Some(self.stream_timer_at.map_or(at, |t| t.min(at)));
+            }
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,
@@ -1265,6 +1391,7 @@ impl Node {
         }
         let s = &mut self.out.stats;
         let (mut unstable, mut held_msgs, mut held_bytes, mut cached) = (0, 0, 0, 0);
+        self.regions_with_gaps = self.gauge_shares.values().filter(|s| s.has_gaps).count();
         for share in self.gauge_shares.values() {
             unstable += share.unstable_msgs;
             held_msgs += share.held_msgs;
@@ -1293,6 +1420,8 @@ impl Node {
         let old = old.unwrap_or_default();
         // A region seen for the first time (rare: membership changes refresh everything).
         self.gauge_shares.insert(region, share);
+        self.regions_with_gaps =
+            self.regions_with_gaps + usize::from(share.has_gaps) - usize::from(old.has_gaps);
         let s = &mut self.out.stats;
         // Each total includes the region's old part, so none of these can go below zero.
         s.unstable_msgs_current = s.unstable_msgs_current + share.unstable_msgs - old.unstable_msgs;

@@ -303,6 +303,8 @@ pub(crate) struct RegionState {
     rings: Vec<Ring>,
     /// Per origin, the consolidation of congestion alerts passing through this node (Fig. 5).
     ucas: BTreeMap<NodeId, crate::pdcc::UcaConsolidator>,
+    /// The deadline of [`Self::next_deadline`] as last entered in the node's timer queue.
+    pub(crate) timer_at: Option<Time>,
     /// Per origin, the highest message id delivered in earlier views (seeds new streams).
     msg_id_floors: BTreeMap<(NodeId, TopicId), u64>,
     /// Scratch lists reused across tokens, so a token round allocates nothing in steady state.
@@ -368,6 +370,7 @@ impl RegionState {
             rings,
             msg_id_floors: BTreeMap::new(),
             ucas: BTreeMap::new(),
+            timer_at: None,
             state_scratch: MemberState::default(),
             origins_scratch: Vec::new(),
             records_scratch: Vec::new(),
