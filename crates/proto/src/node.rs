@@ -181,6 +181,13 @@ impl GaugeShare {
     }
 }
 
+/// Lowers `timer` (`Node::stream_timer_at`) to `stream`'s silence or pause deadline if earlier.
+fn lower_stream_timer(timer: &mut Option<Time>, stream: &OutboundStream, config: &Config) {
+    if let Some(at) = Node::stream_deadline(stream, config) {
+        *timer = Some(timer.map_or(at, |t| t.min(at)));
+    }
+}
+
 /// The smallest NACK window of any region (0 with none), for [`crate::Stats::nack_window_msgs_current`].
 fn nack_window_min(shares: &BTreeMap<RegionId, GaugeShare>) -> u64 {
     shares
@@ -387,9 +394,8 @@ impl Node {
                 .get(&topic)
                 .and_then(|r| r.get(i));
             if let Some(&region) = region {
-                self.refresh_gauges(region);
                 // Unsent messages shorten the silence interval.
-                self.note_stream_deadline(region);
+                self.stream_changed(region);
             }
         }
         Ok(msg_id)
@@ -974,13 +980,12 @@ impl Node {
             .min()
     }
 
-    /// Lowers the streams' timer to `stream`'s deadline if that is earlier.
-    fn note_stream_deadline(&mut self, region: RegionId) {
-        let Some(stream) = self.outbound.get(&region) else {
-            return;
-        };
-        if let Some(at) = Self::stream_deadline(stream, &self.config) {
-            self.stream_timer_at = Some(self.stream_timer_at.map_or(at, |t| t.min(at)));
+    /// After a publish into or a send from `region`'s stream: its gauges, and its silence
+    /// deadline, which may now come before the streams' timer.
+    fn stream_changed(&mut self, region: RegionId) {
+        self.refresh_gauges(region);
+        if let Some(stream) = self.outbound.get(&region) {
+            lower_stream_timer(&mut self.stream_timer_at, stream, &self.config);
         }
     }
 
@@ -1326,9 +1331,8 @@ impl Node {
             }
             self.out.stats.data_packets_sent += 1;
             self.out.stats.messages_sent += packed as u64;
-            self.refresh_gauges(region);
             // A first send gives the stream a silence deadline.
-            self.note_stream_deadline(region);
+            self.stream_changed(region);
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,
@@ -1365,10 +1369,7 @@ impl Node {
             stream.last_send = now;
             self.silences_pending -= 1;
             self.out.stats.silences_sent += 1;
-            let deadline = Self::stream_deadline(stream, &self.config);
-            if let Some(at) = deadline {
-                self.stream_timer_at = Some(self.stream_timer_at.map_or(at, |t| t.min(at)));
-            }
+            lower_stream_timer(&mut self.stream_timer_at, stream, &self.config);
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,

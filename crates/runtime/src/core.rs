@@ -270,7 +270,7 @@ pub(crate) struct Core {
     tx_more: bool,
     loss_rng: fastrand::Rng,
     publishers: Vec<PublisherCore>,
-    /// Some publisher's messages became stable during the current batch of events.
+    /// Some publisher's stable ticket advanced during the current batch of events.
     publishers_advanced: bool,
     publisher_rr: usize,
     /// Owner (index into `publishers`) of each message id from `owners_base`, until stable.

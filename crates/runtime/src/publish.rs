@@ -402,8 +402,8 @@ impl PublisherCore {
     }
 
     /// Marks `msg_id` stable; advances the stable ticket over the stable prefix. True if the
-    /// message was this publisher's. The publisher is woken later, once per batch of events
-    /// ([`Self::wake_if_advanced`]): waking costs a fence.
+    /// ticket advanced (the publisher is then woken once per batch of events, by
+    /// [`Self::wake_if_advanced`]: waking costs a fence).
     pub(crate) fn on_stable(&mut self, msg_id: MsgId) -> bool {
         // Messages usually become stable in publish order: the oldest pending one.
         let i = if self.pending.front().is_some_and(|&(m, _)| m == msg_id) {
@@ -425,8 +425,9 @@ impl PublisherCore {
                 .stable_upto
                 .store(self.stable_upto, Ordering::Release);
             self.advanced = true;
+            return true;
         }
-        true
+        false
     }
 
     /// Wakes the publisher if its stable ticket advanced since the last call.
