@@ -205,7 +205,9 @@ impl Publisher {
         timeout: Option<Duration>,
     ) -> Result<PublishHandle, PublishError> {
         self.check(&payload)?;
-        let deadline = timeout.map(|t| crate::clock::now() + t);
+        // The deadline is taken when the first push fails: a push that goes through (nearly
+        // all of them) then costs no clock read.
+        let mut deadline = None;
         let mut request = PublishRequest { topic, payload };
         loop {
             match self.shared.queue.push(request) {
@@ -225,6 +227,9 @@ impl Publisher {
             }
             if !self.core.is_running() {
                 return Err(PublishError::Closed);
+            }
+            if let Some(t) = timeout {
+                deadline.get_or_insert_with(|| crate::clock::now() + t);
             }
             if !self.park(deadline) {
                 return Err(PublishError::Timeout(request.payload));

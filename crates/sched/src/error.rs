@@ -57,6 +57,15 @@ pub enum ConfigError {
         /// The rejected value.
         bucket_ring_capacity: usize,
     },
+    /// `burst_ns` is longer than the period: a burst could use more than a whole period's
+    /// credit before the task is looked at again.
+    #[error("burst_ns {burst_ns} exceeds period_ns {period_ns}")]
+    Burst {
+        /// The rejected burst.
+        burst_ns: u64,
+        /// The period it was checked against.
+        period_ns: u64,
+    },
 }
 
 /// Why a share was rejected: it must be a finite number in `(0, 1]`.

@@ -528,12 +528,50 @@ mod tests {
         assert_eq!(task.try_push(2), Ok(()));
         assert_eq!(task.try_push(3), Err(TryPushError::Full(3)));
         assert_eq!(task.queue_len(), 2);
+        // One burst runs both queued events (they take far less than `burst_ns`).
         assert_eq!(scheduler.run_once(), Step::Ran);
+        assert_eq!(task.queue_len(), 0);
         assert_eq!(task.try_push(3), Ok(()));
-        assert_eq!(scheduler.run_once(), Step::Ran);
         assert_eq!(scheduler.run_once(), Step::Ran);
         assert_eq!(scheduler.run_once(), Step::Idle);
         assert_eq!(task.stats().events_run, 3);
+    }
+
+    /// A burst runs a task's queued events until `burst_ns` has passed, charges the whole burst
+    /// to the task, and leaves the rest for the next dispatch; with `burst_ns` 0 every dispatch
+    /// runs one event.
+    #[test]
+    fn a_burst_runs_queued_events_until_its_time_is_up() {
+        for (burst_ns, expected_runs) in [(0, vec![1, 1, 1, 1, 1, 1]), (250, vec![3, 3])] {
+            let clock = Arc::new(ManualClock::new(0));
+            let config = SchedConfig {
+                burst_ns,
+                ..config(0, 16)
+            };
+            let scheduler = Scheduler::with_clock(config, clock.clone()).expect("config");
+            let ran = Arc::new(AtomicU64::new(0));
+            let (advance, count) = (clock.clone(), ran.clone());
+            let task = scheduler
+                .add_task(1.0, move |_: u32| {
+                    advance.advance_ns(100);
+                    count.fetch_add(1, Ordering::SeqCst);
+                })
+                .expect("share");
+            for event in 0..6 {
+                assert_eq!(task.try_push(event), Ok(()));
+            }
+            let mut runs = Vec::new();
+            let mut before = 0;
+            while scheduler.run_once() == Step::Ran {
+                let now = ran.load(Ordering::SeqCst);
+                runs.push(now - before);
+                before = now;
+            }
+            assert_eq!(runs, expected_runs, "burst_ns {burst_ns}");
+            let stats = task.stats();
+            assert_eq!(stats.events_run, 6);
+            assert_eq!(stats.run_ns, 600, "every event's time charged once");
+        }
     }
 
     struct FlagWaker(AtomicUsize);
