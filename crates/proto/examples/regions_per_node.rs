@@ -7,13 +7,17 @@
 //! - `all-topics`: node 0 publishes round-robin over all `R` topics (it has `R` streams).
 //!
 //! The wall time spent inside the publisher's and node 1's protocol calls is divided by the
-//! messages node 1 delivered, after a warm-up; no loss, 10 ms token rounds, virtual time.
+//! messages node 1 delivered, after a warm-up; no loss, 10 ms token rounds, virtual time. The
+//! harness only calls a node when it has a datagram or a deadline (a heap of the nodes'
+//! deadlines), so the other nodes' state does not pass through the cache between the measured
+//! calls, as it would not between two processes; `--by-call` adds the time per kind of call.
 //!
 //! ```text
-//! cargo run --release -p tidings-proto --example regions_per_node [-- R...]
+//! cargo run --release -p tidings-proto --example regions_per_node [-- [--by-call] R...]
 //! ```
 
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -32,8 +36,13 @@ struct Run {
     wire: VecDeque<(Time, usize, Bytes)>,
     block: BytesMut,
     buf: Vec<u8>,
+    /// Each node's deadline as last entered in `deadlines` (older entries there are stale).
+    deadline_of: Vec<Option<Time>>,
+    deadlines: BinaryHeap<Reverse<(Time, usize)>>,
     /// Wall time inside nodes 0 and 1.
     measured: Duration,
+    /// Wall time and calls per kind of call (node and method), for `--by-call`.
+    by_call: BTreeMap<(usize, &'static str), (Duration, u64)>,
     measuring: bool,
     delivered: u64,
 }
@@ -64,32 +73,69 @@ impl Run {
             wire: VecDeque::new(),
             block: BytesMut::new(),
             buf: vec![0; 1472],
+            deadline_of: vec![None; regions as usize + 2],
+            deadlines: BinaryHeap::new(),
             measured: Duration::ZERO,
+            by_call: BTreeMap::new(),
             measuring: false,
             delivered: 0,
         })
     }
 
+    /// Enters node `i`'s deadline in the heap if it moved.
+    fn update_deadline(&mut self, i: usize) {
+        let at = self.nodes[i].poll_timeout();
+        if at != self.deadline_of[i] {
+            self.deadline_of[i] = at;
+            if let Some(at) = at {
+                self.deadlines.push(Reverse((at, i)));
+            }
+        }
+    }
+
+    /// The earliest current deadline of any node (stale heap entries dropped).
+    fn next_deadline(&mut self) -> Option<Time> {
+        while let Some(&Reverse((at, i))) = self.deadlines.peek() {
+            if self.deadline_of[i] == Some(at) {
+                return Some(at);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
     /// Runs `f` on node `i`, timing it if it is node 0 or 1.
     // The wall clock measures the protocol from outside; the protocol itself never reads it.
     #[allow(clippy::disallowed_methods)]
-    fn call<R>(&mut self, i: usize, f: impl FnOnce(&mut Node, Time, &mut [u8]) -> R) -> R {
+    fn call<R>(
+        &mut self,
+        i: usize,
+        kind: &'static str,
+        f: impl FnOnce(&mut Node, Time, &mut [u8]) -> R,
+    ) -> R {
         let timed = self.measuring && i < 2;
         let start = timed.then(Instant::now);
         let result = f(&mut self.nodes[i], self.now, &mut self.buf);
         if let Some(start) = start {
-            self.measured += start.elapsed();
+            let spent = start.elapsed();
+            self.measured += spent;
+            let entry = self.by_call.entry((i, kind)).or_default();
+            entry.0 += spent;
+            entry.1 += 1;
         }
         result
     }
 
+    /// Takes node `i`'s events and datagrams, then its new deadline.
+    // The wall clock measures the protocol from outside; the protocol itself never reads it.
+    #[allow(clippy::disallowed_methods)]
     fn flush(&mut self, i: usize) {
-        while let Some(event) = self.call(i, |n, _, _| n.poll_event()) {
+        while let Some(event) = self.call(i, "poll_event", |n, _, _| n.poll_event()) {
             if i == 1 && self.measuring && matches!(event, Event::Deliver(_)) {
                 self.delivered += 1;
             }
         }
-        while let Some(t) = self.call(i, |n, now, buf| n.poll_transmit(now, buf)) {
+        while let Some(t) = self.call(i, "poll_transmit", |n, now, buf| n.poll_transmit(now, buf)) {
             let to: Vec<usize> = match t.destination {
                 Destination::Node(n) => vec![n.0 as usize],
                 Destination::Region(r) => {
@@ -105,6 +151,15 @@ impl Run {
                 self.wire.push_back((self.now + LATENCY, d, datagram));
             }
         }
+        let timed = self.measuring && i < 2;
+        let start = timed.then(Instant::now);
+        self.update_deadline(i);
+        if let Some(start) = start {
+            self.measured += start.elapsed();
+            let entry = self.by_call.entry((i, "poll_timeout")).or_default();
+            entry.0 += start.elapsed();
+            entry.1 += 1;
+        }
     }
 
     fn run(&mut self, until: Time, topics: u32, payload: &Bytes, next: &mut (Time, u32)) {
@@ -113,13 +168,13 @@ impl Run {
                 let topic = TopicId(next.1 % topics);
                 let p = payload.clone();
                 // Back pressure (a full window) skips the slot.
-                let _ = self.call(0, |n, now, _| n.publish(now, topic, p));
+                let _ = self.call(0, "publish", |n, now, _| n.publish(now, topic, p));
                 next.0 += PUBLISH_INTERVAL;
                 next.1 = next.1.wrapping_add(1);
             }
             self.flush(0);
             let next_packet = self.wire.front().map(|(t, ..)| *t);
-            let next_timer = self.nodes.iter().filter_map(Node::poll_timeout).min();
+            let next_timer = self.next_deadline();
             let step = [next_packet, next_timer, Some(next.0)]
                 .into_iter()
                 .flatten()
@@ -131,34 +186,51 @@ impl Run {
                     break;
                 }
                 if let Some((_, _, datagram)) = self.wire.pop_front() {
-                    self.call(to, |n, now, _| n.handle_datagram(now, datagram));
+                    self.call(to, "handle_datagram", |n, now, _| {
+                        n.handle_datagram(now, datagram)
+                    });
                     self.flush(to);
                 }
             }
-            for i in 0..self.nodes.len() {
-                if self.nodes[i].poll_timeout().is_some_and(|t| t <= self.now) {
-                    self.call(i, |n, now, _| n.handle_timeout(now));
-                }
+            while self.next_deadline().is_some_and(|t| t <= self.now) {
+                let Some(Reverse((_, i))) = self.deadlines.pop() else {
+                    break;
+                };
+                self.deadline_of[i] = None;
+                self.call(i, "handle_timeout", |n, now, _| n.handle_timeout(now));
                 self.flush(i);
             }
         }
     }
 }
 
-fn measure(regions: u32, topics: u32) -> Result<(f64, u64), String> {
+/// Runs one workload; with `by_call`, prints where nodes 0 and 1 spent their time.
+fn measure(regions: u32, topics: u32, by_call: bool) -> Result<(f64, u64), String> {
     let mut run = Run::new(regions)?;
     let payload = Bytes::from(vec![7u8; 1000]);
     let mut next = (Time::ZERO, 0);
     run.run(Time::ZERO + WARMUP, topics, &payload, &mut next);
     run.measuring = true;
     run.run(Time::ZERO + WARMUP + MEASURED, topics, &payload, &mut next);
-    let per_message = run.measured.as_nanos() as f64 / run.delivered.max(1) as f64;
+    let delivered = run.delivered.max(1) as f64;
+    let per_message = run.measured.as_nanos() as f64 / delivered;
+    if by_call {
+        for ((node, kind), (spent, calls)) in &run.by_call {
+            println!(
+                "    node {node} {kind:<15} {:>6.0} ns per message, {calls:>8} calls, {:>7.0} ns per call",
+                spent.as_nanos() as f64 / delivered,
+                spent.as_nanos() as f64 / (*calls).max(1) as f64
+            );
+        }
+    }
     Ok((per_message, run.delivered))
 }
 
 fn main() -> Result<(), String> {
+    let by_call = std::env::args().any(|a| a == "--by-call");
     let counts: Vec<u32> = std::env::args()
         .skip(1)
+        .filter(|a| a != "--by-call")
         .map(|a| a.parse().map_err(|e| format!("{a}: {e}")))
         .collect::<Result<_, _>>()?;
     let counts = if counts.is_empty() {
@@ -169,7 +241,7 @@ fn main() -> Result<(), String> {
     println!("regions of node 1 | workload   | delivered | ns per message (nodes 0 and 1)");
     for &regions in &counts {
         for (name, topics) in [("one-topic", 1), ("all-topics", regions)] {
-            let (ns, delivered) = measure(regions, topics)?;
+            let (ns, delivered) = measure(regions, topics, by_call)?;
             println!("{regions:>17} | {name:<10} | {delivered:>9} | {ns:>8.0}");
         }
     }
