@@ -127,6 +127,16 @@ pub(crate) struct RunArgs {
     /// default 30, for -fig7 120).
     #[arg(long)]
     outage_seconds: Option<f64>,
+    /// Gryphon experiments: every port one FIFO, DCQs and UCAs waiting behind data (by default
+    /// they go first, as Gryphon's brokers sent them; ADR 12).
+    #[arg(long)]
+    fifo_ports: bool,
+    /// Gryphon experiments: PDCC with the protocol's defaults alone (Table 1's constants, ADR
+    /// 5's thresholds) instead of the experiments' settings (r_min for the paper's 4 pubends, a
+    /// 1 s hold-off after a decrease, a 150 ms queueing threshold; ADR 12). With --fifo-ports,
+    /// the experiments as they ran before ADR 12.
+    #[arg(long)]
+    table1: bool,
 }
 
 #[derive(Args, Debug)]
@@ -208,8 +218,8 @@ struct ScenarioArgs {
     /// Link bandwidth, Mbit/s.
     #[arg(long, default_value_t = 100.0)]
     link_mbps: f64,
-    /// Links serve congestion queries and alerts (DCQ, UCA) before the data waiting (also for the
-    /// Gryphon experiments, whose ports are otherwise one FIFO each).
+    /// Links serve congestion queries and alerts (DCQ, UCA) before the data waiting (the Gryphon
+    /// experiments always do, unless --fifo-ports).
     #[arg(long)]
     control_priority: bool,
     /// Token release interval of ring leaders, milliseconds.
@@ -303,7 +313,8 @@ fn sim_experiment(a: &RunArgs, experiment: tidings_sim::experiment::Experiment) 
             reduced: a.reduced,
             outage: a.outage_seconds.map(Duration::from_secs_f64),
             seed: a.seed,
-            control_priority: a.scenario.control_priority,
+            control_priority: !a.fifo_ports,
+            table1_only: a.table1,
             ..Setup::new(experiment, cc)
         };
         if experiment == Experiment::GryphonFig16 && cc {

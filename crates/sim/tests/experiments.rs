@@ -1,13 +1,16 @@
 //! The congestion experiments of paper 002 (Gryphon Figs. 2-16) at the reduced size, as CI checks
 //! them: without congestion control the collapse is reproduced (the experiment can fail), with it
 //! the same scenario meets its targets; the recovery (Figs. 7-8), several regions (Figs. 12-15)
-//! and the delta_t_rec sweep (Fig. 16) show the paper's shapes. The full-size runs and their plots
+//! and the delta_t_rec sweep (Fig. 16) show the paper's shapes. Congestion control runs with the
+//! experiments' settings (ADR 12: DCQ and UCA ahead of data, r_min for the paper's four pubends,
+//! a hold-off after each decrease). The full-size runs and their plots
 //! are `tidings sim run --scenario NAME` (docs/experiments/).
 
 #![allow(clippy::unwrap_used)]
 
 use tidings_sim::experiment::{
     run_experiment, run_sweep, run_variant, to_csv, Experiment, Outcome, Row, Setup,
+    EXPERIMENT_QUEUE_DELAY_THRESHOLD, PAPER_PUBENDS,
 };
 use tidings_sim::LinkChange;
 
@@ -234,11 +237,68 @@ fn each_region_follows_its_own_bottleneck_and_the_free_region_keeps_its_rate() {
             ),
         }
     }
-    // The 60% region (the bottleneck of Figs. 2-3) meets its goodput target alongside the others.
+    // Every queue stays under 1 MB: the 30% region's used to reach 2.8 MB while its DCQs and
+    // UCAs waited behind data in the FIFO port (ADR 11), and its second decrease came late.
     assert!(
-        on.region_summaries[0].goodput_share >= 0.9,
-        "{}",
+        on.summary.queue_bytes_max < 1_000_000,
+        "largest queue {} bytes: {}",
+        on.summary.queue_bytes_max,
         region_line(&on)
+    );
+    // The 60% and 30% regions meet their goodput target alongside the others. The 80% region
+    // does only at full size (91%): after the first decrease halves its rate to 250 messages/s,
+    // eq. 1 needs about 40 s to climb back to the 400 its link carries, most of the reduced
+    // run's 40 s (it reaches about 80% here).
+    for (i, share) in [(0, "60%"), (1, "30%")] {
+        assert!(
+            on.region_summaries[i].goodput_share >= 0.9,
+            "the {share} region's goodput: {}",
+            region_line(&on)
+        );
+    }
+}
+
+#[test]
+fn the_experiments_run_pdcc_with_control_priority_and_the_papers_four_pubends() {
+    // ADR 12: the settings every experiment uses with congestion control, on top of Table 1.
+    let table1 = tidings_proto::Config::default();
+    let setup = reduced(Experiment::GryphonFig2, true);
+    assert!(setup.control_priority && !setup.table1_only);
+    let s = setup.scenario();
+    assert!(s.control_priority);
+    assert_eq!(
+        s.proto.pdcc_rate_min_increase,
+        table1.pdcc_rate_min_increase * f64::from(PAPER_PUBENDS)
+    );
+    // One time constant of eq. 5's filter.
+    assert_eq!(s.proto.pdcc_decrease_holdoff.as_millis(), 1000);
+    assert_eq!(
+        s.proto.pdcc_queue_delay_threshold,
+        EXPERIMENT_QUEUE_DELAY_THRESHOLD
+    );
+    // Table 1's other constants are untouched.
+    assert_eq!(s.proto.pdcc_t_no_uca, table1.pdcc_t_no_uca);
+    assert_eq!(s.proto.pdcc_f_incr, table1.pdcc_f_incr);
+    assert_eq!(s.proto.pdcc_f_decr1, table1.pdcc_f_decr1);
+    assert_eq!(s.proto.pdcc_f_decr2, table1.pdcc_f_decr2);
+    assert_eq!(s.proto.pdcc_dcq_interval, table1.pdcc_dcq_interval);
+    // With --table1 the protocol's defaults alone, as before ADR 12.
+    let before = Setup {
+        table1_only: true,
+        ..setup
+    }
+    .scenario();
+    assert_eq!(
+        before.proto.pdcc_rate_min_increase,
+        table1.pdcc_rate_min_increase
+    );
+    assert_eq!(
+        before.proto.pdcc_decrease_holdoff,
+        table1.pdcc_decrease_holdoff
+    );
+    assert_eq!(
+        before.proto.pdcc_queue_delay_threshold,
+        table1.pdcc_queue_delay_threshold
     );
 }
 
