@@ -29,7 +29,7 @@ pub struct LinkConfig {
     /// and the Horus figures model. On, the link models a broker's output queue that sends its
     /// control messages ahead of data (Gryphon's brokers did: paper 002, section 3.1, "DCQ and UCA
     /// messages are treated as high-priority messages"), or a switch port with a priority queue
-    /// for marked traffic; the Gryphon experiments turn it on (ADR 11).
+    /// for marked traffic; the Gryphon experiments turn it on (ADRs 11 and 12).
     pub control_priority: bool,
     /// Bytes the control queue may hold (waiting or on the wire), drop-tail like the data queue;
     /// used only with `control_priority`. Default 64 KiB: hundreds of tokens or alerts, far more
