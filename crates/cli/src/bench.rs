@@ -115,6 +115,10 @@ pub(crate) struct BenchArgs {
     /// `task_queue_capacity`; default: the runtime's, 1024).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     delivery_queue: Option<u64>,
+    /// Runtime: deliveries a subscriber keeps receiving while a delivery queue is full
+    /// (`delivery_backlog_msgs`; default: the runtime's, 16384; 0 stops reading at once).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=4_194_304))]
+    delivery_backlog: Option<u64>,
     /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.
     #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero)]
     ceiling_seconds: f64,
@@ -188,6 +192,8 @@ pub(crate) struct ChildSpec {
     pub(crate) congestion_control: Option<bool>,
     #[serde(default)]
     pub(crate) delivery_queue: Option<u64>,
+    #[serde(default)]
+    pub(crate) delivery_backlog: Option<u64>,
     /// Injected receive loss at subscribers (tests).
     pub(crate) receive_loss: f64,
     /// The child exits by itself after this long, whatever happens.
@@ -831,6 +837,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             window: args.window,
             congestion_control: args.congestion_control,
             delivery_queue: args.delivery_queue,
+            delivery_backlog: args.delivery_backlog,
             receive_loss: 0.0,
             lifetime_ms: nanos(lifetime) / 1_000_000,
             drain_ms: nanos(DRAIN) / 1_000_000,

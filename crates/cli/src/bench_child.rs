@@ -203,6 +203,9 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
     if let Some(capacity) = spec.delivery_queue {
         config.sched.task_queue_capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
     }
+    if let Some(backlog) = spec.delivery_backlog {
+        config.delivery_backlog_msgs = usize::try_from(backlog).unwrap_or(usize::MAX);
+    }
     let node = NodeRuntime::start_with_socket(
         config,
         spec.protocol(),

@@ -1046,6 +1046,13 @@ impl Node {
         self.out.events.pop_front()
     }
 
+    /// Events waiting for [`poll_event`](Self::poll_event): what the caller has not taken yet
+    /// (deliveries held back while the application is behind, for instance).
+    #[must_use]
+    pub fn events_pending(&self) -> usize {
+        self.out.events.len()
+    }
+
     /// Writes the next datagram to send into `buf` (at least `max_datagram_bytes` long): control
     /// first, then retransmissions, then new data (round-robin over regions, packing as many
     /// messages as fit), then silence heartbeats.

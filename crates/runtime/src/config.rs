@@ -78,6 +78,17 @@ pub struct RuntimeConfig {
     pub gro: bool,
     /// How region datagrams are sent. Default [`Transport::Unicast`].
     pub transport: Transport,
+    /// Deliveries the core thread keeps receiving ahead of a subscription whose queue is full,
+    /// in messages (held by the protocol until the subscription's worker takes them). Paper 000
+    /// drains the sockets whenever a packet arrives because a datagram the kernel drops must be
+    /// recovered, which costs far more than holding it: with no backlog, a worker stalled for a
+    /// millisecond (its 1024-event queue at a million messages a second) stopped the reading,
+    /// and the socket buffer overflowed a few milliseconds later. Past the backlog the core
+    /// thread stops reading, the kernel drops, and the senders' windows slow them down, as
+    /// before. Memory: up to this many received messages more per node. Default 16384 (one
+    /// sender's window, about 17 MB of 1000-byte messages); 0 stops reading as soon as a
+    /// delivery blocks.
+    pub delivery_backlog_msgs: usize,
     /// Capacity of each publisher's request queue, in messages: the slack between application
     /// threads and the protocol's own send queue. When the protocol refuses more (back pressure)
     /// the core thread stops taking requests, this queue fills, and `try_publish` reports
@@ -112,6 +123,7 @@ impl Default for RuntimeConfig {
             gso: true,
             gro: true,
             transport: Transport::Unicast,
+            delivery_backlog_msgs: 16384,
             publish_queue_capacity: 1024,
             receive_loss: 0.0,
             receive_loss_seed: 1,
@@ -223,6 +235,8 @@ fn invalid(field: &'static str, value: impl std::fmt::Debug, why: &'static str) 
 pub const BATCH_DATAGRAMS_MAX: usize = 4096;
 /// Largest accepted publisher queue capacity (messages).
 pub const PUBLISH_QUEUE_CAPACITY_MAX: usize = 1 << 20;
+/// Largest accepted delivery backlog (messages): about 4 GB of 1000-byte messages.
+pub const DELIVERY_BACKLOG_MSGS_MAX: usize = 1 << 22;
 
 impl RuntimeConfig {
     /// Checks every field.
@@ -249,6 +263,13 @@ impl RuntimeConfig {
                 "publish_queue_capacity",
                 self.publish_queue_capacity,
                 "must be within 1..=1048576",
+            ));
+        }
+        if self.delivery_backlog_msgs > DELIVERY_BACKLOG_MSGS_MAX {
+            return Err(invalid(
+                "delivery_backlog_msgs",
+                self.delivery_backlog_msgs,
+                "must be at most 4194304",
             ));
         }
         for (field, v) in [
@@ -296,6 +317,11 @@ mod tests {
         ));
         let bad = RuntimeConfig {
             io_quantum: Duration::ZERO,
+            ..RuntimeConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = RuntimeConfig {
+            delivery_backlog_msgs: DELIVERY_BACKLOG_MSGS_MAX + 1,
             ..RuntimeConfig::default()
         };
         assert!(bad.validate().is_err());

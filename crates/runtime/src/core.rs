@@ -455,7 +455,7 @@ impl Core {
             // A delivery went through; the events behind it wait.
             self.drain_events();
         }
-        let reading = self.blocked.is_none();
+        let reading = self.reading();
         let readable =
             self.unicast.readable || self.groups.iter().flatten().any(|(s, _)| s.readable);
         let sending = self.writable && (self.tx_more || self.tx.has_pending());
@@ -479,10 +479,16 @@ impl Core {
             next = next.min(t);
         }
         let mut sleep = next.saturating_duration_since(now);
-        if !reading {
+        if self.blocked.is_some() {
             sleep = sleep.min(BLOCKED_SLEEP_MAX);
         }
         Some(sleep)
+    }
+
+    /// Whether the sockets are read: always while deliveries flow, and while a subscription's
+    /// full queue holds them back only until the backlog reaches `delivery_backlog_msgs`.
+    fn reading(&self) -> bool {
+        self.blocked.is_none() || self.node.events_pending() < self.config.delivery_backlog_msgs
     }
 
     /// Whether application threads queued work.
@@ -981,7 +987,7 @@ impl Core {
     fn serve_io(&mut self, start: Time) {
         let deadline = start + self.config.io_quantum;
         loop {
-            let received = if self.blocked.is_none() {
+            let received = if self.reading() {
                 self.receive_batch()
             } else {
                 0

@@ -144,6 +144,98 @@ fn slow_subscriber_slows_the_publisher_and_loses_nothing() {
     }
 }
 
+/// Publishes `total` messages at about `rate` per second to one subscriber whose callback
+/// stalls for `stall` every `stall_every` messages; returns the messages the subscriber's
+/// protocol received as repairs (each one a datagram its kernel dropped, or a duplicate).
+fn repairs_behind_a_stalling_subscriber(delivery_backlog_msgs: usize) -> u64 {
+    const TOTAL: u64 = 4000;
+    const STALL_EVERY: u64 = 500;
+    const STALL: Duration = Duration::from_millis(60);
+    const PER_MILLISECOND: u64 = 20;
+    let m = membership(&[(0, &[]), (1, &[1])]);
+    let nodes = start(
+        2,
+        &m,
+        |_| RuntimeConfig {
+            // About 100 datagrams of 500 bytes: 5 ms of this stream.
+            socket_recv_buffer_bytes: 128 * 1024,
+            delivery_backlog_msgs,
+            sched: SchedConfig {
+                worker_threads: 1,
+                task_queue_capacity: 64,
+                ..SchedConfig::default()
+            },
+            ..RuntimeConfig::default()
+        },
+        false,
+    );
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = Arc::clone(&got);
+    let _sub = nodes.nodes[1]
+        .subscribe(TopicId(1), 1.0, move |d| {
+            let i = index_of(&d);
+            if i % STALL_EVERY == STALL_EVERY - 1 {
+                std::thread::sleep(STALL);
+            }
+            g.lock().unwrap().push(i);
+        })
+        .unwrap();
+    let mut publisher = nodes.nodes[0].publisher();
+    let start = tidings_runtime::now();
+    let mut last = None;
+    for i in 0..TOTAL {
+        // Paced, so that only the stalls (not the publisher) can outrun the subscriber.
+        let due = start + Duration::from_millis(i / PER_MILLISECOND);
+        let now = tidings_runtime::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        last = Some(
+            publisher
+                .publish_timeout(
+                    TopicId(1),
+                    payload(TopicId(1), i, 500),
+                    Some(Duration::from_secs(30)),
+                )
+                .unwrap(),
+        );
+    }
+    publisher
+        .wait_stable(last.unwrap(), Duration::from_secs(60))
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(30), || got
+        .lock()
+        .unwrap()
+        .len()
+        == TOTAL as usize));
+    assert_eq!(*got.lock().unwrap(), (0..TOTAL).collect::<Vec<_>>());
+    let repairs = nodes.nodes[1].stats().unwrap().proto.repairs_received;
+    for n in nodes.nodes {
+        n.shutdown().unwrap();
+    }
+    repairs
+}
+
+/// A subscriber whose callback stalls: without a backlog the core thread stops reading while the
+/// subscription's queue is full, the socket overflows and what the kernel dropped is repaired;
+/// with one (the default) it keeps reading, holds the deliveries, and (nearly) nothing is lost.
+#[test]
+fn a_stalled_subscription_does_not_make_the_kernel_drop_while_the_backlog_lasts() {
+    let without = repairs_behind_a_stalling_subscriber(0);
+    let with = repairs_behind_a_stalling_subscriber(RuntimeConfig::default().delivery_backlog_msgs);
+    eprintln!("repairs: {without} without a backlog, {with} with one");
+    assert!(
+        without >= 100,
+        "no backlog: the stalls should have overflowed the socket ({without} repairs)"
+    );
+    // Not zero: on a loaded host the core thread itself may be descheduled for longer than
+    // the socket buffer lasts.
+    assert!(
+        with * 4 <= without,
+        "with a backlog: {with} repairs, without: {without}"
+    );
+}
+
 #[test]
 fn tiny_socket_buffers_lose_packets_but_not_messages() {
     let m = membership(&[(0, &[]), (1, &[1]), (2, &[1])]);
