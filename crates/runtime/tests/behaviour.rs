@@ -86,31 +86,58 @@ fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-#[test]
-fn slow_subscriber_slows_the_publisher_and_loses_nothing() {
+/// A publisher (node 0) and a subscriber of topic 1 (node 1) whose subscription's queue holds
+/// `queue` events and whose callback runs `before` on each message index before logging it.
+fn publisher_and_slow_subscriber(
+    config: RuntimeConfig,
+    queue: usize,
+    before: impl Fn(u64) + Send + 'static,
+) -> (Nodes, tidings_runtime::Subscription, Arc<Mutex<Vec<u64>>>) {
     let m = membership(&[(0, &[]), (1, &[1])]);
     let nodes = start(
         2,
         &m,
         |_| RuntimeConfig {
-            publish_queue_capacity: 16,
             sched: SchedConfig {
                 worker_threads: 1,
-                task_queue_capacity: 8,
+                task_queue_capacity: queue,
                 ..SchedConfig::default()
             },
-            ..RuntimeConfig::default()
+            ..config.clone()
         },
         false,
     );
     let got = Arc::new(Mutex::new(Vec::new()));
     let g = Arc::clone(&got);
-    let _sub = nodes.nodes[1]
+    let sub = nodes.nodes[1]
         .subscribe(TopicId(1), 1.0, move |d| {
-            std::thread::sleep(Duration::from_micros(100));
-            g.lock().unwrap().push(index_of(&d));
+            let i = index_of(&d);
+            before(i);
+            g.lock().unwrap().push(i);
         })
         .unwrap();
+    (nodes, sub, got)
+}
+
+/// Waits until `got` holds `0..total` and checks the order.
+fn assert_all_delivered_in_order(got: &Mutex<Vec<u64>>, total: u64) {
+    assert!(wait_until(Duration::from_secs(30), || got
+        .lock()
+        .unwrap()
+        .len()
+        == total as usize));
+    assert_eq!(*got.lock().unwrap(), (0..total).collect::<Vec<_>>());
+}
+
+#[test]
+fn slow_subscriber_slows_the_publisher_and_loses_nothing() {
+    let config = RuntimeConfig {
+        publish_queue_capacity: 16,
+        ..RuntimeConfig::default()
+    };
+    let (nodes, _sub, got) = publisher_and_slow_subscriber(config, 8, |_| {
+        std::thread::sleep(Duration::from_micros(100));
+    });
     let mut publisher = nodes.nodes[0].publisher();
     let total = 3000u64;
     let mut would_block = 0;
@@ -128,12 +155,7 @@ fn slow_subscriber_slows_the_publisher_and_loses_nothing() {
         }
     }
     assert!(would_block > 0, "the publisher never felt back pressure");
-    assert!(wait_until(Duration::from_secs(30), || got
-        .lock()
-        .unwrap()
-        .len()
-        == total as usize));
-    assert_eq!(*got.lock().unwrap(), (0..total).collect::<Vec<_>>());
+    assert_all_delivered_in_order(&got, total);
     let stats = nodes.nodes[1].stats().unwrap();
     assert!(
         stats.delivery_stalls > 0,
@@ -152,34 +174,17 @@ fn repairs_behind_a_stalling_subscriber(delivery_backlog_msgs: usize) -> u64 {
     const STALL_EVERY: u64 = 500;
     const STALL: Duration = Duration::from_millis(60);
     const PER_MILLISECOND: u64 = 20;
-    let m = membership(&[(0, &[]), (1, &[1])]);
-    let nodes = start(
-        2,
-        &m,
-        |_| RuntimeConfig {
-            // About 100 datagrams of 500 bytes: 5 ms of this stream.
-            socket_recv_buffer_bytes: 128 * 1024,
-            delivery_backlog_msgs,
-            sched: SchedConfig {
-                worker_threads: 1,
-                task_queue_capacity: 64,
-                ..SchedConfig::default()
-            },
-            ..RuntimeConfig::default()
-        },
-        false,
-    );
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let g = Arc::clone(&got);
-    let _sub = nodes.nodes[1]
-        .subscribe(TopicId(1), 1.0, move |d| {
-            let i = index_of(&d);
-            if i % STALL_EVERY == STALL_EVERY - 1 {
-                std::thread::sleep(STALL);
-            }
-            g.lock().unwrap().push(i);
-        })
-        .unwrap();
+    let config = RuntimeConfig {
+        // About 100 datagrams of 500 bytes: 5 ms of this stream.
+        socket_recv_buffer_bytes: 128 * 1024,
+        delivery_backlog_msgs,
+        ..RuntimeConfig::default()
+    };
+    let (nodes, _sub, got) = publisher_and_slow_subscriber(config, 64, |i| {
+        if i % STALL_EVERY == STALL_EVERY - 1 {
+            std::thread::sleep(STALL);
+        }
+    });
     let mut publisher = nodes.nodes[0].publisher();
     let start = tidings_runtime::now();
     let mut last = None;
@@ -203,12 +208,7 @@ fn repairs_behind_a_stalling_subscriber(delivery_backlog_msgs: usize) -> u64 {
     publisher
         .wait_stable(last.unwrap(), Duration::from_secs(60))
         .unwrap();
-    assert!(wait_until(Duration::from_secs(30), || got
-        .lock()
-        .unwrap()
-        .len()
-        == TOTAL as usize));
-    assert_eq!(*got.lock().unwrap(), (0..TOTAL).collect::<Vec<_>>());
+    assert_all_delivered_in_order(&got, TOTAL);
     let repairs = nodes.nodes[1].stats().unwrap().proto.repairs_received;
     for n in nodes.nodes {
         n.shutdown().unwrap();
