@@ -1048,11 +1048,13 @@ impl RegionState {
     }
 
     /// At level 0, before this node's state for `origin` goes into a token: which of its gaps it
-    /// asks its successor to push, into `st.lost` (ADR 13). Only gaps its partition caches (all
-    /// the successor keeps), not requested already, within the NACK window and the room
-    /// `repair_inflight_max` leaves, at most `push_max_per_token`; they count as requested from
-    /// now on, so each gap is asked of one peer at a time and a recovering receiver gets each
-    /// missing message about once.
+    /// asks its successor to push, into `st.lost` (ADR 13). A node that is not recovering takes
+    /// pushes of anything it lacks (`st.missing`): repairs are cheap then, and a push may beat
+    /// a pull that was lost. A recovering one (with SDCC, its gaps reach beyond its NACK window)
+    /// asks only for gaps its partition caches (all the successor keeps), not requested already,
+    /// within the NACK window and the room `repair_inflight_max` leaves, at most
+    /// `push_max_per_token`; they count as requested from now on, so each gap is asked of one
+    /// peer at a time and the recovering receiver gets each missing message about once.
     fn offer_pushes(
         &mut self,
         now: Time,
@@ -1067,10 +1069,18 @@ impl RegionState {
         }
         let caching = self.caching_rule();
         let Some(stream) = self.inbound.get_mut(&origin) else {
+            st.lost.clone_from(&st.missing);
             return;
         };
-        let stable = stream.stable_upto;
         let (timeout, range) = (stream.nack.timeout(config), stream.nack.window(config));
+        let span = stream.known_max().saturating_sub(stream.delivered_upto);
+        let recovering =
+            config.adaptive_nack_window && span > u64::try_from(range).unwrap_or(u64::MAX);
+        if !recovering {
+            st.lost.clone_from(&st.missing);
+            return;
+        }
+        let stable = stream.stable_upto;
         stream.offer_for_push(
             now,
             timeout,
@@ -1550,11 +1560,20 @@ mod tests {
     }
 
     #[test]
-    fn a_record_asks_for_pushes_once_and_not_for_what_is_pulled() {
-        let config = Config::default();
+    fn a_recovering_record_asks_for_pushes_once_and_not_for_what_is_pulled() {
+        let config = Config {
+            adaptive_nack_window: true,
+            ..Config::default()
+        };
         let mut st = RegionState::new(&view(4, 5), NodeId(2), &config, Time::ZERO).unwrap();
         let stream = st.stream_mut(NodeId(0), &config).unwrap();
-        stream.note_exists(Time::ZERO, 6, 100);
+        // 1000 messages per second: the NACK window (nwnd_0, 100 ms) is 100 messages, and 200
+        // are missing: recovering.
+        stream
+            .nack
+            .on_progress(1000, std::time::Duration::from_secs(1));
+        assert_eq!(stream.nack.window(&config), 100);
+        stream.note_exists(Time::ZERO, 200, 1000);
         let t = Time::ZERO + config.repair_delay;
         // 1 and 2 are pulled already (the timed requests).
         stream.due_gaps(
@@ -1566,7 +1585,7 @@ mod tests {
         );
         let mut ms = MemberState::default();
         st.offer_pushes(t, NodeId(0), 10, &config, &mut ms);
-        assert_eq!(ms.lost, vec![range(3, 7)]);
+        assert_eq!(ms.lost, vec![range(3, 101)]);
         // The next token asks for nothing more while those requests are within their backoff.
         st.offer_pushes(t, NodeId(0), 10, &config, &mut ms);
         assert!(ms.lost.is_empty());
@@ -1577,9 +1596,40 @@ mod tests {
             t,
             config.repair_delay,
             config.repair_timeout,
-            (100, 100),
+            (1000, 100),
             |s, _| asked.push(s),
         );
         assert!(asked.is_empty());
+    }
+
+    #[test]
+    fn a_receiver_that_is_not_recovering_takes_pushes_of_anything_it_lacks() {
+        // Without SDCC there is no NACK window to exceed; with it, 50 gaps fit in 100.
+        for adaptive_nack_window in [false, true] {
+            let config = Config {
+                adaptive_nack_window,
+                ..Config::default()
+            };
+            let mut st = RegionState::new(&view(4, 5), NodeId(2), &config, Time::ZERO).unwrap();
+            let stream = st.stream_mut(NodeId(0), &config).unwrap();
+            stream
+                .nack
+                .on_progress(1000, std::time::Duration::from_secs(1));
+            stream.note_exists(Time::ZERO, 50, 1000);
+            let t = Time::ZERO + config.repair_delay;
+            stream.due_gaps(
+                t,
+                config.repair_delay,
+                config.repair_timeout,
+                (2, 100),
+                |_, _| {},
+            );
+            let mut ms = MemberState {
+                missing: vec![range(1, 51)],
+                ..MemberState::default()
+            };
+            st.offer_pushes(t, NodeId(0), 10, &config, &mut ms);
+            assert_eq!(ms.lost, ms.missing);
+        }
     }
 }
