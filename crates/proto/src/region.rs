@@ -694,7 +694,7 @@ impl RegionState {
         for (n, &o) in origins.iter().enumerate() {
             self.member_state(level, o, 0, own, cap, config, &mut st);
             if level == 0 && !alone {
-                self.offer_pushes(now, o, cap, config, &mut st);
+                self.offer_pushes(now, o, cap, true, config, &mut st);
             }
             let rec = record_slot(&mut records, n, out);
             rec.origin = o;
@@ -800,7 +800,7 @@ impl RegionState {
                 self.compare_with_predecessor(now, from, rec, own, config, out);
                 // After the pulls above, so that what this node just asked its predecessor
                 // for is not asked of its successor too.
-                self.offer_pushes(now, rec.origin, cap, config, &mut st);
+                self.offer_pushes(now, rec.origin, cap, true, config, &mut st);
             }
             let merged = record_slot(&mut records, n, out);
             self.merge(level, rec, &st, cap, own, merged);
@@ -822,7 +822,10 @@ impl RegionState {
                     continue;
                 }
                 if level == 0 {
-                    self.offer_pushes(now, o, cap, config, &mut st);
+                    // The token's list budget counted one record more than it carried, so a
+                    // record added here asks for no pushes (at most one range, beside its
+                    // missing list).
+                    self.offer_pushes(now, o, cap, false, config, &mut st);
                 }
                 let rec = record_slot(&mut records, n, out);
                 rec.origin = o;
@@ -963,13 +966,19 @@ impl RegionState {
     ) {
         let (region, view) = (self.region, self.view);
         // Push: what the predecessor asked to have pushed (`lost` at level 0, ADR 13), reported
-        // missing, and this node holds. Its other gaps it pulls elsewhere (or already has on the
-        // way): pushing them too is what made a third of a recovery's repairs duplicates.
+        // missing, and this node holds. A recovering predecessor pulls its other gaps elsewhere
+        // (or has them on the way): pushing them too made a third of its repairs duplicates.
         let mut push = std::mem::take(&mut self.push_scratch);
         push.clear();
         let (mut pushed, mut scanned) = (0usize, 0usize);
         let scan_max = config.push_max_per_token * 4;
-        'ranges: for r in &rec.lost {
+        // An empty request list: the predecessor is not recovering and takes anything it lacks.
+        let asked = if rec.lost.is_empty() {
+            &rec.prev_missing
+        } else {
+            &rec.lost
+        };
+        'ranges: for r in asked {
             for seq in r.start..r.end() {
                 if pushed >= config.push_max_per_token || scanned >= scan_max {
                     break 'ranges;
@@ -1048,18 +1057,22 @@ impl RegionState {
     }
 
     /// At level 0, before this node's state for `origin` goes into a token: which of its gaps it
-    /// asks its successor to push, into `st.lost` (ADR 13). A node that is not recovering takes
-    /// pushes of anything it lacks (`st.missing`): repairs are cheap then, and a push may beat
-    /// a pull that was lost. A recovering one (with SDCC, its gaps reach beyond its NACK window)
-    /// asks only for gaps its partition caches (all the successor keeps), not requested already,
-    /// within the NACK window and the room `repair_inflight_max` leaves, at most
-    /// `push_max_per_token`; they count as requested from now on, so each gap is asked of one
-    /// peer at a time and the recovering receiver gets each missing message about once.
+    /// asks its successor to push, into `st.lost` (ADR 13). A node that is not recovering leaves
+    /// the list empty, which takes pushes of anything it lacks, as before: repairs are cheap
+    /// then, and a push may beat a pull that was lost. A recovering one (with SDCC, its gaps
+    /// reach beyond its NACK window) names only gaps its partition caches (all the successor
+    /// keeps), not requested already, within the NACK window and the room
+    /// `repair_inflight_max` leaves, at most `push_max_per_token`, and they count as requested
+    /// from now on, so each gap is asked of one peer at a time and the recovering receiver gets
+    /// each missing message about once; with nothing to ask (or `requests` false: a record the
+    /// token's budget did not plan for) it names one sequence number beyond what its record
+    /// describes, which no neighbour can push.
     fn offer_pushes(
         &mut self,
         now: Time,
         origin: NodeId,
         cap: usize,
+        requests: bool,
         config: &Config,
         st: &mut MemberState,
     ) {
@@ -1069,7 +1082,6 @@ impl RegionState {
         }
         let caching = self.caching_rule();
         let Some(stream) = self.inbound.get_mut(&origin) else {
-            st.lost.clone_from(&st.missing);
             return;
         };
         let (timeout, range) = (stream.nack.timeout(config), stream.nack.window(config));
@@ -1077,18 +1089,26 @@ impl RegionState {
         let recovering =
             config.adaptive_nack_window && span > u64::try_from(range).unwrap_or(u64::MAX);
         if !recovering {
-            st.lost.clone_from(&st.missing);
             return;
         }
-        let stable = stream.stable_upto;
-        stream.offer_for_push(
-            now,
-            timeout,
-            (config.push_max_per_token, config.repair_inflight_max, range),
-            cap,
-            |seq| seq > stable && caching.caches(seq),
-            &mut st.lost,
-        );
+        if requests {
+            let stable = stream.stable_upto;
+            stream.offer_for_push(
+                now,
+                timeout,
+                (config.push_max_per_token, config.repair_inflight_max, range),
+                cap,
+                |seq| seq > stable && caching.caches(seq),
+                &mut st.lost,
+            );
+        }
+        if st.lost.is_empty() {
+            // The record's `prev_max`: nothing beyond it is in `prev_missing`.
+            let beyond = st.exact_upto.max(st.contiguous);
+            if let Some(seq) = beyond.checked_add(1).filter(|s| s.checked_add(1).is_some()) {
+                st.lost.push(SeqRange { start: seq, len: 1 });
+            }
+        }
     }
 
     fn complete_round(
@@ -1549,14 +1569,22 @@ mod tests {
         };
         st.compare_with_predecessor(Time::ZERO, NodeId(1), &rec, None, &config, &mut out);
         assert_eq!(pushed(&out), vec![(3, 5)]);
-        // Nothing asked for, nothing pushed, however much is missing.
+        // A name beyond what the record describes: nothing pushed, however much is missing.
+        let mut out = Outbox::default();
+        let rec = OwnedRecord {
+            lost: vec![range(11, 12)],
+            ..rec
+        };
+        st.compare_with_predecessor(Time::ZERO, NodeId(1), &rec, None, &config, &mut out);
+        assert!(pushed(&out).is_empty());
+        // No list: a predecessor that is not recovering takes anything it lacks.
         let mut out = Outbox::default();
         let rec = OwnedRecord {
             lost: Vec::new(),
             ..rec
         };
         st.compare_with_predecessor(Time::ZERO, NodeId(1), &rec, None, &config, &mut out);
-        assert!(pushed(&out).is_empty());
+        assert_eq!(pushed(&out), vec![(1, 11)]);
     }
 
     #[test]
@@ -1583,12 +1611,17 @@ mod tests {
             (2, 100),
             |_, _| {},
         );
-        let mut ms = MemberState::default();
-        st.offer_pushes(t, NodeId(0), 10, &config, &mut ms);
+        // The record describes the NACK window: missing up to 100.
+        let mut ms = MemberState {
+            exact_upto: 100,
+            ..MemberState::default()
+        };
+        st.offer_pushes(t, NodeId(0), 10, true, &config, &mut ms);
         assert_eq!(ms.lost, vec![range(3, 101)]);
-        // The next token asks for nothing more while those requests are within their backoff.
-        st.offer_pushes(t, NodeId(0), 10, &config, &mut ms);
-        assert!(ms.lost.is_empty());
+        // The next token asks for nothing more while those requests are within their backoff:
+        // it names 101, beyond what the record describes.
+        st.offer_pushes(t, NodeId(0), 10, true, &config, &mut ms);
+        assert_eq!(ms.lost, vec![range(101, 102)]);
         // Nor do the timed requests.
         let mut asked = Vec::new();
         let stream = st.stream_mut(NodeId(0), &config).unwrap();
@@ -1626,10 +1659,11 @@ mod tests {
             );
             let mut ms = MemberState {
                 missing: vec![range(1, 51)],
+                exact_upto: 50,
                 ..MemberState::default()
             };
-            st.offer_pushes(t, NodeId(0), 10, &config, &mut ms);
-            assert_eq!(ms.lost, ms.missing);
+            st.offer_pushes(t, NodeId(0), 10, true, &config, &mut ms);
+            assert!(ms.lost.is_empty());
         }
     }
 }
