@@ -835,7 +835,11 @@ impl RegionState {
                 rec.prev_contiguous = st.contiguous;
                 rec.prev_max = st.exact_upto.max(st.contiguous);
                 rec.missing_all.clear();
-                rec.lost.clone_from(&st.lost);
+                rec.lost.clear();
+                if level == 0 {
+                    // The push request (ADR 13); above level 0 an added record claims nothing.
+                    rec.lost.clone_from(&st.lost);
+                }
                 rec.prev_missing.clone_from(&st.missing);
                 n += 1;
             }
