@@ -119,6 +119,21 @@ fn publisher_and_slow_subscriber(
     (nodes, sub, got)
 }
 
+/// Publishes message `i` of topic 1 with a `len`-byte payload, waiting up to 30 s for room.
+fn publish_one(
+    publisher: &mut tidings_runtime::Publisher,
+    i: u64,
+    len: usize,
+) -> tidings_runtime::PublishHandle {
+    publisher
+        .publish_timeout(
+            TopicId(1),
+            payload(TopicId(1), i, len),
+            Some(Duration::from_secs(30)),
+        )
+        .unwrap()
+}
+
 /// Waits until `got` holds `0..total` and checks the order.
 fn assert_all_delivered_in_order(got: &Mutex<Vec<u64>>, total: u64) {
     assert!(wait_until(Duration::from_secs(30), || got
@@ -195,15 +210,7 @@ fn repairs_behind_a_stalling_subscriber(delivery_backlog_msgs: usize) -> u64 {
         if due > now {
             std::thread::sleep(due - now);
         }
-        last = Some(
-            publisher
-                .publish_timeout(
-                    TopicId(1),
-                    payload(TopicId(1), i, 500),
-                    Some(Duration::from_secs(30)),
-                )
-                .unwrap(),
-        );
+        last = Some(publish_one(&mut publisher, i, 500));
     }
     publisher
         .wait_stable(last.unwrap(), Duration::from_secs(60))
@@ -266,15 +273,7 @@ fn tiny_socket_buffers_lose_packets_but_not_messages() {
     let total = 20_000u64;
     let mut last = None;
     for i in 0..total {
-        last = Some(
-            publisher
-                .publish_timeout(
-                    TopicId(1),
-                    payload(TopicId(1), i, 500),
-                    Some(Duration::from_secs(30)),
-                )
-                .unwrap(),
-        );
+        last = Some(publish_one(&mut publisher, i, 500));
     }
     if let Err(e) = publisher.wait_stable(last.unwrap(), Duration::from_secs(60)) {
         for (i, n) in nodes.nodes.iter().enumerate() {
@@ -379,15 +378,7 @@ fn membership_change(multicast: bool) {
     let mut publish = |range: std::ops::Range<u64>| {
         let mut last = None;
         for i in range {
-            last = Some(
-                publisher
-                    .publish_timeout(
-                        TopicId(1),
-                        payload(TopicId(1), i, 100),
-                        Some(Duration::from_secs(30)),
-                    )
-                    .unwrap(),
-            );
+            last = Some(publish_one(&mut publisher, i, 100));
         }
         publisher
             .wait_stable(last.unwrap(), Duration::from_secs(30))
