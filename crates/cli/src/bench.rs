@@ -28,10 +28,10 @@ mod child;
 /// Bytes at the start of every payload: publish time (shared clock, ns), publisher index,
 /// sequence number within (publisher, topic).
 pub(crate) const HEADER_BYTES: usize = 16;
-/// Payload bytes of the largest message: the protocol's default datagram (1472 bytes) less the
-/// datagram header (16), a retransmission's extra fields (6) and the message header (30), as
+/// What a datagram holds beside one message's payload: the datagram header (16), a
+/// retransmission's extra fields (6) and the message header (30), as
 /// `tidings_proto::Node::max_payload` computes it.
-const MESSAGE_BYTES_MAX: usize = 1472 - 16 - 6 - 30;
+const MESSAGE_FRAMING_BYTES: usize = 16 + 6 + 30;
 /// How long children have to start, bind, and build their nodes.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long publishers wait for their last messages to become stable, and subscribers for their
@@ -73,7 +73,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     topics: u32,
     /// Payload bytes per message (at least 16: the benchmark's stamp, publisher and sequence
-    /// number; at most 1420, what fits one default datagram).
+    /// number; at most what fits one datagram: 1420 with the default 1472-byte datagrams).
     #[arg(long, default_value_t = 1000, value_parser = parse_message_bytes)]
     message_bytes: usize,
     /// Measured seconds of publishing (after the warm-up).
@@ -111,6 +111,12 @@ pub(crate) struct BenchArgs {
     /// Protocol: Gryphon's PDCC congestion control on or off (default: the library's).
     #[arg(long)]
     congestion_control: Option<bool>,
+    /// Protocol: largest datagram in bytes (default: the protocol's, 1472, an Ethernet MTU).
+    /// Larger datagrams pack several messages each (loopback's MTU is 65536, jumbo frames
+    /// 9000); `--message-bytes` may then go up to what fits one datagram. The raw UDP ceiling
+    /// uses the same datagram size.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(256..=65_507))]
+    max_datagram_bytes: Option<u64>,
     /// Runtime: events each subscription's delivery queue holds (the scheduler's
     /// `task_queue_capacity`; default: the runtime's, 1024).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
@@ -138,14 +144,14 @@ pub(crate) struct ChildArgs {
     spec: String,
 }
 
+/// At least the benchmark's stamp; the upper bound depends on `--max-datagram-bytes` and is
+/// checked in [`measure`].
 fn parse_message_bytes(s: &str) -> Result<usize, String> {
     let n: usize = s.parse().map_err(|e| format!("{e}"))?;
-    if (HEADER_BYTES..=MESSAGE_BYTES_MAX).contains(&n) {
+    if n >= HEADER_BYTES {
         Ok(n)
     } else {
-        Err(format!(
-            "must be within {HEADER_BYTES}..={MESSAGE_BYTES_MAX}"
-        ))
+        Err(format!("must be at least {HEADER_BYTES}"))
     }
 }
 
@@ -191,6 +197,8 @@ pub(crate) struct ChildSpec {
     #[serde(default)]
     pub(crate) congestion_control: Option<bool>,
     #[serde(default)]
+    pub(crate) max_datagram_bytes: Option<u64>,
+    #[serde(default)]
     pub(crate) delivery_queue: Option<u64>,
     #[serde(default)]
     pub(crate) delivery_backlog: Option<u64>,
@@ -232,6 +240,13 @@ impl ChildSpec {
         }
         if let Some(on) = self.congestion_control {
             protocol.congestion_control = on;
+        }
+        if let Some(d) = self.max_datagram_bytes {
+            protocol.max_datagram_bytes = usize::try_from(d).unwrap_or(usize::MAX);
+            // The send queue must hold a datagram's worth (the protocol checks it).
+            protocol.send_queue_bytes_max = protocol
+                .send_queue_bytes_max
+                .max(protocol.max_datagram_bytes);
         }
         if let Some(t) = self.token_ms {
             protocol.token_interval = Duration::from_millis(t);
@@ -513,6 +528,11 @@ impl Progress {
 
 /// Runs `tidings bench`.
 pub(crate) fn run(args: &BenchArgs) -> ExitCode {
+    if let Err(e) = check_sizes(args) {
+        // A usage error, like the ones the argument parser reports.
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let progress = Progress {
         tty: std::io::stderr().is_terminal(),
         quiet: args.quiet,
@@ -773,8 +793,30 @@ impl Report {
     }
 }
 
+/// The largest datagram of the run: `--max-datagram-bytes` or the protocol's default.
+fn max_datagram_bytes(args: &BenchArgs) -> usize {
+    args.max_datagram_bytes
+        .map_or(tidings_proto::Config::default().max_datagram_bytes, |d| {
+            usize::try_from(d).unwrap_or(usize::MAX)
+        })
+}
+
+/// A message must fit one datagram (the protocol does not fragment).
+fn check_sizes(args: &BenchArgs) -> Result<(), String> {
+    let max_datagram = max_datagram_bytes(args);
+    let message_bytes_max = max_datagram.saturating_sub(MESSAGE_FRAMING_BYTES);
+    if args.message_bytes > message_bytes_max {
+        return Err(format!(
+            "--message-bytes {} does not fit a datagram of {max_datagram} bytes (at most \
+             {message_bytes_max}); raise --max-datagram-bytes",
+            args.message_bytes
+        ));
+    }
+    Ok(())
+}
+
 fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
-    let max_datagram = tidings_proto::Config::default().max_datagram_bytes;
+    let max_datagram = max_datagram_bytes(args);
     let (messages_per_datagram, datagram_bytes) =
         rt_bench::packing(args.message_bytes, max_datagram);
 
@@ -836,6 +878,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             token_ms: args.token_ms,
             window: args.window,
             congestion_control: args.congestion_control,
+            max_datagram_bytes: args.max_datagram_bytes,
             delivery_queue: args.delivery_queue,
             delivery_backlog: args.delivery_backlog,
             receive_loss: 0.0,

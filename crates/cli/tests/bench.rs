@@ -71,6 +71,22 @@ fn bench_json_multicast_on_loopback() {
 }
 
 #[test]
+fn bench_json_packs_large_messages_into_large_datagrams() {
+    // 2000-byte messages need more than the default 1472-byte datagram; 8972 bytes (a jumbo
+    // frame's payload) hold four of them.
+    let v = bench_json(&[
+        "--messages",
+        "3000",
+        "--message-bytes",
+        "2000",
+        "--max-datagram-bytes",
+        "8972",
+    ]);
+    check(&v);
+    assert_eq!(v["messages_per_datagram"], 4, "{v}");
+}
+
+#[test]
 fn bench_json_count_mode_two_publishers() {
     let v = bench_json(&["--publishers", "2", "--messages", "3000"]);
     check(&v);
@@ -83,6 +99,15 @@ fn bench_rejects_bad_input() {
         &["bench", "--subscribers", "0"][..],
         &["bench", "--message-bytes", "8"],
         &["bench", "--message-bytes", "100000"],
+        &["bench", "--message-bytes", "1421"],
+        &[
+            "bench",
+            "--message-bytes",
+            "8000",
+            "--max-datagram-bytes",
+            "8000",
+        ],
+        &["bench", "--max-datagram-bytes", "100"],
         &["bench", "--seconds", "-1"],
         &["bench", "--transport", "carrier-pigeon"],
         &["bench", "--messages", "10", "--seconds", "2"],
