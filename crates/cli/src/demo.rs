@@ -82,6 +82,11 @@ pub(crate) struct DemoArgs {
     /// Give up (verdict "fail") after this many seconds.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout_seconds: u64,
+    /// Messages per second each publisher publishes (over all its topics); default: as fast
+    /// as back pressure allows, where latency is mostly time in queues. A rate below what the
+    /// subscribers keep up with shows the latency of a message that does not wait.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    rate: Option<u64>,
     /// Kill subscriber 0 (SIGKILL) once a third of the deliveries are done: the membership
     /// service must remove it for failure, and the other subscribers must still get everything.
     #[arg(long)]
@@ -119,6 +124,8 @@ pub(crate) struct DemoNodeArgs {
     transport: TransportArg,
     #[arg(long)]
     timeout_seconds: u64,
+    #[arg(long)]
+    rate: Option<u64>,
 }
 
 /// What a child reports, one JSON object per line.
@@ -390,8 +397,19 @@ fn run_publisher(a: &DemoNodeArgs) -> Result<(), String> {
     let start = shared_clock_ns();
     let mut last = vec![None; publishers.len()];
     let mut buf = vec![0u8; size];
+    // With a rate, message i is due at start + i / rate (a schedule, so pauses do not drift).
+    let interval_ns = a.rate.map(|r| 1_000_000_000 / r.max(1));
+    let mut published = 0u64;
     for seq in 0..a.messages_per_topic {
         for (t, publisher) in publishers.iter_mut().enumerate() {
+            if let Some(interval) = interval_ns {
+                let due = start.saturating_add(published.saturating_mul(interval));
+                let now = shared_clock_ns();
+                if due > now {
+                    std::thread::sleep(Duration::from_nanos(due - now));
+                }
+                published += 1;
+            }
             buf[0..4].copy_from_slice(&a.index.to_be_bytes());
             buf[4..8].copy_from_slice(&u32::try_from(t).unwrap_or(u32::MAX).to_be_bytes());
             buf[8..16].copy_from_slice(&seq.to_be_bytes());
@@ -472,6 +490,11 @@ fn spawn(
         .args(["--loss", &a.loss.to_string()])
         .args(["--transport", &format!("{:?}", a.transport).to_lowercase()])
         .args(["--timeout-seconds", &a.timeout_seconds.to_string()])
+        .args(
+            a.rate
+                .map(|r| vec!["--rate".to_owned(), r.to_string()])
+                .unwrap_or_default(),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -527,6 +550,8 @@ struct Summary {
     gms_members_after: usize,
     gms_removed_for_failure: usize,
     subscriber_killed: bool,
+    /// Messages per second per publisher, if paced.
+    rate_per_publisher: Option<u64>,
 }
 
 fn progress_bar(total: u64, quiet: bool) -> Option<indicatif::ProgressBar> {
@@ -828,6 +853,7 @@ fn summarize(
         topics: a.topics,
         transport: format!("{:?}", a.transport).to_lowercase(),
         subscriber_killed: a.kill_subscriber,
+        rate_per_publisher: a.rate,
         messages_published: published_total,
         messages_expected: expected,
         messages_delivered: delivered,
@@ -932,11 +958,15 @@ fn print_summary(a: &DemoArgs, s: &Summary) {
         s.messages_per_sec, s.deliveries_per_sec, s.mb_per_sec
     );
     println!(
-        "latency publish-to-callback (worst subscriber): p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+        "latency publish-to-callback (worst subscriber): p50 {} us, p99 {} us, p99.9 {} us, max {} us{}",
         s.latency_us.get("p50").copied().unwrap_or(0),
         s.latency_us.get("p99").copied().unwrap_or(0),
         s.latency_us.get("p999").copied().unwrap_or(0),
-        s.latency_us.get("max").copied().unwrap_or(0)
+        s.latency_us.get("max").copied().unwrap_or(0),
+        match a.rate {
+            None => " (publishing as fast as back pressure allows: mostly time in queues; --rate N paces it)",
+            Some(_) => "",
+        }
     );
     println!(
         "loss: {} datagrams dropped on purpose at subscribers, {} messages recovered by repair, \

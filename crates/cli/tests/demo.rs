@@ -51,6 +51,15 @@ fn demo_passes_over_unicast_with_loss_and_reports_its_figures() {
 }
 
 #[test]
+fn demo_paces_its_publishers_with_rate() {
+    // 30 topics x 20 messages = 600 per publisher at 1000 a second: the last is due 599 ms in.
+    let v = demo_json(&["--messages-per-topic", "20", "--rate", "1000"]);
+    assert_eq!(v["rate_per_publisher"], 1000, "{v:#}");
+    assert_eq!(v["messages_delivered"], v["messages_expected"]);
+    assert!(v["elapsed_s"].as_f64().unwrap() >= 0.59, "{v:#}");
+}
+
+#[test]
 fn demo_passes_over_multicast_on_loopback() {
     let v = demo_json(&["--transport", "multicast", "--messages-per-topic", "200"]);
     assert_eq!(v["transport"], "multicast");
