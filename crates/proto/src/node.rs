@@ -739,6 +739,9 @@ impl Node {
         };
         for m in messages.iter() {
             let sent_us = m.timestamp_us;
+            if retransmit {
+                stream.note_answer(now, m.seq);
+            }
             let msg = InMsg {
                 msg_id: MsgId(m.msg_id),
                 topic: m.topic,

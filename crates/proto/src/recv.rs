@@ -29,10 +29,73 @@ pub(crate) struct Gap {
 }
 
 impl Gap {
-    /// Whether the last request for this gap may still be answered (within its backoff).
-    fn pending(&self, now: Time, timeout: std::time::Duration) -> bool {
-        self.last_request
-            .is_some_and(|at| now < at + InboundStream::backoff(timeout, self.attempts))
+    /// Whether the last request for this gap may still be answered: within its backoff, and
+    /// not presumed `lost`.
+    fn pending(&self, now: Time, timeout: std::time::Duration, lost: Lost) -> bool {
+        self.last_request.is_some_and(|at| {
+            now < at + InboundStream::backoff(timeout, self.attempts)
+                && lost.upto.is_none_or(|upto| at > upto)
+                && (self.attempts > 1
+                    || lost
+                        .overtaken
+                        .is_none_or(|(reorder, answered)| at + reorder >= answered))
+        })
+    }
+}
+
+/// Which requests are presumed lost before their timeout (see [`Retry`]).
+#[derive(Clone, Copy, Debug)]
+struct Lost {
+    /// A first request sent more than this reordering window before this answered request.
+    overtaken: Option<(std::time::Duration, Time)>,
+    /// Any request sent up to here: an answered probe was sent after it.
+    upto: Option<Time>,
+}
+
+/// When a request for a gap counts as unanswered, so that the gap may be asked for again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Retry {
+    /// How long to wait for an answer after the first request; doubled with every further
+    /// attempt, up to 4 times.
+    pub(crate) timeout: std::time::Duration,
+    /// With SDCC: a gap's first request sent more than this before a request that has been
+    /// answered is presumed lost, whatever its timeout (RACK's reordering window, RFC 8985), and
+    /// asked again; a second loss waits for the timeout or the probe below, so that on a full
+    /// queue the requests do not pile up faster than the timeout lets them. `None`: no
+    /// reordering rule.
+    pub(crate) reorder: Option<std::time::Duration>,
+    /// With SDCC, a tail loss probe (as RACK-TLP's, RFC 8985): when requests are pending and
+    /// neither an answer has arrived nor a request left for twice the last answer's round trip
+    /// (at least this long, at most `timeout`), the gap requested last is asked for again, and
+    /// when that probe's answer arrives, every request sent before the silence and still
+    /// unanswered is presumed lost and asked again at once. Answers reach a receiver through one
+    /// queue, its downlink, in about the order they were asked for, so whatever was asked
+    /// before the probe and has not arrived by then was dropped. On a drop-tail bottleneck the
+    /// full queue drops answers, and the timeout (twice a repair time measured through it,
+    /// doubled per attempt: up to 4 s) left the link idle while the last gaps waited; while
+    /// answers keep arriving nothing changes. `None`: the timeout alone.
+    pub(crate) probe_after_min: Option<std::time::Duration>,
+}
+
+/// A tail loss probe on its way (see [`Retry::probe_after_min`]).
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    seq: u64,
+    sent_at: Time,
+    /// When the silence it ends began: requests sent up to then are lost if the probe's answer
+    /// comes before theirs.
+    silent_since: Time,
+}
+
+impl Retry {
+    /// The timeout alone.
+    #[cfg(test)]
+    pub(crate) fn after(timeout: std::time::Duration) -> Retry {
+        Retry {
+            timeout,
+            reorder: None,
+            probe_after_min: None,
+        }
     }
 }
 
@@ -105,6 +168,14 @@ pub(crate) struct InboundStream {
     pub(crate) fresh_since_dcq: u64,
     /// `known_max` at the last DCQ.
     pub(crate) known_at_dcq: u64,
+    /// When the last answer to a request arrived, and how long after its request.
+    last_answer: Option<(Time, std::time::Duration)>,
+    /// The tail loss probe on its way.
+    probe: Option<Probe>,
+    /// Requests sent up to here and still unanswered are lost: an answered probe came later.
+    lost_upto: Option<Time>,
+    /// The latest time a request was sent whose answer has arrived (see [`Retry::reorder`]).
+    answered_request_at: Option<Time>,
 }
 
 impl InboundStream {
@@ -129,6 +200,31 @@ impl InboundStream {
             progress_at_sample: (0, 0),
             fresh_since_dcq: 0,
             known_at_dcq: 0,
+            last_answer: None,
+            probe: None,
+            lost_upto: None,
+            answered_request_at: None,
+        }
+    }
+
+    /// A retransmission of `seq` arrived (before [`receive`](Self::receive) stores it): if `seq`
+    /// was requested, an answer came now, a round trip after its last request; if that was the
+    /// probe, what was asked before its silence and is still missing was lost.
+    pub(crate) fn note_answer(&mut self, now: Time, seq: u64) {
+        let Some(idx) = seq.checked_sub(self.delivered_upto + 1) else {
+            return;
+        };
+        if let Some(Slot::Missing(Gap {
+            last_request: Some(at),
+            ..
+        })) = usize::try_from(idx).ok().and_then(|i| self.window.get(i))
+        {
+            self.last_answer = Some((now, now.saturating_duration_since(*at)));
+            self.answered_request_at = self.answered_request_at.max(Some(*at));
+            if let Some(probe) = self.probe.filter(|p| p.seq == seq && p.sent_at == *at) {
+                self.lost_upto = self.lost_upto.max(Some(probe.silent_since));
+                self.probe = None;
+            }
         }
     }
 
@@ -317,26 +413,36 @@ impl InboundStream {
 
     /// Calls `request(seq, attempts_so_far)` for each gap due for a (re)request among the first
     /// `range_max` messages after the last delivered one (the NACK window) and marks it
-    /// requested now, keeping at most `inflight_max` gaps requested and not yet timed out. The
-    /// wait before asking again doubles with every attempt, up to 4 times `timeout`, so that
-    /// requests slow down when answers are slow instead of piling up in queues.
+    /// requested now, keeping at most `inflight_max` gaps requested and still pending. The wait
+    /// before asking again doubles with every attempt, up to 4 times `retry.timeout`, so that
+    /// requests slow down when answers are slow instead of piling up in queues; with
+    /// `retry.reorder` a first request overtaken by the answer to a later one is asked again at
+    /// once, and with `retry.probe_after_min` the gap asked for last is probed after a silence.
     pub(crate) fn due_gaps(
         &mut self,
         now: Time,
         delay: std::time::Duration,
-        timeout: std::time::Duration,
+        retry: Retry,
         (inflight_max, range_max): (usize, usize),
         mut request: impl FnMut(u64, u32),
     ) {
         if self.missing == 0 {
             return;
         }
-        let pending = |gap: &Gap| gap.pending(now, timeout);
-        let mut inflight = self
-            .window
-            .iter()
-            .filter(|slot| matches!(slot, Slot::Missing(gap) if pending(gap)))
-            .count();
+        let lost = self.lost(retry);
+        let pending = |gap: &Gap| gap.pending(now, retry.timeout, lost);
+        // What is pending, and the request sent last (the probe's candidate).
+        let (mut inflight, mut last) = (0, None);
+        for (i, slot) in self.window.iter().enumerate() {
+            if let Slot::Missing(gap) = slot {
+                if pending(gap) {
+                    inflight += 1;
+                    if last.is_none_or(|(_, at)| gap.last_request >= Some(at)) {
+                        last = gap.last_request.map(|at| (i, at));
+                    }
+                }
+            }
+        }
         let mut seen = 0;
         for (i, slot) in self.window.iter_mut().enumerate() {
             if inflight >= inflight_max || seen >= self.missing || i >= range_max {
@@ -354,7 +460,48 @@ impl InboundStream {
                 gap.last_request = Some(now);
                 gap.attempts += 1;
                 inflight += 1;
+                last = None;
             }
+        }
+        self.probe_after_silence(now, retry, last, &mut request);
+    }
+
+    /// What is presumed lost now (see [`Retry`]).
+    fn lost(&self, retry: Retry) -> Lost {
+        Lost {
+            overtaken: retry.reorder.zip(self.answered_request_at),
+            upto: self.lost_upto,
+        }
+    }
+
+    /// The tail loss probe (see [`Retry::probe_after_min`]): `last` is the pending request sent
+    /// last (window index, time), `None` if a request left now or none is pending.
+    fn probe_after_silence(
+        &mut self,
+        now: Time,
+        retry: Retry,
+        last: Option<(usize, Time)>,
+        request: &mut impl FnMut(u64, u32),
+    ) {
+        let (Some(least), Some((answered_at, rtt)), Some((i, requested_at))) =
+            (retry.probe_after_min, self.last_answer, last)
+        else {
+            return;
+        };
+        let silent_since = answered_at.max(requested_at);
+        if now < silent_since + (rtt * 2).max(least).min(retry.timeout) {
+            return;
+        }
+        if let Some(Slot::Missing(gap)) = self.window.get_mut(i) {
+            let seq = self.delivered_upto + 1 + i as u64;
+            request(seq, gap.attempts);
+            gap.last_request = Some(now);
+            gap.attempts += 1;
+            self.probe = Some(Probe {
+                seq,
+                sent_at: now,
+                silent_since,
+            });
         }
     }
 
@@ -365,25 +512,26 @@ impl InboundStream {
 
     /// Marks the gaps for which `pick` returns true as requested now (from a ring neighbour that has
     /// them), calling `requested(seq)` for each, at most `max`, among the first `range_max`
-    /// messages after the last delivered one (the NACK window). Gaps requested less than their
-    /// backoff of `timeout` ago are left alone: their answers may still be on the way (queued at
-    /// this node's port), and asking again would only bring duplicates.
+    /// messages after the last delivered one (the NACK window). Gaps whose request is pending
+    /// (see [`Retry`]) are left alone: their answers may still be on the way (queued at this
+    /// node's port), and asking again would only bring duplicates.
     pub(crate) fn request_gaps_where(
         &mut self,
         now: Time,
-        timeout: std::time::Duration,
+        retry: Retry,
         (max, range_max): (usize, usize),
         mut pick: impl FnMut(u64) -> bool,
         mut requested: impl FnMut(u64),
     ) {
         let mut taken = 0;
+        let lost = self.lost(retry);
         for (i, slot) in self.window.iter_mut().enumerate() {
             if taken >= max || i >= range_max {
                 break;
             }
             let Slot::Missing(gap) = slot else { continue };
             let seq = self.delivered_upto + 1 + i as u64;
-            if !gap.pending(now, timeout) && pick(seq) {
+            if !gap.pending(now, retry.timeout, lost) && pick(seq) {
                 requested(seq);
                 gap.first_request.get_or_insert(now);
                 gap.last_request = Some(now);
@@ -397,6 +545,13 @@ impl InboundStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Requests answered within 40 ms, or asked again (the timeout alone).
+    const TIMEOUT_40MS: Retry = Retry {
+        timeout: std::time::Duration::from_millis(40),
+        reorder: None,
+        probe_after_min: None,
+    };
 
     fn msg(id: u64) -> InMsg {
         InMsg {
@@ -462,38 +617,147 @@ mod tests {
         let mut s = InboundStream::new(NodeId(1));
         s.receive(Time::ZERO, 3, msg(3), 100, |_, _, _| false);
         let mut asked = Vec::new();
-        s.due_gaps(Time::ZERO, ms(2), ms(40), (10, usize::MAX), |seq, a| {
-            asked.push((seq, a))
-        });
+        s.due_gaps(
+            Time::ZERO,
+            ms(2),
+            TIMEOUT_40MS,
+            (10, usize::MAX),
+            |seq, a| asked.push((seq, a)),
+        );
         assert!(asked.is_empty());
         let t = Time::ZERO + ms(2);
-        s.due_gaps(t, ms(2), ms(40), (1, usize::MAX), |seq, a| {
+        s.due_gaps(t, ms(2), TIMEOUT_40MS, (1, usize::MAX), |seq, a| {
             asked.push((seq, a))
         });
         assert_eq!(asked, vec![(1, 0)]);
-        s.due_gaps(t, ms(2), ms(40), (10, usize::MAX), |seq, a| {
+        s.due_gaps(t, ms(2), TIMEOUT_40MS, (10, usize::MAX), |seq, a| {
             asked.push((seq, a))
         });
         assert_eq!(asked, vec![(1, 0), (2, 0)]);
         // Both are in flight: the window of 2 is full until they time out.
         s.receive(Time::ZERO, 6, msg(6), 100, |_, _, _| false);
-        s.due_gaps(t, ms(2), ms(40), (2, usize::MAX), |seq, a| {
+        s.due_gaps(t, ms(2), TIMEOUT_40MS, (2, usize::MAX), |seq, a| {
             asked.push((seq, a))
         });
         assert_eq!(asked.len(), 2);
-        s.due_gaps(t + ms(40), ms(2), ms(40), (2, usize::MAX), |seq, a| {
-            asked.push((seq, a))
-        });
+        s.due_gaps(
+            t + ms(40),
+            ms(2),
+            TIMEOUT_40MS,
+            (2, usize::MAX),
+            |seq, a| asked.push((seq, a)),
+        );
         assert_eq!(&asked[2..], &[(1, 1), (2, 1)]);
         // The second wait is twice as long.
-        s.due_gaps(t + ms(100), ms(2), ms(40), (10, usize::MAX), |seq, a| {
-            asked.push((seq, a))
-        });
+        s.due_gaps(
+            t + ms(100),
+            ms(2),
+            TIMEOUT_40MS,
+            (10, usize::MAX),
+            |seq, a| asked.push((seq, a)),
+        );
         assert_eq!(&asked[4..], &[(4, 0), (5, 0)]);
-        s.due_gaps(t + ms(120), ms(2), ms(40), (10, usize::MAX), |seq, a| {
-            asked.push((seq, a))
-        });
+        s.due_gaps(
+            t + ms(120),
+            ms(2),
+            TIMEOUT_40MS,
+            (10, usize::MAX),
+            |seq, a| asked.push((seq, a)),
+        );
         assert_eq!(&asked[6..], &[(1, 2), (2, 2)]);
+    }
+
+    /// The gaps `due_gaps` asks for at `at_ms` (2 ms repair delay, no inflight bound).
+    fn due_at(s: &mut InboundStream, retry: Retry, at_ms: u64) -> Vec<(u64, u32)> {
+        let ms = std::time::Duration::from_millis;
+        let mut asked = Vec::new();
+        s.due_gaps(
+            Time::ZERO + ms(at_ms),
+            ms(2),
+            retry,
+            (100, usize::MAX),
+            |seq, a| asked.push((seq, a)),
+        );
+        asked
+    }
+
+    /// The answer to a request for `seq` arrives at `at_ms`.
+    fn answer_at(s: &mut InboundStream, at_ms: u64, seq: u64) {
+        let at = Time::ZERO + std::time::Duration::from_millis(at_ms);
+        s.note_answer(at, seq);
+        s.receive(at, seq, msg(seq), 100, |_, _, _| false);
+    }
+
+    #[test]
+    fn a_first_request_overtaken_by_the_answer_to_a_later_one_is_asked_again_at_once() {
+        let ms = std::time::Duration::from_millis;
+        let timeout_1s = std::time::Duration::from_secs(1);
+        let reordering = Retry {
+            timeout: timeout_1s,
+            reorder: Some(ms(5)),
+            probe_after_min: None,
+        };
+        for retry in [Retry::after(timeout_1s), reordering] {
+            let ask = |s: &mut InboundStream, at_ms: u64| due_at(s, retry, at_ms);
+            let mut s = InboundStream::new(NodeId(1));
+            // 1-2 are asked for at 2 ms, 4-5 at 22 ms, 7-8 at 42 ms.
+            s.receive(Time::ZERO, 3, msg(3), 100, |_, _, _| false);
+            assert_eq!(ask(&mut s, 2), vec![(1, 0), (2, 0)]);
+            s.receive(Time::ZERO + ms(20), 6, msg(6), 100, |_, _, _| false);
+            assert_eq!(ask(&mut s, 22), vec![(4, 0), (5, 0)]);
+            // The answer to 1 says nothing of the later requests.
+            answer_at(&mut s, 25, 1);
+            assert!(ask(&mut s, 25).is_empty());
+            // 4's answer arrives first: 2, asked for 20 ms before it, was lost on the way (with
+            // the reordering window); 5, asked for with 4, is not.
+            answer_at(&mut s, 30, 4);
+            let again = ask(&mut s, 30);
+            if retry.reorder.is_none() {
+                assert!(again.is_empty(), "without it, only the timeout asks again");
+                continue;
+            }
+            assert_eq!(again, vec![(2, 1)]);
+            // A second request overtaken too waits for its timeout.
+            s.receive(Time::ZERO + ms(40), 9, msg(9), 100, |_, _, _| false);
+            assert_eq!(ask(&mut s, 42), vec![(7, 0), (8, 0)]);
+            answer_at(&mut s, 50, 7);
+            assert_eq!(ask(&mut s, 50), vec![(5, 1)]);
+        }
+    }
+
+    #[test]
+    fn after_a_silence_a_probe_finds_which_answers_were_lost() {
+        let ms = std::time::Duration::from_millis;
+        let timeout_1s = std::time::Duration::from_secs(1);
+        let probing = Retry {
+            timeout: timeout_1s,
+            reorder: None,
+            probe_after_min: Some(ms(5)),
+        };
+        for retry in [Retry::after(timeout_1s), probing] {
+            let ask = |s: &mut InboundStream, at_ms: u64| due_at(s, retry, at_ms);
+            let mut s = InboundStream::new(NodeId(1));
+            // 1-3 are asked for at 2 ms; 2's answer comes 10 ms later, 1's and 3's never do.
+            s.receive(Time::ZERO, 4, msg(4), 100, |_, _, _| false);
+            assert_eq!(ask(&mut s, 2), vec![(1, 0), (2, 0), (3, 0)]);
+            answer_at(&mut s, 12, 2);
+            // Less than twice that round trip of silence: nothing.
+            assert!(ask(&mut s, 31).is_empty());
+            let probe = ask(&mut s, 32);
+            if retry.probe_after_min.is_none() {
+                assert!(probe.is_empty(), "without it, only the timeout asks again");
+                continue;
+            }
+            // Then the gap asked for last is probed, once per silence.
+            assert_eq!(probe, vec![(3, 1)]);
+            assert!(ask(&mut s, 40).is_empty());
+            // 5 is asked for after the silence began.
+            s.receive(Time::ZERO + ms(40), 6, msg(6), 100, |_, _, _| false);
+            assert_eq!(ask(&mut s, 42), vec![(5, 0)]);
+            // The probe's answer: 1, asked for before the silence, was lost; 5 may still come.
+            answer_at(&mut s, 44, 3);
+            assert_eq!(ask(&mut s, 44), vec![(1, 1)]);
+        }
     }
 }
 

@@ -997,10 +997,10 @@ impl RegionState {
         };
         let stable = stream.stable_upto;
         let mut pulls = out.take_range_list();
-        let (timeout, range) = (stream.nack.timeout(config), stream.nack.window(config));
+        let (retry, range) = (stream.nack.retry(config), stream.nack.window(config));
         stream.request_gaps_where(
             now,
-            timeout,
+            retry,
             (config.repair_inflight_max, range),
             |seq| {
                 let cached_here = caching.caches(seq);
@@ -1202,11 +1202,11 @@ impl RegionState {
                 .map(|(&o, _)| o);
             wanted.clear();
             if let Some(stream) = self.inbound.get_mut(&origin) {
-                let (timeout, range) = (stream.nack.timeout(config), stream.nack.window(config));
+                let (retry, range) = (stream.nack.retry(config), stream.nack.window(config));
                 stream.due_gaps(
                     now,
                     config.repair_delay,
-                    timeout,
+                    retry,
                     (config.repair_inflight_max, range),
                     |seq, attempts| wanted.push((seq, attempts)),
                 );

@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::recv::Retry;
 use crate::time::Time;
 
 /// The longest wait before a request is repeated, before the doubling of later attempts.
@@ -76,6 +77,22 @@ impl NackWindow {
                     REPAIR_TIMEOUT_MAX.max(config.repair_timeout),
                 ),
             _ => config.repair_timeout,
+        }
+    }
+
+    /// When a request counts as unanswered: [`timeout`](Self::timeout), and with SDCC on a
+    /// reordering window of a quarter of the smoothed repair time (RACK's takes a quarter of the
+    /// least round trip), at least `repair_delay` (the reordering a new gap waits out), and the
+    /// tail loss probe after a silence of at least `repair_timeout` (see [`Retry`]).
+    pub(crate) fn retry(&self, config: &Config) -> Retry {
+        let sdcc = config.adaptive_nack_window;
+        Retry {
+            timeout: self.timeout(config),
+            reorder: self
+                .srtt()
+                .filter(|_| sdcc)
+                .map(|srtt| (srtt / 4).max(config.repair_delay)),
+            probe_after_min: sdcc.then_some(config.repair_timeout),
         }
     }
 
@@ -184,6 +201,24 @@ mod tests {
         // A repair that took a minute (its first request was lost, say) does not make the
         // receiver wait a minute before asking again.
         assert_eq!(w.timeout(&c), REPAIR_TIMEOUT_MAX);
+    }
+
+    #[test]
+    fn requests_are_presumed_lost_before_their_timeout_only_with_sdcc() {
+        let mut w = known_rate();
+        // No repair time measured yet: no reordering window.
+        assert_eq!(w.retry(&on()).reorder, None);
+        w.on_repair(Duration::from_millis(400));
+        let off = w.retry(&Config::default());
+        assert_eq!((off.reorder, off.probe_after_min), (None, None));
+        let c = on();
+        assert_eq!(w.retry(&c).timeout, w.timeout(&c));
+        assert_eq!(w.retry(&c).reorder, Some(Duration::from_millis(100)));
+        assert_eq!(w.retry(&c).probe_after_min, Some(c.repair_timeout));
+        // At least repair_delay, the reordering a new gap waits out.
+        let mut fast = known_rate();
+        fast.on_repair(Duration::from_millis(1));
+        assert_eq!(fast.retry(&c).reorder, Some(c.repair_delay));
     }
 
     #[test]
