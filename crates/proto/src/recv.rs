@@ -505,6 +505,57 @@ impl InboundStream {
         }
     }
 
+    /// The gaps this node asks its ring successor to push, written to `out` (at most `cap`
+    /// ranges) as it passes a token on: those for which `cached` is true (the successor, in this
+    /// node's partition, holds only what the partition caches) and that are not requested
+    /// already, among the first `range_max` messages after the last delivered one (the NACK
+    /// window), at most `max` of them, and no more than leave `inflight_max` gaps requested.
+    /// They are marked requested now, as a pull would be: the token record is the request, so
+    /// the timed requests of [`due_gaps`](Self::due_gaps) do not ask for them elsewhere while
+    /// the push is on its way, and come back to them after the backoff if it never arrives.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn offer_for_push(
+        &mut self,
+        now: Time,
+        retry: Retry,
+        (max, inflight_max, range_max): (usize, usize, usize),
+        cap: usize,
+        mut cached: impl FnMut(u64) -> bool,
+        out: &mut Vec<SeqRange>,
+    ) {
+        out.clear();
+        if self.missing == 0 || max == 0 || cap == 0 {
+            return;
+        }
+        let lost = self.lost(retry);
+        let inflight = self
+            .window
+            .iter()
+            .filter(
+                |slot| matches!(slot, Slot::Missing(gap) if gap.pending(now, retry.timeout, lost)),
+            )
+            .count();
+        let room = inflight_max.saturating_sub(inflight).min(max);
+        let mut taken = 0;
+        for (i, slot) in self.window.iter_mut().enumerate().take(range_max) {
+            if taken >= room {
+                break;
+            }
+            let Slot::Missing(gap) = slot else { continue };
+            let seq = self.delivered_upto + 1 + i as u64;
+            if gap.pending(now, retry.timeout, lost) || !cached(seq) {
+                continue;
+            }
+            if !push_range(out, seq, seq + 1, cap) {
+                break;
+            }
+            gap.first_request.get_or_insert(now);
+            gap.last_request = Some(now);
+            gap.attempts += 1;
+            taken += 1;
+        }
+    }
+
     /// How long to wait for an answer after `attempts` requests.
     pub(crate) fn backoff(timeout: std::time::Duration, attempts: u32) -> std::time::Duration {
         timeout * (1u32 << attempts.saturating_sub(1).min(2))
@@ -758,6 +809,63 @@ mod tests {
             answer_at(&mut s, 44, 3);
             assert_eq!(ask(&mut s, 44), vec![(1, 1)]);
         }
+    }
+
+    #[test]
+    fn pushes_are_asked_only_for_cached_gaps_not_requested_elsewhere() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let mut s = InboundStream::new(NodeId(1));
+        // Gaps 1-9 and 11-19; 20 arrived.
+        for seq in [10, 20] {
+            s.receive(Time::ZERO, seq, msg(seq), 100, |_, _, _| false);
+        }
+        let t = Time::ZERO + ms(2);
+        // 1 and 2 are pulled already.
+        let mut asked = Vec::new();
+        s.due_gaps(t, ms(2), TIMEOUT_40MS, (2, usize::MAX), |seq, _| {
+            asked.push(seq)
+        });
+        assert_eq!(asked, vec![1, 2]);
+        let odd = |seq: u64| seq % 2 == 1;
+        let mut out = Vec::new();
+        // Within a NACK window of 15 messages, at most 4, only the odd ones (cached here).
+        s.offer_for_push(t, TIMEOUT_40MS, (4, 100, 15), 10, odd, &mut out);
+        let got: Vec<(u64, u64)> = out.iter().map(|r| (r.start, r.end())).collect();
+        assert_eq!(got, vec![(3, 4), (5, 6), (7, 8), (9, 10)]);
+        // They count as requested now: neither the timed requests nor the next token ask again.
+        asked.clear();
+        s.due_gaps(t, ms(2), TIMEOUT_40MS, (100, usize::MAX), |seq, _| {
+            asked.push(seq)
+        });
+        assert_eq!(asked, vec![4, 6, 8, 11, 12, 13, 14, 15, 16, 17, 18, 19]);
+        s.offer_for_push(t, TIMEOUT_40MS, (100, 100, 100), 10, odd, &mut out);
+        assert!(out.is_empty());
+        // After the backoff an unanswered push request is asked for again.
+        s.offer_for_push(t + ms(40), TIMEOUT_40MS, (100, 100, 15), 10, odd, &mut out);
+        let got: Vec<(u64, u64)> = out.iter().map(|r| (r.start, r.end())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, 2),
+                (3, 4),
+                (5, 6),
+                (7, 8),
+                (9, 10),
+                (11, 12),
+                (13, 14),
+                (15, 16)
+            ]
+        );
+        // The inflight bound leaves no room while three gaps are pending.
+        let mut s2 = InboundStream::new(NodeId(1));
+        s2.receive(Time::ZERO, 5, msg(5), 100, |_, _, _| false);
+        s2.due_gaps(t, ms(2), TIMEOUT_40MS, (3, usize::MAX), |_, _| {});
+        s2.offer_for_push(t, TIMEOUT_40MS, (100, 3, 100), 10, |_| true, &mut out);
+        assert!(out.is_empty());
+        s2.offer_for_push(t, TIMEOUT_40MS, (100, 4, 100), 10, |_| true, &mut out);
+        let got: Vec<(u64, u64)> = out.iter().map(|r| (r.start, r.end())).collect();
+        assert_eq!(got, vec![(4, 5)]);
     }
 }
 

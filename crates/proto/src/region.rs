@@ -144,7 +144,9 @@ struct MemberState {
     missing: Vec<SeqRange>,
     /// The highest sequence number `missing` describes exactly.
     exact_upto: u64,
-    /// Level 1 and up: what caching partitions below lost entirely.
+    /// Level 0: the gaps this node asks its successor to push (ADR 13), set by
+    /// [`RegionState::offer_pushes`] when it passes the token on. Level 1 and up: what caching
+    /// partitions below lost entirely.
     lost: Vec<SeqRange>,
 }
 
@@ -687,8 +689,13 @@ impl RegionState {
         // Records (and their lists) are overwritten in place, round after round.
         let mut records = std::mem::take(&mut self.records_scratch);
         let mut st = std::mem::take(&mut self.state_scratch);
+        // A ring of one has no successor to push anything.
+        let alone = self.rings[level].members.len() == 1;
         for (n, &o) in origins.iter().enumerate() {
             self.member_state(level, o, 0, own, cap, config, &mut st);
+            if level == 0 && !alone {
+                self.offer_pushes(now, o, cap, true, config, &mut st);
+            }
             let rec = record_slot(&mut records, n, out);
             rec.origin = o;
             rec.stable_upto = self.stable_known(o, own);
@@ -791,6 +798,9 @@ impl RegionState {
             self.member_state(level, rec.origin, rec.agg_max, own, cap, config, &mut st);
             if level == 0 {
                 self.compare_with_predecessor(now, from, rec, own, config, out);
+                // After the pulls above, so that what this node just asked its predecessor
+                // for is not asked of its successor too.
+                self.offer_pushes(now, rec.origin, cap, true, config, &mut st);
             }
             let merged = record_slot(&mut records, n, out);
             self.merge(level, rec, &st, cap, own, merged);
@@ -811,6 +821,12 @@ impl RegionState {
                 if st.max <= stable {
                     continue;
                 }
+                if level == 0 {
+                    // The token's list budget counted one record more than it carried, so a
+                    // record added here asks for no pushes (at most one range, beside its
+                    // missing list).
+                    self.offer_pushes(now, o, cap, false, config, &mut st);
+                }
                 let rec = record_slot(&mut records, n, out);
                 rec.origin = o;
                 rec.stable_upto = stable;
@@ -820,6 +836,10 @@ impl RegionState {
                 rec.prev_max = st.exact_upto.max(st.contiguous);
                 rec.missing_all.clear();
                 rec.lost.clear();
+                if level == 0 {
+                    // The push request (ADR 13); above level 0 an added record claims nothing.
+                    rec.lost.clone_from(&st.lost);
+                }
                 rec.prev_missing.clone_from(&st.missing);
                 n += 1;
             }
@@ -909,7 +929,7 @@ impl RegionState {
         if level == 0 {
             ranges::intersect(&rec.missing_all, &st.missing, cap, &mut merged.missing_all);
             merged.prev_missing.clone_from(&st.missing);
-            merged.lost.clear();
+            merged.lost.clone_from(&st.lost);
         } else {
             ranges::union(&rec.lost, &st.lost, cap, &mut merged.lost);
             merged.missing_all.clear();
@@ -949,17 +969,30 @@ impl RegionState {
         out: &mut Outbox,
     ) {
         let (region, view) = (self.region, self.view);
-        // Push: what the predecessor reported missing and this node holds.
+        // Push: what the predecessor asked to have pushed (`lost` at level 0, ADR 13), reported
+        // missing, and this node holds. A recovering predecessor pulls its other gaps elsewhere
+        // (or has them on the way): pushing them too made a third of its repairs duplicates.
         let mut push = std::mem::take(&mut self.push_scratch);
         push.clear();
         let (mut pushed, mut scanned) = (0usize, 0usize);
         let scan_max = config.push_max_per_token * 4;
-        'ranges: for r in &rec.prev_missing {
+        // An empty request list: the predecessor is not recovering and takes anything it lacks.
+        let asked = if rec.lost.is_empty() {
+            &rec.prev_missing
+        } else {
+            &rec.lost
+        };
+        'ranges: for r in asked {
             for seq in r.start..r.end() {
                 if pushed >= config.push_max_per_token || scanned >= scan_max {
                     break 'ranges;
                 }
                 scanned += 1;
+                if seq <= rec.prev_contiguous || !ranges::contains(&rec.prev_missing, seq) {
+                    // A request for what the predecessor does not report missing: ignored
+                    // (only a faulty or hostile peer sends one).
+                    continue;
+                }
                 let have = if rec.origin == self.me {
                     own.is_some_and(|s| seq <= s.sent_upto && s.get(seq).is_some())
                 } else {
@@ -1024,6 +1057,61 @@ impl RegionState {
             });
         } else {
             out.recycle_range_list(pulls);
+        }
+    }
+
+    /// At level 0, before this node's state for `origin` goes into a token: which of its gaps it
+    /// asks its successor to push, into `st.lost` (ADR 13). A node that is not recovering leaves
+    /// the list empty, which takes pushes of anything it lacks, as before: repairs are cheap
+    /// then, and a push may beat a pull that was lost. A recovering one (with SDCC, its gaps
+    /// reach beyond its NACK window) names only gaps its partition caches (all the successor
+    /// keeps), not requested already, within the NACK window and the room
+    /// `repair_inflight_max` leaves, at most `push_max_per_token`, and they count as requested
+    /// from now on, so each gap is asked of one peer at a time and the recovering receiver gets
+    /// each missing message about once; with nothing to ask (or `requests` false: a record the
+    /// token's budget did not plan for) it names one sequence number beyond what its record
+    /// describes, which no neighbour can push.
+    fn offer_pushes(
+        &mut self,
+        now: Time,
+        origin: NodeId,
+        cap: usize,
+        requests: bool,
+        config: &Config,
+        st: &mut MemberState,
+    ) {
+        st.lost.clear();
+        if origin == self.me {
+            return;
+        }
+        let caching = self.caching_rule();
+        let Some(stream) = self.inbound.get_mut(&origin) else {
+            return;
+        };
+        let (retry, range) = (stream.nack.retry(config), stream.nack.window(config));
+        let span = stream.known_max().saturating_sub(stream.delivered_upto);
+        let recovering =
+            config.adaptive_nack_window && span > u64::try_from(range).unwrap_or(u64::MAX);
+        if !recovering {
+            return;
+        }
+        if requests {
+            let stable = stream.stable_upto;
+            stream.offer_for_push(
+                now,
+                retry,
+                (config.push_max_per_token, config.repair_inflight_max, range),
+                cap,
+                |seq| seq > stable && caching.caches(seq),
+                &mut st.lost,
+            );
+        }
+        if st.lost.is_empty() {
+            // The record's `prev_max`: nothing beyond it is in `prev_missing`.
+            let beyond = st.exact_upto.max(st.contiguous);
+            if let Some(seq) = beyond.checked_add(1).filter(|s| s.checked_add(1).is_some()) {
+                st.lost.push(SeqRange { start: seq, len: 1 });
+            }
         }
     }
 
@@ -1393,6 +1481,7 @@ impl RegionState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recv::{InMsg, Retry};
 
     fn view(n: u32, size: usize) -> RegionView {
         let members: Vec<NodeId> = (0..n).map(NodeId).collect();
@@ -1432,6 +1521,153 @@ mod tests {
             let m = st.random_cacher(seq, &mut rng).unwrap();
             assert_ne!(m, NodeId(7));
             assert_eq!(v.partition_of(m), Some(st.caching_partition(seq)));
+        }
+    }
+
+    fn range(start: u64, end: u64) -> SeqRange {
+        SeqRange {
+            start,
+            len: (end - start) as u32,
+        }
+    }
+
+    fn pushed(out: &Outbox) -> Vec<(u64, u64)> {
+        out.repairs
+            .iter()
+            .filter(|j| j.cause == RepairCause::Push)
+            .map(|j| (j.next, j.end))
+            .collect()
+    }
+
+    /// A member of a one-partition region of four (it caches everything) holding messages 1-10
+    /// of sender 0.
+    fn holder(me: u32) -> (RegionState, Config) {
+        let config = Config::default();
+        let mut st = RegionState::new(&view(4, 5), NodeId(me), &config, Time::ZERO).unwrap();
+        let stream = st.stream_mut(NodeId(0), &config).unwrap();
+        for seq in 1..=10 {
+            let m = InMsg {
+                msg_id: tidings_wire::MsgId(seq),
+                topic: TopicId(1),
+                timestamp_us: 0,
+                payload: bytes::Bytes::new(),
+            };
+            stream.receive(Time::ZERO, seq, m, 100, |_, _, _| true);
+        }
+        (st, config)
+    }
+
+    #[test]
+    fn neighbours_push_only_what_the_record_asks_for() {
+        let (mut st, config) = holder(2);
+        let mut out = Outbox::default();
+        // The predecessor lacks 1-10 and asks for 3-4 and 20 (which it does not report
+        // missing: ignored); the rest it pulls elsewhere.
+        let rec = OwnedRecord {
+            origin: NodeId(0),
+            agg_max: 10,
+            prev_max: 10,
+            prev_missing: vec![range(1, 11)],
+            lost: vec![range(3, 5), range(20, 21)],
+            ..Default::default()
+        };
+        st.compare_with_predecessor(Time::ZERO, NodeId(1), &rec, None, &config, &mut out);
+        assert_eq!(pushed(&out), vec![(3, 5)]);
+        // A name beyond what the record describes: nothing pushed, however much is missing.
+        let mut out = Outbox::default();
+        let rec = OwnedRecord {
+            lost: vec![range(11, 12)],
+            ..rec
+        };
+        st.compare_with_predecessor(Time::ZERO, NodeId(1), &rec, None, &config, &mut out);
+        assert!(pushed(&out).is_empty());
+        // No list: a predecessor that is not recovering takes anything it lacks.
+        let mut out = Outbox::default();
+        let rec = OwnedRecord {
+            lost: Vec::new(),
+            ..rec
+        };
+        st.compare_with_predecessor(Time::ZERO, NodeId(1), &rec, None, &config, &mut out);
+        assert_eq!(pushed(&out), vec![(1, 11)]);
+    }
+
+    #[test]
+    fn a_recovering_record_asks_for_pushes_once_and_not_for_what_is_pulled() {
+        let config = Config {
+            adaptive_nack_window: true,
+            ..Config::default()
+        };
+        let mut st = RegionState::new(&view(4, 5), NodeId(2), &config, Time::ZERO).unwrap();
+        let stream = st.stream_mut(NodeId(0), &config).unwrap();
+        // 1000 messages per second: the NACK window (nwnd_0, 100 ms) is 100 messages, and 200
+        // are missing: recovering.
+        stream
+            .nack
+            .on_progress(1000, std::time::Duration::from_secs(1));
+        assert_eq!(stream.nack.window(&config), 100);
+        stream.note_exists(Time::ZERO, 200, 1000);
+        let t = Time::ZERO + config.repair_delay;
+        // 1 and 2 are pulled already (the timed requests).
+        stream.due_gaps(
+            t,
+            config.repair_delay,
+            Retry::after(config.repair_timeout),
+            (2, 100),
+            |_, _| {},
+        );
+        // The record describes the NACK window: missing up to 100.
+        let mut ms = MemberState {
+            exact_upto: 100,
+            ..MemberState::default()
+        };
+        st.offer_pushes(t, NodeId(0), 10, true, &config, &mut ms);
+        assert_eq!(ms.lost, vec![range(3, 101)]);
+        // The next token asks for nothing more while those requests are within their backoff:
+        // it names 101, beyond what the record describes.
+        st.offer_pushes(t, NodeId(0), 10, true, &config, &mut ms);
+        assert_eq!(ms.lost, vec![range(101, 102)]);
+        // Nor do the timed requests.
+        let mut asked = Vec::new();
+        let stream = st.stream_mut(NodeId(0), &config).unwrap();
+        stream.due_gaps(
+            t,
+            config.repair_delay,
+            Retry::after(config.repair_timeout),
+            (1000, 100),
+            |s, _| asked.push(s),
+        );
+        assert!(asked.is_empty());
+    }
+
+    #[test]
+    fn a_receiver_that_is_not_recovering_takes_pushes_of_anything_it_lacks() {
+        // Without SDCC there is no NACK window to exceed; with it, 50 gaps fit in 100.
+        for adaptive_nack_window in [false, true] {
+            let config = Config {
+                adaptive_nack_window,
+                ..Config::default()
+            };
+            let mut st = RegionState::new(&view(4, 5), NodeId(2), &config, Time::ZERO).unwrap();
+            let stream = st.stream_mut(NodeId(0), &config).unwrap();
+            stream
+                .nack
+                .on_progress(1000, std::time::Duration::from_secs(1));
+            stream.note_exists(Time::ZERO, 50, 1000);
+            let t = Time::ZERO + config.repair_delay;
+            stream.due_gaps(
+                t,
+                config.repair_delay,
+                Retry::after(config.repair_timeout),
+                (2, 100),
+                |_, _| {},
+            );
+            let mut ms = MemberState {
+                missing: vec![range(1, 51)],
+                exact_upto: 50,
+                ..MemberState::default()
+            };
+            st.offer_pushes(t, NodeId(0), 10, true, &config, &mut ms);
+            assert!(ms.lost.is_empty());
         }
     }
 }

@@ -57,6 +57,10 @@ pub struct Scenario {
     pub publish_rate: Option<f64>,
     /// Link bandwidth of every node, Mbit/s. Default 100 (the papers' cluster).
     pub link_mbps: f64,
+    /// One-hop latency of every link ([`LinkConfig::latency`]). Default 50 us (a LAN hop). No
+    /// command-line flag: tests set it to give repairs a round trip that does not come from
+    /// queueing (the NACK window test of `tests/experiments.rs`).
+    pub link_latency: Duration,
     /// Every link serves DCQs and UCAs before the data waiting
     /// ([`LinkConfig::control_priority`]). Default off (one FIFO per link, a plain switch).
     pub control_priority: bool,
@@ -146,6 +150,7 @@ impl Default for Scenario {
             replication: 5,
             publish_rate: None,
             link_mbps: 100.0,
+            link_latency: LinkConfig::LATENCY_DEFAULT,
             control_priority: false,
             proto: Config::default(),
             churn: 0,
@@ -249,6 +254,12 @@ impl Scenario {
             return bad(format!(
                 "--link-mbps {} must be within (0, 1000000]",
                 self.link_mbps
+            ));
+        }
+        if self.link_latency > Duration::from_secs(1) {
+            return bad(format!(
+                "link latency {:?} must be at most 1 s",
+                self.link_latency
             ));
         }
         for e in &self.link_events {
@@ -471,6 +482,10 @@ impl Scenario {
         }
         if self.link_mbps != d.link_mbps {
             cmd += &format!(" --link-mbps {}", self.link_mbps);
+        }
+        if self.link_latency != d.link_latency {
+            // No flag for it: say so rather than print a command that runs something else.
+            cmd += &format!(" (and a link latency of {:?})", self.link_latency);
         }
         if self.control_priority {
             cmd += " --control-priority";
@@ -807,6 +822,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     }
     let link = LinkConfig {
         bandwidth_bps: (s.link_mbps * 1e6) as u64,
+        latency: s.link_latency,
         control_priority: s.control_priority,
         ..LinkConfig::default()
     };

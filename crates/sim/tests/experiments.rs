@@ -105,9 +105,11 @@ fn a_link_limited_recovery_slows_the_publisher_keeps_its_nack_window_and_few_dup
         "publish rate {before:.0} before, {:.0} during the recovery",
         s.publish_rate_recovery
     );
-    // ...the recovery is not dominated by duplicates (it was: 50%)...
+    // ...the victim gets each missing message about once (it got 50% duplicates while pulls on
+    // token comparison asked again for gaps whose answers were queued, and a third while ring
+    // neighbours pushed what it pulled; ADR 13: none)...
     assert!(
-        s.victim_duplicate_share < 0.4,
+        s.victim_duplicate_share < 0.05,
         "victim duplicates {:.0}% of repairs: {}",
         100.0 * s.victim_duplicate_share,
         on.summary_line()
@@ -154,14 +156,17 @@ fn the_nack_window_opens_while_the_recovery_rate_grows() {
     // Fig. 8's shape: the paper's run of it limited a link upstream (its footnote 7), so the
     // victim's recovery was limited by its NACK window, and SDCC opened the window step by step
     // (eq. 10) while each step raised the recovery rate (eq. 9) by alpha_NACK, up to an operating
-    // point. Here the victim's link carries twelve times the offered load (50 Mbit/s; the
-    // failure and everything else as in the reduced Fig. 7): each step of the window adds to the
-    // recovery rate until `repair_inflight_max` (512) bounds the requests in flight, at about
-    // 500 messages (1 tick-second).
+    // point. Here the victim's link carries twelve times the offered load (50 Mbit/s) and every
+    // link has 10 ms of latency, so a repair takes at least 40 ms (request and answer, two hops
+    // each) whatever the window: each step of the window adds to the recovery rate until the
+    // link is full (at about 350 messages), and there the window stops. On a LAN (50 us hops)
+    // the first window already fills the link, since the victim gets each repair once (ADR 13;
+    // the failure and everything else as in the reduced Fig. 7).
     let setup = reduced(Experiment::GryphonFig7, true);
     let mut scenario = setup.scenario();
     let victim = setup.victim();
     let fast = (12.0 * setup.offered_rate() * 1048.0 * 8.0) as u64;
+    scenario.link_latency = std::time::Duration::from_millis(10);
     let mut throttles = 0;
     for e in scenario.link_events.iter_mut().filter(|e| e.node == victim) {
         if let LinkChange::Downlink { bandwidth_bps, .. } = &mut e.change {
@@ -180,12 +185,18 @@ fn the_nack_window_opens_while_the_recovery_rate_grows() {
     let restore = (setup.restore() - tidings_proto::Time::ZERO).as_secs_f64();
     let recovered = restore + s.recovery_s.unwrap();
     let (nwnd_0, size, receive_window) = sdcc_msgs(&setup);
-    let (_, at_start) = nack_window(&on.rows, restore, restore + 0.5);
+    // The first sample after the return: the window has made its first probe or two...
+    let (_, at_start) = nack_window(&on.rows, restore, restore + 0.1);
     let (_, widest) = nack_window(&on.rows, restore, recovered);
-    // Opened by at least four steps of size_NACK beyond nwnd_0, and still opening after the
-    // first half second of the recovery (the link-limited run above: two steps at most)...
     assert!(
-        widest >= nwnd_0 + 4 * size && widest >= at_start + 2 * size,
+        at_start <= nwnd_0 + 2 * size,
+        "NACK window {at_start} 100 ms after the return: {}",
+        on.summary_line()
+    );
+    // ...and then opens by at least four steps of size_NACK beyond nwnd_0 (the link-limited
+    // run above: two steps at most)...
+    assert!(
+        widest >= nwnd_0 + 4 * size,
         "NACK window {at_start} at the return, at most {widest} during the recovery: {}",
         on.summary_line()
     );

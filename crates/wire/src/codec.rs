@@ -204,6 +204,10 @@ pub struct Record<'r> {
     /// Level 0: sequence numbers missing at every member visited so far.
     pub missing_all: &'r [SeqRange],
     /// Level 1 and up: sequence numbers lost by all members of their caching partition.
+    /// Level 0: empty, the previous holder takes pushes of anything in `prev_missing`; else it
+    /// is recovering and asks the next member to push only the gaps named here that
+    /// `prev_missing` lists (it pulls the others elsewhere; tidings' ADR 13). The same bytes at
+    /// every level; only the meaning differs.
     pub lost: &'r [SeqRange],
     /// The previous holder's own missing ranges above `prev_contiguous`.
     pub prev_missing: &'r [SeqRange],
