@@ -178,6 +178,17 @@ fn a_slow_subscriber_is_disconnected_with_an_error_and_the_others_go_on() {
         let m = fast.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(m.value.seq, seq);
     }
+    // Reading now could make room within the 50 ms and keep the subscription (the fast reader
+    // can take all 40 sooner than that): wait until the error is queued behind the 4 messages.
+    let start = std::time::Instant::now();
+    while slow.queued() <= 4 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the slow subscription was not disconnected: {} queued",
+            slow.queued()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // The slow reader gets what was queued, in order, then the error, then the end.
     let mut got = Vec::new();
     let error = loop {
