@@ -125,6 +125,11 @@ pub(crate) struct BenchArgs {
     /// (`delivery_backlog_msgs`; default: the runtime's, 16384; 0 stops reading at once).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=4_194_304))]
     delivery_backlog: Option<u64>,
+    /// Runtime: kernel receive and send buffer requested per socket (`socket_recv_buffer_bytes`
+    /// and `socket_send_buffer_bytes`; default: the runtime's, 32 MiB and 4 MiB). Past
+    /// `net.core.rmem_max` only for a privileged process.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(4096..=1_073_741_824))]
+    socket_buffer_bytes: Option<u64>,
     /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.
     #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero)]
     ceiling_seconds: f64,
@@ -202,6 +207,8 @@ pub(crate) struct ChildSpec {
     pub(crate) delivery_queue: Option<u64>,
     #[serde(default)]
     pub(crate) delivery_backlog: Option<u64>,
+    #[serde(default)]
+    pub(crate) socket_buffer_bytes: Option<u64>,
     /// Injected receive loss at subscribers (tests).
     pub(crate) receive_loss: f64,
     /// The child exits by itself after this long, whatever happens.
@@ -881,6 +888,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             max_datagram_bytes: args.max_datagram_bytes,
             delivery_queue: args.delivery_queue,
             delivery_backlog: args.delivery_backlog,
+            socket_buffer_bytes: args.socket_buffer_bytes,
             receive_loss: 0.0,
             lifetime_ms: nanos(lifetime) / 1_000_000,
             drain_ms: nanos(DRAIN) / 1_000_000,

@@ -206,6 +206,11 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
     if let Some(backlog) = spec.delivery_backlog {
         config.delivery_backlog_msgs = usize::try_from(backlog).unwrap_or(usize::MAX);
     }
+    if let Some(bytes) = spec.socket_buffer_bytes {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        config.socket_recv_buffer_bytes = bytes;
+        config.socket_send_buffer_bytes = bytes;
+    }
     let node = NodeRuntime::start_with_socket(
         config,
         spec.protocol(),

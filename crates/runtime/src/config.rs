@@ -64,11 +64,18 @@ pub struct RuntimeConfig {
     /// address and of the same length leave in one `sendmsg` with segmentation offload (GSO).
     /// Default 64: the kernel's GSO limit, and about 90 KB of 1472-byte datagrams.
     pub send_batch_datagrams_max: usize,
-    /// Requested kernel receive buffer per socket. Default 4 MiB: at 1 Gbit/s, 32 ms of traffic,
-    /// enough to ride out an I/O quantum spent elsewhere. The kernel caps it at
-    /// `net.core.rmem_max`; the granted size is in [`RuntimeStats`](crate::RuntimeStats).
+    /// Requested kernel receive buffer per socket. Default 32 MiB: what the protocol's default
+    /// window lets one sender have in flight (16384 datagrams of about 1 KB take about 38 MB of
+    /// the kernel's accounting, which counts each datagram's whole buffer), so that a receiver
+    /// whose threads lose their core for a while does not drop what must then be repaired (on
+    /// loopback that cut the CPU per message by a fifth). Memory is used only while datagrams
+    /// wait. The kernel caps an ordinary request at `net.core.rmem_max` (often 208 KiB or
+    /// 4 MiB): raise it (`sysctl -w net.core.rmem_max=33554432`), or run with `CAP_NET_ADMIN`,
+    /// with which the runtime asks past it; the granted size is in
+    /// [`RuntimeStats`](crate::RuntimeStats).
     pub socket_recv_buffer_bytes: usize,
-    /// Requested kernel send buffer per socket. Default 4 MiB (capped at `net.core.wmem_max`).
+    /// Requested kernel send buffer per socket. Default 4 MiB (capped at `net.core.wmem_max`
+    /// for a process without `CAP_NET_ADMIN`).
     pub socket_send_buffer_bytes: usize,
     /// Whether to send runs of equal-size datagrams with one system call (UDP GSO) where the
     /// kernel supports it. Default true.
@@ -118,7 +125,7 @@ impl Default for RuntimeConfig {
             alarm_quantum: Duration::from_millis(5),
             recv_batch_datagrams_max: 512,
             send_batch_datagrams_max: 64,
-            socket_recv_buffer_bytes: 4 << 20,
+            socket_recv_buffer_bytes: 32 << 20,
             socket_send_buffer_bytes: 4 << 20,
             gso: true,
             gro: true,

@@ -45,9 +45,23 @@ pub(crate) struct NetSocket {
     pub(crate) region: Option<RegionId>,
 }
 
+/// Asks for the configured socket buffers. The kernel caps an ordinary request at
+/// `net.core.rmem_max` / `wmem_max` (and reports twice what it granted, its bookkeeping
+/// overhead); a process allowed to (`CAP_NET_ADMIN`) then gets the configured size anyway
+/// (`SO_RCVBUFFORCE`), since a receive buffer smaller than what the senders' windows let arrive
+/// at once makes the kernel drop datagrams that must then be repaired. Without the privilege
+/// the capped size stays (the granted size is in the runtime's stats).
 fn set_buffers(socket: &SockRef<'_>, config: &RuntimeConfig) -> io::Result<()> {
-    socket.set_recv_buffer_size(config.socket_recv_buffer_bytes)?;
-    socket.set_send_buffer_size(config.socket_send_buffer_bytes)?;
+    let recv = config.socket_recv_buffer_bytes;
+    socket.set_recv_buffer_size(recv)?;
+    if socket.recv_buffer_size()? < recv.saturating_mul(2) {
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(&**socket, recv);
+    }
+    let send = config.socket_send_buffer_bytes;
+    socket.set_send_buffer_size(send)?;
+    if socket.send_buffer_size()? < send.saturating_mul(2) {
+        let _ = rustix::net::sockopt::set_socket_send_buffer_size_force(&**socket, send);
+    }
     Ok(())
 }
 

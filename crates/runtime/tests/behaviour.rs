@@ -472,3 +472,41 @@ fn shutdown_refuses_publishers_and_counters_tick_every_second() {
         n.shutdown().unwrap();
     }
 }
+
+/// Whether this process has `CAP_NET_ADMIN` (bit 12 of `CapEff` in `/proc/self/status`).
+fn has_net_admin() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+    let mask = u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap();
+    mask & (1 << 12) != 0
+}
+
+#[test]
+fn receive_buffers_go_past_the_sysctl_cap_only_when_privileged() {
+    let cap: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let asked = 2 * cap;
+    let m = membership(&[(0, &[])]);
+    let nodes = start(
+        1,
+        &m,
+        |_| RuntimeConfig {
+            socket_recv_buffer_bytes: asked,
+            ..RuntimeConfig::default()
+        },
+        false,
+    );
+    let s = nodes.nodes[0].stats().unwrap();
+    // The kernel reports twice what it grants (its bookkeeping).
+    if has_net_admin() {
+        assert!(s.socket_recv_buffer_bytes >= 2 * asked, "{s:?}");
+    } else {
+        assert_eq!(s.socket_recv_buffer_bytes, 2 * cap, "{s:?}");
+    }
+    for n in nodes.nodes {
+        n.shutdown().unwrap();
+    }
+}
