@@ -392,15 +392,19 @@ impl<P> Link<P> {
             .is_none_or(|last| last.finish == self.free_at));
         let arrival = finish + self.config.latency;
         if let Some(payload) = payload() {
-            let at = self.transit.partition_point(|p| p.arrival <= arrival);
-            self.transit.insert(
-                at,
-                InTransit {
-                    arrival,
-                    class,
-                    payload,
-                },
-            );
+            let packet = InTransit {
+                arrival,
+                class,
+                payload,
+            };
+            // Nearly always the latest arrival (only a control packet jumping the queue lands
+            // earlier): appending skips a binary search that was a tenth of a GMS churn run.
+            if self.transit.back().is_none_or(|p| p.arrival <= arrival) {
+                self.transit.push_back(packet);
+            } else {
+                let at = self.transit.partition_point(|p| p.arrival <= arrival);
+                self.transit.insert(at, packet);
+            }
         }
         self.stats.packets_sent += 1;
         self.stats.bytes_sent += len as u64;
