@@ -802,21 +802,27 @@ impl Gms {
     }
 
     /// Sends `node` what changed in the part of the membership that concerns it, as one batch.
+    ///
+    /// This runs for every node a change touches (every publisher of a changed region's topics,
+    /// so nearly every command for a node publishing many topics): it edits the node's record of
+    /// what it knows in place and compares lists without copying them, and allocates only for
+    /// what goes out.
     fn sync(&mut self, now: Time, node: NodeId) {
-        let Some(e) = self.nodes.get(&node) else {
+        let Some(e) = self.nodes.get_mut(&node) else {
             return;
         };
+        // Ascending (from a set), so membership tests below are binary searches.
         let publishes: Vec<TopicId> = e.publishes.iter().copied().collect();
         let desired = self.planner.relevant_regions(node, &publishes);
         let mut items = Vec::new();
-        let mut known = e.known_regions.clone();
-        let gone: Vec<RegionId> = known
+        let gone: Vec<RegionId> = e
+            .known_regions
             .keys()
             .copied()
             .filter(|r| !desired.contains(r))
             .collect();
         for r in gone {
-            known.remove(&r);
+            e.known_regions.remove(&r);
             if let Some(k) = self.known_by.get_mut(&r) {
                 k.remove(&node);
             }
@@ -826,7 +832,7 @@ impl Gms {
             let Some(&view) = self.views.get(&r) else {
                 continue;
             };
-            if known.get(&r) == Some(&view) {
+            if e.known_regions.get(&r) == Some(&view) {
                 continue;
             }
             let Some(v) = self
@@ -841,14 +847,15 @@ impl Gms {
                 .copied()
                 .unwrap_or(RegionAddress::Unicast);
             items.push(Item::Region(GmsRegionView { view: v, address }));
-            known.insert(r, view);
+            e.known_regions.insert(r, view);
             self.known_by.entry(r).or_default().insert(node);
         }
         // The addresses of every node this node will talk to: the members of its regions and the
         // publishers of their topics. They go before the views, in the same batch.
         let mut addresses = Vec::new();
         if let Some(e) = self.nodes.get(&node) {
-            let mut needed = BTreeSet::new();
+            // Gathered with repeats, then sorted and deduplicated (ascending, as a set gave).
+            let mut needed = Vec::new();
             for &r in &desired {
                 if let Some(reg) = self.planner.region(r) {
                     needed.extend(reg.members.iter().copied());
@@ -859,6 +866,8 @@ impl Gms {
                     }
                 }
             }
+            needed.sort_unstable();
+            needed.dedup();
             for n in needed {
                 if n == node || e.told_addresses.contains(&n) {
                     continue;
@@ -880,32 +889,32 @@ impl Gms {
             with_addresses.append(&mut items);
             items = with_addresses;
         }
-        let Some(e) = self.nodes.get(&node) else {
+        let Some(e) = self.nodes.get_mut(&node) else {
             return;
         };
-        let mut known_topics = e.known_topics.clone();
-        let stale: Vec<TopicId> = known_topics
+        let stale: Vec<TopicId> = e
+            .known_topics
             .keys()
             .copied()
-            .filter(|t| !publishes.contains(t))
+            .filter(|t| publishes.binary_search(t).is_err())
             .collect();
         for t in stale {
-            known_topics.remove(&t);
+            e.known_topics.remove(&t);
             items.push(Item::TopicGone(t));
         }
         for &t in &publishes {
-            let regions: Vec<RegionId> = self.planner.topic_regions(t).collect();
-            if known_topics.get(&t) != Some(&regions) {
+            let unchanged = e
+                .known_topics
+                .get(&t)
+                .is_some_and(|known| known.iter().copied().eq(self.planner.topic_regions(t)));
+            if !unchanged {
+                let regions: Vec<RegionId> = self.planner.topic_regions(t).collect();
                 items.push(Item::TopicRegions {
                     topic: t,
                     regions: regions.clone(),
                 });
-                known_topics.insert(t, regions);
+                e.known_topics.insert(t, regions);
             }
-        }
-        if let Some(e) = self.nodes.get_mut(&node) {
-            e.known_regions = known;
-            e.known_topics = known_topics;
         }
         if !items.is_empty() {
             items.push(Item::Commit);

@@ -574,11 +574,14 @@ impl Planner {
     /// `publishes` (a sender sends to every region of its topic, member or not).
     #[must_use]
     pub fn relevant_regions(&self, node: NodeId, publishes: &[TopicId]) -> BTreeSet<RegionId> {
-        let mut out: BTreeSet<RegionId> = self.node_regions(node).map(|(_, r)| r).collect();
+        // Gathered with repeats and built at once (a set from a list sorts it and builds in
+        // bulk): a node publishing many topics names each region many times, and inserting
+        // them one by one was most of this function.
+        let mut all: Vec<RegionId> = self.node_regions(node).map(|(_, r)| r).collect();
         for &t in publishes {
-            out.extend(self.topic_regions(t));
+            all.extend(self.topic_regions(t));
         }
-        out
+        all.into_iter().collect()
     }
 
     /// The membership `node` must use: the views of its [relevant
