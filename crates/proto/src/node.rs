@@ -598,12 +598,13 @@ impl Node {
         self.out.stats.view_changes += 1;
         // Receiving side.
         for region in self.regions.values() {
-            for (key, floor) in region.msg_id_floors() {
+            for (key, floor) in region.stream_msg_id_floors() {
                 let f = self.msg_id_floors.entry(key).or_insert(0);
                 *f = (*f).max(floor);
             }
         }
-        let floors = self.msg_id_floors.clone();
+        // One copy, shared by the regions installed now (they only read it).
+        let floors = std::sync::Arc::new(self.msg_id_floors.clone());
         let mut old = std::mem::take(&mut self.regions);
         for view in membership.regions.values() {
             match old.remove(&view.region) {
@@ -626,26 +627,27 @@ impl Node {
             .filter(|(r, s)| membership.regions.get(r).is_none_or(|v| v.view != s.view))
             .map(|(&r, _)| r)
             .collect();
-        let mut orphans: BTreeMap<MsgId, OutMsg> = BTreeMap::new();
+        // By message id, the first copy of each (a list sorted once: there may be thousands).
+        let mut orphans: Vec<OutMsg> = Vec::new();
         for region in &changed {
             if let Some(mut stream) = self.outbound.remove(region) {
-                for m in stream.drain_all() {
-                    orphans.entry(m.msg_id).or_insert(m);
-                }
+                orphans.extend(stream.drain_all());
             }
         }
+        orphans.sort_by_key(|m| m.msg_id);
+        orphans.dedup_by_key(|m| m.msg_id);
         let pause_until = now + self.config.view_change_pause;
         // Streams created here, for regions new to this node: they take every re-homed message of
         // their topics, like the streams of changed regions.
         let mut created: Vec<RegionId> = Vec::new();
-        for (msg_id, m) in orphans {
+        for m in orphans {
+            let msg_id = m.msg_id;
             let regions = membership
                 .topic_regions
                 .get(&m.topic)
-                .cloned()
-                .unwrap_or_default();
+                .map_or(&[][..], Vec::as_slice);
             let mut pending = 0u16;
-            for region in regions {
+            for &region in regions {
                 if let Some(stream) = self.outbound.get(&region) {
                     if stream.holds(msg_id) {
                         // An unchanged region still has it in flight.

@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tidings_wire::{NodeId, RecordView, RegionId, SeqRange, TopicId, ViewId};
@@ -307,8 +308,9 @@ pub(crate) struct RegionState {
     ucas: BTreeMap<NodeId, crate::pdcc::UcaConsolidator>,
     /// The deadline of [`Self::next_deadline`] as last entered in the node's timer queue.
     pub(crate) timer_at: Option<Time>,
-    /// Per origin, the highest message id delivered in earlier views (seeds new streams).
-    msg_id_floors: BTreeMap<(NodeId, TopicId), u64>,
+    /// Per origin, the highest message id delivered in earlier views (seeds new streams): the
+    /// node's own record when the view was installed, shared by the regions installed with it.
+    msg_id_floors: Arc<BTreeMap<(NodeId, TopicId), u64>>,
     /// Scratch lists reused across tokens, so a token round allocates nothing in steady state.
     state_scratch: MemberState,
     origins_scratch: Vec<NodeId>,
@@ -370,7 +372,7 @@ impl RegionState {
             cache_block: config.cache_block_msgs,
             inbound: BTreeMap::new(),
             rings,
-            msg_id_floors: BTreeMap::new(),
+            msg_id_floors: Arc::default(),
             ucas: BTreeMap::new(),
             timer_at: None,
             state_scratch: MemberState::default(),
@@ -456,18 +458,19 @@ impl RegionState {
     }
 
     /// Seeds the per-origin floors of message ids delivered in earlier views.
-    pub(crate) fn set_msg_id_floors(&mut self, floors: BTreeMap<(NodeId, TopicId), u64>) {
+    pub(crate) fn set_msg_id_floors(&mut self, floors: Arc<BTreeMap<(NodeId, TopicId), u64>>) {
         self.msg_id_floors = floors;
     }
 
-    /// Per origin and topic, the highest message id delivered in this view or seeded from
-    /// earlier ones.
-    pub(crate) fn msg_id_floors(&self) -> impl Iterator<Item = ((NodeId, TopicId), u64)> + '_ {
-        self.msg_id_floors.iter().map(|(&k, &f)| (k, f)).chain(
-            self.inbound
-                .values()
-                .flat_map(|s| s.msg_id_floors.iter().map(|(&t, &f)| ((s.origin, t), f))),
-        )
+    /// Per origin and topic, the highest message id delivered in this view. The seeds are left
+    /// out: they are a copy of the node's record, which only grows, so folding them back into it
+    /// changes nothing.
+    pub(crate) fn stream_msg_id_floors(
+        &self,
+    ) -> impl Iterator<Item = ((NodeId, TopicId), u64)> + '_ {
+        self.inbound
+            .values()
+            .flat_map(|s| s.msg_id_floors.iter().map(|(&t, &f)| ((s.origin, t), f)))
     }
 
     /// A random member of the caching partition of `seq` other than this node.
