@@ -196,6 +196,9 @@ pub struct Gms {
     config: GmsConfig,
     planner: Planner,
     nodes: BTreeMap<NodeId, NodeEntry>,
+    /// Members whose `Join` gave an address. While there are none (the simulator routes by node
+    /// id), `sync` does not gather the nodes each member talks to, only to find no address.
+    addressed_members: usize,
     joins: BTreeMap<u64, NodeId>,
     next_node: u32,
     topic_ids: BTreeMap<String, TopicId>,
@@ -226,6 +229,7 @@ impl Gms {
             config,
             planner,
             nodes: BTreeMap::new(),
+            addressed_members: 0,
             joins: BTreeMap::new(),
             next_node: 1,
             topic_ids: BTreeMap::new(),
@@ -404,6 +408,7 @@ impl Gms {
                 let node = NodeId(self.next_node);
                 self.next_node = self.next_node.saturating_add(1);
                 self.joins.insert(nonce, node);
+                self.addressed_members += usize::from(addr.is_some());
                 self.nodes.insert(
                     node,
                     NodeEntry {
@@ -491,6 +496,7 @@ impl Gms {
                 let Some(e) = self.nodes.remove(&node) else {
                     return;
                 };
+                self.addressed_members -= usize::from(e.addr.is_some());
                 self.joins.remove(&e.nonce);
                 for t in &e.publishes {
                     if let Some(p) = self.publishers.get_mut(t) {
@@ -853,7 +859,7 @@ impl Gms {
         // The addresses of every node this node will talk to: the members of its regions and the
         // publishers of their topics. They go before the views, in the same batch.
         let mut addresses = Vec::new();
-        if let Some(e) = self.nodes.get(&node) {
+        if let Some(e) = self.nodes.get(&node).filter(|_| self.addressed_members > 0) {
             // Gathered with repeats, then sorted and deduplicated (ascending, as a set gave).
             let mut needed = Vec::new();
             for &r in &desired {
