@@ -111,6 +111,8 @@ pub struct GmsClient {
     addresses: BTreeMap<NodeId, SocketAddr>,
     outbox: VecDeque<GmsMessage>,
     events: VecDeque<ClientEvent>,
+    /// Whether a committed batch emits [`ClientEvent::Membership`].
+    membership_events: bool,
     stats: ClientStats,
 }
 
@@ -136,6 +138,7 @@ impl GmsClient {
             addresses: BTreeMap::new(),
             outbox: VecDeque::new(),
             events: VecDeque::new(),
+            membership_events: true,
             stats: ClientStats::default(),
         })
     }
@@ -207,6 +210,14 @@ impl GmsClient {
                 .collect(),
             topic_regions: self.topic_regions.clone(),
         }
+    }
+
+    /// Turns the [`ClientEvent::Membership`] of each committed batch off or on (on by default).
+    /// Each one is a copy of the whole membership; a host that reads
+    /// [`membership`](GmsClient::membership) itself when it needs it (a simulator replaying a
+    /// long bootstrap stream into many clients) turns them off meanwhile.
+    pub fn set_membership_events(&mut self, on: bool) {
+        self.membership_events = on;
     }
 
     /// Subscribes to a topic by name.
@@ -365,8 +376,10 @@ impl GmsClient {
                 self.addresses.insert(node, addr);
             }
             Item::Commit => {
-                let m = self.membership();
-                self.events.push_back(ClientEvent::Membership(m));
+                if self.membership_events {
+                    let m = self.membership();
+                    self.events.push_back(ClientEvent::Membership(m));
+                }
             }
             Item::Removed => self.removed(),
         }

@@ -627,3 +627,23 @@ fn a_suspected_node_gets_the_whole_suspicion_timeout_to_speak() {
         cause: RemoveCause::Suspected
     }));
 }
+
+#[test]
+fn membership_events_can_be_turned_off_and_the_membership_read_directly() {
+    let mut w = World::new(3);
+    w.clients[2].set_membership_events(false);
+    w.events.clear();
+    for i in 0..3 {
+        w.clients[i].subscribe("quotes").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    // Client 2 emits no membership events but holds the same membership as the others.
+    assert!(w.last_membership(2).is_none());
+    assert_eq!(w.clients[2].membership(), w.expected(2, &[]));
+    assert_eq!(w.last_membership(0), Some(&w.expected(0, &[])));
+    // Turned on again, the next committed batch is an event as before.
+    w.clients[2].set_membership_events(true);
+    w.clients[0].unsubscribe("quotes").unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.last_membership(2), Some(&w.expected(2, &[])));
+}

@@ -517,7 +517,10 @@ pub(crate) fn bootstrap(
             seed: seed.wrapping_mul(0xA24B_AED4_963E_E407) ^ u64::from(i) ^ 0x474d_5300,
             ..client_config.clone()
         };
-        let client = GmsClient::new(config).map_err(|e| e.to_string())?;
+        let mut client = GmsClient::new(config).map_err(|e| e.to_string())?;
+        // The bootstrap reads each client's membership once, at the end; an event per committed
+        // batch would copy it thousands of times only to be dropped.
+        client.set_membership_events(false);
         if nonces.insert(client.nonce(), NodeId(i)).is_some() {
             return Err(format!("join nonce of node {i} collides"));
         }
@@ -604,6 +607,7 @@ pub(crate) fn bootstrap(
             return Err(format!("node {i} subscribes to {got:?}, not {want:?}"));
         }
         memberships.push(translate(c.membership()));
+        c.set_membership_events(true);
     }
     for t in &all {
         if gms.topic_id(&topic_name(*t)) != Some(*t) {
