@@ -341,9 +341,7 @@ impl Gms {
                 .is_some_and(|at| now >= at + self.config.suspicion_timeout)
             {
                 failed.push((node, RemoveCause::Suspected));
-            } else if e
-                .queue
-                .iter()
+            } else if Self::in_window(e, &self.config)
                 .any(|p| p.attempts >= self.config.retransmit_attempts_max && self.due(p, now))
             {
                 failed.push((node, RemoveCause::Unresponsive));
@@ -370,9 +368,7 @@ impl Gms {
                     Some(at) => heartbeat.min(at + self.config.suspicion_timeout),
                     None => heartbeat,
                 };
-                let resend = e
-                    .queue
-                    .iter()
+                let resend = Self::in_window(e, &self.config)
                     .filter_map(|p| p.sent_at)
                     .min()
                     .map(|t| t + self.config.retransmit_interval);
@@ -649,6 +645,14 @@ impl Gms {
             e.queue.pop_front();
         }
         self.unsent.insert(node);
+    }
+
+    /// The first `updates_inflight_max` items of `e`'s queue: every item ever sent is among them
+    /// (only these are sent, and the queue only loses items at the front), so timers need look
+    /// no further. The queue of a node that stopped acknowledging grows long until it is
+    /// removed, and this is read on every `poll_timeout`.
+    fn in_window<'a>(e: &'a NodeEntry, config: &GmsConfig) -> impl Iterator<Item = &'a Pending> {
+        e.queue.iter().take(config.updates_inflight_max)
     }
 
     fn due(&self, p: &Pending, now: Time) -> bool {
