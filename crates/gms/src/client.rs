@@ -474,10 +474,19 @@ impl GmsClient {
     /// of the join, heartbeat and retransmission timers).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        [Timer::Join, Timer::Heartbeat, Timer::Retransmit]
-            .into_iter()
-            .filter_map(|t| self.timer(t))
-            .min()
+        // Only the timers of the current state can be set (a host asks this after every input,
+        // so it goes straight to them).
+        match self.state {
+            State::Joining { .. } => self.timer(Timer::Join),
+            State::Member(_) => {
+                let heartbeat = self.timer(Timer::Heartbeat);
+                match (heartbeat, self.timer(Timer::Retransmit)) {
+                    (Some(h), Some(r)) => Some(h.min(r)),
+                    (h, r) => h.or(r),
+                }
+            }
+            State::Removed => None,
+        }
     }
 
     /// The next message to the GMS (an acknowledgement of received updates comes first).
