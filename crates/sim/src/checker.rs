@@ -397,30 +397,26 @@ impl Ledger {
             ));
         }
         record(&mut self.latency_us, now - at);
+        // Each map looked up once per delivery (this runs for every delivery of a run); the
+        // violation, if any, is recorded after the bookkeeping it was found in.
         let seen = self.delivered[receiver.0 as usize]
             .entry(d.origin)
             .or_default();
         let twice = seen.get(d.msg_id.0);
+        seen.last = seen.last.max(d.msg_id.0);
+        seen.set(d.msg_id.0);
         let last = self.last_by_topic[receiver.0 as usize]
             .entry((d.origin, d.topic))
             .or_default();
-        if twice || d.msg_id.0 <= *last {
+        let before = *last;
+        *last = before.max(d.msg_id.0);
+        if twice || d.msg_id.0 <= before {
             let what = if twice { "twice" } else { "out of order" };
-            let last = *last;
             self.violation(format!(
-                "{receiver} delivered {}#{} {what} (after #{last} on topic {})",
+                "{receiver} delivered {}#{} {what} (after #{before} on topic {})",
                 d.origin, d.msg_id.0, d.topic
             ));
         }
-        let last = self.last_by_topic[receiver.0 as usize]
-            .entry((d.origin, d.topic))
-            .or_default();
-        *last = (*last).max(d.msg_id.0);
-        let seen = self.delivered[receiver.0 as usize]
-            .entry(d.origin)
-            .or_default();
-        seen.last = seen.last.max(d.msg_id.0);
-        seen.set(d.msg_id.0);
         if let Some(p) = self.pause.as_mut() {
             if p.awaiting.remove(&receiver) {
                 p.longest = p.longest.max(now - p.at);
