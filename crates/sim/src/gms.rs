@@ -86,29 +86,28 @@ pub fn from_gms(node: NodeId) -> Option<NodeId> {
     node.0.checked_sub(1).map(NodeId)
 }
 
-/// A region view with GMS ids turned into simulator ids (in place: every committed batch of
-/// every client comes through here).
+/// A region view with GMS ids turned into simulator ids.
 fn translate_view(mut v: RegionView) -> RegionView {
+    translate_ids(&mut v);
+    v
+}
+
+/// Turns the GMS ids of `v` into simulator ids in place (every committed batch of every client
+/// comes through here).
+fn translate_ids(v: &mut RegionView) {
     for p in &mut v.partitions {
         p.retain(|&n| from_gms(n).is_some());
         for n in p.iter_mut() {
             *n = from_gms(*n).unwrap_or(*n);
         }
     }
-    v
 }
 
-/// A membership with GMS ids turned into simulator ids.
+/// A membership with GMS ids turned into simulator ids (in place, like the views).
 #[must_use]
-pub fn translate(m: Membership) -> Membership {
-    Membership {
-        regions: m
-            .regions
-            .into_iter()
-            .map(|(r, v)| (r, translate_view(v)))
-            .collect(),
-        topic_regions: m.topic_regions,
-    }
+pub fn translate(mut m: Membership) -> Membership {
+    m.regions.values_mut().for_each(translate_ids);
+    m
 }
 
 /// The name of simulator topic `t`.
@@ -346,17 +345,25 @@ pub(crate) fn local_topics(m: &Membership, me: NodeId) -> BTreeSet<TopicId> {
         .collect()
 }
 
-/// Per topic, the members of the regions `m` maps it to.
+/// Per topic, the members of the regions `m` maps it to. A publisher's membership maps each of
+/// its topics (a hundred in the churn sweep) to a few of the same regions, and this runs at every
+/// membership it installs: each region's members are listed once, and each topic's list is
+/// allocated at its size.
 pub(crate) fn sender_view(m: &Membership) -> BTreeMap<TopicId, Vec<NodeId>> {
+    let members: BTreeMap<RegionId, Vec<NodeId>> = m
+        .regions
+        .iter()
+        .map(|(&r, v)| (r, v.members().collect()))
+        .collect();
     m.topic_regions
         .iter()
         .map(|(&t, regions)| {
-            let members = regions
-                .iter()
-                .filter_map(|r| m.regions.get(r))
-                .flat_map(|v| v.members())
-                .collect();
-            (t, members)
+            let of = || regions.iter().filter_map(|r| members.get(r));
+            let mut list = Vec::with_capacity(of().map(Vec::len).sum());
+            for region_members in of() {
+                list.extend_from_slice(region_members);
+            }
+            (t, list)
         })
         .collect()
 }
