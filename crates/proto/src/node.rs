@@ -173,9 +173,13 @@ impl GaugeShare {
             share.held_bytes = stream.held_bytes() as u64;
         }
         if let Some(r) = regions.get(&region) {
-            share.cached_msgs = r.inbound.values().map(|s| s.cache_len() as u64).sum();
-            share.nack_window_min = r.nack_window_min(config);
-            share.has_gaps = r.has_gaps();
+            // One pass over the inbound streams (this runs after every datagram).
+            for s in r.inbound.values() {
+                share.cached_msgs += s.cache_len() as u64;
+                let gauge = s.nack.gauge(config);
+                share.nack_window_min = Some(share.nack_window_min.map_or(gauge, |m| m.min(gauge)));
+                share.has_gaps |= s.missing_count() > 0;
+            }
         }
         share
     }

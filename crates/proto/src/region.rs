@@ -1469,16 +1469,6 @@ impl RegionState {
             stream.nack.adjust(now, has_gaps, config);
         }
     }
-
-    /// The smallest NACK window of the inbound streams, if any.
-    pub(crate) fn nack_window_min(&self, config: &Config) -> Option<usize> {
-        self.inbound.values().map(|s| s.nack.gauge(config)).min()
-    }
-
-    /// Whether any inbound stream has gaps to repair.
-    pub(crate) fn has_gaps(&self) -> bool {
-        self.inbound.values().any(|s| s.missing_count() > 0)
-    }
 }
 
 #[cfg(test)]
