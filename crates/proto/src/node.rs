@@ -644,6 +644,11 @@ impl Node {
         // Streams created here, for regions new to this node: they take every re-homed message of
         // their topics, like the streams of changed regions.
         let mut created: Vec<RegionId> = Vec::new();
+        // Per unchanged stream, where the last look-up stopped: orphans come by increasing id
+        // and these streams do not change here, so each is walked once (a search per orphan and
+        // region was most of this function). A stream created in this loop holds only orphans
+        // already handled, so it never holds the current one.
+        let mut cursors: Vec<(RegionId, usize)> = Vec::new();
         for m in orphans {
             let msg_id = m.msg_id;
             let regions = membership
@@ -653,13 +658,20 @@ impl Node {
             let mut pending = 0u16;
             for &region in regions {
                 if let Some(stream) = self.outbound.get(&region) {
-                    if stream.holds(msg_id) {
-                        // An unchanged region still has it in flight.
-                        pending += 1;
-                        continue;
-                    }
-                    if !changed.contains(&region) && !created.contains(&region) {
-                        // An unchanged region that already acknowledged it.
+                    let new = changed.contains(&region) || created.contains(&region);
+                    if !new {
+                        let at = match cursors.iter().position(|(r, _)| *r == region) {
+                            Some(at) => at,
+                            None => {
+                                cursors.push((region, 0));
+                                cursors.len() - 1
+                            }
+                        };
+                        if stream.holds_after(&mut cursors[at].1, msg_id) {
+                            // An unchanged region still has it in flight.
+                            pending += 1;
+                        }
+                        // Otherwise an unchanged region that already acknowledged it.
                         continue;
                     }
                 }

@@ -164,10 +164,33 @@ impl OutboundStream {
         self.msgs.drain(..)
     }
 
-    /// Whether the stream holds message `msg_id` (ids increase along the stream).
-    pub(crate) fn holds(&self, msg_id: MsgId) -> bool {
-        let idx = self.msgs.partition_point(|m| m.msg_id < msg_id);
-        self.msgs.get(idx).is_some_and(|m| m.msg_id == msg_id)
+    /// Whether the stream holds message `msg_id` (ids increase along the stream), for a caller
+    /// asking about increasing ids while the stream does not change: `cursor` (0 at first) is
+    /// where the previous answer was found, and the search gallops forward from there (steps of
+    /// 1, 2, 4 ... then a binary search in the last step), so a run of questions costs about the
+    /// logarithm of the distance between answers instead of a search of the whole stream each.
+    pub(crate) fn holds_after(&self, cursor: &mut usize, msg_id: MsgId) -> bool {
+        let len = self.msgs.len();
+        let below = |i: usize| self.msgs[i].msg_id < msg_id;
+        // Every index before `lo` holds a lower id; `hi` is the end or holds one at least as high.
+        let mut lo = (*cursor).min(len);
+        let mut hi = lo;
+        let mut step = 1;
+        while hi < len && below(hi) {
+            lo = hi + 1;
+            hi = lo.saturating_add(step).min(len);
+            step = step.saturating_mul(2);
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if below(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        *cursor = lo;
+        self.msgs.get(lo).is_some_and(|m| m.msg_id == msg_id)
     }
 
     /// Applies a region ACK: releases everything up to `stable_upto`, calling `released` with each
@@ -305,6 +328,28 @@ mod tests {
         assert_eq!(released, vec![MsgId(1)]);
         assert!(s.can_send(&config, 0));
         assert!(s.get(1).is_none() && s.get(3).is_some());
+    }
+
+    #[test]
+    fn holds_after_answers_increasing_ids_as_a_search_would() {
+        let mut s = OutboundStream::new(ViewId(1), Time::ZERO);
+        // Ids with gaps of every width, so galloping overshoots and lands exactly.
+        let ids: Vec<u64> = (1..400u64).filter(|i| i % 3 != 0 && i % 7 != 0).collect();
+        for &id in &ids {
+            s.push(out(id, 1));
+        }
+        for stride in [1, 2, 5, 17, 101] {
+            let mut cursor = 0;
+            for q in (0..420u64).step_by(stride) {
+                assert_eq!(
+                    s.holds_after(&mut cursor, MsgId(q)),
+                    ids.contains(&q),
+                    "id {q} stride {stride}"
+                );
+            }
+        }
+        let mut cursor = 0;
+        assert!(!OutboundStream::new(ViewId(1), Time::ZERO).holds_after(&mut cursor, MsgId(1)));
     }
 
     fn data_writer(buf: &mut [u8]) -> MessagesWriter<'_> {
