@@ -65,6 +65,15 @@ impl Routes {
         }
     }
 
+    /// Routes to single nodes only (tests of the send path).
+    #[cfg(test)]
+    pub(crate) fn to_nodes(nodes: BTreeMap<NodeId, SocketAddr>) -> Routes {
+        Routes {
+            nodes,
+            ..Routes::default()
+        }
+    }
+
     /// The addresses a datagram for `destination` goes to; empty if unknown.
     pub(crate) fn resolve(&self, destination: tidings_proto::Destination) -> &[SocketAddr] {
         match destination {

@@ -83,6 +83,14 @@ pub struct RuntimeConfig {
     /// Whether to let the kernel coalesce received datagrams (UDP GRO) where it supports it.
     /// Default true; the receive buffers are then 64 KiB each.
     pub gro: bool,
+    /// The DSCP (0..=63) of congestion control's datagrams (PDCC's DCQs and UCAs), `None` to
+    /// leave them unmarked like everything else. Default `Some(46)` (Expedited Forwarding,
+    /// RFC 3246): Gryphon's congestion control needs its queries and alerts to pass the queues
+    /// that data builds (paper 002, section 3.1), and a network that honours DSCP (a `tc prio`
+    /// qdisc, a switch trusting it; Linux's default `pfifo_fast` bands EF first) sends them
+    /// ahead of data. Nothing else is marked: tokens, ACKs and NAKs must not overtake the data
+    /// they speak of (ADR 11), and data and repairs are what the marks make room for.
+    pub control_dscp: Option<u8>,
     /// How region datagrams are sent. Default [`Transport::Unicast`].
     pub transport: Transport,
     /// Deliveries the core thread keeps receiving ahead of a subscription whose queue is full,
@@ -129,6 +137,7 @@ impl Default for RuntimeConfig {
             socket_send_buffer_bytes: 4 << 20,
             gso: true,
             gro: true,
+            control_dscp: Some(CONTROL_DSCP_DEFAULT),
             transport: Transport::Unicast,
             delivery_backlog_msgs: 16384,
             publish_queue_capacity: 1024,
@@ -240,6 +249,8 @@ fn invalid(field: &'static str, value: impl std::fmt::Debug, why: &'static str) 
 /// Largest accepted receive or send batch: beyond it a batch no longer fits the caches it is
 /// meant to stay in, and the core thread's preallocated buffers would grow past tens of MB.
 pub const BATCH_DATAGRAMS_MAX: usize = 4096;
+/// The default DSCP of control datagrams: Expedited Forwarding.
+pub const CONTROL_DSCP_DEFAULT: u8 = 46;
 /// Largest accepted publisher queue capacity (messages).
 pub const PUBLISH_QUEUE_CAPACITY_MAX: usize = 1 << 20;
 /// Largest accepted delivery backlog (messages): about 4 GB of 1000-byte messages.
@@ -285,6 +296,15 @@ impl RuntimeConfig {
         ] {
             if !(4096..=1 << 30).contains(&v) {
                 return Err(invalid(field, v, "must be within 4 KiB..=1 GiB"));
+            }
+        }
+        if let Some(dscp) = self.control_dscp {
+            if dscp > 63 {
+                return Err(invalid(
+                    "control_dscp",
+                    dscp,
+                    "must be a DSCP within 0..=63 (None leaves control unmarked)",
+                ));
             }
         }
         if !(0.0..1.0).contains(&self.receive_loss) {

@@ -1116,9 +1116,13 @@ impl Core {
             }
             if self.tx.has_pending() {
                 let mut counts = TxCounts::default();
-                let flush =
-                    self.tx
-                        .flush(&self.unicast, &self.routes, self.config.gso, &mut counts);
+                let control_tos = self.config.control_dscp.map_or(0, |dscp| dscp << 2);
+                let flush = self.tx.flush(
+                    &mut self.unicast,
+                    &self.routes,
+                    (self.config.gso, control_tos),
+                    &mut counts,
+                );
                 self.add_tx_counts(counts);
                 if flush == Flush::Blocked {
                     self.writable = false;
@@ -1148,6 +1152,8 @@ impl Core {
         s.short_sends += c.short_sends;
         s.send_errors += c.errors;
         s.unroutable += c.unroutable;
+        s.tos_errors += c.tos_errors;
+        s.control_datagrams_sent += c.control_datagrams;
     }
 
     /// Joins the groups of the regions this node is in and leaves the others.

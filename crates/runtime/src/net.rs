@@ -43,6 +43,20 @@ pub(crate) struct NetSocket {
     pub(crate) readable: bool,
     /// The region whose group this socket listens to (multicast sockets only).
     pub(crate) region: Option<RegionId>,
+    /// The IP TOS byte the socket sends with now (see [`TxBatch::flush`]).
+    tos: u8,
+}
+
+impl NetSocket {
+    /// Sends the following datagrams with `tos` (one `setsockopt` when it changes). Fails only
+    /// if the kernel refuses the option; the caller then sends unmarked.
+    fn set_tos(&mut self, tos: u8) -> io::Result<()> {
+        if self.tos != tos {
+            SockRef::from(&self.socket).set_tos(u32::from(tos))?;
+            self.tos = tos;
+        }
+        Ok(())
+    }
 }
 
 /// Asks for the configured socket buffers. The kernel caps an ordinary request at
@@ -86,6 +100,7 @@ pub(crate) fn unicast_socket(
         state,
         readable: true,
         region: None,
+        tos: 0,
     })
 }
 
@@ -113,6 +128,7 @@ pub(crate) fn group_socket(
         state,
         readable: true,
         region: Some(region),
+        tos: 0,
     })
 }
 
@@ -320,6 +336,10 @@ struct TxItem {
     offset: usize,
     len: usize,
     destination: Destination,
+    /// A congestion control datagram (DCQ or UCA): sent with the control DSCP. Tokens, ACKs
+    /// and NAKs are not: a token overtaking the data it announces makes receivers ask again
+    /// for what is only queued (ADR 11).
+    control: bool,
 }
 
 /// What a flush achieved.
@@ -340,6 +360,9 @@ pub(crate) struct TxCounts {
     pub(crate) short_sends: u64,
     pub(crate) errors: u64,
     pub(crate) unroutable: u64,
+    /// Times the kernel refused to set the TOS byte (the datagrams left unmarked).
+    pub(crate) tos_errors: u64,
+    pub(crate) control_datagrams: u64,
 }
 
 /// Datagrams pulled from the protocol into one contiguous buffer, so that runs to the same
@@ -404,6 +427,13 @@ impl TxBatch {
                 offset,
                 len,
                 destination: t.destination,
+                control: t.priority == tidings_proto::Priority::Control
+                    && slot
+                        .get(..len)
+                        .and_then(tidings_wire::peek_kind)
+                        .is_some_and(|kind| {
+                            matches!(kind, tidings_wire::Kind::Dcq | tidings_wire::Kind::Uca)
+                        }),
             });
             offset += len;
         }
@@ -412,15 +442,29 @@ impl TxBatch {
 
     /// Sends what is pending: runs of consecutive datagrams with the same destination and
     /// length (the last of a run may be shorter) leave in one GSO `sendmsg` per address.
+    /// DCQs and UCAs leave with the IP TOS byte `control_tos` (DSCP in its upper six bits;
+    /// 0 leaves them unmarked), everything else with 0; runs never mix the two, and the socket
+    /// option changes only where the kind does (a DCQ every few hundred milliseconds per
+    /// sender, UCAs only under congestion).
     pub(crate) fn flush(
         &mut self,
-        socket: &NetSocket,
+        socket: &mut NetSocket,
         routes: &Routes,
-        gso: bool,
+        (gso, control_tos): (bool, u8),
         counts: &mut TxCounts,
     ) -> Flush {
         while let Some(first) = self.items.get(self.next_item).copied() {
-            let segments_max = if gso {
+            let tos = if first.control { control_tos } else { 0 };
+            if socket.set_tos(tos).is_err() {
+                counts.tos_errors += 1;
+            }
+            // quinn-udp gives every IPv4 send an IP_TOS control message carrying only the ECN
+            // bits, which overrides the socket's TOS: marked datagrams leave one by one through
+            // a plain `sendto` instead (they are few).
+            let marked = tos != 0;
+            let segments_max = if marked {
+                1
+            } else if gso {
                 self.gso_segments_max
                     .min(socket.state.max_gso_segments())
                     .min(GSO_BYTES_MAX / first.len.max(1))
@@ -434,7 +478,10 @@ impl TxBatch {
                 let Some(next) = self.items.get(self.next_item + run) else {
                     break;
                 };
-                if next.destination != first.destination || next.len > first.len {
+                if next.destination != first.destination
+                    || next.len > first.len
+                    || next.control != first.control
+                {
                     break;
                 }
                 run += 1;
@@ -458,12 +505,19 @@ impl TxBatch {
                     src_ip: None,
                 };
                 counts.send_calls += 1;
-                match socket
-                    .state
-                    .try_send(UdpSockRef::from(&socket.socket), &transmit)
-                {
+                let sent = if marked {
+                    socket.socket.send_to(contents, address).map(drop)
+                } else {
+                    socket
+                        .state
+                        .try_send(UdpSockRef::from(&socket.socket), &transmit)
+                };
+                match sent {
                     Ok(()) => {
                         counts.datagrams += run as u64;
+                        if first.control {
+                            counts.control_datagrams += run as u64;
+                        }
                         counts.bytes += run_bytes as u64;
                         self.next_address += 1;
                     }
@@ -474,7 +528,7 @@ impl TxBatch {
                     Err(_) if run > 1 && socket.state.max_gso_segments() <= 1 => {
                         // The kernel refused GSO on this path; quinn-udp turned it off for
                         // the socket. Send this run again, one datagram at a time.
-                        return self.flush(socket, routes, gso, counts);
+                        return self.flush(socket, routes, (gso, control_tos), counts);
                     }
                     Err(_) => {
                         // Dropped; the protocol recovers it like a loss.
@@ -487,5 +541,111 @@ impl TxBatch {
             self.next_address = 0;
         }
         Flush::Done
+    }
+}
+
+#[cfg(test)]
+mod tx_tests {
+    use super::*;
+    use tidings_proto::{Destination, NodeId, Priority, Transmit};
+    use tidings_wire::{Header, Kind, ViewId};
+
+    /// A datagram as the protocol would hand it out: its class and what writes it.
+    type Item = (Priority, fn(&mut [u8]) -> usize);
+
+    /// What the protocol would hand out: the next item, written into the slot.
+    fn pull(kinds: &mut std::vec::IntoIter<Item>, buf: &mut [u8]) -> Option<Transmit> {
+        let (priority, write) = kinds.next()?;
+        Some(Transmit {
+            destination: Destination::Node(NodeId(1)),
+            len: write(buf),
+            priority,
+        })
+    }
+
+    const HEADER: Header = Header {
+        kind: Kind::Dcq,
+        region: RegionId(0),
+        view: ViewId(1),
+        sender: NodeId(0),
+    };
+
+    fn dcq(buf: &mut [u8]) -> usize {
+        tidings_wire::write_dcq(buf, &HEADER, 7, 1000).unwrap()
+    }
+
+    fn ack(buf: &mut [u8]) -> usize {
+        tidings_wire::write_ack(buf, &HEADER, NodeId(0), 7).unwrap()
+    }
+
+    /// Not a packet at all, as long as a DCQ.
+    fn data(buf: &mut [u8]) -> usize {
+        let len = dcq(buf);
+        buf[..len].fill(0xda);
+        len
+    }
+
+    #[test]
+    fn dcqs_and_ucas_leave_marked_in_runs_of_their_own() {
+        let receiver = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let routes = Routes::to_nodes([(NodeId(1), receiver.local_addr().unwrap())].into());
+        let mut socket = unicast_socket(
+            std::net::UdpSocket::bind("127.0.0.1:0").unwrap(),
+            &RuntimeConfig::default(),
+        )
+        .unwrap();
+        let tos_now = |s: &NetSocket| SockRef::from(&s.socket).tos().unwrap();
+        let ef = 46 << 2;
+        let mut batch = TxBatch::new(8, 100, 8);
+        let mut send = |socket: &mut NetSocket, items: Vec<Item>, tos: u8| {
+            let mut items = items.into_iter();
+            batch.fill(|buf| pull(&mut items, buf));
+            let mut counts = TxCounts::default();
+            assert_eq!(
+                batch.flush(socket, &routes, (true, tos), &mut counts),
+                Flush::Done
+            );
+            assert_eq!(counts.tos_errors, 0);
+            counts
+        };
+
+        // Data, a DCQ, data, all of one length and destination: three sends, not one GSO run.
+        let counts = send(
+            &mut socket,
+            vec![
+                (Priority::Data, data),
+                (Priority::Control, dcq),
+                (Priority::Data, data),
+            ],
+            ef,
+        );
+        assert_eq!(
+            (
+                counts.send_calls,
+                counts.datagrams,
+                counts.control_datagrams
+            ),
+            (3, 3, 1)
+        );
+        assert_eq!(tos_now(&socket), 0, "data leaves unmarked");
+        let mut buf = [0u8; 64];
+        for first in [0xda, 0x54, 0xda] {
+            receiver.recv(&mut buf).unwrap();
+            assert_eq!(buf[0], first);
+        }
+
+        // A DCQ alone: the socket is marked while it leaves (and stays so until the next
+        // datagram of another kind); an ACK, control for the protocol, is not; with no DSCP
+        // configured nothing is.
+        send(&mut socket, vec![(Priority::Control, dcq)], ef);
+        assert_eq!(tos_now(&socket), u32::from(ef));
+        let counts = send(&mut socket, vec![(Priority::Control, ack)], ef);
+        assert_eq!((counts.datagrams, counts.control_datagrams), (1, 0));
+        assert_eq!(tos_now(&socket), 0);
+        send(&mut socket, vec![(Priority::Control, dcq)], 0);
+        assert_eq!(tos_now(&socket), 0);
     }
 }

@@ -110,6 +110,11 @@ pub struct RuntimeStats {
     pub send_errors: u64,
     /// Datagrams for a node or region without a known address, dropped.
     pub unroutable: u64,
+    /// Congestion control datagrams sent (DCQs, UCAs), each copy counted: those sent with
+    /// `control_dscp` when it is set.
+    pub control_datagrams_sent: u64,
+    /// Times the kernel refused to set the TOS byte for them (those left unmarked).
+    pub tos_errors: u64,
 
     /// Publish requests taken from application threads.
     pub publishes: u64,

@@ -3,7 +3,9 @@
 //! namespace, on one bridge, `Transport::Multicast`. The publisher offers 2,500 messages/s of
 //! 1000 bytes (about 22 Mbit/s on the wire); 3 s after it starts, the bridge port towards
 //! subscriber 1 (the *victim*) gets a `tc` token bucket (`tbf`) of 10 Mbit/s with a 512 KiB
-//! queue, the downlink of a slow receiver. Publishing lasts 50 s; the run about 52 s.
+//! queue, the downlink of a slow receiver, which sends the datagrams the runtime marks
+//! Expedited Forwarding (PDCC's DCQs and UCAs) ahead of the others, as a switch port trusting
+//! DSCP does (`TIDINGS_BOTTLENECK_FIFO=1`: one FIFO). Publishing lasts 50 s; the run about 52 s.
 //!
 //! With congestion control (PDCC and SDCC, ADR 9's settings) the test checks, over the steady
 //! part (from 20 s after the onset to the end of publishing):
@@ -187,7 +189,8 @@ fn child_bottleneck_node() {
     let stats = node.stats().unwrap();
     println!(
         "CHILD-RESULT {me} {verdict} (datagrams received {}, repairs {}, unstable max {}, dcqs \
-         {}, ucas received {}, rate limited {}, out of window {})",
+         {}, ucas received {}, rate limited {}, out of window {}, marked sent {}, tos errors \
+         {})",
         stats.datagrams_received,
         stats.proto.repairs_received,
         stats.proto.unstable_msgs_max,
@@ -195,6 +198,8 @@ fn child_bottleneck_node() {
         stats.proto.ucas_received,
         stats.proto.publish_rate_limited,
         stats.proto.out_of_window_dropped,
+        stats.control_datagrams_sent,
+        stats.tos_errors,
     );
     // Stay in the region (its token ring carries the acknowledgements that make the last
     // messages stable) until the parent closes stdin, or the timeout.
@@ -320,24 +325,83 @@ fn subscriber(me: u32, node: &NodeRuntime, input: &mpsc::Receiver<Option<String>
 struct Bottleneck {
     hub: String,
     port: String,
+    /// Whether marked datagrams have a band of their own (see [`Bottleneck::install`]).
+    priority: bool,
 }
 
 impl Bottleneck {
+    /// The token bucket, and under it (unless `TIDINGS_BOTTLENECK_FIFO` is set) two classes
+    /// of strict priority that send datagrams marked Expedited Forwarding (the runtime's `control_dscp`: DCQs and
+    /// UCAs) first, from a small queue of their own, and everything else from a FIFO of
+    /// `TBF_LIMIT_BYTES`: a switch port that honours DSCP, as Gryphon's brokers sent DCQ and
+    /// UCA at high priority (ADR 11).
     fn install(hub: &str, port: &str) -> Bottleneck {
         let rate = format!("{BOTTLENECK_BITS_PER_S}bit");
         let burst = TBF_BURST_BYTES.to_string();
         let limit = TBF_LIMIT_BYTES.to_string();
-        let args = [
-            "-n", hub, "qdisc", "add", "dev", port, "root", "tbf", "rate", &rate, "burst", &burst,
-            "limit", &limit,
+        let fifo = std::env::var_os("TIDINGS_BOTTLENECK_FIFO").is_some();
+        let tbf = [
+            "qdisc", "add", "dev", port, "root", "handle", "1:", "tbf", "rate", &rate, "burst",
+            &burst, "limit", &limit,
         ];
-        if let Err(e) = run("tc", &args) {
-            panic!("the bottleneck could not be installed, so it was NOT tested: {e}");
+        // HTB only to order what the token bucket takes: both classes far above the
+        // bottleneck's rate, so neither is ever held back and the higher priority goes first.
+        let priority: [&[&str]; 6] = [
+            &[
+                "qdisc", "add", "dev", port, "parent", "1:1", "handle", "10:", "htb", "default",
+                "2",
+            ],
+            &[
+                "class", "add", "dev", port, "parent", "10:", "classid", "10:1", "htb", "rate",
+                "1gbit", "quantum", "60000", "prio", "0",
+            ],
+            &[
+                "class", "add", "dev", port, "parent", "10:", "classid", "10:2", "htb", "rate",
+                "1gbit", "quantum", "60000", "prio", "1",
+            ],
+            &[
+                "qdisc", "add", "dev", port, "parent", "10:1", "handle", "11:", "pfifo", "limit",
+                "64",
+            ],
+            &[
+                "qdisc", "add", "dev", port, "parent", "10:2", "handle", "12:", "bfifo", "limit",
+                &limit,
+            ],
+            &[
+                "filter", "add", "dev", port, "parent", "10:", "protocol", "ip", "prio", "1",
+                "u32", "match", "ip", "dsfield", "0xb8", "0xfc", "flowid", "10:1",
+            ],
+        ];
+        let commands = std::iter::once(&tbf[..])
+            .chain(if fifo { &[][..] } else { &priority[..] }.iter().copied());
+        for command in commands {
+            let args: Vec<&str> = ["-n", hub].iter().chain(command).copied().collect();
+            if let Err(e) = run("tc", &args) {
+                panic!("the bottleneck could not be installed, so it was NOT tested: {e}");
+            }
         }
         Bottleneck {
             hub: hub.to_owned(),
             port: port.to_owned(),
+            priority: !fifo,
         }
+    }
+
+    /// Packets the priority band has sent (DCQs and UCAs marked by the runtime), `None`
+    /// without it.
+    fn priority_sent(&self) -> Option<u64> {
+        if !self.priority {
+            return None;
+        }
+        let out = run(
+            "tc",
+            &["-n", &self.hub, "-s", "qdisc", "show", "dev", &self.port],
+        )
+        .ok()?;
+        // "qdisc pfifo 11: parent 10:1 limit 64p\n Sent 123 bytes 45 pkt (dropped 0, ..."
+        let band = &out[out.find("qdisc pfifo 11:")?..];
+        let at = band.find("bytes")? + "bytes".len();
+        band[at..].split_whitespace().next()?.parse().ok()
     }
 
     /// The qdisc's counters now: (backlog bytes, packets dropped, packets sent).
@@ -389,6 +453,8 @@ struct Outcome {
     series: Series,
     /// tbf samples after the onset: (bin, backlog bytes, dropped packets, sent packets).
     tbf: Vec<(u64, u64, u64, u64)>,
+    /// Packets the bottleneck's priority band sent (marked DCQs and UCAs), if it had one.
+    priority_sent: Option<u64>,
     /// Wall time of the run, from GO to the last result.
     duration: Duration,
 }
@@ -523,7 +589,8 @@ impl Outcome {
              {published:.0} msgs/s = {:.0}% of the bottleneck, largest PDCC rate {} msgs/s, \
              largest unstable {} msgs (whole run {unstable_max}); tbf backlog max {} KiB (whole \
              run {} KiB, steady median {} KiB), tbf drops {drops_steady} of {sent_steady} sent (whole run {drops} of \
-             {sent}); verdicts: publisher {}, victim {}, others {} {}",
+             {sent}); marked datagrams sent first: {}; verdicts: publisher {}, victim {}, \
+             others {} {}",
             if congestion_control { "on" } else { "off" },
             self.duration.as_secs_f64(),
             self.published,
@@ -535,6 +602,8 @@ impl Outcome {
             backlog_steady >> 10,
             backlog_all >> 10,
             self.backlog_median_steady() >> 10,
+            self.priority_sent
+                .map_or_else(|| "no priority band".to_owned(), |n| n.to_string()),
             self.verdict(0),
             self.verdict(VICTIM),
             self.verdict(2),
@@ -636,6 +705,7 @@ fn run_experiment(congestion_control: bool) -> Outcome {
     let duration = tidings_runtime::now() - started;
     stop.store(true, Ordering::Relaxed);
     let tbf = sampler.join().unwrap();
+    let priority_sent = bottleneck.priority_sent();
     drop(bottleneck);
     drop(children);
     drop(namespaces);
@@ -648,6 +718,7 @@ fn run_experiment(congestion_control: bool) -> Outcome {
         steady: (steady_from, end_bin.max(steady_from + 1)),
         series,
         tbf,
+        priority_sent,
         duration,
     }
 }
@@ -687,6 +758,13 @@ fn bottleneck_with_congestion_control() {
         outcome.steady_max(0, "unstable") < 4000,
         "unstable window: {summary}"
     );
+    // The publisher's DCQs cross the victim's port marked, so its priority band carried them.
+    if let Some(sent) = outcome.priority_sent {
+        assert!(
+            sent > 0,
+            "no marked datagram reached the priority band: {summary}"
+        );
+    }
 }
 
 #[test]
