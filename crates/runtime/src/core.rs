@@ -1045,7 +1045,8 @@ impl Core {
                     );
                     let loss = self.config.receive_loss;
                     let gms = &mut self.gms;
-                    self.rx.datagrams(filled, |from, datagram| {
+                    self.rx.datagrams(filled, |from, received| {
+                        let datagram = received.bytes;
                         stats.datagrams_received += 1;
                         stats.bytes_received += datagram.len() as u64;
                         if unframe(datagram).is_some() {
@@ -1072,7 +1073,7 @@ impl Core {
                             return;
                         };
                         let class = priority_class(kind.priority());
-                        classes[class].push(RxBuffers::keep(arena, datagram));
+                        classes[class].push(received.keep(arena));
                         kept += 1;
                     });
                 }

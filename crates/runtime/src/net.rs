@@ -1,6 +1,6 @@
 //! Sockets: setup (buffers, multicast options), batched receive (recvmmsg and GRO through
-//! quinn-udp) into a compact arena, and batched send (GSO runs) of datagrams pulled from the
-//! protocol.
+//! quinn-udp; well-filled buffers handed over without a copy, the rest copied into a compact
+//! arena), and batched send (GSO runs) of datagrams pulled from the protocol.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSliceMut};
@@ -137,34 +137,109 @@ pub(crate) fn leave_group(socket: &NetSocket, group: Ipv4Addr, interface: Ipv4Ad
     let _ = SockRef::from(&socket.socket).leave_multicast_v4(&group, &interface);
 }
 
-/// Fixed buffers for `recvmmsg`, allocated once.
+/// Least bytes a receive buffer must hold to be handed over whole (see [`RxBuffers`]): a
+/// quarter of it, so that what its datagrams pin is at most four times their size.
+const SHARE_BUFFER_MIN_BYTES: usize = RECV_BUFFER_BYTES / 4;
+/// Most handed-over receive buffers kept for reuse: 512 of 64 KiB, 32 MiB (as the arena).
+const SHARED_BUFFERS_RETAINED_MAX: usize = 512;
+
+/// The buffers of `recvmmsg`, and where received datagrams go from there.
+///
+/// A buffer that the kernel filled well (at least [`SHARE_BUFFER_MIN_BYTES`]: a GRO run of
+/// datagrams from one sender, the common case at high rates) is handed over whole: its
+/// datagrams become `Bytes` slices of it, without a copy, and a recycled buffer takes its
+/// place. A recycled buffer is one handed over before whose slices have all been dropped
+/// (`Bytes::try_into_mut` takes it back without allocating); a new one is allocated only when
+/// none is free, so a steady flow allocates nothing. A buffer with little in it (datagrams
+/// arriving one by one) is copied into the [`RxArena`] instead, so that a few small datagrams
+/// never pin 64 KiB each.
 pub(crate) struct RxBuffers {
-    storage: Vec<u8>,
+    /// `RECV_BUFFERS` buffers of `RECV_BUFFER_BYTES`, initialised, in the shared
+    /// representation (freezing and slicing them never allocates).
+    buffers: Vec<BytesMut>,
     meta: [RecvMeta; RECV_BUFFERS],
+    /// Buffers handed over, oldest first, until every slice of them is gone.
+    handed_over: VecDeque<Bytes>,
+    /// Receive buffers allocated so far (the first `RECV_BUFFERS` included).
+    pub(crate) buffers_allocated: u64,
 }
 
 impl std::fmt::Debug for RxBuffers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RxBuffers")
-            .field("storage_bytes", &self.storage.len())
+            .field("buffers", &self.buffers.len())
+            .field("handed_over", &self.handed_over.len())
+            .field("buffers_allocated", &self.buffers_allocated)
             .finish_non_exhaustive()
+    }
+}
+
+/// One received datagram: its bytes, and where they lie.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Received<'a> {
+    pub(crate) bytes: &'a [u8],
+    /// The receive buffer handed over whole that holds it, and its offset there.
+    shared: Option<(&'a Bytes, usize)>,
+}
+
+impl Received<'_> {
+    /// The datagram as shared bytes: a slice of its receive buffer if that was handed over,
+    /// else a copy in the arena.
+    pub(crate) fn keep(&self, arena: &mut RxArena) -> Bytes {
+        match self.shared {
+            Some((buffer, at)) => buffer.slice(at..at + self.bytes.len()),
+            None => arena.keep(self.bytes),
+        }
     }
 }
 
 impl RxBuffers {
     pub(crate) fn new() -> RxBuffers {
-        RxBuffers {
-            storage: vec![0; RECV_BUFFERS * RECV_BUFFER_BYTES],
+        let mut rx = RxBuffers {
+            buffers: Vec::with_capacity(RECV_BUFFERS),
             meta: [RecvMeta::default(); RECV_BUFFERS],
+            handed_over: VecDeque::with_capacity(SHARED_BUFFERS_RETAINED_MAX),
+            buffers_allocated: 0,
+        };
+        for _ in 0..RECV_BUFFERS {
+            let buffer = rx.new_buffer();
+            rx.buffers.push(buffer);
         }
+        rx
+    }
+
+    fn new_buffer(&mut self) -> BytesMut {
+        self.buffers_allocated += 1;
+        let mut buffer = BytesMut::zeroed(RECV_BUFFER_BYTES);
+        // An empty split moves the buffer to the shared representation now, once, instead of
+        // at its first slice (an allocation each time it came back).
+        drop(buffer.split_off(RECV_BUFFER_BYTES));
+        buffer
+    }
+
+    /// A buffer to receive into: a recycled one if some handed-over buffer is free again.
+    fn fresh_buffer(&mut self) -> BytesMut {
+        for _ in 0..ARENA_REUSE_PROBES.min(self.handed_over.len()) {
+            let Some(buffer) = self.handed_over.pop_front() else {
+                break;
+            };
+            match buffer.try_into_mut() {
+                Ok(buffer) if buffer.len() == RECV_BUFFER_BYTES => return buffer,
+                Ok(_) => {}
+                // Still in use: look at it again after the others.
+                Err(buffer) => self.handed_over.push_back(buffer),
+            }
+        }
+        self.new_buffer()
     }
 
     /// One `recvmmsg` on `socket`: the number of buffers filled (each may hold several
     /// datagrams, see [`RxBuffers::datagrams`]).
     pub(crate) fn recv(&mut self, socket: &NetSocket) -> io::Result<usize> {
-        let mut chunks = self.storage.chunks_mut(RECV_BUFFER_BYTES);
-        let mut slices: [IoSliceMut<'_>; RECV_BUFFERS] =
-            std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
+        let mut buffers = self.buffers.iter_mut();
+        let mut slices: [IoSliceMut<'_>; RECV_BUFFERS] = std::array::from_fn(|_| {
+            IoSliceMut::new(buffers.next().map_or(&mut [][..], |b| &mut b[..]))
+        });
         socket.state.recv(
             UdpSockRef::from(&socket.socket),
             &mut slices,
@@ -173,40 +248,58 @@ impl RxBuffers {
     }
 
     /// Calls `f` with the source and each datagram of the `filled` buffers of the last `recv`
-    /// (GRO buffers are split at their stride).
-    pub(crate) fn datagrams(&self, filled: usize, mut f: impl FnMut(SocketAddr, &[u8])) {
-        for (i, meta) in self.meta.iter().take(filled).enumerate() {
-            let start = i * RECV_BUFFER_BYTES;
-            let Some(buf) = self
-                .storage
-                .get(start..start + meta.len.min(RECV_BUFFER_BYTES))
-            else {
-                continue;
-            };
-            if buf.is_empty() {
+    /// (GRO buffers are split at their stride). Well-filled buffers are handed over (see
+    /// [`RxBuffers`]) and replaced.
+    pub(crate) fn datagrams(&mut self, filled: usize, mut f: impl FnMut(SocketAddr, Received<'_>)) {
+        for i in 0..filled.min(RECV_BUFFERS) {
+            let meta = self.meta[i];
+            let len = meta.len.min(RECV_BUFFER_BYTES);
+            if len == 0 {
                 // An empty datagram: still one (invalid) arrival.
-                f(meta.addr, buf);
+                f(
+                    meta.addr,
+                    Received {
+                        bytes: &[],
+                        shared: None,
+                    },
+                );
                 continue;
             }
-            let stride = if meta.stride == 0 {
-                buf.len()
-            } else {
-                meta.stride
-            };
-            for datagram in buf.chunks(stride) {
-                f(meta.addr, datagram);
+            let stride = if meta.stride == 0 { len } else { meta.stride };
+            if len < SHARE_BUFFER_MIN_BYTES {
+                for bytes in self.buffers[i][..len].chunks(stride) {
+                    f(
+                        meta.addr,
+                        Received {
+                            bytes,
+                            shared: None,
+                        },
+                    );
+                }
+                continue;
             }
+            let fresh = self.fresh_buffer();
+            let whole = std::mem::replace(&mut self.buffers[i], fresh).freeze();
+            for (k, bytes) in whole[..len].chunks(stride).enumerate() {
+                f(
+                    meta.addr,
+                    Received {
+                        bytes,
+                        shared: Some((&whole, k * stride)),
+                    },
+                );
+            }
+            if self.handed_over.len() >= SHARED_BUFFERS_RETAINED_MAX {
+                // Let the oldest go: freed when its last slice is dropped.
+                self.handed_over.pop_front();
+            }
+            self.handed_over.push_back(whole);
         }
     }
 
-    /// A fresh arena for [`RxBuffers::keep`].
+    /// A fresh arena for [`Received::keep`].
     pub(crate) fn arena() -> RxArena {
         RxArena::new()
-    }
-
-    /// Copies `datagram` into the arena and returns it as shared bytes.
-    pub(crate) fn keep(arena: &mut RxArena, datagram: &[u8]) -> Bytes {
-        arena.keep(datagram)
     }
 }
 
@@ -541,6 +634,100 @@ impl TxBatch {
             self.next_address = 0;
         }
         Flush::Done
+    }
+}
+
+#[cfg(test)]
+mod rx_tests {
+    use super::*;
+
+    /// A receiving socket of the runtime, and a plain sender aimed at it.
+    fn pair() -> (NetSocket, std::net::UdpSocket) {
+        let receiver = unicast_socket(
+            std::net::UdpSocket::bind("127.0.0.1:0").unwrap(),
+            &RuntimeConfig::default(),
+        )
+        .unwrap();
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sender
+            .connect(receiver.socket.local_addr().unwrap())
+            .unwrap();
+        (receiver, sender)
+    }
+
+    /// Receives until `count` datagrams came (the socket is non-blocking), keeping each.
+    #[allow(clippy::disallowed_methods)] // a test's bound on its wait, in wall time
+    fn receive(
+        rx: &mut RxBuffers,
+        arena: &mut RxArena,
+        socket: &NetSocket,
+        count: usize,
+    ) -> Vec<Bytes> {
+        let mut kept = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while kept.len() < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {count}",
+                kept.len()
+            );
+            match rx.recv(socket) {
+                Ok(filled) => rx.datagrams(filled, |_, d| kept.push(d.keep(arena))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        kept
+    }
+
+    #[test]
+    fn full_buffers_are_handed_over_and_come_back_once_their_slices_are_gone() {
+        let (socket, sender) = pair();
+        let mut rx = RxBuffers::new();
+        let mut arena = RxBuffers::arena();
+        let start = rx.buffers_allocated;
+        let big = |k: u8| vec![k; 20_000];
+        // Each datagram fills a buffer past the threshold: handed over, no copy in the arena.
+        for round in 0..50u8 {
+            sender.send(&big(round)).unwrap();
+            let kept = receive(&mut rx, &mut arena, &socket, 1);
+            assert_eq!(kept[0][..], big(round)[..]);
+        }
+        assert!(
+            rx.buffers_allocated <= start + ARENA_REUSE_PROBES as u64,
+            "dropped slices give their buffers back: {rx:?}"
+        );
+        assert_eq!(arena.blocks_allocated, 1, "nothing went through the arena");
+        // A slice held pins its buffer, and the others go on.
+        sender.send(&big(7)).unwrap();
+        let pinned = receive(&mut rx, &mut arena, &socket, 1);
+        for round in 0..50u8 {
+            sender.send(&big(round)).unwrap();
+            receive(&mut rx, &mut arena, &socket, 1);
+        }
+        assert_eq!(
+            pinned[0][..],
+            big(7)[..],
+            "a held slice is never overwritten"
+        );
+    }
+
+    #[test]
+    fn small_datagrams_are_copied_into_the_arena() {
+        let (socket, sender) = pair();
+        let mut rx = RxBuffers::new();
+        let mut arena = RxBuffers::arena();
+        let start = rx.buffers_allocated;
+        for k in 0..10u8 {
+            sender.send(&[k; 1000]).unwrap();
+        }
+        let kept = receive(&mut rx, &mut arena, &socket, 10);
+        for (k, d) in kept.iter().enumerate() {
+            assert_eq!(d[..], [k as u8; 1000][..]);
+        }
+        assert_eq!(rx.buffers_allocated, start, "no buffer handed over");
     }
 }
 
