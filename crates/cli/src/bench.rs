@@ -127,7 +127,8 @@ pub(crate) struct BenchArgs {
     delivery_backlog: Option<u64>,
     /// Runtime: kernel receive and send buffer requested per socket (`socket_recv_buffer_bytes`
     /// and `socket_send_buffer_bytes`; default: the runtime's, 32 MiB and 4 MiB). Past
-    /// `net.core.rmem_max` only for a privileged process.
+    /// `net.core.rmem_max` only for a privileged process. The raw UDP ceiling keeps the
+    /// runtime's defaults.
     #[arg(long, value_parser = clap::value_parser!(u64).range(4096..=1_073_741_824))]
     socket_buffer_bytes: Option<u64>,
     /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.

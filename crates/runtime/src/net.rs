@@ -66,12 +66,20 @@ impl NetSocket {
 /// at once makes the kernel drop datagrams that must then be repaired. Without the privilege
 /// the capped size stays (the granted size is in the runtime's stats).
 fn set_buffers(socket: &SockRef<'_>, config: &RuntimeConfig) -> io::Result<()> {
-    let recv = config.socket_recv_buffer_bytes;
+    request_buffers(
+        socket,
+        config.socket_recv_buffer_bytes,
+        config.socket_send_buffer_bytes,
+    )
+}
+
+/// [`set_buffers`] with explicit sizes (the benchmark's raw UDP ceiling asks for the same as
+/// the runtime).
+pub(crate) fn request_buffers(socket: &SockRef<'_>, recv: usize, send: usize) -> io::Result<()> {
     socket.set_recv_buffer_size(recv)?;
     if socket.recv_buffer_size()? < recv.saturating_mul(2) {
         let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(&**socket, recv);
     }
-    let send = config.socket_send_buffer_bytes;
     socket.set_send_buffer_size(send)?;
     if socket.send_buffer_size()? < send.saturating_mul(2) {
         let _ = rustix::net::sockopt::set_socket_send_buffer_size_force(&**socket, send);
