@@ -356,6 +356,18 @@ pub(crate) struct ChildResult {
     /// Subscribers: times the core thread found a subscription's queue full and stopped reading
     /// its sockets (the runtime's `delivery_stalls`), over the whole run.
     pub(crate) delivery_stalls: u64,
+    /// Subscribers: messages that arrived beyond the receive window and were dropped, to be
+    /// repaired later (the protocol's `out_of_window_dropped`), over the whole run.
+    #[serde(default)]
+    pub(crate) out_of_window: u64,
+    /// Subscribers: messages received again after they had arrived (repairs or pushes that
+    /// crossed the original), over the whole run.
+    #[serde(default)]
+    pub(crate) duplicates: u64,
+    /// Messages pushed to ring neighbours (what their token records said they lacked), over
+    /// the whole run.
+    #[serde(default)]
+    pub(crate) pushed: u64,
 }
 
 /// Entry point of the hidden `tidings bench-child`.
@@ -596,6 +608,9 @@ struct Report {
     injected_drops: u64,
     repairs_received: u64,
     delivery_stalls: u64,
+    out_of_window: u64,
+    duplicates: u64,
+    pushed: u64,
     /// Datagrams all subscribers sent in the window.
     subscriber_datagrams: u64,
 }
@@ -700,6 +715,9 @@ impl Report {
             "injected_drops": self.injected_drops,
             "repairs_received": self.repairs_received,
             "delivery_stalls": self.delivery_stalls,
+            "out_of_window_dropped": self.out_of_window,
+            "duplicates_dropped": self.duplicates,
+            "messages_pushed": self.pushed,
             "subscriber_datagrams_per_sec": self.subscriber_datagrams as f64
                 / self.window_secs.max(1e-9)
                 / f64::from(self.args.subscribers.max(1)),
@@ -782,12 +800,15 @@ impl Report {
             None => s += "  raw UDP      not measured (--ceiling-seconds 0)\n",
         }
         s += &format!(
-            "  subscribers  {:.0} datagrams/s sent each (tokens, acknowledgements, repair requests); {} repairs received, {} delivery stalls (whole run)\n",
+            "  subscribers  {:.0} datagrams/s sent each (tokens, acknowledgements, repair requests); {} repairs received, {} delivery stalls, {} dropped beyond the receive window, {} duplicates, {} pushed to neighbours (whole run)\n",
             self.subscriber_datagrams as f64
                 / self.window_secs.max(1e-9)
                 / f64::from(a.subscribers.max(1)),
             self.repairs_received,
-            self.delivery_stalls
+            self.delivery_stalls,
+            self.out_of_window,
+            self.duplicates,
+            self.pushed
         );
         s += &format!(
             "  delivery     {}: {} published, {} out of order, {} missing, {} publisher(s) not stable\n",
@@ -1058,6 +1079,9 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         injected_drops: sub_results.iter().map(|r| r.injected_drops).sum(),
         repairs_received: sub_results.iter().map(|r| r.repairs_received).sum(),
         delivery_stalls: sub_results.iter().map(|r| r.delivery_stalls).sum(),
+        out_of_window: sub_results.iter().map(|r| r.out_of_window).sum(),
+        duplicates: sub_results.iter().map(|r| r.duplicates).sum(),
+        pushed: pubs.iter().chain(&sub_results).map(|r| r.pushed).sum(),
         subscriber_datagrams: sub_results.iter().map(|r| r.datagrams_sent).sum(),
     })
 }

@@ -161,6 +161,7 @@ struct Snapshot {
     cpu_ns: u64,
     datagrams_sent: u64,
     send_calls: u64,
+    pushed: u64,
 }
 
 impl Snapshot {
@@ -173,6 +174,7 @@ impl Snapshot {
             cpu_ns,
             datagrams_sent: stats.as_ref().map_or(0, |s| s.datagrams_sent),
             send_calls: stats.as_ref().map_or(0, |s| s.send_calls),
+            pushed: stats.as_ref().map_or(0, |s| s.proto.messages_pushed),
         }
     }
 }
@@ -342,6 +344,7 @@ fn publisher(
         stable,
         datagrams_sent: end.datagrams_sent - start.datagrams_sent,
         send_calls: end.send_calls - start.send_calls,
+        pushed: end.pushed,
         ..ChildResult::default()
     })
 }
@@ -529,6 +532,9 @@ fn subscriber(
         injected_drops: stats.injected_drops,
         repairs_received: stats.proto.repairs_received,
         delivery_stalls: stats.delivery_stalls,
+        out_of_window: stats.proto.out_of_window_dropped,
+        duplicates: stats.proto.duplicates_dropped,
+        pushed: stats.proto.messages_pushed,
         datagrams_sent: last.datagrams_sent - start.datagrams_sent,
         send_calls: last.send_calls - start.send_calls,
         ..ChildResult::default()

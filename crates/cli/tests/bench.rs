@@ -41,6 +41,10 @@ fn check(v: &serde_json::Value) {
         "allocs_per_message",
         "udp_ceiling_mb_per_sec",
         "cpu_us_per_message",
+        "repairs_received",
+        "duplicates_dropped",
+        "messages_pushed",
+        "out_of_window_dropped",
     ] {
         assert!(v[field].is_number(), "{field} missing in {v}");
     }
