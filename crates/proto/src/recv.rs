@@ -565,7 +565,10 @@ impl InboundStream {
     /// them), calling `requested(seq)` for each, at most `max`, among the first `range_max`
     /// messages after the last delivered one (the NACK window). Gaps whose request is pending
     /// (see [`Retry`]) are left alone: their answers may still be on the way (queued at this
-    /// node's port), and asking again would only bring duplicates.
+    /// node's port), and asking again would only bring duplicates. So is the tail after the
+    /// last message received while it is younger than the request timeout: it is mostly on
+    /// its way (in this node's socket buffer), and the timed requests of
+    /// [`due_gaps`](Self::due_gaps) ask for it after the repair delay if not.
     pub(crate) fn request_gaps_where(
         &mut self,
         now: Time,
@@ -576,11 +579,21 @@ impl InboundStream {
     ) {
         let mut taken = 0;
         let lost = self.lost(retry);
+        // Gaps before the last message received are holes; after it, the tail.
+        let last_received = self
+            .window
+            .iter()
+            .rposition(|slot| matches!(slot, Slot::Have(_)));
         for (i, slot) in self.window.iter_mut().enumerate() {
             if taken >= max || i >= range_max {
                 break;
             }
             let Slot::Missing(gap) = slot else { continue };
+            if last_received.is_none_or(|last| i > last)
+                && now.saturating_duration_since(gap.noticed) < retry.timeout
+            {
+                continue;
+            }
             let seq = self.delivered_upto + 1 + i as u64;
             if !gap.pending(now, retry.timeout, lost) && pick(seq) {
                 requested(seq);
@@ -892,6 +905,46 @@ mod view_tests {
         }
         assert_eq!(fresh, vec![(4, false), (5, false), (6, true), (7, true)]);
         assert_eq!(s.msg_id_floors.get(&TopicId(1)), Some(&7));
+    }
+
+    #[test]
+    fn neighbours_are_asked_for_holes_at_once_and_for_the_tail_once_it_is_overdue() {
+        let mut s = InboundStream::new(NodeId(1));
+        // 1-2 and 5 came, 3-4 are a hole; a token says 10 exist: 6-10 are the tail.
+        for seq in [1, 2, 5] {
+            let m = InMsg {
+                msg_id: MsgId(seq),
+                topic: TopicId(1),
+                timestamp_us: 0,
+                payload: Bytes::new(),
+            };
+            s.receive(Time::ZERO, seq, m, 100, |_, _, _| false);
+        }
+        s.note_exists(Time::ZERO, 10, 100);
+        let pull = |s: &mut InboundStream, now: Time| {
+            let mut asked = Vec::new();
+            let retry = Retry {
+                timeout: std::time::Duration::from_millis(40),
+                reorder: None,
+                probe_after_min: None,
+            };
+            s.request_gaps_where(
+                now,
+                retry,
+                (100, 100),
+                |_| true,
+                |seq| {
+                    asked.push(seq);
+                },
+            );
+            asked
+        };
+        let soon = Time::ZERO + std::time::Duration::from_millis(5);
+        assert_eq!(pull(&mut s, soon), vec![3, 4]);
+        // The tail still missing a request timeout later: on its way no more, asked too (the
+        // hole is pending).
+        let late = Time::ZERO + std::time::Duration::from_millis(40);
+        assert_eq!(pull(&mut s, late), vec![6, 7, 8, 9, 10]);
     }
 }
 
