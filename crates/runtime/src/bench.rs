@@ -412,16 +412,12 @@ pub fn raw_udp_to(
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     let mut addrs = Vec::new();
+    // The runtime's default buffers, so that the ceiling and the runs it is compared with lose
+    // (or do not lose) datagrams in the kernel alike.
+    let defaults = crate::RuntimeConfig::default();
     for _ in 0..receivers {
         let socket = raw_receiver(target, group)?;
-        // The runtime's default buffers, so that the ceiling and the runs it is compared
-        // with lose (or do not lose) datagrams in the kernel alike.
-        let defaults = crate::RuntimeConfig::default();
-        crate::net::request_buffers(
-            &socket2::SockRef::from(&socket),
-            defaults.socket_recv_buffer_bytes,
-            defaults.socket_send_buffer_bytes,
-        )?;
+        crate::net::set_buffers(&socket2::SockRef::from(&socket), &defaults)?;
         let state = quinn_udp::UdpSocketState::new((&socket).into())?;
         socket.set_nonblocking(false)?;
         socket.set_read_timeout(Some(Duration::from_millis(20)))?;
@@ -471,12 +467,7 @@ pub fn raw_udp_to(
             s
         }
     };
-    let defaults = crate::RuntimeConfig::default();
-    crate::net::request_buffers(
-        &socket2::SockRef::from(&sender),
-        defaults.socket_recv_buffer_bytes,
-        defaults.socket_send_buffer_bytes,
-    )?;
+    crate::net::set_buffers(&socket2::SockRef::from(&sender), &defaults)?;
     let state = quinn_udp::UdpSocketState::new((&sender).into())?;
     // Blocking sends: the sender waits for buffer space like the runtime waits for `WRITABLE`.
     sender.set_nonblocking(false)?;

@@ -65,17 +65,12 @@ impl NetSocket {
 /// (`SO_RCVBUFFORCE`), since a receive buffer smaller than what the senders' windows let arrive
 /// at once makes the kernel drop datagrams that must then be repaired. Without the privilege
 /// the capped size stays (the granted size is in the runtime's stats).
-fn set_buffers(socket: &SockRef<'_>, config: &RuntimeConfig) -> io::Result<()> {
-    request_buffers(
-        socket,
+/// (The benchmark's raw UDP ceiling asks for the same, with the default configuration.)
+pub(crate) fn set_buffers(socket: &SockRef<'_>, config: &RuntimeConfig) -> io::Result<()> {
+    let (recv, send) = (
         config.socket_recv_buffer_bytes,
         config.socket_send_buffer_bytes,
-    )
-}
-
-/// [`set_buffers`] with explicit sizes (the benchmark's raw UDP ceiling asks for the same as
-/// the runtime).
-pub(crate) fn request_buffers(socket: &SockRef<'_>, recv: usize, send: usize) -> io::Result<()> {
+    );
     socket.set_recv_buffer_size(recv)?;
     if socket.recv_buffer_size()? < recv.saturating_mul(2) {
         let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(&**socket, recv);
