@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,8 +44,8 @@ const UNICAST: Token = Token(1);
 const GROUP_BASE: usize = 2;
 /// Interval of the statistics tick (per-second maxima).
 const TICK: Duration = Duration::from_secs(1);
-/// Longest sleep while a delivery waits for room: the worker wakes the core thread when it
-/// takes an event, so this only bounds the damage of a missed wake-up.
+/// Longest sleep while a delivery waits for room: the workers wake the core thread once half
+/// the full queue is delivered, so this only bounds the damage of a missed wake-up.
 const BLOCKED_SLEEP_MAX: Duration = Duration::from_millis(50);
 /// Readiness events taken per `epoll_wait`.
 const EVENTS_CAPACITY: usize = 64;
@@ -94,9 +94,11 @@ pub(crate) struct CoreShared {
     pub(crate) sleeping: AtomicBool,
     /// The core thread is alive and taking requests.
     pub(crate) running: AtomicBool,
-    /// A delivery is waiting for room in a subscription's queue: the worker that takes the next
-    /// event wakes the core thread.
-    pub(crate) delivery_waiting: AtomicBool,
+    /// A delivery is waiting for room in a subscription's queue: the workers count their
+    /// deliveries down from here and the one that reaches zero wakes the core thread (0: no one
+    /// waits). Waking only once half the full queue is delivered lets each wake-up move half a
+    /// queue of events, instead of one wake-up per event when the subscriber is the bottleneck.
+    pub(crate) deliveries_until_wake: AtomicUsize,
     pub(crate) controls: SegQueue<Control>,
 }
 
@@ -115,7 +117,7 @@ impl CoreShared {
             waker,
             sleeping: AtomicBool::new(false),
             running: AtomicBool::new(true),
-            delivery_waiting: AtomicBool::new(false),
+            deliveries_until_wake: AtomicUsize::new(0),
             controls: SegQueue::new(),
         }
     }
@@ -143,12 +145,16 @@ impl CoreShared {
         let _ = self.waker.wake();
     }
 
-    /// Called by a subscription's worker after running a delivery: wakes the core thread if it
-    /// waits for room.
+    /// Called by a subscription's worker after running a delivery: counts down the deliveries
+    /// the core thread waits for, and wakes it at the last.
     pub(crate) fn delivered(&self) {
-        if self.delivery_waiting.load(Ordering::Acquire)
-            && self.delivery_waiting.swap(false, Ordering::AcqRel)
-        {
+        if self.deliveries_until_wake.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let counted =
+            self.deliveries_until_wake
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if counted == Ok(1) {
             let _ = self.waker.wake();
         }
     }
@@ -927,11 +933,22 @@ impl Core {
             match task.try_push(event) {
                 Ok(()) => self.stats.deliveries += 1,
                 Err(TryPushError::Full(event)) => {
-                    // Ask the worker to wake us when it takes an event, then look again.
-                    self.shared.delivery_waiting.store(true, Ordering::SeqCst);
+                    // Ask the workers to wake us once half the full queue is delivered, then
+                    // look again. If that still finds the queue full, all it holds is delivered
+                    // after the count was set, so the count runs out.
+                    let wake_after = (task.queue_len() / 2).max(1);
+                    self.shared
+                        .deliveries_until_wake
+                        .store(wake_after, Ordering::SeqCst);
                     fence(Ordering::SeqCst);
                     match task.try_push(event) {
-                        Ok(()) => self.stats.deliveries += 1,
+                        Ok(()) => {
+                            self.stats.deliveries += 1;
+                            // Room after all: no wake-up is owed.
+                            self.shared
+                                .deliveries_until_wake
+                                .store(0, Ordering::Release);
+                        }
                         Err(TryPushError::Full(event)) => {
                             return Err(Blocked {
                                 delivery: event,
@@ -1306,5 +1323,37 @@ impl Core {
             p.shared.wake();
         }
         self.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Readiness events on `poll` within a short wait (the waker's).
+    fn woken(poll: &mut Poll) -> usize {
+        let mut events = Events::with_capacity(4);
+        poll.poll(&mut events, Some(Duration::from_millis(20)))
+            .expect("epoll_wait");
+        events.iter().count()
+    }
+
+    #[test]
+    fn a_waiting_core_is_woken_once_by_the_delivery_that_ends_the_count() {
+        let mut poll = Poll::new().expect("epoll");
+        let shared = CoreShared::new(Waker::new(poll.registry(), WAKER).expect("eventfd"));
+        // No one waits: deliveries wake no one.
+        shared.delivered();
+        assert_eq!(woken(&mut poll), 0);
+        shared.deliveries_until_wake.store(3, Ordering::SeqCst);
+        shared.delivered();
+        shared.delivered();
+        assert_eq!(woken(&mut poll), 0, "woken before the count ran out");
+        shared.delivered();
+        assert_eq!(woken(&mut poll), 1, "not woken when the count ran out");
+        // The count stays at zero: later deliveries do not wake again.
+        shared.delivered();
+        assert_eq!(woken(&mut poll), 0);
+        assert_eq!(shared.deliveries_until_wake.load(Ordering::SeqCst), 0);
     }
 }
