@@ -164,14 +164,7 @@ impl GaugeShare {
         config: &Config,
     ) -> GaugeShare {
         let mut share = GaugeShare::default();
-        if let Some(stream) = outbound.get(&region) {
-            debug_assert!(stream.unstable_msgs() as usize <= config.window_msgs_max);
-            debug_assert!(stream.stable_upto <= stream.sent_upto);
-            share.unstable_msgs = stream.unstable_msgs();
-            share.unstable_bytes = stream.unstable_bytes() as u64;
-            share.held_msgs = stream.unstable_msgs() + stream.unsent_msgs();
-            share.held_bytes = stream.held_bytes() as u64;
-        }
+        share.set_outbound(outbound.get(&region), config);
         if let Some(r) = regions.get(&region) {
             // One pass over the inbound streams (this runs after every datagram).
             for s in r.inbound.values() {
@@ -182,6 +175,21 @@ impl GaugeShare {
             }
         }
         share
+    }
+
+    /// Sets the outbound part (this node's stream into the region, if any).
+    fn set_outbound(&mut self, stream: Option<&OutboundStream>, config: &Config) {
+        let Some(stream) = stream else {
+            (self.unstable_msgs, self.unstable_bytes) = (0, 0);
+            (self.held_msgs, self.held_bytes) = (0, 0);
+            return;
+        };
+        debug_assert!(stream.unstable_msgs() as usize <= config.window_msgs_max);
+        debug_assert!(stream.stable_upto <= stream.sent_upto);
+        self.unstable_msgs = stream.unstable_msgs();
+        self.unstable_bytes = stream.unstable_bytes() as u64;
+        self.held_msgs = stream.unstable_msgs() + stream.unsent_msgs();
+        self.held_bytes = stream.held_bytes() as u64;
     }
 }
 
@@ -1004,7 +1012,7 @@ impl Node {
     /// After a publish into or a send from `region`'s stream: its gauges, and its silence
     /// deadline, which may now come before the streams' timer.
     fn stream_changed(&mut self, region: RegionId) {
-        self.refresh_gauges(region);
+        self.refresh_outbound_gauges(region);
         if let Some(stream) = self.outbound.get(&region) {
             lower_stream_timer(&mut self.stream_timer_at, stream, &self.config);
         }
@@ -1440,6 +1448,29 @@ impl Node {
     /// message does not grow with the number of regions the node is in.
     fn refresh_gauges(&mut self, region: RegionId) {
         let share = GaugeShare::of(region, &self.outbound, &self.regions, &self.config);
+        self.set_gauge_share(region, share);
+    }
+
+    /// [`Node::refresh_gauges`] after a change to `region`'s outbound stream only (a publish or
+    /// a send, once per message): the inbound part, a pass over every inbound stream of the
+    /// region, is kept as last computed (every change to it refreshes it).
+    fn refresh_outbound_gauges(&mut self, region: RegionId) {
+        let Some(mut share) = self.gauge_shares.get(&region).copied() else {
+            return self.refresh_gauges(region);
+        };
+        share.set_outbound(self.outbound.get(&region), &self.config);
+        // The inbound part kept must be what a full pass finds (checked in debug builds, so
+        // by every simulator test).
+        debug_assert_eq!(
+            share,
+            GaugeShare::of(region, &self.outbound, &self.regions, &self.config)
+        );
+        self.set_gauge_share(region, share);
+    }
+
+    /// Puts `share` in place of `region`'s part in the gauges and updates the totals by
+    /// difference.
+    fn set_gauge_share(&mut self, region: RegionId, share: GaugeShare) {
         let old = self.gauge_shares.get(&region).copied();
         if old == Some(share) {
             return;
