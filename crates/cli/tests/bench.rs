@@ -56,6 +56,16 @@ fn check(v: &serde_json::Value) {
         "{v}"
     );
     assert!(v["messages_per_sec"].as_f64().unwrap() > 0.0, "{v}");
+    // The ceiling is the best of its trials (3 by default).
+    let trials: Vec<f64> = v["udp_ceiling_trials_mb_per_sec"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_f64().unwrap())
+        .collect();
+    assert_eq!(trials.len(), 3, "{v}");
+    let best = trials.iter().copied().fold(f64::MIN, f64::max);
+    assert_eq!(v["udp_ceiling_mb_per_sec"].as_f64().unwrap(), best, "{v}");
     // Delivery is checked by the subscribers: every message, in order (not a timing).
     assert_eq!(v["verdict"], "pass", "{v}");
     assert_eq!(v["order_errors"], 0, "{v}");
