@@ -14,11 +14,12 @@
 //! bucket, as in the paper.
 //!
 //! **No allocation per put.** Each bucket's FIFO is a preallocated ring (`ArrayQueue`,
-//! `SchedConfig::bucket_ring_capacity` tasks) with an unbounded spill queue (`SegQueue`) behind
-//! it. A put goes to the ring unless the ring is full or items are already spilled; a get takes
-//! from the ring first, then from the spill queue. While no more than the ring's capacity of
-//! tasks share a bucket (each task is in the set at most once), nothing is allocated after
-//! construction; a `SegQueue` alone would allocate a block every 31 puts. The spill keeps the
+//! `SchedConfig::bucket_ring_capacity` tasks) with an unbounded spill queue (`GrowingFifo`)
+//! behind it. A put goes to the ring unless the ring is full or items are already spilled; a get
+//! takes from the ring first, then from the spill queue. While no more than the ring's capacity
+//! of tasks share a bucket (each task is in the set at most once), nothing is allocated after
+//! construction, and the spill queue reuses its storage, so it allocates only when more tasks
+//! than ever before are spilled at once (a `SegQueue` allocated a block every 31 puts). The spill keeps the
 //! bucket's FIFO order in sequential runs: items spill only behind a full ring or behind other
 //! spilled items, and the spill queue is only served when the ring is empty. `spilled` counts
 //! spilled items as a reservation too (raised before the push, lowered after the pop).

@@ -34,15 +34,17 @@ pub struct SchedConfig {
     pub worker_threads: usize,
     /// Capacity of each task's event queue, in events. Default 1024: enough to absorb a burst of
     /// one period at 100 000 events/s per topic; when it is full, writers block (or get
-    /// `WouldBlock`, or wait asynchronously) until a worker takes an event.
+    /// `WouldBlock`, or wait asynchronously) until a worker takes an event. A bound, not an
+    /// allocation: the queue's storage grows to the most events it held at once and shrinks
+    /// again when it is used less, so thousands of quiet tasks cost little memory.
     pub task_queue_capacity: usize,
     /// The schedulable-task set implementation. Default [`TaskSetKind::LockFree`].
     pub task_set: TaskSetKind,
     /// Tasks each priority bucket of the lock-free set holds in its preallocated ring. Default
     /// 128: the set then never allocates while at most 128 tasks with events share one
     /// priority level (tasks of equal share move through the levels together, so this is about
-    /// the number of busy subscriptions); more spill into an unbounded queue that allocates a
-    /// block every 31 puts (counted in `SchedStats::bucket_spills`). Memory: 16 bytes per slot,
+    /// the number of busy subscriptions); more spill into an unbounded queue (counted in
+    /// `SchedStats::bucket_spills`) that allocates only to hold more than it ever held. Memory: 16 bytes per slot,
     /// `(bucket_count + 1) * bucket_ring_capacity` slots, 207 KB with the defaults.
     pub bucket_ring_capacity: usize,
     /// Prefix of worker thread names (`<prefix>-<index>`). Default `"tidings-sched"`.

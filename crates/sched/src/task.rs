@@ -18,7 +18,7 @@
 //!   only because Rust needs interior mutability to share the task.
 
 use crate::error::TryPushError;
-use crate::fifo::{BoundedFifo, Fifo};
+use crate::fifo::{Fifo, TaskFifo};
 use crate::sync::{
     handshake_fence, lock, wait, AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Condvar, Mutex,
     MutexGuard, Ordering,
@@ -47,7 +47,7 @@ pub(crate) struct TaskCounters {
 /// A schedulable task.
 pub(crate) struct Task<E> {
     pub(crate) id: u64,
-    events: BoundedFifo<E>,
+    events: TaskFifo<E>,
     capacity: usize,
     slots_used: AtomicUsize,
     queue_size: AtomicUsize,
@@ -79,7 +79,7 @@ impl<E: Send> Task<E> {
     ) -> Self {
         Self {
             id,
-            events: BoundedFifo::with_capacity(capacity),
+            events: TaskFifo::with_capacity(capacity),
             capacity,
             slots_used: AtomicUsize::new(0),
             queue_size: AtomicUsize::new(0),
