@@ -118,7 +118,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(256..=65_507))]
     max_datagram_bytes: Option<u64>,
     /// Runtime: events each subscription's delivery queue holds (the scheduler's
-    /// `task_queue_capacity`; default: the runtime's, 1024).
+    /// `task_queue_capacity`; default: the runtime's, 4096).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     delivery_queue: Option<u64>,
     /// Runtime: deliveries a subscriber keeps receiving while a delivery queue is full

@@ -115,8 +115,9 @@ pub struct RuntimeConfig {
     /// Seed of the injected receive loss. Default 1.
     pub receive_loss_seed: u64,
     /// The delivery scheduler (worker threads that run subscription callbacks). Default
-    /// [`SchedConfig::default`] with one worker thread: callbacks are expected to be short, and
-    /// on small hosts every extra thread competes with the core thread.
+    /// [`SchedConfig::default`] with one worker thread (callbacks are expected to be short, and
+    /// on small hosts every extra thread competes with the core thread) and delivery queues of
+    /// [`DELIVERY_QUEUE_DEFAULT`] events.
     pub sched: SchedConfig,
     /// Longest wait of a control request (subscribe, stats, membership) for the core thread's
     /// answer. Default 5 s: the core thread answers within one round of its loop (at most an I/O
@@ -145,6 +146,7 @@ impl Default for RuntimeConfig {
             receive_loss_seed: 1,
             sched: SchedConfig {
                 worker_threads: 1,
+                task_queue_capacity: DELIVERY_QUEUE_DEFAULT,
                 ..SchedConfig::default()
             },
             request_timeout: Duration::from_secs(5),
@@ -152,6 +154,13 @@ impl Default for RuntimeConfig {
         }
     }
 }
+
+/// Default capacity of each subscription's delivery queue, in events (the scheduler's
+/// `task_queue_capacity`). A bound, not an allocation (a queue's storage follows its use), so
+/// quiet topics cost nothing for it. With 1024, a saturated 1 -> 1 run stalled the core thread
+/// on a full queue about 3,000 times a run (each stall a wake-up); with 4096 about 150, for
+/// 1.25-1.37 M msgs/s instead of 1.14-1.25 M.
+pub const DELIVERY_QUEUE_DEFAULT: usize = 4096;
 
 /// How a node reaches the membership service ([`NodeRuntime::join`](crate::NodeRuntime::join)).
 #[derive(Clone, Debug)]

@@ -38,7 +38,8 @@ pub use addr::AddressBook;
 pub use clock::now;
 pub use config::{
     ConfigError, GmsLinkConfig, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,
-    CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, PUBLISH_QUEUE_CAPACITY_MAX,
+    CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT,
+    PUBLISH_QUEUE_CAPACITY_MAX,
 };
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
