@@ -41,6 +41,7 @@
 mod error;
 mod node;
 mod publish;
+mod queue;
 mod subscribe;
 mod topic;
 

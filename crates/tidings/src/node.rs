@@ -408,7 +408,7 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
         let runtime = node.runtime()?;
         // Unbounded underneath, bounded by waiting for room below: a shutdown must not wait
         // for an application that stopped reading.
-        let (sender, queue) = crossbeam_channel::unbounded();
+        let (sender, queue) = crate::queue::queue();
         let mut sender = Some(sender);
         let capacity = self.capacity;
         let policy = self.policy;

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crate::queue::{Receiver, RecvError};
 use tidings_proto::TopicId;
 
 use crate::error::Error;
@@ -65,22 +65,24 @@ impl<T> Subscription<T> {
     /// The next message, waiting as long as it takes; `None` once the node has shut down and
     /// every queued message was taken.
     pub fn recv(&self) -> Option<Result<Message<T>, Error>> {
-        self.queue.recv().ok()
+        self.queue.recv_until(None).ok()
     }
 
     /// The next message, waiting at most `timeout`: `Err(Error::Timeout)` if none came,
     /// `Err(Error::Closed)` once the node has shut down and the queue is empty.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message<T>, Error> {
-        match self.queue.recv_timeout(timeout) {
+        #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        match self.queue.recv_until(deadline) {
             Ok(m) => m,
-            Err(RecvTimeoutError::Timeout) => Err(Error::Timeout("no message")),
-            Err(RecvTimeoutError::Disconnected) => Err(Error::Closed),
+            Err(RecvError::Timeout) => Err(Error::Timeout("no message")),
+            Err(RecvError::Closed) => Err(Error::Closed),
         }
     }
 
     /// The next message if one is queued.
     pub fn try_recv(&self) -> Option<Result<Message<T>, Error>> {
-        self.queue.try_recv().ok()
+        self.queue.try_recv()
     }
 
     /// Messages queued and not yet taken.
@@ -108,7 +110,7 @@ impl<T> Iterator for Iter<'_, T> {
     type Item = Result<Message<T>, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.queue.recv().ok()
+        self.queue.recv_until(None).ok()
     }
 }
 

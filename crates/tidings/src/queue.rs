@@ -1,0 +1,355 @@
+//! The queue between a subscription's delivery worker and the application thread that reads it.
+//!
+//! Unbounded underneath (the subscription bounds it by waiting for room, see
+//! `SubscribeBuilder::subscribe`), with storage that follows use: a crossbeam list channel
+//! allocated a block every 31 messages, which made every message read through an iterator cost
+//! an allocation share, and a bounded array channel would hold its full capacity for every
+//! subscribed topic. Here, as in the scheduler's task queues (ADR 14), two deques behind
+//! mutexes: the worker pushes to one, the reader pops from the other and swaps them when its
+//! own is empty, so the two meet on a lock once per batch, and nothing is allocated once the
+//! deques have grown to the largest batch; a check every [`SHRINK_CHECK_POPS`] pops gives
+//! storage back when less than a quarter of it was used.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Pops between two looks at whether the queue holds far more storage than it used.
+const SHRINK_CHECK_POPS: usize = 4096;
+/// Slots kept however little the queue is used.
+const SLOTS_KEPT: usize = 32;
+
+/// What the worker side shares with the reader.
+struct Pushed<T> {
+    items: VecDeque<T>,
+    /// The sender was dropped: after what is queued, the reader gets the end.
+    closed: bool,
+    /// The receiver was dropped: pushes are refused.
+    abandoned: bool,
+    /// A reader waits on `Shared::readable`.
+    reader_waiting: bool,
+}
+
+/// The reader's side.
+struct Taken<T> {
+    items: VecDeque<T>,
+    /// Most items taken at once since the last shrink check.
+    peak: usize,
+    /// Pops since the last shrink check.
+    pops: usize,
+}
+
+struct Shared<T> {
+    /// Lock order: `taken` before `pushed`. A reader waits for items holding `taken`, so
+    /// nothing the writer calls may take it.
+    taken: Mutex<Taken<T>>,
+    pushed: Mutex<Pushed<T>>,
+    readable: Condvar,
+    /// Items queued and not yet taken (the writer reads it to wait for room).
+    queued: AtomicUsize,
+}
+
+/// A poisoned lock only means a panic elsewhere while it was held; the deques stay valid.
+fn lock<U>(m: &Mutex<U>) -> MutexGuard<'_, U> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A new queue: its sending and receiving halves.
+pub(crate) fn queue<T>() -> (Sender<T>, Receiver<T>) {
+    let shared = Arc::new(Shared {
+        taken: Mutex::new(Taken {
+            items: VecDeque::new(),
+            peak: 0,
+            pops: 0,
+        }),
+        pushed: Mutex::new(Pushed {
+            items: VecDeque::new(),
+            closed: false,
+            abandoned: false,
+            reader_waiting: false,
+        }),
+        readable: Condvar::new(),
+        queued: AtomicUsize::new(0),
+    });
+    (
+        Sender {
+            shared: Arc::clone(&shared),
+        },
+        Receiver {
+            alive: Arc::new(Alive(shared)),
+        },
+    )
+}
+
+/// The worker's half. Dropping it ends the reader's stream after what is queued.
+pub(crate) struct Sender<T> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T> Sender<T> {
+    /// Queues `item`; hands it back if the receiver is gone.
+    pub(crate) fn send(&self, item: T) -> Result<(), T> {
+        let mut pushed = lock(&self.shared.pushed);
+        if pushed.abandoned {
+            return Err(item);
+        }
+        pushed.items.push_back(item);
+        self.shared.queued.fetch_add(1, Ordering::Release);
+        // A reader that found both deques empty waits: wake it (a system call, so only then).
+        let wake = pushed.reader_waiting;
+        drop(pushed);
+        if wake {
+            self.shared.readable.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Items queued and not yet taken.
+    pub(crate) fn len(&self) -> usize {
+        self.shared.queued.load(Ordering::Acquire)
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        lock(&self.shared.pushed).closed = true;
+        self.shared.readable.notify_all();
+    }
+}
+
+/// Why nothing was received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RecvError {
+    /// Nothing came within the timeout.
+    Timeout,
+    /// The sender is gone and nothing is queued.
+    Closed,
+}
+
+/// The reader's half; clones read the same queue. Dropping the last clone makes later sends
+/// fail (and drops what is queued).
+pub(crate) struct Receiver<T> {
+    alive: Arc<Alive<T>>,
+}
+
+impl<T> Clone for Receiver<T> {
+    fn clone(&self) -> Self {
+        Receiver {
+            alive: Arc::clone(&self.alive),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Receiver<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver")
+            .field("queued", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Held by every clone of a [`Receiver`]; dropped with the last.
+struct Alive<T>(Arc<Shared<T>>);
+
+impl<T> Receiver<T> {
+    fn shared(&self) -> &Shared<T> {
+        &self.alive.0
+    }
+
+    /// The next item, waiting until `deadline` (`None`: as long as it takes).
+    #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+    pub(crate) fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvError> {
+        let shared = self.shared();
+        let mut taken = lock(&shared.taken);
+        if let Some(item) = pop(&mut taken, &shared.queued) {
+            return Ok(item);
+        }
+        let mut pushed = lock(&shared.pushed);
+        loop {
+            if !pushed.items.is_empty() {
+                std::mem::swap(&mut taken.items, &mut pushed.items);
+                drop(pushed);
+                taken.peak = taken.peak.max(taken.items.len());
+                return pop(&mut taken, &shared.queued).ok_or(RecvError::Closed);
+            }
+            if pushed.closed {
+                return Err(RecvError::Closed);
+            }
+            pushed.reader_waiting = true;
+            pushed = match deadline {
+                None => shared
+                    .readable
+                    .wait(pushed)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left == Duration::ZERO {
+                        pushed.reader_waiting = false;
+                        return Err(RecvError::Timeout);
+                    }
+                    shared
+                        .readable
+                        .wait_timeout(pushed, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+            pushed.reader_waiting = false;
+        }
+    }
+
+    /// The next item if one is queued.
+    pub(crate) fn try_recv(&self) -> Option<T> {
+        let shared = self.shared();
+        let mut taken = lock(&shared.taken);
+        if let Some(item) = pop(&mut taken, &shared.queued) {
+            return Some(item);
+        }
+        let mut pushed = lock(&shared.pushed);
+        std::mem::swap(&mut taken.items, &mut pushed.items);
+        drop(pushed);
+        taken.peak = taken.peak.max(taken.items.len());
+        pop(&mut taken, &shared.queued)
+    }
+
+    /// Items queued and not yet taken.
+    pub(crate) fn len(&self) -> usize {
+        self.shared().queued.load(Ordering::Acquire)
+    }
+
+    /// The items as they come, until the sender is gone and the queue is empty.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = T> + '_ {
+        std::iter::from_fn(|| self.recv_until(None).ok())
+    }
+}
+
+impl<T> Drop for Alive<T> {
+    fn drop(&mut self) {
+        // Taken out under the locks, dropped after them (an item's drop may take time).
+        let (a, b) = {
+            let mut taken = lock(&self.0.taken);
+            let mut pushed = lock(&self.0.pushed);
+            pushed.abandoned = true;
+            self.0.queued.store(0, Ordering::Release);
+            (
+                std::mem::take(&mut taken.items),
+                std::mem::take(&mut pushed.items),
+            )
+        };
+        drop((a, b));
+    }
+}
+
+/// Pops from the reader's deque; every [`SHRINK_CHECK_POPS`] pops, once it is empty, shrinks
+/// it if it held less than a quarter of its storage since the last check (the storage then
+/// goes to the writer at the next swap, so both deques get looked at in turn).
+fn pop<T>(taken: &mut Taken<T>, queued: &AtomicUsize) -> Option<T> {
+    let item = taken.items.pop_front()?;
+    queued.fetch_sub(1, Ordering::Release);
+    taken.pops += 1;
+    if taken.items.is_empty() && taken.pops >= SHRINK_CHECK_POPS {
+        let wanted = (taken.peak * 2).max(SLOTS_KEPT);
+        if taken.items.capacity() > 2 * wanted {
+            taken.items.shrink_to(wanted);
+        }
+        taken.pops = 0;
+        taken.peak = 0;
+    }
+    Some(item)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
+    use super::*;
+
+    #[test]
+    fn items_come_out_in_order_across_swaps() {
+        let (tx, rx) = queue();
+        for round in 0..5 {
+            for i in 0..7 {
+                tx.send(round * 10 + i).unwrap();
+            }
+            assert_eq!(rx.len(), 7);
+            for i in 0..7 {
+                assert_eq!(rx.try_recv(), Some(round * 10 + i));
+            }
+            assert_eq!(rx.try_recv(), None);
+        }
+    }
+
+    #[test]
+    fn a_waiting_reader_is_woken_by_a_send_and_a_timeout_ends_the_wait() {
+        let (tx, rx) = queue();
+        let deadline = Instant::now() + Duration::from_millis(30);
+        assert_eq!(rx.recv_until(Some(deadline)), Err(RecvError::Timeout));
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            tx.send(7).unwrap();
+            tx
+        });
+        assert_eq!(rx.recv_until(None), Ok(7));
+        drop(sender.join().unwrap());
+        // The sender is gone and nothing is queued: the end.
+        assert_eq!(rx.recv_until(None), Err(RecvError::Closed));
+    }
+
+    #[test]
+    fn the_writer_sees_the_length_while_a_reader_waits() {
+        let (tx, rx) = queue::<u32>();
+        let reader = std::thread::spawn(move || rx.recv_until(None));
+        std::thread::sleep(Duration::from_millis(20));
+        // The reader waits holding its own lock: the length must not need it.
+        assert_eq!(tx.len(), 0);
+        tx.send(5).unwrap();
+        assert_eq!(reader.join().unwrap(), Ok(5));
+        assert_eq!(tx.len(), 0);
+    }
+
+    #[test]
+    fn what_was_queued_before_the_sender_left_is_still_read() {
+        let (tx, rx) = queue();
+        tx.send(1).unwrap();
+        tx.send(2).unwrap();
+        drop(tx);
+        assert_eq!(rx.recv_until(None), Ok(1));
+        assert_eq!(rx.recv_until(None), Ok(2));
+        assert_eq!(rx.recv_until(None), Err(RecvError::Closed));
+    }
+
+    #[test]
+    fn sends_fail_once_the_last_receiver_is_gone() {
+        let (tx, rx) = queue();
+        tx.send(1).unwrap();
+        let clone = rx.clone();
+        drop(rx);
+        tx.send(2).unwrap();
+        assert_eq!(clone.try_recv(), Some(1));
+        drop(clone);
+        assert_eq!(tx.send(3), Err(3));
+        assert_eq!(tx.len(), 0);
+    }
+
+    #[test]
+    fn storage_is_given_back_after_a_burst() {
+        let (tx, rx) = queue();
+        for i in 0..4000 {
+            tx.send(i).unwrap();
+        }
+        for i in 0..4000 {
+            assert_eq!(rx.try_recv(), Some(i));
+        }
+        for i in 0..3 * SHRINK_CHECK_POPS {
+            tx.send(i).unwrap();
+            assert_eq!(rx.try_recv(), Some(i));
+        }
+        let shared = rx.shared();
+        let slots = lock(&shared.taken).items.capacity() + lock(&shared.pushed).items.capacity();
+        assert!(
+            slots <= 4 * SLOTS_KEPT,
+            "kept {slots} slots after a trickle"
+        );
+    }
+}
