@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use bytes::BytesMut;
 use tidings_proto::TopicId;
 use tidings_runtime::PublishHandle;
 
@@ -15,11 +16,18 @@ pub struct Publisher<T> {
     inner: tidings_runtime::Publisher,
     topic: Topic<T>,
     id: TopicId,
+    /// Where typed values are encoded (raw topics do not use it).
+    arena: BytesMut,
 }
 
 impl<T> Publisher<T> {
     pub(crate) fn new(inner: tidings_runtime::Publisher, topic: Topic<T>, id: TopicId) -> Self {
-        Publisher { inner, topic, id }
+        Publisher {
+            inner,
+            topic,
+            id,
+            arena: BytesMut::new(),
+        }
     }
 
     /// The topic.
@@ -43,7 +51,7 @@ impl<T> Publisher<T> {
     /// Publishes `value`, waiting while back pressure holds (the protocol's window of unstable
     /// messages is full), until there is room or the node shuts down.
     pub fn publish(&mut self, value: &T) -> Result<PublishHandle, Error> {
-        let bytes = self.topic.encode(value)?;
+        let bytes = self.topic.encode(value, &mut self.arena)?;
         Ok(self.inner.publish(self.id, bytes)?)
     }
 
@@ -53,19 +61,19 @@ impl<T> Publisher<T> {
         value: &T,
         timeout: Duration,
     ) -> Result<PublishHandle, Error> {
-        let bytes = self.topic.encode(value)?;
+        let bytes = self.topic.encode(value, &mut self.arena)?;
         Ok(self.inner.publish_timeout(self.id, bytes, Some(timeout))?)
     }
 
     /// Publishes `value` without waiting: [`Error::WouldBlock`] under back pressure.
     pub fn try_publish(&mut self, value: &T) -> Result<PublishHandle, Error> {
-        let bytes = self.topic.encode(value)?;
+        let bytes = self.topic.encode(value, &mut self.arena)?;
         Ok(self.inner.try_publish(self.id, bytes)?)
     }
 
     /// Publishes from async code: under back pressure the task waits, not the thread.
     pub async fn publish_async(&mut self, value: &T) -> Result<PublishHandle, Error> {
-        let bytes = self.topic.encode(value)?;
+        let bytes = self.topic.encode(value, &mut self.arena)?;
         Ok(self.inner.publish_async(self.id, bytes).await?)
     }
 
