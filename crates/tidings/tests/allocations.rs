@@ -55,65 +55,69 @@ fn publish_and_read<T>(
     }
 }
 
-#[test]
-fn reading_a_raw_topic_through_an_iterator_allocates_nothing_per_message() {
+/// Messages measured after the warm-up.
+const MEASURED: u64 = 50_000;
+
+/// Held by each measurement.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Two nodes, a publisher on one and an iterator subscription on the other: allocations per
+/// message over `MEASURED` messages, after as many to warm up (queues, arenas and windows grow
+/// to their working size).
+fn allocations_per_message<T: Send + 'static>(
+    topic: &Topic<T>,
+    make: impl Fn(u64) -> T + Copy,
+    check: impl Fn(&T) + Copy,
+) -> f64 {
+    // The counter is the whole process's: one measurement at a time (tests run in parallel).
+    let _alone = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let node = Node::builder().start().unwrap();
     let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
-    let topic = Topic::raw("alloc/raw").unwrap();
-    let sub = peer.subscribe(&topic).unwrap();
-    let mut publisher = node.publisher(&topic).unwrap();
-
-    // A static payload: cloning it allocates nothing, so what is counted is the library's.
-    let payload = Bytes::from_static(&[0x5a; 200]);
-    let make = |_| payload.clone();
-    let check = |b: &Bytes| assert_eq!(b.len(), 200);
-    // Warm-up: queues, arenas and windows grow to their working size.
-    publish_and_read(&mut publisher, &sub, 50_000, make, check);
-    let n = 50_000;
+    let sub = peer.subscribe(topic).unwrap();
+    let mut publisher = node.publisher(topic).unwrap();
+    publish_and_read(&mut publisher, &sub, MEASURED, make, check);
     let region = Region::new(GLOBAL);
-    publish_and_read(&mut publisher, &sub, n, make, check);
+    publish_and_read(&mut publisher, &sub, MEASURED, make, check);
     let allocations = region.change().allocations;
-    let per_message = allocations as f64 / n as f64;
-    eprintln!("{allocations} allocations for {n} messages: {per_message:.4} per message");
-    // A crossbeam list channel alone allocated one block per 31 messages (0.032); what is left
-    // is the background work of two nodes (tokens, acknowledgements, membership heartbeats).
-    assert!(
-        per_message < 0.005,
-        "{allocations} allocations for {n} messages ({per_message:.4} per message)"
-    );
     drop(sub);
     peer.shutdown().unwrap();
     node.shutdown().unwrap();
+    let per_message = allocations as f64 / MEASURED as f64;
+    eprintln!(
+        "{}: {allocations} allocations for {MEASURED} messages, {per_message:.4} per message",
+        topic.name()
+    );
+    per_message
+}
+
+#[test]
+fn reading_a_raw_topic_through_an_iterator_allocates_nothing_per_message() {
+    // A static payload: cloning it allocates nothing, so what is counted is the library's.
+    let payload = Bytes::from_static(&[0x5a; 200]);
+    let per_message = allocations_per_message(
+        &Topic::raw("alloc/raw").unwrap(),
+        |_| payload.clone(),
+        |b: &Bytes| assert_eq!(b.len(), 200),
+    );
+    // A crossbeam list channel alone allocated one block per 31 messages (0.032); what is left
+    // is the background work of two nodes (tokens, acknowledgements, membership heartbeats).
+    assert!(per_message < 0.005, "{per_message:.4} per message");
 }
 
 #[test]
 fn typed_messages_are_encoded_into_an_arena_not_one_allocation_each() {
-    let node = Node::builder().start().unwrap();
-    let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
-    let topic: Topic<Tick> = Topic::new("alloc/ticks").unwrap();
-    let sub = peer.subscribe(&topic).unwrap();
-    let mut publisher = node.publisher(&topic).unwrap();
-    let make = |seq| Tick {
-        seq,
-        price: seq as f64 * 0.25,
-        volume: 7,
-    };
-    let check = |t: &Tick| assert_eq!(t.volume, 7);
-
-    publish_and_read(&mut publisher, &sub, 50_000, make, check);
-    let n = 50_000;
-    let region = Region::new(GLOBAL);
-    publish_and_read(&mut publisher, &sub, n, make, check);
-    let allocations = region.change().allocations;
-    let per_message = allocations as f64 / n as f64;
-    eprintln!("{allocations} allocations for {n} typed messages: {per_message:.4} per message");
+    let per_message = allocations_per_message(
+        &Topic::<Tick>::new("alloc/ticks").unwrap(),
+        |seq| Tick {
+            seq,
+            price: seq as f64 * 0.25,
+            volume: 7,
+        },
+        |t: &Tick| assert_eq!(t.volume, 7),
+    );
     // One allocation per message before (`postcard::to_stdvec`); now one per 64 KiB block of
     // encoded messages at most.
-    assert!(
-        per_message < 0.005,
-        "{allocations} allocations for {n} typed messages ({per_message:.4} per message)"
-    );
-    drop(sub);
-    peer.shutdown().unwrap();
-    node.shutdown().unwrap();
+    assert!(per_message < 0.005, "{per_message:.4} per message");
 }
