@@ -46,7 +46,7 @@ mod lock_free {
     use crossbeam_queue::ArrayQueue;
 
     /// A bounded lock-free FIFO (crossbeam's `ArrayQueue`, one allocation at construction): the
-    /// per-task event queues and the rings of the priority buckets.
+    /// rings of the priority buckets.
     #[derive(Debug)]
     pub(crate) struct BoundedFifo<T> {
         queue: ArrayQueue<T>,
@@ -198,9 +198,6 @@ pub(crate) type BucketSpill<T> = GrowingFifo<T>;
 /// The ring of each priority bucket (loom build: a loom-visible queue with the same bound).
 #[cfg(loom)]
 pub(crate) type BucketRing<T> = MutexFifo<T>;
-/// The bounded FIFO of each task's events (loom build: a loom-visible queue).
-#[cfg(loom)]
-pub(crate) type BoundedFifo<T> = MutexFifo<T>;
 /// The bounded FIFO of each task's events. The same code in loom builds (its mutexes are
 /// loom's there), so the models check it too.
 pub(crate) type TaskFifo<T> = GrowingFifo<T>;
