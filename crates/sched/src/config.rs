@@ -53,9 +53,11 @@ pub struct SchedConfig {
     /// before it puts the task back and takes the one with the most credit again. Default
     /// 50 µs, half a priority level at the default period and bucket count, so the order of
     /// service is as fine as the set can tell tasks apart; the whole burst is charged to the
-    /// task, as one event would be. A burst reads the clock once per event and takes the task
-    /// from the set once, where one event per dispatch reads it twice per event and takes the
-    /// task every time: at a million short events a second that is most of a worker's overhead.
+    /// task, as one event would be. A burst takes the task from the set once and reads the clock
+    /// once per stride of events (one event while events are long, up to 8 while they average
+    /// under 1/64 of the burst), where one event per dispatch reads it twice per event and takes
+    /// the task every time: at a million short events a second that is most of a worker's
+    /// overhead.
     /// `0` runs exactly one event per dispatch (Fig. 1b of paper 003 as written). At most
     /// `period_ns`.
     pub burst_ns: u64,
