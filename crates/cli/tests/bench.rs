@@ -95,9 +95,14 @@ fn bench_json_packs_large_messages_into_large_datagrams() {
         "2000",
         "--max-datagram-bytes",
         "8972",
+        "--latency-sample-every",
+        "1",
     ]);
     check(&v);
     assert_eq!(v["messages_per_datagram"], 4, "{v}");
+    // Every message's latency: 3000 messages to each of 2 subscribers.
+    assert_eq!(v["latency_us"]["sample_every"], 1, "{v}");
+    assert_eq!(v["latency_us"]["samples"], 6000, "{v}");
 }
 
 #[test]
@@ -105,6 +110,10 @@ fn bench_json_count_mode_two_publishers() {
     let v = bench_json(&["--publishers", "2", "--messages", "3000"]);
     check(&v);
     assert_eq!(v["published"], 6000, "{v}");
+    // By default one message in 16 is timed: messages 0, 16, ..., 2992 of each publisher (188),
+    // at each of the 2 subscribers.
+    assert_eq!(v["latency_us"]["sample_every"], 16, "{v}");
+    assert_eq!(v["latency_us"]["samples"], 188 * 2 * 2, "{v}");
 }
 
 #[test]
@@ -125,6 +134,7 @@ fn bench_rejects_bad_input() {
         &["bench", "--seconds", "-1"],
         &["bench", "--transport", "carrier-pigeon"],
         &["bench", "--messages", "10", "--seconds", "2"],
+        &["bench", "--latency-sample-every", "0"],
     ] {
         let out = tidings(args, "");
         let stderr = String::from_utf8_lossy(&out.stderr);
