@@ -1,0 +1,94 @@
+//! Many topics at once: one node publishes on `TOPICS` topics (default 1,000; the first
+//! argument changes it), another subscribes to all of them with callbacks that run on the
+//! node's delivery workers (no thread per topic), and every message of every topic arrives in
+//! order. Prints how long subscribing and the traffic took.
+//!
+//! `cargo run --release -p tidings --example many_topics -- 5000`
+
+// An application measuring its own wall time (the lint keeps the clock out of the protocol).
+#![allow(clippy::disallowed_methods)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidings::{Bytes, Node, Topic};
+
+/// Messages published on each topic.
+const MESSAGES_PER_TOPIC: u64 = 20;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let topics: u64 = match std::env::args().nth(1) {
+        Some(n) => n.parse().map_err(|e| format!("topics {n:?}: {e}"))?,
+        None => 1_000,
+    };
+    let publisher_node = Node::builder().start()?;
+    let subscriber_node = Node::builder().gms(publisher_node.gms_addr()).start()?;
+
+    // Per topic: the next sequence number expected; a message out of order counts an error.
+    let next: Arc<Vec<AtomicU64>> = Arc::new((0..topics).map(|_| AtomicU64::new(0)).collect());
+    let errors = Arc::new(AtomicU64::new(0));
+    let delivered = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut subscriptions = Vec::new();
+    let mut names = Vec::new();
+    for t in 0..topics {
+        let topic = Topic::raw(format!("sensors/{t}"))?;
+        let (next, errors, delivered) = (next.clone(), errors.clone(), delivered.clone());
+        let subscription = subscriber_node.subscribe_with(&topic, move |message| {
+            let expected = &next[t as usize];
+            let seq = message
+                .ok()
+                .and_then(|m| Some(u64::from_be_bytes(m.value.get(..8)?.try_into().ok()?)));
+            if seq == Some(expected.load(Ordering::Relaxed)) {
+                expected.fetch_add(1, Ordering::Relaxed);
+            } else {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+            delivered.fetch_add(1, Ordering::Relaxed);
+        })?;
+        subscriptions.push(subscription);
+        names.push(topic);
+    }
+    println!(
+        "{topics} topics subscribed in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut publishers = names
+        .iter()
+        .map(|topic| publisher_node.publisher(topic))
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    let mut last = Vec::new();
+    for seq in 0..MESSAGES_PER_TOPIC {
+        last.clear();
+        for publisher in &mut publishers {
+            let mut payload = seq.to_be_bytes().to_vec();
+            payload.resize(100, 0);
+            last.push(publisher.publish(&Bytes::from(payload))?);
+        }
+    }
+    let total = topics * MESSAGES_PER_TOPIC;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while delivered.load(Ordering::Relaxed) < total && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let got = delivered.load(Ordering::Relaxed);
+    println!(
+        "{got} of {total} messages delivered in {seconds:.2} s ({:.0} msgs/s), {} out of order",
+        got as f64 / seconds,
+        errors.load(Ordering::Relaxed)
+    );
+    for (publisher, handle) in publishers.iter_mut().zip(&last) {
+        publisher.wait_stable(*handle, Duration::from_secs(10))?;
+    }
+    drop(subscriptions);
+    subscriber_node.shutdown()?;
+    publisher_node.shutdown()?;
+    if got != total || errors.load(Ordering::Relaxed) != 0 {
+        return Err("not every message arrived in order".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! Many topics through the library: a node subscribes to hundreds of topics through the
+//! membership service with callbacks, which run on its delivery workers (the thread count does
+//! not grow with the topics), and every message of every topic arrives once, in order.
+
+// The deadline is wall time (the test's own, not the protocol's).
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidings::{Bytes, Node, Topic};
+
+const TOPICS: u64 = 500;
+const MESSAGES_PER_TOPIC: u64 = 4;
+
+/// Threads of this process (Linux: one entry per thread in `/proc/self/task`).
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+#[test]
+fn hundreds_of_callback_subscriptions_share_the_workers_and_get_every_message_in_order() {
+    let publisher_node = Node::builder().start().unwrap();
+    let subscriber_node = Node::builder()
+        .gms(publisher_node.gms_addr())
+        .start()
+        .unwrap();
+    let next: Arc<Vec<AtomicU64>> = Arc::new((0..TOPICS).map(|_| AtomicU64::new(0)).collect());
+    let errors = Arc::new(AtomicU64::new(0));
+    let delivered = Arc::new(AtomicU64::new(0));
+
+    let threads_before = threads();
+    let mut subscriptions = Vec::new();
+    let mut topics = Vec::new();
+    for t in 0..TOPICS {
+        let topic = Topic::raw(format!("many/{t}")).unwrap();
+        let (next, errors, delivered) = (next.clone(), errors.clone(), delivered.clone());
+        subscriptions.push(
+            subscriber_node
+                .subscribe_with(&topic, move |message| {
+                    let seq = message
+                        .ok()
+                        .and_then(|m| Some(u64::from_be_bytes(m.value.get(..8)?.try_into().ok()?)));
+                    if seq == Some(next[t as usize].load(Ordering::Relaxed)) {
+                        next[t as usize].fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    delivered.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap(),
+        );
+        topics.push(topic);
+    }
+    let threads_after = threads();
+    assert!(
+        threads_after < threads_before + 10,
+        "{TOPICS} callback subscriptions took {} threads",
+        threads_after - threads_before
+    );
+
+    let mut publishers: Vec<_> = topics
+        .iter()
+        .map(|topic| publisher_node.publisher(topic).unwrap())
+        .collect();
+    let mut last = Vec::new();
+    for seq in 0..MESSAGES_PER_TOPIC {
+        last.clear();
+        for publisher in &mut publishers {
+            last.push(
+                publisher
+                    .publish(&Bytes::copy_from_slice(&seq.to_be_bytes()))
+                    .unwrap(),
+            );
+        }
+    }
+    let total = TOPICS * MESSAGES_PER_TOPIC;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while delivered.load(Ordering::Relaxed) < total && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(delivered.load(Ordering::Relaxed), total);
+    assert_eq!(errors.load(Ordering::Relaxed), 0);
+    for n in next.iter() {
+        assert_eq!(n.load(Ordering::Relaxed), MESSAGES_PER_TOPIC);
+    }
+    for (publisher, handle) in publishers.iter_mut().zip(&last) {
+        publisher
+            .wait_stable(*handle, Duration::from_secs(10))
+            .unwrap();
+    }
+    drop(subscriptions);
+    subscriber_node.shutdown().unwrap();
+    publisher_node.shutdown().unwrap();
+}
