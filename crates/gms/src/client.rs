@@ -8,7 +8,8 @@ use tidings_wire::{NodeId, RegionId, TopicId};
 
 use crate::config::{ClientConfig, ConfigError};
 use crate::message::{
-    GmsMessage, GmsRegionView, Item, RegionAddress, Request, TOPIC_NAME_BYTES_MAX,
+    GmsMessage, GmsRegionView, Item, RegionAddress, Request, NAMES_PER_REQUEST_MAX,
+    TOPIC_NAME_BYTES_MAX,
 };
 
 /// What the client reports to its node.
@@ -41,6 +42,9 @@ pub enum RequestError {
     /// The node was removed or has left.
     #[error("not a member")]
     NotMember,
+    /// A batch of subscriptions is empty or holds more than [`NAMES_PER_REQUEST_MAX`] names.
+    #[error("a batch of subscriptions holds 1..={NAMES_PER_REQUEST_MAX} names")]
+    TooMany,
 }
 
 /// Counters of the client.
@@ -225,6 +229,13 @@ impl GmsClient {
         self.request_named(name, Request::Subscribe)
     }
 
+    /// Subscribes to several topics by name in one request (at most [`NAMES_PER_REQUEST_MAX`]):
+    /// the service changes the views once for all of them.
+    pub fn subscribe_many(&mut self, names: &[String]) -> Result<(), RequestError> {
+        Self::check_names(names)?;
+        self.request(Request::SubscribeMany(names.to_vec()))
+    }
+
     /// Unsubscribes from a topic by name.
     pub fn unsubscribe(&mut self, name: &str) -> Result<(), RequestError> {
         self.request_named(name, Request::Unsubscribe)
@@ -233,6 +244,27 @@ impl GmsClient {
     /// Declares that this node publishes on a topic: it will be told the topic's regions.
     pub fn advertise(&mut self, name: &str) -> Result<(), RequestError> {
         self.request_named(name, Request::Advertise)
+    }
+
+    /// Declares that this node publishes on several topics in one request (at most
+    /// [`NAMES_PER_REQUEST_MAX`]): one update of its membership for all of them.
+    pub fn advertise_many(&mut self, names: &[String]) -> Result<(), RequestError> {
+        Self::check_names(names)?;
+        self.request(Request::AdvertiseMany(names.to_vec()))
+    }
+
+    /// A batch of 1..=[`NAMES_PER_REQUEST_MAX`] valid names.
+    fn check_names(names: &[String]) -> Result<(), RequestError> {
+        if names.is_empty() || names.len() > NAMES_PER_REQUEST_MAX {
+            return Err(RequestError::TooMany);
+        }
+        if names
+            .iter()
+            .any(|n| n.is_empty() || n.len() > TOPIC_NAME_BYTES_MAX)
+        {
+            return Err(RequestError::Name);
+        }
+        Ok(())
     }
 
     /// Withdraws [`advertise`](GmsClient::advertise).

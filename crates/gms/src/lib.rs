@@ -28,7 +28,10 @@ mod tests;
 
 pub use client::{ClientEvent, ClientStats, GmsClient, RequestError};
 pub use config::{ClientConfig, ConfigError, GmsConfig, MulticastPool};
-pub use message::{DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request};
+pub use message::{
+    DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request, NAMES_PER_REQUEST_MAX,
+    TOPIC_NAME_BYTES_MAX,
+};
 pub use regions::{
     regions_report, Changes, Planner, PlannerConfig, PlannerConfigError, PlannerStats, Region,
     RegionsParams, RegionsReport, SubsetId,

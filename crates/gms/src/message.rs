@@ -18,6 +18,9 @@ pub const REGION_MEMBERS_MAX: usize = 65_536;
 pub const LIST_MAX: usize = 65_536;
 /// Most update items in one [`GmsMessage::Update`].
 pub const ITEMS_PER_UPDATE_MAX: usize = 4096;
+/// Most names in one [`Request::SubscribeMany`] or [`Request::AdvertiseMany`]: 128 names of at most
+/// [`TOPIC_NAME_BYTES_MAX`] bytes keep the request within 33 KB, one datagram.
+pub const NAMES_PER_REQUEST_MAX: usize = 128;
 
 /// How the members of a region are reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,11 +50,18 @@ pub struct GmsRegionView {
 pub enum Request {
     /// Subscribe to the topic of this name (created if new).
     Subscribe(String),
+    /// Subscribe to each of these topics (at most [`NAMES_PER_REQUEST_MAX`]): one view change for
+    /// all of them, where one request per topic makes a node that subscribes to thousands pay
+    /// a view change (linear in its region's topics) per topic.
+    SubscribeMany(Vec<String>),
     /// Unsubscribe from the topic of this name.
     Unsubscribe(String),
     /// Declare that this node publishes on the topic of this name: it is then told the regions
     /// the topic spans, member or not.
     Advertise(String),
+    /// [`Advertise`](Request::Advertise) each of these topics (at most
+    /// [`NAMES_PER_REQUEST_MAX`]), in one update of the node's membership.
+    AdvertiseMany(Vec<String>),
     /// Withdraw an [`Advertise`](Request::Advertise).
     Unadvertise(String),
     /// This node's ring neighbour seems dead (missed tokens or heartbeats).
@@ -272,6 +282,8 @@ const R_ADVERTISE: u8 = 3;
 const R_UNADVERTISE: u8 = 4;
 const R_SUSPECT: u8 = 5;
 const R_LEAVE: u8 = 6;
+const R_SUBSCRIBE_MANY: u8 = 7;
+const R_ADVERTISE_MANY: u8 = 8;
 
 const I_TOPIC_BOUND: u8 = 1;
 const I_REGION: u8 = 2;
@@ -310,6 +322,19 @@ impl GmsMessage {
                     Request::Subscribe(n) => {
                         out.push(R_SUBSCRIBE);
                         put_string(out, n);
+                    }
+                    Request::SubscribeMany(names) | Request::AdvertiseMany(names) => {
+                        out.push(if matches!(body, Request::SubscribeMany(_)) {
+                            R_SUBSCRIBE_MANY
+                        } else {
+                            R_ADVERTISE_MANY
+                        });
+                        // Validated at the API; the encoder stays total.
+                        let names = &names[..names.len().min(NAMES_PER_REQUEST_MAX)];
+                        put_len(out, names.len());
+                        for n in names {
+                            put_string(out, n);
+                        }
                     }
                     Request::Unsubscribe(n) => {
                         out.push(R_UNSUBSCRIBE);
@@ -374,6 +399,16 @@ impl GmsMessage {
                 let req = r.u64()?;
                 let body = match r.u8()? {
                     R_SUBSCRIBE => Request::Subscribe(r.string()?),
+                    tag @ (R_SUBSCRIBE_MANY | R_ADVERTISE_MANY) => {
+                        // Each name takes at least its 2-byte length.
+                        let n = r.len(NAMES_PER_REQUEST_MAX, 2)?;
+                        let names = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
+                        if tag == R_SUBSCRIBE_MANY {
+                            Request::SubscribeMany(names)
+                        } else {
+                            Request::AdvertiseMany(names)
+                        }
+                    }
                     R_UNSUBSCRIBE => Request::Unsubscribe(r.string()?),
                     R_ADVERTISE => Request::Advertise(r.string()?),
                     R_UNADVERTISE => Request::Unadvertise(r.string()?),
@@ -580,8 +615,16 @@ mod tests {
                 body: Request::Suspect(NodeId(9)),
             },
             GmsMessage::Request {
+                req: 4,
+                body: Request::SubscribeMany(vec!["a".into(), "prices/us".into(), "b/c".into()]),
+            },
+            GmsMessage::Request {
                 req: 3,
                 body: Request::Leave,
+            },
+            GmsMessage::Request {
+                req: 5,
+                body: Request::AdvertiseMany(vec!["x".into(), "y/z".into()]),
             },
             GmsMessage::RequestAck { upto: 3 },
             GmsMessage::Heartbeat,
@@ -651,6 +694,32 @@ mod tests {
         assert_eq!(GmsMessage::decode(&b), Err(DecodeError::TooLong));
     }
 
+    #[test]
+    fn a_batch_of_subscriptions_is_capped() {
+        let request = |n: u32| {
+            let mut b = vec![T_REQUEST];
+            b.extend_from_slice(&1u64.to_le_bytes());
+            b.push(R_SUBSCRIBE_MANY);
+            b.extend_from_slice(&n.to_le_bytes());
+            for _ in 0..n {
+                b.extend_from_slice(&1u16.to_le_bytes());
+                b.push(b'x');
+            }
+            b
+        };
+        let max = NAMES_PER_REQUEST_MAX as u32;
+        assert!(GmsMessage::decode(&request(max)).is_ok());
+        assert_eq!(
+            GmsMessage::decode(&request(max + 1)),
+            Err(DecodeError::TooLong)
+        );
+        // A count the bytes cannot hold.
+        let mut forged = request(0);
+        forged.truncate(forged.len() - 4);
+        forged.extend_from_slice(&100u32.to_le_bytes());
+        assert_eq!(GmsMessage::decode(&forged), Err(DecodeError::TooLong));
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
@@ -658,7 +727,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_messages_never_panic(i in 0usize..11, at in 0usize..64, byte in any::<u8>()) {
+        fn mutated_messages_never_panic(i in 0usize..13, at in 0usize..64, byte in any::<u8>()) {
             let mut b = samples()[i].to_bytes();
             let at = at % b.len();
             b[at] = byte;

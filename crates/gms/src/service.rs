@@ -67,6 +67,13 @@ pub enum Command {
         /// The topic's name.
         name: String,
     },
+    /// A member subscribes to several topics by name at once: one round of views for all.
+    SubscribeMany {
+        /// The member.
+        node: NodeId,
+        /// The topics' names.
+        names: Vec<String>,
+    },
     /// A member unsubscribes.
     Unsubscribe {
         /// The member.
@@ -80,6 +87,13 @@ pub enum Command {
         node: NodeId,
         /// The topic's name.
         name: String,
+    },
+    /// A member declares it publishes on several topics at once: one update for all.
+    AdvertiseMany {
+        /// The member.
+        node: NodeId,
+        /// The topics' names.
+        names: Vec<String>,
     },
     /// A member withdraws that declaration.
     Unadvertise {
@@ -432,8 +446,10 @@ impl Gms {
                 self.push_items(now, node, vec![Item::Commit]);
             }
             Command::Subscribe { node, .. }
+            | Command::SubscribeMany { node, .. }
             | Command::Unsubscribe { node, .. }
             | Command::Advertise { node, .. }
+            | Command::AdvertiseMany { node, .. }
             | Command::Unadvertise { node, .. }
                 if !self.nodes.contains_key(&node) =>
             {
@@ -447,6 +463,24 @@ impl Gms {
                 self.push_items(now, node, vec![Item::TopicBound { name, topic }]);
                 self.propagate(now, ch, [node].into());
             }
+            Command::SubscribeMany { node, names } => {
+                // The planner's changes of each subscription folded into one set, so that every
+                // region touched gets one new view and every node concerned one update.
+                let mut ch = Changes::default();
+                let mut bound = Vec::with_capacity(names.len());
+                for name in names {
+                    let Some(topic) = self.bind(&name) else {
+                        continue;
+                    };
+                    ch.merge(self.planner.subscribe(node, topic));
+                    bound.push(Item::TopicBound { name, topic });
+                }
+                if bound.is_empty() {
+                    return;
+                }
+                self.push_items(now, node, bound);
+                self.propagate(now, ch, [node].into());
+            }
             Command::Unsubscribe { node, name } => {
                 let Some(topic) = self.topic_ids.get(&name).copied() else {
                     return;
@@ -454,25 +488,8 @@ impl Gms {
                 let ch = self.planner.unsubscribe(node, topic);
                 self.propagate(now, ch, [node].into());
             }
-            Command::Advertise { node, name } => {
-                let Some(topic) = self.bind(&name) else {
-                    return;
-                };
-                if let Some(e) = self.nodes.get_mut(&node) {
-                    e.publishes.insert(topic);
-                }
-                self.publishers.entry(topic).or_default().insert(node);
-                self.push_items(now, node, vec![Item::TopicBound { name, topic }]);
-                // The members of the topic's regions learn the new publisher's address (its
-                // acknowledgements and repairs go there).
-                let mut also: BTreeSet<NodeId> = [node].into();
-                for r in self.planner.topic_regions(topic) {
-                    if let Some(reg) = self.planner.region(r) {
-                        also.extend(reg.members.iter().copied());
-                    }
-                }
-                self.propagate(now, Changes::default(), also);
-            }
+            Command::Advertise { node, name } => self.advertise(now, node, vec![name]),
+            Command::AdvertiseMany { node, names } => self.advertise(now, node, names),
             Command::Unadvertise { node, name } => {
                 let Some(topic) = self.topic_ids.get(&name).copied() else {
                     return;
@@ -543,6 +560,36 @@ impl Gms {
         Some(topic)
     }
 
+    /// `node` publishes on the topics of `names` (bound if new): it is told their ids and
+    /// regions, and the members of those regions its address, in one round of updates.
+    fn advertise(&mut self, now: Time, node: NodeId, names: Vec<String>) {
+        let mut bound = Vec::with_capacity(names.len());
+        // The members of the topics' regions learn the new publisher's address (its
+        // acknowledgements and repairs go there).
+        let mut also: BTreeSet<NodeId> = [node].into();
+        for name in names {
+            let Some(topic) = self.bind(&name) else {
+                continue;
+            };
+            if let Some(e) = self.nodes.get_mut(&node) {
+                e.publishes.insert(topic);
+            }
+            self.publishers.entry(topic).or_default().insert(node);
+            bound.push(Item::TopicBound { name, topic });
+            for r in self.planner.topic_regions(topic) {
+                if let Some(reg) = self.planner.region(r) {
+                    also.extend(reg.members.iter().copied());
+                }
+            }
+        }
+        if bound.is_empty() {
+            // Nothing bound (the topic limit): nothing to tell, as for a single request.
+            return;
+        }
+        self.push_items(now, node, bound);
+        self.propagate(now, Changes::default(), also);
+    }
+
     fn on_join(&mut self, now: Time, nonce: u64, addr: Option<SocketAddr>) {
         if !self.joins.contains_key(&nonce) {
             if self.nodes.len() >= self.config.nodes_max {
@@ -571,10 +618,16 @@ impl Gms {
             e.req_upto = req;
             match body {
                 Request::Subscribe(name) => self.apply(now, Command::Subscribe { node, name }),
+                Request::SubscribeMany(names) => {
+                    self.apply(now, Command::SubscribeMany { node, names });
+                }
                 Request::Unsubscribe(name) => {
                     self.apply(now, Command::Unsubscribe { node, name });
                 }
                 Request::Advertise(name) => self.apply(now, Command::Advertise { node, name }),
+                Request::AdvertiseMany(names) => {
+                    self.apply(now, Command::AdvertiseMany { node, names });
+                }
                 Request::Unadvertise(name) => {
                     self.apply(now, Command::Unadvertise { node, name });
                 }

@@ -8,7 +8,7 @@ use tidings_wire::{NodeId, ViewId};
 
 use crate::{
     ClientConfig, ClientEvent, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Item, Peer,
-    RegionAddress, RemoveCause,
+    RegionAddress, RemoveCause, RequestError, NAMES_PER_REQUEST_MAX, TOPIC_NAME_BYTES_MAX,
 };
 
 type Filter = Box<dyn FnMut(usize, &GmsMessage) -> bool>;
@@ -646,4 +646,72 @@ fn membership_events_can_be_turned_off_and_the_membership_read_directly() {
     w.clients[0].unsubscribe("quotes").unwrap();
     w.run_for(Duration::from_millis(10));
     assert_eq!(w.last_membership(2), Some(&w.expected(2, &[])));
+}
+
+/// 300 names in batches (`subscribe_many`, `advertise_many`: three requests of at most 128)
+/// end in the same memberships as one request per name, told in an update per batch instead of
+/// one per topic (each topic has one subscriber, so each is a region of its own either way).
+#[test]
+fn batches_of_subscriptions_and_advertisements_are_told_in_one_update_per_batch() {
+    let names: Vec<String> = (0..300).map(|i| format!("t/{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut outcomes = Vec::new();
+    for batched in [false, true] {
+        let mut w = World::new(2);
+        if batched {
+            for chunk in names.chunks(NAMES_PER_REQUEST_MAX) {
+                w.clients[0].subscribe_many(chunk).unwrap();
+                w.clients[1].advertise_many(chunk).unwrap();
+            }
+        } else {
+            for name in &names {
+                w.clients[0].subscribe(name).unwrap();
+                w.clients[1].advertise(name).unwrap();
+            }
+        }
+        w.run_for(Duration::from_millis(200));
+        for name in &names {
+            let topic = w.gms.topic_id(name).unwrap();
+            assert_eq!(w.clients[0].topic_id(name), Some(topic));
+            assert_eq!(w.clients[1].topic_id(name), Some(topic));
+        }
+        let m0 = w.last_membership(0).unwrap().clone();
+        assert_eq!(m0, w.expected(0, &[]));
+        let m1 = w.last_membership(1).unwrap().clone();
+        assert_eq!(m1, w.expected(1, &refs));
+        assert_eq!(m1.topic_regions.len(), 300);
+        // Each committed batch of updates is one new membership for the node to install.
+        let installs = w
+            .events
+            .iter()
+            .filter(|(_, e)| matches!(e, ClientEvent::Membership(_)))
+            .count();
+        outcomes.push((m0, m1, installs));
+    }
+    let (one_by_one, batched) = (&outcomes[0], &outcomes[1]);
+    assert_eq!(batched.0, one_by_one.0, "the subscriber's membership");
+    assert_eq!(batched.1, one_by_one.1, "the publisher's membership");
+    assert!(
+        batched.2 * 10 < one_by_one.2,
+        "memberships installed: {} batched, {} one by one",
+        batched.2,
+        one_by_one.2
+    );
+}
+
+#[test]
+fn a_batch_must_hold_one_to_the_most_names_and_valid_names() {
+    let mut w = World::new(1);
+    let too_many: Vec<String> = (0..=NAMES_PER_REQUEST_MAX)
+        .map(|i| format!("{i}"))
+        .collect();
+    assert_eq!(w.clients[0].subscribe_many(&[]), Err(RequestError::TooMany));
+    assert_eq!(
+        w.clients[0].advertise_many(&too_many),
+        Err(RequestError::TooMany)
+    );
+    let bad = vec!["ok".to_owned(), String::new()];
+    assert_eq!(w.clients[0].subscribe_many(&bad), Err(RequestError::Name));
+    let long = vec!["x".repeat(TOPIC_NAME_BYTES_MAX + 1)];
+    assert_eq!(w.clients[0].advertise_many(&long), Err(RequestError::Name));
 }

@@ -76,12 +76,20 @@ pub(crate) enum Control {
         task: TaskHandle<Delivery>,
         reply: SyncSender<Result<TopicId, String>>,
     },
+    /// [`SubscribeNamed`](Control::SubscribeNamed) for several topics in one request to the
+    /// GMS (at most `NAMES_PER_REQUEST_MAX`): a name, its task and its reply each.
+    SubscribeNamedMany {
+        entries: Vec<(String, TaskHandle<Delivery>, NamedReply)>,
+    },
     /// Declare through the GMS that this node publishes on the topic of this name; the reply
     /// comes once the node knows the topic's regions.
     Advertise {
         name: String,
         reply: SyncSender<Result<TopicId, String>>,
     },
+    /// [`Advertise`](Control::Advertise) for several topics in one request to the GMS (at most
+    /// `NAMES_PER_REQUEST_MAX`): a name and its reply each.
+    AdvertiseMany { entries: Vec<(String, NamedReply)> },
     /// Send a copy of the counters.
     Stats { reply: SyncSender<RuntimeStats> },
     /// Stop the core thread.
@@ -177,6 +185,9 @@ struct Blocked {
     delivery: Delivery,
     next: usize,
 }
+
+/// Where the answer to a named request (subscribe, advertise) goes: the topic's id, or why not.
+type NamedReply = SyncSender<Result<TopicId, String>>;
 
 /// A named request waiting for the GMS.
 enum Waiting {
@@ -598,6 +609,30 @@ impl Core {
                 }
                 self.gms_pump(now);
             }
+            Control::SubscribeNamedMany { entries } => {
+                let refuse = |entries: Vec<(_, _, SyncSender<Result<TopicId, String>>)>,
+                              why: &str| {
+                    for (_, _, reply) in entries {
+                        let _ = reply.send(Err(why.to_owned()));
+                    }
+                };
+                let Some(link) = self.gms.as_mut() else {
+                    return refuse(entries, "this node did not join through a GMS");
+                };
+                if link.removed {
+                    return refuse(entries, "the GMS removed this node");
+                }
+                let names: Vec<String> = entries.iter().map(|(n, _, _)| n.clone()).collect();
+                match link.client.subscribe_many(&names) {
+                    Ok(()) => link.waiting.extend(
+                        entries
+                            .into_iter()
+                            .map(|(name, task, reply)| Waiting::Subscribe { name, task, reply }),
+                    ),
+                    Err(e) => refuse(entries, &e.to_string()),
+                }
+                self.gms_pump(now);
+            }
             Control::Advertise { name, reply } => {
                 let Some(link) = self.gms.as_mut() else {
                     let _ = reply.send(Err("this node did not join through a GMS".to_owned()));
@@ -612,6 +647,29 @@ impl Core {
                     Err(e) => {
                         let _ = reply.send(Err(e.to_string()));
                     }
+                }
+                self.gms_pump(now);
+            }
+            Control::AdvertiseMany { entries } => {
+                let refuse = |entries: Vec<(String, NamedReply)>, why: &str| {
+                    for (_, reply) in entries {
+                        let _ = reply.send(Err(why.to_owned()));
+                    }
+                };
+                let Some(link) = self.gms.as_mut() else {
+                    return refuse(entries, "this node did not join through a GMS");
+                };
+                if link.removed {
+                    return refuse(entries, "the GMS removed this node");
+                }
+                let names: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
+                match link.client.advertise_many(&names) {
+                    Ok(()) => link.waiting.extend(
+                        entries
+                            .into_iter()
+                            .map(|(name, reply)| Waiting::Advertise { name, reply }),
+                    ),
+                    Err(e) => refuse(entries, &e.to_string()),
                 }
                 self.gms_pump(now);
             }
@@ -1315,6 +1373,16 @@ impl Core {
                 Control::Subscribe { reply, .. } => drop(reply),
                 Control::SubscribeNamed { reply, .. } | Control::Advertise { reply, .. } => {
                     let _ = reply.send(Err("the runtime is shutting down".to_owned()));
+                }
+                Control::SubscribeNamedMany { entries } => {
+                    for (_, _, reply) in entries {
+                        let _ = reply.send(Err("the runtime is shutting down".to_owned()));
+                    }
+                }
+                Control::AdvertiseMany { entries } => {
+                    for (_, reply) in entries {
+                        let _ = reply.send(Err("the runtime is shutting down".to_owned()));
+                    }
                 }
                 Control::SetMembership { reply, .. } => {
                     let _ = reply.send(Err("the runtime is shutting down".to_owned()));

@@ -299,6 +299,69 @@ impl NodeRuntime {
         }
     }
 
+    /// Subscribes, through the membership service, to every topic of `names` (its `i`-th
+    /// delivering to `callback_for(i)`): like [`subscribe_named`](NodeRuntime::subscribe_named)
+    /// for each, but the service gets them in requests of up to `NAMES_PER_REQUEST_MAX` names and
+    /// changes the views once per request instead of once per topic, which is what makes
+    /// subscribing to thousands of topics take time linear in their number. Returns once all are
+    /// in force, the subscriptions in the order of `names`; on an error none is kept.
+    pub fn subscribe_named_many<F>(
+        &self,
+        names: &[String],
+        share: f64,
+        mut callback_for: impl FnMut(usize) -> F,
+    ) -> Result<Vec<Subscription>, RequestError>
+    where
+        F: FnMut(Delivery) + Send + 'static,
+    {
+        let mut subscriptions = Vec::with_capacity(names.len());
+        for (chunk_index, chunk) in names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX).enumerate() {
+            let first = chunk_index * tidings_gms::NAMES_PER_REQUEST_MAX;
+            let mut entries: Vec<(String, TaskHandle<Delivery>, _)> =
+                Vec::with_capacity(chunk.len());
+            let mut waits = Vec::with_capacity(chunk.len());
+            for (i, name) in chunk.iter().enumerate() {
+                let task = match self.delivery_task(share, callback_for(first + i)) {
+                    Ok(task) => task,
+                    Err(e) => {
+                        for (_, task, _) in entries {
+                            task.remove();
+                        }
+                        return Err(e);
+                    }
+                };
+                let (reply, answer) = mpsc::sync_channel(1);
+                waits.push((task.clone(), answer));
+                entries.push((name.clone(), task, reply));
+            }
+            self.shared.send(Control::SubscribeNamedMany { entries });
+            let mut failed = None;
+            for (task, answer) in waits {
+                match self.wait_long(&answer) {
+                    // Kept even after a failure, so that dropping it below unsubscribes it.
+                    Ok(Ok(topic)) => subscriptions.push(Subscription {
+                        topic,
+                        task,
+                        shared: Arc::clone(&self.shared),
+                    }),
+                    Ok(Err(why)) => {
+                        task.remove();
+                        failed.get_or_insert(RequestError::Refused(why));
+                    }
+                    Err(e) => {
+                        task.remove();
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                // Dropping the subscriptions made so far unsubscribes them.
+                return Err(e);
+            }
+        }
+        Ok(subscriptions)
+    }
+
     /// Declares, through the membership service, that this node publishes on the topic called
     /// `name`; returns the topic's id (to publish with) once the node knows where the topic's
     /// subscribers are. Only for nodes started with [`join`](NodeRuntime::join).
@@ -309,6 +372,28 @@ impl NodeRuntime {
             reply,
         });
         self.wait_long(&answer)?.map_err(RequestError::Refused)
+    }
+
+    /// Declares, through the membership service, that this node publishes on every topic of
+    /// `names`: like [`advertise`](NodeRuntime::advertise) for each, in requests of up to
+    /// `NAMES_PER_REQUEST_MAX` names, each one update of this node's membership instead of one
+    /// per topic. The topics' ids, in the order of `names`.
+    pub fn advertise_many(&self, names: &[String]) -> Result<Vec<TopicId>, RequestError> {
+        let mut ids = Vec::with_capacity(names.len());
+        for chunk in names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX) {
+            let mut entries = Vec::with_capacity(chunk.len());
+            let mut answers = Vec::with_capacity(chunk.len());
+            for name in chunk {
+                let (reply, answer) = mpsc::sync_channel(1);
+                entries.push((name.clone(), reply));
+                answers.push(answer);
+            }
+            self.shared.send(Control::AdvertiseMany { entries });
+            for answer in answers {
+                ids.push(self.wait_long(&answer)?.map_err(RequestError::Refused)?);
+            }
+        }
+        Ok(ids)
     }
 
     /// Like `wait`, for requests that need the membership service: twice the request timeout.

@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(n) => n.parse().map_err(|e| format!("topics {n:?}: {e}"))?,
         None => 1_000,
     };
+    let one_by_one = std::env::args().nth(2).as_deref() == Some("one-by-one");
     let publisher_node = Node::builder().start()?;
     let subscriber_node = Node::builder().gms(publisher_node.gms_addr()).start()?;
 
@@ -29,14 +30,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let next: Arc<Vec<AtomicU64>> = Arc::new((0..topics).map(|_| AtomicU64::new(0)).collect());
     let errors = Arc::new(AtomicU64::new(0));
     let delivered = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let mut subscriptions = Vec::new();
-    let mut names = Vec::new();
-    for t in 0..topics {
-        let topic = Topic::raw(format!("sensors/{t}"))?;
+    let names = (0..topics)
+        .map(|t| Topic::raw(format!("sensors/{t}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The callback of topic `t`: checks that its messages come in order.
+    let callback_for = |t: usize| {
         let (next, errors, delivered) = (next.clone(), errors.clone(), delivered.clone());
-        let subscription = subscriber_node.subscribe_with(&topic, move |message| {
-            let expected = &next[t as usize];
+        move |message: Result<tidings::Message<Bytes>, tidings::Error>| {
+            let expected = &next[t];
             let seq = message
                 .ok()
                 .and_then(|m| Some(u64::from_be_bytes(m.value.get(..8)?.try_into().ok()?)));
@@ -46,19 +47,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 errors.fetch_add(1, Ordering::Relaxed);
             }
             delivered.fetch_add(1, Ordering::Relaxed);
-        })?;
-        subscriptions.push(subscription);
-        names.push(topic);
-    }
+        }
+    };
+    let started = Instant::now();
+    let subscriptions = if one_by_one {
+        names
+            .iter()
+            .enumerate()
+            .map(|(t, topic)| subscriber_node.subscribe_with(topic, callback_for(t)))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        subscriber_node.subscribe_many_with(&names, callback_for)?
+    };
     println!(
-        "{topics} topics subscribed in {:.2} s",
+        "{topics} topics subscribed {} in {:.2} s",
+        if one_by_one {
+            "one by one"
+        } else {
+            "in batches"
+        },
         started.elapsed().as_secs_f64()
     );
-
-    let mut publishers = names
-        .iter()
-        .map(|topic| publisher_node.publisher(topic))
-        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    let mut publishers = if one_by_one {
+        names
+            .iter()
+            .map(|topic| publisher_node.publisher(topic))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        publisher_node.publishers(&names)?
+    };
+    println!(
+        "{topics} publishers created in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     let started = Instant::now();
     let mut last = Vec::new();
     for seq in 0..MESSAGES_PER_TOPIC {

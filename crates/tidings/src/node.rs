@@ -268,6 +268,21 @@ impl Node {
         Ok(Publisher::new(runtime.publisher(), topic.clone(), id))
     }
 
+    /// Publishers of every topic of `topics`, in their order: like [`publisher`](Self::publisher)
+    /// for each, but the membership service is told in batches (up to 128 topics per request),
+    /// one membership update per batch instead of one per topic, so that a node publishing on
+    /// thousands of topics starts in time linear in their number.
+    pub fn publishers<T>(&self, topics: &[Topic<T>]) -> Result<Vec<Publisher<T>>, Error> {
+        let runtime = self.runtime()?;
+        let names: Vec<String> = topics.iter().map(|t| t.name().to_owned()).collect();
+        let ids = runtime.advertise_many(&names)?;
+        Ok(topics
+            .iter()
+            .zip(ids)
+            .map(|(topic, id)| Publisher::new(runtime.publisher(), topic.clone(), id))
+            .collect())
+    }
+
     /// Subscribes to `topic`, read as an iterator; in force when this returns (every message
     /// published after it is delivered). The node's subscription capacity and the default
     /// [`SlowConsumerPolicy::SlowDown`]; [`Node::subscription`] chooses others.
@@ -310,6 +325,38 @@ impl Node {
         Ok(CallbackSubscription {
             handle: Box::new(inner),
         })
+    }
+
+    /// Subscribes to every topic of `topics` with callbacks, the `i`-th topic's being
+    /// `callback_for(i)`; like [`subscribe_with`](Self::subscribe_with) for each, but the
+    /// membership service takes them in batches (up to 128 per request) and changes the views
+    /// once per batch. Subscribing to thousands of topics one by one costs time quadratic in
+    /// their number (each subscription is a view change that carries the region's topics); this
+    /// costs linear time. Returns once all are in force, in the order of `topics`; on an error,
+    /// none is kept.
+    pub fn subscribe_many_with<T, F>(
+        &self,
+        topics: &[Topic<T>],
+        mut callback_for: impl FnMut(usize) -> F,
+    ) -> Result<Vec<CallbackSubscription>, Error>
+    where
+        T: Send + 'static,
+        F: FnMut(Result<Message<T>, Error>) + Send + 'static,
+    {
+        let runtime = self.runtime()?;
+        let names: Vec<String> = topics.iter().map(|t| t.name().to_owned()).collect();
+        let inner = runtime.subscribe_named_many(&names, self.share, |i| {
+            let mut callback = callback_for(i);
+            let decode = topics[i].decoder();
+            let topic_name = names[i].clone();
+            move |d| callback(to_message(d, decode, &topic_name))
+        })?;
+        Ok(inner
+            .into_iter()
+            .map(|s| CallbackSubscription {
+                handle: Box::new(s),
+            })
+            .collect())
     }
 
     /// The node's counters (and the embedded service's state).

@@ -1,6 +1,8 @@
-//! Many topics through the library: a node subscribes to hundreds of topics through the
-//! membership service with callbacks, which run on its delivery workers (the thread count does
-//! not grow with the topics), and every message of every topic arrives once, in order.
+//! Many topics through the library: a node subscribes to hundreds or thousands of topics
+//! through the membership service with callbacks, one by one or in batches
+//! (`Node::subscribe_many_with`, `Node::publishers`); the callbacks run on its delivery workers
+//! (the thread count does not grow with the topics), and every message of every topic arrives
+//! once, in order.
 
 // The deadline is wall time (the test's own, not the protocol's).
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
@@ -11,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use tidings::{Bytes, Node, Topic};
 
-const TOPICS: u64 = 500;
 const MESSAGES_PER_TOPIC: u64 = 4;
 
 /// Threads of this process (Linux: one entry per thread in `/proc/self/task`).
@@ -21,49 +22,85 @@ fn threads() -> usize {
 
 #[test]
 fn hundreds_of_callback_subscriptions_share_the_workers_and_get_every_message_in_order() {
+    run(500, false);
+}
+
+/// 3,000 topics in batches: the service changes the views once per batch of 128, so this
+/// takes about as long as a few hundred one by one.
+#[test]
+fn thousands_of_topics_subscribed_and_advertised_in_batches_get_every_message_in_order() {
+    run(3_000, true);
+}
+
+/// The tests take turns: each counts the process's threads.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn run(topics: u64, batched: bool) {
+    let _turn = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let publisher_node = Node::builder().start().unwrap();
     let subscriber_node = Node::builder()
         .gms(publisher_node.gms_addr())
         .start()
         .unwrap();
-    let next: Arc<Vec<AtomicU64>> = Arc::new((0..TOPICS).map(|_| AtomicU64::new(0)).collect());
+    let next: Arc<Vec<AtomicU64>> = Arc::new((0..topics).map(|_| AtomicU64::new(0)).collect());
     let errors = Arc::new(AtomicU64::new(0));
     let delivered = Arc::new(AtomicU64::new(0));
+    let names: Vec<_> = (0..topics)
+        .map(|t| Topic::raw(format!("many/{t}")).unwrap())
+        .collect();
+    let callback_for = |t: usize| {
+        let (next, errors, delivered) = (next.clone(), errors.clone(), delivered.clone());
+        move |message: Result<tidings::Message<Bytes>, tidings::Error>| {
+            let seq = message
+                .ok()
+                .and_then(|m| Some(u64::from_be_bytes(m.value.get(..8)?.try_into().ok()?)));
+            if seq == Some(next[t].load(Ordering::Relaxed)) {
+                next[t].fetch_add(1, Ordering::Relaxed);
+            } else {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+            delivered.fetch_add(1, Ordering::Relaxed);
+        }
+    };
 
     let threads_before = threads();
-    let mut subscriptions = Vec::new();
-    let mut topics = Vec::new();
-    for t in 0..TOPICS {
-        let topic = Topic::raw(format!("many/{t}")).unwrap();
-        let (next, errors, delivered) = (next.clone(), errors.clone(), delivered.clone());
-        subscriptions.push(
-            subscriber_node
-                .subscribe_with(&topic, move |message| {
-                    let seq = message
-                        .ok()
-                        .and_then(|m| Some(u64::from_be_bytes(m.value.get(..8)?.try_into().ok()?)));
-                    if seq == Some(next[t as usize].load(Ordering::Relaxed)) {
-                        next[t as usize].fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                    delivered.fetch_add(1, Ordering::Relaxed);
-                })
-                .unwrap(),
-        );
-        topics.push(topic);
-    }
+    let subscriptions = if batched {
+        subscriber_node
+            .subscribe_many_with(&names, callback_for)
+            .unwrap()
+    } else {
+        names
+            .iter()
+            .enumerate()
+            .map(|(t, topic)| {
+                subscriber_node
+                    .subscribe_with(topic, callback_for(t))
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(subscriptions.len(), names.len());
     let threads_after = threads();
     assert!(
         threads_after < threads_before + 10,
-        "{TOPICS} callback subscriptions took {} threads",
+        "{topics} callback subscriptions took {} threads",
         threads_after - threads_before
     );
 
-    let mut publishers: Vec<_> = topics
-        .iter()
-        .map(|topic| publisher_node.publisher(topic).unwrap())
-        .collect();
+    let mut publishers: Vec<_> = if batched {
+        publisher_node.publishers(&names).unwrap()
+    } else {
+        names
+            .iter()
+            .map(|topic| publisher_node.publisher(topic).unwrap())
+            .collect()
+    };
+    // Both lists are in the order of the topics.
+    for (publisher, subscription) in publishers.iter().zip(&subscriptions) {
+        assert_eq!(publisher.topic_id(), subscription.topic_id());
+    }
     let mut last = Vec::new();
     for seq in 0..MESSAGES_PER_TOPIC {
         last.clear();
@@ -75,7 +112,7 @@ fn hundreds_of_callback_subscriptions_share_the_workers_and_get_every_message_in
             );
         }
     }
-    let total = TOPICS * MESSAGES_PER_TOPIC;
+    let total = topics * MESSAGES_PER_TOPIC;
     let deadline = Instant::now() + Duration::from_secs(30);
     while delivered.load(Ordering::Relaxed) < total && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
