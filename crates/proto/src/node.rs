@@ -130,6 +130,8 @@ pub struct Node {
     region_timers: BinaryHeap<Reverse<(Time, RegionId)>>,
     /// Scratch list of the regions whose timers are due (kept to reuse its buffer).
     due_regions: Vec<RegionId>,
+    /// The regions a periodic scan visited (reused, so that scans do not allocate).
+    scanned_regions: Vec<RegionId>,
     /// Regions with gaps to repair (kept with the gauges), so that `poll_timeout` need not look.
     regions_with_gaps: usize,
     /// No outbound stream's silence or pause ends before this (a lower bound: sends only move
@@ -259,6 +261,7 @@ impl Node {
             rate_retry_at: None,
             region_timers: BinaryHeap::new(),
             due_regions: Vec::new(),
+            scanned_regions: Vec::new(),
             regions_with_gaps: 0,
             stream_timer_at: None,
             silences_pending: 0,
@@ -266,6 +269,9 @@ impl Node {
         })
         .map(|mut node| {
             node.schedule_all_region_timers();
+            // Every region has its part of the gauges from the start (the periodic scans
+            // refresh only the regions they visit).
+            node.update_gauges();
             node
         })
     }
@@ -948,22 +954,32 @@ impl Node {
             self.out.stats.publish_rate_milli_current =
                 self.rate.rate().map_or(0, |r| (r * 1000.0) as u64);
         }
-        // The periodic scans visit every region; the gauges are recomputed whole after them.
-        let mut scanned = false;
+        // The periodic scans concern inbound streams only (their doubt rates, NACK windows and
+        // gaps), so they skip regions that have none, and only the regions they visit get their
+        // gauges refreshed: a node that is alone in thousands of quiet regions (the sole
+        // subscriber of many topics) paid a pass over all of them, and a whole recomputation
+        // of the gauges, every repair interval.
+        let mut scanned = std::mem::take(&mut self.scanned_regions);
         if now >= self.next_doubt_sample {
-            scanned = true;
             self.next_doubt_sample = now + self.config.doubt_sample_interval;
             let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
-            for region in self.regions.values_mut() {
+            for (&id, region) in &mut self.regions {
+                if region.inbound.is_empty() {
+                    continue;
+                }
                 region.sample_doubt_rates(now, self.config.doubt_rate_alpha, queue_delay_history);
+                scanned.push(id);
             }
         }
         if now >= self.next_repair_scan {
-            scanned = true;
             self.next_repair_scan = now + self.config.repair_interval;
-            for region in self.regions.values_mut() {
+            for (&id, region) in &mut self.regions {
+                if region.inbound.is_empty() {
+                    continue;
+                }
                 region.adjust_nack_windows(now, &self.config);
                 region.request_repairs(now, &self.config, &mut self.rng, &mut self.out);
+                scanned.push(id);
             }
         }
         if self.stream_timer_at.is_some_and(|at| now >= at) {
@@ -981,9 +997,56 @@ impl Node {
             }
             self.reset_stream_timer();
         }
-        if scanned {
-            self.update_gauges();
+        scanned.sort_unstable();
+        scanned.dedup();
+        for &region in &scanned {
+            self.refresh_gauges(region);
         }
+        scanned.clear();
+        self.scanned_regions = scanned;
+        // Every region's part of the gauges is what a whole recomputation finds (checked in
+        // debug builds, so by every simulator test).
+        #[cfg(debug_assertions)]
+        self.check_gauge_shares();
+    }
+
+    /// Debug builds: every region's gauge share is current and the totals are their sums.
+    #[cfg(debug_assertions)]
+    fn check_gauge_shares(&self) {
+        // Without allocating (the steady-state allocation test runs debug builds): the same keys.
+        for region in self.gauge_shares.keys() {
+            assert!(
+                self.outbound.contains_key(region) || self.regions.contains_key(region),
+                "gauge share of region {region:?}, which the node is not in"
+            );
+        }
+        for region in self.outbound.keys().chain(self.regions.keys()) {
+            assert!(
+                self.gauge_shares.contains_key(region),
+                "no gauge share of region {region:?}"
+            );
+        }
+        for (&region, share) in &self.gauge_shares {
+            assert_eq!(
+                *share,
+                GaugeShare::of(region, &self.outbound, &self.regions, &self.config),
+                "stale gauge share of region {region:?}"
+            );
+        }
+        let s = &self.out.stats;
+        let sum = |f: fn(&GaugeShare) -> u64| self.gauge_shares.values().map(f).sum::<u64>();
+        assert_eq!(s.unstable_msgs_current, sum(|g| g.unstable_msgs));
+        assert_eq!(s.held_msgs_current, sum(|g| g.held_msgs));
+        assert_eq!(s.held_bytes_current, sum(|g| g.held_bytes));
+        assert_eq!(s.cache_msgs_current, sum(|g| g.cached_msgs));
+        assert_eq!(
+            self.regions_with_gaps,
+            self.gauge_shares.values().filter(|g| g.has_gaps).count()
+        );
+        assert_eq!(
+            s.nack_window_msgs_current,
+            nack_window_min(&self.gauge_shares)
+        );
     }
 
     /// Enters `region`'s next ring deadline in the timer queue if it moved.
