@@ -260,6 +260,17 @@ fn put_u64(out: &mut Vec<u8>, v: u64) {
 fn put_len(out: &mut Vec<u8>, n: usize) {
     put_u32(out, u32::try_from(n).unwrap_or(u32::MAX));
 }
+/// A request's tag and its list of names (at most [`NAMES_PER_REQUEST_MAX`]: validated at the
+/// API, cut here so that the encoder stays total).
+fn put_names(out: &mut Vec<u8>, tag: u8, names: &[String]) {
+    out.push(tag);
+    let names = &names[..names.len().min(NAMES_PER_REQUEST_MAX)];
+    put_len(out, names.len());
+    for n in names {
+        put_string(out, n);
+    }
+}
+
 fn put_string(out: &mut Vec<u8>, s: &str) {
     // Names are validated at the API (`TOPIC_NAME_BYTES_MAX`); truncating here keeps the encoder
     // total. A truncated multi-byte character would fail decoding, which is counted, not a panic.
@@ -323,19 +334,8 @@ impl GmsMessage {
                         out.push(R_SUBSCRIBE);
                         put_string(out, n);
                     }
-                    Request::SubscribeMany(names) | Request::AdvertiseMany(names) => {
-                        out.push(if matches!(body, Request::SubscribeMany(_)) {
-                            R_SUBSCRIBE_MANY
-                        } else {
-                            R_ADVERTISE_MANY
-                        });
-                        // Validated at the API; the encoder stays total.
-                        let names = &names[..names.len().min(NAMES_PER_REQUEST_MAX)];
-                        put_len(out, names.len());
-                        for n in names {
-                            put_string(out, n);
-                        }
-                    }
+                    Request::SubscribeMany(names) => put_names(out, R_SUBSCRIBE_MANY, names),
+                    Request::AdvertiseMany(names) => put_names(out, R_ADVERTISE_MANY, names),
                     Request::Unsubscribe(n) => {
                         out.push(R_UNSUBSCRIBE);
                         put_string(out, n);

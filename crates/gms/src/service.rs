@@ -455,32 +455,8 @@ impl Gms {
             {
                 self.stats.requests_refused += 1;
             }
-            Command::Subscribe { node, name } => {
-                let Some(topic) = self.bind(&name) else {
-                    return;
-                };
-                let ch = self.planner.subscribe(node, topic);
-                self.push_items(now, node, vec![Item::TopicBound { name, topic }]);
-                self.propagate(now, ch, [node].into());
-            }
-            Command::SubscribeMany { node, names } => {
-                // The planner's changes of each subscription folded into one set, so that every
-                // region touched gets one new view and every node concerned one update.
-                let mut ch = Changes::default();
-                let mut bound = Vec::with_capacity(names.len());
-                for name in names {
-                    let Some(topic) = self.bind(&name) else {
-                        continue;
-                    };
-                    ch.merge(self.planner.subscribe(node, topic));
-                    bound.push(Item::TopicBound { name, topic });
-                }
-                if bound.is_empty() {
-                    return;
-                }
-                self.push_items(now, node, bound);
-                self.propagate(now, ch, [node].into());
-            }
+            Command::Subscribe { node, name } => self.subscribe(now, node, vec![name]),
+            Command::SubscribeMany { node, names } => self.subscribe(now, node, names),
             Command::Unsubscribe { node, name } => {
                 let Some(topic) = self.topic_ids.get(&name).copied() else {
                     return;
@@ -558,6 +534,27 @@ impl Gms {
             topic,
         });
         Some(topic)
+    }
+
+    /// `node` subscribes to the topics of `names` (bound if new): the planner's changes of each
+    /// subscription are folded into one set, so that every region touched gets one new view
+    /// and every node concerned one update.
+    fn subscribe(&mut self, now: Time, node: NodeId, names: Vec<String>) {
+        let mut ch = Changes::default();
+        let mut bound = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(topic) = self.bind(&name) else {
+                continue;
+            };
+            ch.merge(self.planner.subscribe(node, topic));
+            bound.push(Item::TopicBound { name, topic });
+        }
+        if bound.is_empty() {
+            // Nothing bound (the topic limit): nothing to tell.
+            return;
+        }
+        self.push_items(now, node, bound);
+        self.propagate(now, ch, [node].into());
     }
 
     /// `node` publishes on the topics of `names` (bound if new): it is told their ids and

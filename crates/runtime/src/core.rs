@@ -189,6 +189,14 @@ struct Blocked {
 /// Where the answer to a named request (subscribe, advertise) goes: the topic's id, or why not.
 type NamedReply = SyncSender<Result<TopicId, String>>;
 
+/// Why requests that raced with the shutdown are refused.
+const SHUTTING_DOWN: &str = "the runtime is shutting down";
+
+/// Answers a named request with why it cannot be done.
+fn refuse(reply: NamedReply, why: &str) {
+    let _ = reply.send(Err(why.to_owned()));
+}
+
 /// A named request waiting for the GMS.
 enum Waiting {
     Subscribe {
@@ -200,6 +208,22 @@ enum Waiting {
         name: String,
         reply: SyncSender<Result<TopicId, String>>,
     },
+}
+
+impl Waiting {
+    fn name(&self) -> &str {
+        match self {
+            Waiting::Subscribe { name, .. } | Waiting::Advertise { name, .. } => name,
+        }
+    }
+
+    fn refuse(self, why: &str) {
+        match self {
+            Waiting::Subscribe { reply, .. } | Waiting::Advertise { reply, .. } => {
+                refuse(reply, why)
+            }
+        }
+    }
 }
 
 /// The node's link to the membership service, when it joined through one: the client runs on
@@ -592,87 +616,32 @@ impl Core {
                     .map_err(|e| e.to_string());
                 let _ = reply.send(result);
             }
-            Control::SubscribeNamed { name, task, reply } => {
-                let Some(link) = self.gms.as_mut() else {
-                    let _ = reply.send(Err("this node did not join through a GMS".to_owned()));
-                    return;
-                };
-                if link.removed {
-                    let _ = reply.send(Err("the GMS removed this node".to_owned()));
-                    return;
-                }
-                match link.client.subscribe(&name) {
-                    Ok(()) => link.waiting.push(Waiting::Subscribe { name, task, reply }),
-                    Err(e) => {
-                        let _ = reply.send(Err(e.to_string()));
-                    }
-                }
-                self.gms_pump(now);
-            }
-            Control::SubscribeNamedMany { entries } => {
-                let refuse = |entries: Vec<(_, _, SyncSender<Result<TopicId, String>>)>,
-                              why: &str| {
-                    for (_, _, reply) in entries {
-                        let _ = reply.send(Err(why.to_owned()));
-                    }
-                };
-                let Some(link) = self.gms.as_mut() else {
-                    return refuse(entries, "this node did not join through a GMS");
-                };
-                if link.removed {
-                    return refuse(entries, "the GMS removed this node");
-                }
-                let names: Vec<String> = entries.iter().map(|(n, _, _)| n.clone()).collect();
-                match link.client.subscribe_many(&names) {
-                    Ok(()) => link.waiting.extend(
-                        entries
-                            .into_iter()
-                            .map(|(name, task, reply)| Waiting::Subscribe { name, task, reply }),
-                    ),
-                    Err(e) => refuse(entries, &e.to_string()),
-                }
-                self.gms_pump(now);
-            }
-            Control::Advertise { name, reply } => {
-                let Some(link) = self.gms.as_mut() else {
-                    let _ = reply.send(Err("this node did not join through a GMS".to_owned()));
-                    return;
-                };
-                if link.removed {
-                    let _ = reply.send(Err("the GMS removed this node".to_owned()));
-                    return;
-                }
-                match link.client.advertise(&name) {
-                    Ok(()) => link.waiting.push(Waiting::Advertise { name, reply }),
-                    Err(e) => {
-                        let _ = reply.send(Err(e.to_string()));
-                    }
-                }
-                self.gms_pump(now);
-            }
-            Control::AdvertiseMany { entries } => {
-                let refuse = |entries: Vec<(String, NamedReply)>, why: &str| {
-                    for (_, reply) in entries {
-                        let _ = reply.send(Err(why.to_owned()));
-                    }
-                };
-                let Some(link) = self.gms.as_mut() else {
-                    return refuse(entries, "this node did not join through a GMS");
-                };
-                if link.removed {
-                    return refuse(entries, "the GMS removed this node");
-                }
-                let names: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
-                match link.client.advertise_many(&names) {
-                    Ok(()) => link.waiting.extend(
-                        entries
-                            .into_iter()
-                            .map(|(name, reply)| Waiting::Advertise { name, reply }),
-                    ),
-                    Err(e) => refuse(entries, &e.to_string()),
-                }
-                self.gms_pump(now);
-            }
+            Control::SubscribeNamed { name, task, reply } => self.request_named(
+                now,
+                vec![Waiting::Subscribe { name, task, reply }],
+                |client, names| names.iter().try_for_each(|n| client.subscribe(n)),
+            ),
+            Control::SubscribeNamedMany { entries } => self.request_named(
+                now,
+                entries
+                    .into_iter()
+                    .map(|(name, task, reply)| Waiting::Subscribe { name, task, reply })
+                    .collect(),
+                GmsClient::subscribe_many,
+            ),
+            Control::Advertise { name, reply } => self.request_named(
+                now,
+                vec![Waiting::Advertise { name, reply }],
+                |client, names| names.iter().try_for_each(|n| client.advertise(n)),
+            ),
+            Control::AdvertiseMany { entries } => self.request_named(
+                now,
+                entries
+                    .into_iter()
+                    .map(|(name, reply)| Waiting::Advertise { name, reply })
+                    .collect(),
+                GmsClient::advertise_many,
+            ),
             Control::Stats { reply } => {
                 let _ = reply.send(self.snapshot());
             }
@@ -825,6 +794,31 @@ impl Core {
         link.waiting = still;
     }
 
+    /// Sends named requests through the membership client (`send` gets their names) and keeps
+    /// them until their topics are in force (see `answer_waiting`); refuses them all, with the
+    /// reason, when that cannot be.
+    fn request_named(
+        &mut self,
+        now: Time,
+        requests: Vec<Waiting>,
+        send: impl FnOnce(&mut GmsClient, &[String]) -> Result<(), tidings_gms::RequestError>,
+    ) {
+        let why = match self.gms.as_mut() {
+            None => "this node did not join through a GMS",
+            Some(link) if link.removed => "the GMS removed this node",
+            Some(link) => {
+                let names: Vec<String> = requests.iter().map(|w| w.name().to_owned()).collect();
+                match send(&mut link.client, &names) {
+                    Ok(()) => link.waiting.extend(requests),
+                    Err(e) => requests.into_iter().for_each(|w| w.refuse(&e.to_string())),
+                }
+                self.gms_pump(now);
+                return;
+            }
+        };
+        requests.into_iter().for_each(|w| w.refuse(why));
+    }
+
     /// The GMS removed this node (it left, or was declared failed).
     fn on_removed(&mut self, now: Time) {
         let Some(link) = self.gms.as_mut() else {
@@ -833,10 +827,7 @@ impl Core {
         link.removed = true;
         self.stats.gms_removed = true;
         for w in link.waiting.drain(..) {
-            let reply = match w {
-                Waiting::Subscribe { reply, .. } | Waiting::Advertise { reply, .. } => reply,
-            };
-            let _ = reply.send(Err("the GMS removed this node".to_owned()));
+            w.refuse("the GMS removed this node");
         }
         if link.leaving_since.is_none() {
             // Declared failed while alive: stop taking part rather than act on stale views.
@@ -1372,20 +1363,20 @@ impl Core {
                 }
                 Control::Subscribe { reply, .. } => drop(reply),
                 Control::SubscribeNamed { reply, .. } | Control::Advertise { reply, .. } => {
-                    let _ = reply.send(Err("the runtime is shutting down".to_owned()));
+                    refuse(reply, SHUTTING_DOWN);
                 }
                 Control::SubscribeNamedMany { entries } => {
-                    for (_, _, reply) in entries {
-                        let _ = reply.send(Err("the runtime is shutting down".to_owned()));
-                    }
+                    entries
+                        .into_iter()
+                        .for_each(|(_, _, r)| refuse(r, SHUTTING_DOWN));
                 }
                 Control::AdvertiseMany { entries } => {
-                    for (_, reply) in entries {
-                        let _ = reply.send(Err("the runtime is shutting down".to_owned()));
-                    }
+                    entries
+                        .into_iter()
+                        .for_each(|(_, r)| refuse(r, SHUTTING_DOWN));
                 }
                 Control::SetMembership { reply, .. } => {
-                    let _ = reply.send(Err("the runtime is shutting down".to_owned()));
+                    let _ = reply.send(Err(SHUTTING_DOWN.to_owned()));
                 }
                 Control::Unsubscribe { .. } | Control::Shutdown => {}
             }
