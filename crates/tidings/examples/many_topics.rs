@@ -1,9 +1,15 @@
-//! Many topics at once: one node publishes on `TOPICS` topics (default 1,000; the first
-//! argument changes it), another subscribes to all of them with callbacks that run on the
-//! node's delivery workers (no thread per topic), and every message of every topic arrives in
-//! order. Prints how long subscribing and the traffic took.
+//! Many topics at once: one node publishes on N topics (default 1,000; the first argument
+//! changes it), another subscribes to all of them with callbacks that run on the node's
+//! delivery workers (no thread per topic), in batches (`Node::subscribe_many_with`,
+//! `Node::publishers`) or, with `one-by-one` as the second argument, one `subscribe_with` and
+//! one `publisher` per topic; every message of every topic must arrive in order. Prints how long
+//! subscribing, creating the publishers and the traffic took.
 //!
-//! `cargo run --release -p tidings --example many_topics -- 5000`
+//! `cargo run --release -p tidings --example many_topics -- 5000 [one-by-one]`
+//!
+//! With `IDLE_SECONDS=3` in the environment it also waits that long once subscribed, before
+//! anything is published, and prints the CPU the process used meanwhile (what the quiet regions
+//! cost; Linux, from `/proc/self/stat`).
 
 // An application measuring its own wall time (the lint keeps the clock out of the protocol).
 #![allow(clippy::disallowed_methods)]
@@ -68,6 +74,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         started.elapsed().as_secs_f64()
     );
+    if let Some(seconds) = std::env::var("IDLE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+    {
+        let before = cpu_seconds();
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        if let (Some(before), Some(after)) = (before, cpu_seconds()) {
+            println!(
+                "idle for {seconds} s: {:.2} cores",
+                (after - before) / seconds
+            );
+        }
+    }
     let started = Instant::now();
     let mut publishers = if one_by_one {
         names
@@ -113,4 +132,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("not every message arrived in order".into());
     }
     Ok(())
+}
+
+/// CPU time (user and system, all threads) this process has used, in seconds: fields 14 and 15
+/// of `/proc/self/stat`, in clock ticks of 1/100 s (Linux). `None` where that is not readable.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: f64 = fields.next()?.parse().ok()?;
+    let system: f64 = fields.next()?.parse().ok()?;
+    Some((user + system) / 100.0)
 }
