@@ -31,10 +31,10 @@ pub enum SlowConsumerPolicy {
 /// A subscription read as an iterator: every message of the topic, in each publisher's order.
 ///
 /// Messages wait in a bounded queue (`NodeBuilder::subscription_capacity`, or
-/// [`SubscribeBuilder::capacity`](crate::SubscribeBuilder::capacity)). When the application does not keep up and the queue is
-/// full, its [`SlowConsumerPolicy`] applies: by default the node stops taking deliveries, which
-/// slows the publishers down (back pressure); or the subscription is disconnected with an
-/// error. Nothing is dropped silently. Dropping the subscription unsubscribes.
+/// [`SubscribeBuilder::capacity`](crate::SubscribeBuilder::capacity)). When the application
+/// does not keep up and the queue is full, its [`SlowConsumerPolicy`] applies: by default the
+/// node stops taking deliveries, which slows the publishers down (back pressure); or the
+/// subscription is disconnected with an error. Nothing is dropped silently. Dropping the subscription unsubscribes.
 pub struct Subscription<T> {
     pub(crate) inner: tidings_runtime::Subscription,
     pub(crate) queue: Receiver<Result<Message<T>, Error>>,
