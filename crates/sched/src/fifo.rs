@@ -38,6 +38,8 @@ pub(crate) trait RingFifo<T>: Send + Sync {
     fn try_push(&self, item: T) -> Result<(), T>;
     /// Takes the head item, or `None` if the queue is empty.
     fn pop(&self) -> Option<T>;
+    /// Items in the queue (a snapshot).
+    fn len(&self) -> usize;
 }
 
 #[cfg(not(loom))]
@@ -83,6 +85,9 @@ mod lock_free {
         }
         fn pop(&self) -> Option<T> {
             self.queue.pop()
+        }
+        fn len(&self) -> usize {
+            self.queue.len()
         }
     }
 }
@@ -263,6 +268,9 @@ impl<T: Send> RingFifo<T> for MutexFifo<T> {
     }
     fn pop(&self) -> Option<T> {
         crate::sync::lock(&self.items).pop_front()
+    }
+    fn len(&self) -> usize {
+        crate::sync::lock(&self.items).len()
     }
 }
 

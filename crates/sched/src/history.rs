@@ -248,6 +248,9 @@ pub(crate) mod recording {
         fn pop(&self) -> Option<Stamped> {
             self.pop_stamped()
         }
+        fn len(&self) -> usize {
+            lock(&self.items).len()
+        }
     }
 }
 

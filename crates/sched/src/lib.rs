@@ -33,6 +33,7 @@ mod core;
 mod credit;
 mod error;
 mod fifo;
+pub mod handoff;
 pub mod history;
 pub mod maxmin;
 #[cfg(not(loom))]

@@ -400,3 +400,85 @@ fn loom_growing_fifo_loses_nothing_and_keeps_each_writers_order() {
         }
     });
 }
+
+/// The chain of rings between a publisher and the core thread: the consumer pops while the
+/// producer fills a ring of one, links a ring of two and fills it; every item arrives once and
+/// in order, whichever way the pops interleave with the linking.
+#[test]
+fn loom_ring_chain_keeps_order_across_growth() {
+    use crate::handoff::ring_chain_from;
+    model(|| {
+        let (mut tx, mut rx) = ring_chain_from::<u32>(1, 2);
+        let producer = thread::spawn(move || {
+            for i in 0..3 {
+                assert_eq!(tx.push(i), Ok(()), "room for 1 + 2");
+            }
+        });
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            if let Some(item) = rx.pop() {
+                seen.push(item);
+            }
+        }
+        producer.join().expect("producer");
+        while let Some(item) = rx.pop() {
+            seen.push(item);
+        }
+        assert_eq!(seen, vec![0, 1, 2]);
+    });
+}
+
+/// The ready-list handshake: a producer queues two items, marking after each; the consumer,
+/// concurrently, serves the producer once if it finds it listed (drain, clear the flag, look
+/// again). Whatever the interleaving, once both are done an item still queued is never
+/// orphaned: the producer's flag is set and its entry is on the list (or the overflow mark).
+#[test]
+fn loom_ready_list_never_orphans_queued_work() {
+    use crate::handoff::{ring_chain_from, ReadyFlag, ReadyList};
+    model(|| {
+        let list = Arc::new(ReadyList::with_capacity(2));
+        let flag = Arc::new(ReadyFlag::new());
+        list.adopt(&flag, 0);
+        let (mut tx, mut rx) = ring_chain_from::<u32>(2, 2);
+        assert!(!list.finish(&flag, || rx.is_empty()), "nothing queued yet");
+        let producer = {
+            let (list, flag) = (Arc::clone(&list), Arc::clone(&flag));
+            thread::spawn(move || {
+                for i in 0..2 {
+                    assert_eq!(tx.push(i), Ok(()));
+                    list.mark(&flag);
+                }
+            })
+        };
+        let consumer = {
+            let (list, flag) = (Arc::clone(&list), Arc::clone(&flag));
+            thread::spawn(move || {
+                let mut seen = Vec::new();
+                if list.pop().is_some() || list.take_overflow() {
+                    loop {
+                        while let Some(item) = rx.pop() {
+                            seen.push(item);
+                        }
+                        if !list.finish(&flag, || rx.is_empty()) {
+                            break;
+                        }
+                    }
+                }
+                (rx, seen)
+            })
+        };
+        producer.join().expect("producer");
+        let (mut rx, mut seen) = consumer.join().expect("consumer");
+        if !rx.is_empty() {
+            assert!(flag.is_set(), "queued work with the flag clear: {seen:?}");
+            assert!(
+                list.pop().is_some() || list.take_overflow(),
+                "queued work with no entry: {seen:?}"
+            );
+        }
+        while let Some(item) = rx.pop() {
+            seen.push(item);
+        }
+        assert_eq!(seen, vec![0, 1]);
+    });
+}
