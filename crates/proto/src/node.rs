@@ -1,7 +1,7 @@
 //! The sans-IO node: the one type a driver (the runtime or the simulator) talks to.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use bytes::Bytes;
 use tidings_wire::{
@@ -110,7 +110,7 @@ pub struct Node {
     next_repair_scan: Time,
     /// Outbound streams with unsent messages, in round-robin order: sending a datagram costs the
     /// same whatever the number of streams (each stream's `data_queued` says it is here).
-    data_ready: std::collections::VecDeque<RegionId>,
+    data_ready: VecDeque<RegionId>,
     /// Datagrams of views not known yet, oldest first (bounded by `future_datagrams_max`).
     future: std::collections::VecDeque<Bytes>,
     /// Per origin, the highest message id delivered in views that ended; kept even while this node
@@ -139,6 +139,10 @@ pub struct Node {
     stream_timer_at: Option<Time>,
     /// Outbound streams whose `silence_pending` is set.
     silences_pending: usize,
+    /// Regions whose stream's `silence_pending` was set, in that order (an entry whose flag was
+    /// cleared since by a data send is skipped): `poll_silence` takes the next one without a
+    /// pass over every stream, which made a node publishing on thousands of topics quadratic.
+    silence_queue: VecDeque<RegionId>,
     /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
     /// region updates the totals by difference (see [`Node::refresh_gauges`]).
     gauge_shares: BTreeMap<RegionId, GaugeShare>,
@@ -252,7 +256,7 @@ impl Node {
             out: Outbox::default(),
             rng,
             next_repair_scan: now,
-            data_ready: std::collections::VecDeque::new(),
+            data_ready: VecDeque::new(),
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
             token_records: Vec::new(),
@@ -265,6 +269,7 @@ impl Node {
             regions_with_gaps: 0,
             stream_timer_at: None,
             silences_pending: 0,
+            silence_queue: VecDeque::new(),
             gauge_shares: BTreeMap::new(),
         })
         .map(|mut node| {
@@ -983,7 +988,7 @@ impl Node {
             }
         }
         if self.stream_timer_at.is_some_and(|at| now >= at) {
-            for stream in self.outbound.values_mut() {
+            for (&region, stream) in &mut self.outbound {
                 if stream.paused_until != Time::ZERO && now >= stream.paused_until {
                     stream.paused_until = Time::ZERO;
                 }
@@ -991,6 +996,7 @@ impl Node {
                     if now >= deadline {
                         stream.silence_pending = true;
                         self.silences_pending += 1;
+                        self.silence_queue.push_back(region);
                         stream.last_send = now;
                     }
                 }
@@ -1441,10 +1447,15 @@ impl Node {
 
     fn poll_silence(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
         if self.silences_pending == 0 {
+            // Whatever is left are entries of silences a data send made unnecessary.
+            self.silence_queue.clear();
             return None;
         }
         let me = self.me;
-        for (&region, stream) in &mut self.outbound {
+        while let Some(region) = self.silence_queue.pop_front() {
+            let Some(stream) = self.outbound.get_mut(&region) else {
+                continue;
+            };
             if !stream.silence_pending {
                 continue;
             }
@@ -1460,6 +1471,7 @@ impl Node {
                 acked_upto: stream.stable_upto,
             };
             let Ok(len) = write_silence(buf, &header, &silence) else {
+                self.silence_queue.push_front(region);
                 return None;
             };
             stream.silence_pending = false;

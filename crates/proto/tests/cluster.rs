@@ -211,6 +211,62 @@ fn deep_hierarchy() {
     run_one_sender(40, 2, 0.03, 1000, 4);
 }
 
+/// A sender with a stream in each of several regions (topic `t` of 15 is subscribed by the nodes
+/// of the bits of `t`) that publishes a few messages on every topic and stops: with loss, the tail of each
+/// stream is only recovered after that stream's silence announces its last sequence number, so
+/// every region must get its silences (sent from a queue of pending ones, not a pass over every
+/// stream) for every message to arrive and become stable.
+#[test]
+fn every_stream_of_a_many_region_sender_gets_its_silence() {
+    const TOPICS: u32 = 15;
+    const PER_TOPIC: u64 = 4;
+    for seed in 1..=3 {
+        let mut c = Cluster::new(
+            5,
+            |i| {
+                if i == 0 {
+                    vec![]
+                } else {
+                    (1..=TOPICS)
+                        .filter(|t| t & (1 << (i - 1)) != 0)
+                        .map(TopicId)
+                        .collect()
+                }
+            },
+            3,
+            0.2,
+            seed,
+        );
+        assert!(c.membership.regions.len() >= 4, "a stream per region");
+        for _ in 0..PER_TOPIC {
+            for t in 1..=TOPICS {
+                c.nodes[0]
+                    .publish(c.now, TopicId(t), Bytes::from(vec![3u8; 100]))
+                    .unwrap();
+            }
+        }
+        c.flush(0);
+        let limit = Time::ZERO + Duration::from_secs(30);
+        let total = u64::from(TOPICS) * PER_TOPIC;
+        while c.stable[0].len() as u64 != total && c.step(limit) {}
+        assert_eq!(c.stable[0].len() as u64, total, "seed {seed}");
+        for r in 1..=4u32 {
+            let topics = (1..=TOPICS).filter(|t| t & (1 << (r - 1)) != 0).count() as u64;
+            assert_eq!(
+                c.delivered[r as usize].len() as u64,
+                topics * PER_TOPIC,
+                "seed {seed}: receiver {r}"
+            );
+        }
+        assert!(
+            c.nodes[0].stats().silences_sent >= c.membership.regions.len() as u64,
+            "seed {seed}: {} silences for {} streams",
+            c.nodes[0].stats().silences_sent,
+            c.membership.regions.len()
+        );
+    }
+}
+
 #[test]
 fn idle_senders_leave_the_token() {
     // Once everything is stable, records of the idle sender leave the token after a few rounds,

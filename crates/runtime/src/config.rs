@@ -107,7 +107,9 @@ pub struct RuntimeConfig {
     /// Capacity of each publisher's request queue, in messages: the slack between application
     /// threads and the protocol's own send queue. When the protocol refuses more (back pressure)
     /// the core thread stops taking requests, this queue fills, and `try_publish` reports
-    /// `WouldBlock`. Default 1024: one protocol send queue's worth.
+    /// `WouldBlock`. Default 1024: one protocol send queue's worth. A bound, not an allocation:
+    /// each queue starts at 16 messages and doubles only when its publisher fills it, so a node
+    /// with thousands of mostly quiet publishers does not hold thousands of full queues.
     pub publish_queue_capacity: usize,
     /// Probability that a received datagram is dropped on purpose before processing (tests of
     /// recovery over real sockets). Default 0.

@@ -29,6 +29,7 @@ use tidings_gms::{ClientEvent, GmsClient, RegionAddress};
 use tidings_proto::{
     Delivery, Event, Membership, MsgId, Node, Priority, PublishError, RegionId, Time, TopicId,
 };
+use tidings_sched::handoff::{ReadyFlag, ReadyList};
 use tidings_sched::{TaskHandle, TaskId, TryPushError};
 
 use crate::addr::{AddressBook, Routes};
@@ -36,7 +37,7 @@ use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
 use crate::gms_server::{frame, unframe};
 use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
-use crate::publish::{PublisherCore, PublisherShared};
+use crate::publish::PublisherCore;
 use crate::stats::RuntimeStats;
 
 const WAKER: Token = Token(0);
@@ -50,11 +51,15 @@ const TICK: Duration = Duration::from_secs(1);
 const BLOCKED_SLEEP_MAX: Duration = Duration::from_millis(50);
 /// Readiness events taken per `epoll_wait`.
 const EVENTS_CAPACITY: usize = 64;
+/// Entries of the list of publishers with work. More publishers turning busy between two turns
+/// of the core thread overflow it, and the core then looks at every publisher once: correct,
+/// only slower (a bound on the list's memory, 16 bytes per entry, not on publishers).
+const READY_LIST_CAPACITY: usize = 4096;
 
 /// A request from an application thread to the core thread.
 pub(crate) enum Control {
     /// A new publisher's queue to serve.
-    AddPublisher(Arc<PublisherShared>),
+    AddPublisher(Box<PublisherCore>),
     /// Deliveries of `topic` go (also) to `task`; the reply confirms it is in force.
     Subscribe {
         topic: TopicId,
@@ -109,6 +114,9 @@ pub(crate) struct CoreShared {
     /// queue of events, instead of one wake-up per event when the subscriber is the bottleneck.
     pub(crate) deliveries_until_wake: AtomicUsize,
     pub(crate) controls: SegQueue<Control>,
+    /// The publishers that queued messages (or were dropped) since the core thread last
+    /// served them, by slot: a turn looks only at these, however many publishers there are.
+    pub(crate) ready: ReadyList,
 }
 
 impl std::fmt::Debug for CoreShared {
@@ -128,6 +136,7 @@ impl CoreShared {
             running: AtomicBool::new(true),
             deliveries_until_wake: AtomicUsize::new(0),
             controls: SegQueue::new(),
+            ready: ReadyList::with_capacity(READY_LIST_CAPACITY),
         }
     }
 
@@ -145,6 +154,15 @@ impl CoreShared {
         if self.sleeping.load(Ordering::Relaxed) && self.sleeping.swap(false, Ordering::AcqRel) {
             let _ = self.waker.wake();
         }
+    }
+
+    /// After a publisher queued a message (or was dropped): lists it for the core thread if it
+    /// is not listed yet, then wakes the core thread if it sleeps.
+    pub(crate) fn notify_ready(&self, flag: &ReadyFlag) {
+        // Listed or not (then the core thread has it listed or is serving it), the core thread
+        // may have gone to sleep meanwhile: `notify` looks, after its own fence.
+        self.ready.mark(flag);
+        self.notify();
     }
 
     /// Queues a control request and wakes the core thread.
@@ -311,12 +329,19 @@ pub(crate) struct Core {
     /// The protocol may have datagrams to send (set after every input).
     tx_more: bool,
     loss_rng: fastrand::Rng,
-    publishers: Vec<PublisherCore>,
-    /// Some publisher's stable ticket advanced during the current batch of events.
-    publishers_advanced: bool,
-    publisher_rr: usize,
-    /// Owner (index into `publishers`) of each message id from `owners_base`, until stable.
-    owners: VecDeque<Option<usize>>,
+    /// The publishers by slot (a slot is reused once its publisher is forgotten).
+    publishers: Vec<Option<PublisherCore>>,
+    /// Slots of forgotten publishers.
+    free_slots: Vec<u32>,
+    /// Slots to serve in the next turn besides the ready list: publishers with messages left
+    /// (refused by the protocol for now, or queued while they were served) and new ones.
+    active: Vec<u32>,
+    /// Scratch for the slots served in a turn (kept to reuse its storage).
+    serving: Vec<u32>,
+    /// Slots of publishers whose stable ticket advanced during the current batch of events.
+    advanced: Vec<u32>,
+    /// Owner (slot in `publishers`) of each message id from `owners_base`, until stable.
+    owners: VecDeque<Option<u32>>,
     owners_base: u64,
     /// The subscriptions of each topic, looked up per delivery: Fx hashing (the std hasher was
     /// 0.9% of a subscriber's CPU at 1 -> 1; keys are topic ids this node subscribed to, so
@@ -413,8 +438,10 @@ impl Core {
             tx,
             tx_more: true,
             publishers: Vec::new(),
-            publishers_advanced: false,
-            publisher_rr: 0,
+            free_slots: Vec::new(),
+            active: Vec::new(),
+            serving: Vec::new(),
+            advanced: Vec::new(),
             owners: VecDeque::new(),
             owners_base: 1,
             subscriptions: FxHashMap::default(),
@@ -504,7 +531,7 @@ impl Core {
         let readable =
             self.unicast.readable || self.groups.iter().flatten().any(|(s, _)| s.readable);
         let sending = self.writable && (self.tx_more || self.tx.has_pending());
-        let stalled = self.publishers.iter().any(|p| {
+        let stalled = self.active_publishers().any(|p| {
             p.retry_at.is_none_or(|t| now >= t)
                 && p.stalled
                     .as_ref()
@@ -517,7 +544,7 @@ impl Core {
         if let Some(a) = self.alarm {
             next = next.min(a.due);
         }
-        for t in self.publishers.iter().filter_map(|p| p.retry_at) {
+        for t in self.active_publishers().filter_map(|p| p.retry_at) {
             next = next.min(t);
         }
         if let Some(t) = self.gms.as_ref().and_then(GmsLink::deadline) {
@@ -539,10 +566,16 @@ impl Core {
     /// Whether application threads queued work.
     fn requests_pending(&self) -> bool {
         !self.shared.controls.is_empty()
-            || self
-                .publishers
-                .iter()
-                .any(|p| p.stalled.is_none() && !p.shared.queue.is_empty())
+            || self.shared.ready.has_work()
+            || self.active_publishers().any(|p| p.stalled.is_none())
+    }
+
+    /// The publishers the next turn serves besides the ready list (few: the stalled ones and
+    /// those with messages left).
+    fn active_publishers(&self) -> impl Iterator<Item = &PublisherCore> {
+        self.active
+            .iter()
+            .filter_map(|&slot| self.publishers.get(slot as usize)?.as_ref())
     }
 
     // ---- The request queue -------------------------------------------------------------
@@ -558,15 +591,17 @@ impl Core {
             self.handle_control(now, control);
             took = true;
         }
-        let n = self.publishers.len();
-        for k in 0..n {
-            let i = (self.publisher_rr + k) % n;
-            took |= self.serve_publisher(now, i);
+        self.take_ready();
+        // Each listed publisher once, in the order they became ready; those with messages
+        // left go to the back of the list for the next turn.
+        let mut serving = std::mem::take(&mut self.serving);
+        std::mem::swap(&mut serving, &mut self.active);
+        for &slot in &serving {
+            took |= self.serve_publisher(now, slot);
+            self.after_serving(slot);
         }
-        if n > 0 {
-            self.publisher_rr = (self.publisher_rr + 1) % n;
-        }
-        self.forget_finished_publishers();
+        serving.clear();
+        self.serving = serving;
         if took {
             self.tx_more = true;
             self.drain_events();
@@ -576,9 +611,7 @@ impl Core {
 
     fn handle_control(&mut self, now: Time, control: Control) {
         match control {
-            Control::AddPublisher(shared) => {
-                self.publishers.push(PublisherCore::new(shared));
-            }
+            Control::AddPublisher(publisher) => self.add_publisher(*publisher),
             Control::Subscribe { topic, task, reply } => {
                 self.subscriptions.entry(topic).or_default().push(task);
                 let _ = reply.send(());
@@ -854,15 +887,15 @@ impl Core {
         }
     }
 
-    /// Takes requests of publisher `i` while the protocol admits them; true if any.
-    fn serve_publisher(&mut self, now: Time, i: usize) -> bool {
-        let Some(p) = self.publishers.get_mut(i) else {
+    /// Takes requests of the publisher in `slot` while the protocol admits them; true if any.
+    fn serve_publisher(&mut self, now: Time, slot: u32) -> bool {
+        let Some(Some(p)) = self.publishers.get_mut(slot as usize) else {
             return false;
         };
-        let budget = p.shared.queue.len() + usize::from(p.stalled.is_some());
+        let budget = p.queue.len() + usize::from(p.stalled.is_some());
         let mut took = 0;
         for _ in 0..budget {
-            let Some(request) = p.stalled.take().or_else(|| p.shared.queue.pop()) else {
+            let Some(request) = p.stalled.take().or_else(|| p.queue.pop()) else {
                 break;
             };
             if p.retry_at.is_some_and(|t| now < t)
@@ -882,7 +915,7 @@ impl Core {
                     p.pending.push_back((msg_id, false));
                     // Message ids are consecutive, so the owner table is indexed by id.
                     debug_assert_eq!(msg_id.0, self.owners_base + self.owners.len() as u64);
-                    self.owners.push_back(Some(i));
+                    self.owners.push_back(Some(slot));
                     self.stats.publishes += 1;
                     took += 1;
                 }
@@ -913,26 +946,85 @@ impl Core {
         took > 0
     }
 
-    fn forget_finished_publishers(&mut self) {
-        if !self.publishers.iter().any(PublisherCore::is_finished) {
-            return;
-        }
-        // Indices change: remap the owner table.
-        let mut map = Vec::with_capacity(self.publishers.len());
-        let mut kept = Vec::with_capacity(self.publishers.len());
-        for p in self.publishers.drain(..) {
-            if p.is_finished() {
-                map.push(None);
-            } else {
-                map.push(Some(kept.len()));
-                kept.push(p);
+    /// Gives a new publisher a slot and serves it in the next turn (its ready flag is set from
+    /// birth, so whatever it queued before this is served then).
+    fn add_publisher(&mut self, mut publisher: PublisherCore) {
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
+            None => {
+                let Ok(slot) = u32::try_from(self.publishers.len()) else {
+                    // Four billion live publishers: refuse rather than alias a slot.
+                    self.stats.publish_refused += 1;
+                    return;
+                };
+                self.publishers.push(None);
+                slot
+            }
+        };
+        self.shared.ready.adopt(&publisher.shared.ready, slot);
+        publisher.listed = true;
+        self.publishers[slot as usize] = Some(publisher);
+        self.active.push(slot);
+    }
+
+    /// Moves the ready list's publishers (and, after an overflow, every publisher whose flag
+    /// is set) to `active`, once each.
+    fn take_ready(&mut self) {
+        for _ in 0..self.shared.ready.len_hint() {
+            let Some(slot) = self.shared.ready.pop() else {
+                break;
+            };
+            // An entry can outlive its publisher (forgotten meanwhile, or served through an
+            // overflow scan): serving again is harmless, a missing slot is skipped.
+            if let Some(Some(p)) = self.publishers.get_mut(slot as usize) {
+                if !std::mem::replace(&mut p.listed, true) {
+                    self.active.push(slot);
+                }
             }
         }
-        self.publishers = kept;
-        for owner in self.owners.iter_mut() {
-            *owner = owner.and_then(|o| map.get(o).copied().flatten());
+        if self.shared.ready.take_overflow() {
+            self.stats.publisher_ready_overflows += 1;
+            for (slot, p) in self.publishers.iter_mut().enumerate() {
+                if let Some(p) = p {
+                    if !p.listed && p.shared.ready.is_set() {
+                        p.listed = true;
+                        // Slots fit u32 (`add_publisher`).
+                        self.active.push(slot as u32);
+                    }
+                }
+            }
         }
-        self.publisher_rr = 0;
+    }
+
+    /// After serving the publisher in `slot`: keeps it listed while it has messages left,
+    /// forgets it if it was dropped and is done, else clears its ready flag (and lists it
+    /// again if a message arrived meanwhile).
+    fn after_serving(&mut self, slot: u32) {
+        let Some(entry) = self.publishers.get_mut(slot as usize) else {
+            return;
+        };
+        let Some(p) = entry.as_mut() else {
+            return;
+        };
+        if p.stalled.is_some() || !p.queue.is_empty() {
+            self.active.push(slot);
+            return;
+        }
+        if p.is_finished() {
+            *entry = None;
+            self.free_slots.push(slot);
+            return;
+        }
+        p.listed = false;
+        let queue = &p.queue;
+        if self
+            .shared
+            .ready
+            .finish(&p.shared.ready, || queue.is_empty())
+        {
+            p.listed = true;
+            self.active.push(slot);
+        }
     }
 
     // ---- Events: deliveries and stability ----------------------------------------------
@@ -941,8 +1033,8 @@ impl Core {
     /// publishers whose messages became stable.
     fn drain_events(&mut self) {
         self.hand_events_on();
-        if std::mem::take(&mut self.publishers_advanced) {
-            for p in &mut self.publishers {
+        for slot in self.advanced.drain(..) {
+            if let Some(Some(p)) = self.publishers.get_mut(slot as usize) {
                 p.wake_if_advanced();
             }
         }
@@ -1041,9 +1133,19 @@ impl Core {
         else {
             return;
         };
-        if let Some(owner) = self.owners.get_mut(index).and_then(Option::take) {
-            if let Some(p) = self.publishers.get_mut(owner) {
-                self.publishers_advanced |= p.on_stable(msg_id);
+        if let Some(slot) = self.owners.get_mut(index).and_then(Option::take) {
+            let entry = self.publishers.get_mut(slot as usize);
+            if let Some(Some(p)) = entry {
+                if p.on_stable(msg_id) {
+                    self.advanced.push(slot);
+                }
+                // A dropped publisher is forgotten with its last stable message, unless the
+                // core has it listed (`after_serving` forgets it then).
+                if !p.listed && p.is_finished() {
+                    p.wake_if_advanced();
+                    self.publishers[slot as usize] = None;
+                    self.free_slots.push(slot);
+                }
             }
         }
         while self.owners.front().is_some_and(Option::is_none) {
@@ -1336,16 +1438,13 @@ impl Core {
 
     fn snapshot(&self) -> RuntimeStats {
         let mut s = self.stats.clone();
-        s.publish_queued_current = self
-            .publishers
-            .iter()
-            .map(|p| p.shared.queue.len() as u64 + u64::from(p.stalled.is_some()))
+        let publishers = || self.publishers.iter().flatten();
+        s.publish_queued_current = publishers()
+            .map(|p| p.queue.len() as u64 + u64::from(p.stalled.is_some()))
             .sum();
-        s.publishers_stalled_current = self
-            .publishers
-            .iter()
-            .filter(|p| p.stalled.is_some())
-            .count() as u64;
+        s.publishers_stalled_current = publishers().filter(|p| p.stalled.is_some()).count() as u64;
+        s.publishers_current = publishers().count() as u64;
+        s.publish_queue_slots_current = publishers().map(|p| p.queue.slots() as u64).sum();
         s.proto = self.node.stats().clone();
         s
     }
@@ -1357,7 +1456,7 @@ impl Core {
         // Answer requests that raced with the shutdown so no caller waits for its timeout.
         while let Some(control) = self.shared.controls.pop() {
             match control {
-                Control::AddPublisher(p) => p.wake(),
+                Control::AddPublisher(p) => p.shared.wake(),
                 Control::Stats { reply } => {
                     let _ = reply.send(self.snapshot());
                 }
@@ -1381,7 +1480,7 @@ impl Core {
                 Control::Unsubscribe { .. } | Control::Shutdown => {}
             }
         }
-        for p in &self.publishers {
+        for p in self.publishers.iter().flatten() {
             p.shared.waiting.store(true, Ordering::SeqCst);
             p.shared.wake();
         }

@@ -1,5 +1,6 @@
-//! Publishing from application threads: a bounded lock-free request queue per publisher, drained
-//! by the core thread, and per-publisher stability tracking that publish handles wait on.
+//! Publishing from application threads: a bounded lock-free request queue per publisher whose
+//! storage follows use, drained by the core thread, which looks only at publishers that queued
+//! something (a ready list), and per-publisher stability tracking that publish handles wait on.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -9,9 +10,9 @@ use std::time::Duration;
 
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
-use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::sync::{Parker, Unparker};
 use tidings_proto::{MsgId, TopicId};
+use tidings_sched::handoff::{ring_chain, ChainConsumer, ChainProducer, ReadyFlag};
 
 use crate::core::CoreShared;
 
@@ -31,8 +32,9 @@ pub(crate) struct PublishRequest {
 pub(crate) struct PublisherShared {
     /// Identity of the publisher, so that a handle is only waited on where it was issued.
     pub(crate) id: u64,
-    /// Messages waiting for the core thread, in publish order (single producer: the publisher).
-    pub(crate) queue: ArrayQueue<PublishRequest>,
+    /// Set while the publisher is on the core's ready list or being served (see
+    /// [`tidings_sched::handoff::ReadyList`]), with its slot in the core's table.
+    pub(crate) ready: ReadyFlag,
     /// Every message of this publisher up to this ticket (its position, from 1) is stable.
     pub(crate) stable_upto: AtomicU64,
     /// The publisher thread is parked (or about to park) waiting for room or stability.
@@ -116,11 +118,13 @@ pub enum WaitError {
 /// every earlier message of the same publisher are stable.
 ///
 /// The queue between the publisher and the core thread is a bounded lock-free ring (one per
-/// publisher, so it needs no multi-producer ordering); publishing never takes a lock and, in
-/// steady state, never allocates.
+/// publisher, so it needs no multi-producer ordering) that starts small and grows to its bound
+/// only if the publisher fills it; publishing never takes a lock and, once the ring has grown
+/// to what the publisher needs, never allocates.
 #[derive(Debug)]
 pub struct Publisher {
     shared: Arc<PublisherShared>,
+    queue: ChainProducer<PublishRequest>,
     core: Arc<CoreShared>,
     parker: Parker,
     next_ticket: u64,
@@ -133,11 +137,12 @@ impl Publisher {
         capacity: usize,
         core: Arc<CoreShared>,
         max_payload: usize,
-    ) -> (Publisher, Arc<PublisherShared>) {
+    ) -> (Publisher, PublisherCore) {
         let parker = Parker::new();
+        let (queue, consumer) = ring_chain(capacity);
         let shared = Arc::new(PublisherShared {
             id,
-            queue: ArrayQueue::new(capacity),
+            ready: ReadyFlag::new(),
             stable_upto: AtomicU64::new(0),
             waiting: AtomicBool::new(false),
             unparker: parker.unparker().clone(),
@@ -146,12 +151,13 @@ impl Publisher {
         });
         let publisher = Publisher {
             shared: Arc::clone(&shared),
+            queue,
             core,
             parker,
             next_ticket: 1,
             max_payload,
         };
-        (publisher, shared)
+        (publisher, PublisherCore::new(shared, consumer))
     }
 
     /// Largest payload accepted.
@@ -176,7 +182,7 @@ impl Publisher {
     fn accepted(&mut self) -> PublishHandle {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        self.core.notify();
+        self.core.notify_ready(&self.shared.ready);
         PublishHandle {
             publisher: self.shared.id,
             ticket,
@@ -190,7 +196,7 @@ impl Publisher {
         payload: Bytes,
     ) -> Result<PublishHandle, PublishError> {
         self.check(&payload)?;
-        match self.shared.queue.push(PublishRequest { topic, payload }) {
+        match self.queue.push(PublishRequest { topic, payload }) {
             Ok(()) => Ok(self.accepted()),
             Err(request) => Err(PublishError::WouldBlock(request.payload)),
         }
@@ -210,7 +216,7 @@ impl Publisher {
         let mut deadline = None;
         let mut request = PublishRequest { topic, payload };
         loop {
-            match self.shared.queue.push(request) {
+            match self.queue.push(request) {
                 Ok(()) => return Ok(self.accepted()),
                 Err(r) => request = r,
             }
@@ -218,7 +224,7 @@ impl Publisher {
             // `waiting` (see `PublisherShared::wake`).
             self.shared.waiting.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            match self.shared.queue.push(request) {
+            match self.queue.push(request) {
                 Ok(()) => {
                     self.shared.waiting.store(false, Ordering::Relaxed);
                     return Ok(self.accepted());
@@ -260,7 +266,7 @@ impl Publisher {
             let Some(r) = request.take() else {
                 return Poll::Ready(Err(PublishError::Closed));
             };
-            let r = match self.shared.queue.push(r) {
+            let r = match self.queue.push(r) {
                 Ok(()) => return Poll::Ready(Ok(self.accepted())),
                 Err(r) => r,
             };
@@ -268,7 +274,7 @@ impl Publisher {
             self.shared.async_waker.register(cx.waker());
             self.shared.waiting.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            match self.shared.queue.push(r) {
+            match self.queue.push(r) {
                 Ok(()) => Poll::Ready(Ok(self.accepted())),
                 Err(_) if !self.core.is_running() => Poll::Ready(Err(PublishError::Closed)),
                 Err(r) => {
@@ -373,7 +379,9 @@ impl Publisher {
 impl Drop for Publisher {
     fn drop(&mut self) {
         self.shared.dropped.store(true, Ordering::Release);
-        self.core.notify();
+        // Listed like a publisher with work, so the core thread sees the drop without looking
+        // at every publisher.
+        self.core.notify_ready(&self.shared.ready);
     }
 }
 
@@ -381,6 +389,10 @@ impl Drop for Publisher {
 #[derive(Debug)]
 pub(crate) struct PublisherCore {
     pub(crate) shared: Arc<PublisherShared>,
+    /// The publisher's requests, in publish order.
+    pub(crate) queue: ChainConsumer<PublishRequest>,
+    /// On the core's list of publishers to serve this turn (`Core::active`).
+    pub(crate) listed: bool,
     /// A request the protocol refused (back pressure); it goes first when there is room.
     pub(crate) stalled: Option<PublishRequest>,
     /// Congestion control refused the stalled request until this time.
@@ -395,9 +407,14 @@ pub(crate) struct PublisherCore {
 }
 
 impl PublisherCore {
-    pub(crate) fn new(shared: Arc<PublisherShared>) -> PublisherCore {
+    pub(crate) fn new(
+        shared: Arc<PublisherShared>,
+        queue: ChainConsumer<PublishRequest>,
+    ) -> PublisherCore {
         PublisherCore {
             shared,
+            queue,
+            listed: false,
             stalled: None,
             retry_at: None,
             pending: VecDeque::new(),
@@ -407,8 +424,8 @@ impl PublisherCore {
     }
 
     /// Marks `msg_id` stable; advances the stable ticket over the stable prefix. True if the
-    /// ticket advanced (the publisher is then woken once per batch of events, by
-    /// [`Self::wake_if_advanced`]: waking costs a fence).
+    /// ticket advanced for the first time since the last [`Self::wake_if_advanced`] (the
+    /// publisher is woken once per batch of events: waking costs a fence).
     pub(crate) fn on_stable(&mut self, msg_id: MsgId) -> bool {
         // Messages usually become stable in publish order: the oldest pending one.
         let i = if self.pending.front().is_some_and(|&(m, _)| m == msg_id) {
@@ -429,8 +446,7 @@ impl PublisherCore {
             self.shared
                 .stable_upto
                 .store(self.stable_upto, Ordering::Release);
-            self.advanced = true;
-            return true;
+            return !std::mem::replace(&mut self.advanced, true);
         }
         false
     }
@@ -446,7 +462,7 @@ impl PublisherCore {
     pub(crate) fn is_finished(&self) -> bool {
         self.shared.dropped.load(Ordering::Acquire)
             && self.stalled.is_none()
-            && self.shared.queue.is_empty()
+            && self.queue.is_empty()
             && self.pending.is_empty()
     }
 }

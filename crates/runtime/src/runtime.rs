@@ -220,13 +220,13 @@ impl NodeRuntime {
     #[must_use]
     pub fn publisher(&self) -> Publisher {
         let id = self.next_publisher.fetch_add(1, Ordering::Relaxed);
-        let (publisher, shared) = Publisher::new(
+        let (publisher, core_side) = Publisher::new(
             id,
             self.config.publish_queue_capacity,
             Arc::clone(&self.shared),
             self.max_payload,
         );
-        self.shared.send(Control::AddPublisher(shared));
+        self.shared.send(Control::AddPublisher(Box::new(core_side)));
         publisher
     }
 

@@ -130,6 +130,14 @@ pub struct RuntimeStats {
     pub publish_queued_current: u64,
     /// Publishers whose next request is held by back pressure, now.
     pub publishers_stalled_current: u64,
+    /// Publishers the core thread serves (alive, or dropped with messages not yet stable), now.
+    pub publishers_current: u64,
+    /// Slots of storage all publisher queues hold, now (each starts small and grows only as
+    /// far as its publisher fills it).
+    pub publish_queue_slots_current: u64,
+    /// Times more publishers turned busy between two turns than the ready list holds, so the
+    /// core thread looked at every publisher once.
+    pub publisher_ready_overflows: u64,
     /// Messages delivered to subscription tasks.
     pub deliveries: u64,
     /// Deliveries for topics no subscription of this process listens to, dropped.

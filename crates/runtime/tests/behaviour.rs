@@ -473,6 +473,82 @@ fn shutdown_refuses_publishers_and_counters_tick_every_second() {
     }
 }
 
+/// Thousands of publishers on one node, more than the core thread's ready list holds: every
+/// message arrives once, the quiet publishers keep their first small queue, a busy one grows
+/// its queue and keeps its order, and dropped publishers are forgotten once their messages are
+/// stable.
+#[test]
+fn thousands_of_publishers_are_served_without_full_queues_and_forgotten_when_dropped() {
+    const PUBLISHERS: u64 = 5_000;
+    const BURST: u64 = 3_000;
+    let m = membership(&[(0, &[]), (1, &[1])]);
+    let nodes = start(2, &m, |_| RuntimeConfig::default(), false);
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = Arc::clone(&got);
+    let _sub = nodes.nodes[1]
+        .subscribe(TopicId(1), 1.0, move |d| {
+            g.lock().unwrap().push(index_of(&d))
+        })
+        .unwrap();
+    let mut publishers: Vec<_> = (0..PUBLISHERS)
+        .map(|_| nodes.nodes[0].publisher())
+        .collect();
+    let handles: Vec<_> = publishers
+        .iter_mut()
+        .enumerate()
+        .map(|(i, p)| publish_one(p, i as u64, 32))
+        .collect();
+    for (p, h) in publishers.iter_mut().zip(&handles) {
+        p.wait_stable(*h, Duration::from_secs(30)).unwrap();
+    }
+    let s = nodes.nodes[0].stats().unwrap();
+    assert_eq!(s.publishers_current, PUBLISHERS);
+    assert_eq!(
+        s.publish_queue_slots_current,
+        PUBLISHERS * 16,
+        "one message each: every queue is still its first ring of 16"
+    );
+    // One publisher's burst: its queue grows (to the bound at most) and keeps the order.
+    let busy = &mut publishers[0];
+    let mut last = None;
+    for i in PUBLISHERS..PUBLISHERS + BURST {
+        last = Some(publish_one(busy, i, 32));
+    }
+    busy.wait_stable(last.unwrap(), Duration::from_secs(30))
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(30), || got
+        .lock()
+        .unwrap()
+        .len()
+        == (PUBLISHERS + BURST) as usize));
+    {
+        let got = got.lock().unwrap();
+        let burst: Vec<u64> = got.iter().copied().filter(|&i| i >= PUBLISHERS).collect();
+        assert_eq!(burst, (PUBLISHERS..PUBLISHERS + BURST).collect::<Vec<_>>());
+        let mut all = got.clone();
+        all.sort_unstable();
+        assert_eq!(all, (0..PUBLISHERS + BURST).collect::<Vec<_>>());
+    }
+    drop(publishers);
+    assert!(
+        wait_until(Duration::from_secs(10), || nodes.nodes[0]
+            .stats()
+            .unwrap()
+            .publishers_current
+            == 0),
+        "dropped publishers are forgotten: {:?}",
+        nodes.nodes[0].stats().unwrap().publishers_current
+    );
+    // Slots are reused: a new publisher works as before.
+    let mut again = nodes.nodes[0].publisher();
+    let h = publish_one(&mut again, PUBLISHERS + BURST, 32);
+    again.wait_stable(h, Duration::from_secs(10)).unwrap();
+    assert_eq!(nodes.nodes[0].stats().unwrap().publishers_current, 1);
+    for n in nodes.nodes {
+        n.shutdown().unwrap();
+    }
+}
+
 /// Whether this process has `CAP_NET_ADMIN` (bit 12 of `CapEff` in `/proc/self/status`).
 fn has_net_admin() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
