@@ -134,11 +134,19 @@ pub struct Node {
     scanned_regions: Vec<RegionId>,
     /// Regions with gaps to repair (kept with the gauges), so that `poll_timeout` need not look.
     regions_with_gaps: usize,
-    /// No outbound stream's silence or pause ends before this (a lower bound: sends only move
-    /// silences later); `handle_timeout` visits the streams only once it has passed.
-    stream_timer_at: Option<Time>,
+    /// The outbound streams' silence and pause deadlines: `(deadline, region, generation)`,
+    /// earliest first. Each stream with a deadline has one live entry at or before it (its
+    /// `timer_at` and `timer_generation`); an entry of an older generation is skipped. Sends
+    /// move a deadline later, which leaves the entry early (it is re-entered when it comes up);
+    /// only a deadline that moves earlier adds an entry. `handle_timeout` thus visits the
+    /// streams that are due, not every stream of a node that publishes on thousands of topics.
+    stream_timers: BinaryHeap<Reverse<(Time, RegionId, u64)>>,
     /// Outbound streams whose `silence_pending` is set.
     silences_pending: usize,
+    /// How many regions have each smallest NACK window (of `gauge_shares`): the gauge's minimum
+    /// is the first key. A pass over every region for each change was quadratic for a node in
+    /// thousands of regions whose repair scan adjusts their windows.
+    nack_windows: BTreeMap<usize, usize>,
     /// Regions whose stream's `silence_pending` was set, in that order (an entry whose flag was
     /// cleared since by a data send is skipped): `poll_silence` takes the next one without a
     /// pass over every stream, which made a node publishing on thousands of topics quadratic.
@@ -199,14 +207,27 @@ impl GaugeShare {
     }
 }
 
-/// Lowers `timer` (`Node::stream_timer_at`) to `stream`'s silence or pause deadline if earlier.
-fn lower_stream_timer(timer: &mut Option<Time>, stream: &OutboundStream, config: &Config) {
-    if let Some(at) = Node::stream_deadline(stream, config) {
-        *timer = Some(timer.map_or(at, |t| t.min(at)));
+/// Enters `stream`'s silence or pause deadline in `timers` (`Node::stream_timers`) if it has
+/// none or it comes before the stream's live entry.
+fn schedule_stream(
+    timers: &mut BinaryHeap<Reverse<(Time, RegionId, u64)>>,
+    region: RegionId,
+    stream: &mut OutboundStream,
+    config: &Config,
+) {
+    let Some(at) = Node::stream_deadline(stream, config) else {
+        return;
+    };
+    if stream.timer_at.is_none_or(|t| at < t) {
+        stream.timer_generation += 1;
+        stream.timer_at = Some(at);
+        timers.push(Reverse((at, region, stream.timer_generation)));
     }
 }
 
-/// The smallest NACK window of any region (0 with none), for [`crate::Stats::nack_window_msgs_current`].
+/// The smallest NACK window of any region (0 with none), for [`crate::Stats::nack_window_msgs_current`],
+/// by a pass over every region (the debug check of [`Node::nack_windows`]).
+#[cfg(debug_assertions)]
 fn nack_window_min(shares: &BTreeMap<RegionId, GaugeShare>) -> u64 {
     shares
         .values()
@@ -267,8 +288,9 @@ impl Node {
             due_regions: Vec::new(),
             scanned_regions: Vec::new(),
             regions_with_gaps: 0,
-            stream_timer_at: None,
+            stream_timers: BinaryHeap::new(),
             silences_pending: 0,
+            nack_windows: BTreeMap::new(),
             silence_queue: VecDeque::new(),
             gauge_shares: BTreeMap::new(),
         })
@@ -987,21 +1009,31 @@ impl Node {
                 scanned.push(id);
             }
         }
-        if self.stream_timer_at.is_some_and(|at| now >= at) {
-            for (&region, stream) in &mut self.outbound {
-                if stream.paused_until != Time::ZERO && now >= stream.paused_until {
-                    stream.paused_until = Time::ZERO;
-                }
-                if let Some(deadline) = silence_deadline(stream, &self.config) {
-                    if now >= deadline {
-                        stream.silence_pending = true;
-                        self.silences_pending += 1;
-                        self.silence_queue.push_back(region);
-                        stream.last_send = now;
-                    }
+        while let Some(&Reverse((at, region, generation))) = self.stream_timers.peek() {
+            if at > now {
+                break;
+            }
+            self.stream_timers.pop();
+            let Some(stream) = self.outbound.get_mut(&region) else {
+                continue;
+            };
+            if stream.timer_generation != generation {
+                // Replaced by an earlier entry of the same stream.
+                continue;
+            }
+            stream.timer_at = None;
+            if stream.paused_until != Time::ZERO && now >= stream.paused_until {
+                stream.paused_until = Time::ZERO;
+            }
+            if let Some(deadline) = silence_deadline(stream, &self.config) {
+                if now >= deadline {
+                    stream.silence_pending = true;
+                    self.silences_pending += 1;
+                    self.silence_queue.push_back(region);
+                    stream.last_send = now;
                 }
             }
-            self.reset_stream_timer();
+            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
         }
         scanned.sort_unstable();
         scanned.dedup();
@@ -1053,6 +1085,13 @@ impl Node {
             s.nack_window_msgs_current,
             nack_window_min(&self.gauge_shares)
         );
+        assert_eq!(
+            self.nack_windows.values().sum::<usize>(),
+            self.gauge_shares
+                .values()
+                .filter(|g| g.nack_window_min.is_some())
+                .count()
+        );
     }
 
     /// Enters `region`'s next ring deadline in the timer queue if it moved.
@@ -1082,19 +1121,19 @@ impl Node {
     /// deadline, which may now come before the streams' timer.
     fn stream_changed(&mut self, region: RegionId) {
         self.refresh_outbound_gauges(region);
-        if let Some(stream) = self.outbound.get(&region) {
-            lower_stream_timer(&mut self.stream_timer_at, stream, &self.config);
+        if let Some(stream) = self.outbound.get_mut(&region) {
+            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
         }
     }
 
-    /// Recomputes the streams' timer and pending silences from every outbound stream.
+    /// Enters every outbound stream's deadline afresh and recounts the pending silences (a
+    /// new membership: streams were replaced, re-homed or paused).
     fn reset_stream_timer(&mut self) {
-        let config = &self.config;
-        self.stream_timer_at = self
-            .outbound
-            .values()
-            .filter_map(|s| Self::stream_deadline(s, config))
-            .min();
+        self.stream_timers.clear();
+        for (&region, stream) in &mut self.outbound {
+            stream.timer_at = None;
+            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
+        }
         self.silences_pending = self.outbound.values().filter(|s| s.silence_pending).count();
     }
 
@@ -1116,12 +1155,11 @@ impl Node {
         // caller early once.
         let rings = self.region_timers.peek().map(|Reverse((at, _))| *at);
         let repair = (self.regions_with_gaps > 0).then_some(self.next_repair_scan);
-        // A lower bound of the outbound streams' silences and pauses, not their exact minimum:
-        // that took a pass over every stream on each call, 77% of a node's protocol time with
-        // 1000 streams. When the bound turns out early, `handle_timeout` finds nothing due and
-        // makes it exact again: at most one early wake-up per silence interval, and only while
-        // the node is not otherwise busy.
-        let silences_and_pauses = self.stream_timer_at;
+        // A lower bound of the outbound streams' silences and pauses, not their exact minimum
+        // (a pass over every stream took 77% of a node's protocol time with 1000 streams): an
+        // entry left early by later sends wakes the node once, and `handle_timeout` re-enters
+        // it at the stream's real deadline.
+        let silences_and_pauses = self.stream_timers.peek().map(|Reverse((at, ..))| *at);
         let dcq = (self.config.congestion_control && !self.outbound.is_empty())
             .then_some(self.rate.next_dcq);
         let others = rings
@@ -1478,7 +1516,7 @@ impl Node {
             stream.last_send = now;
             self.silences_pending -= 1;
             self.out.stats.silences_sent += 1;
-            lower_stream_timer(&mut self.stream_timer_at, stream, &self.config);
+            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,
@@ -1516,7 +1554,11 @@ impl Node {
         s.held_bytes_max = s.held_bytes_max.max(held_bytes);
         s.cache_msgs_current = cached;
         s.cache_msgs_max = s.cache_msgs_max.max(cached);
-        s.nack_window_msgs_current = nack_window_min(&self.gauge_shares);
+        self.nack_windows.clear();
+        for window in self.gauge_shares.values().filter_map(|g| g.nack_window_min) {
+            *self.nack_windows.entry(window).or_default() += 1;
+        }
+        s.nack_window_msgs_current = self.nack_windows.keys().next().map_or(0, |&w| w as u64);
     }
 
     /// Updates the gauges after a change confined to `region`, by difference: the cost of a
@@ -1566,7 +1608,20 @@ impl Node {
         s.held_bytes_max = s.held_bytes_max.max(s.held_bytes_current);
         s.cache_msgs_max = s.cache_msgs_max.max(s.cache_msgs_current);
         if share.nack_window_min != old.nack_window_min {
-            s.nack_window_msgs_current = nack_window_min(&self.gauge_shares);
+            // The new count first: the map never empties on the way, so its root stays
+            // allocated (no allocation per change in steady state).
+            if let Some(new) = share.nack_window_min {
+                *self.nack_windows.entry(new).or_default() += 1;
+            }
+            if let Some(old) = old.nack_window_min {
+                if let Some(count) = self.nack_windows.get_mut(&old) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.nack_windows.remove(&old);
+                    }
+                }
+            }
+            s.nack_window_msgs_current = self.nack_windows.keys().next().map_or(0, |&w| w as u64);
         }
     }
 

@@ -43,6 +43,11 @@ pub(crate) struct OutboundStream {
     pub(crate) paused_until: Time,
     /// The stream is in the node's queue of streams with unsent messages (`Node::data_ready`).
     pub(crate) data_queued: bool,
+    /// Time of the stream's live entry in the node's stream timers (`Node::stream_timers`),
+    /// at or before its silence or pause deadline; `None` without one.
+    pub(crate) timer_at: Option<Time>,
+    /// Generation of that entry: older entries of this stream are skipped.
+    pub(crate) timer_generation: u64,
 }
 
 impl OutboundStream {
@@ -58,6 +63,8 @@ impl OutboundStream {
             silence_pending: false,
             paused_until: Time::ZERO,
             data_queued: false,
+            timer_at: None,
+            timer_generation: 0,
         }
     }
 
