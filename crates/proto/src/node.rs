@@ -598,6 +598,10 @@ impl Node {
         // What a datagram changes is confined to its region (ACKs of other regions refresh
         // theirs in `apply_ack`).
         self.refresh_gauges(h.region);
+        if let Some(region) = self.regions.get_mut(&h.region) {
+            // It may give a sleeping ring something to carry.
+            region.wake_leads(now, &self.config);
+        }
         self.schedule_region_timer(h.region);
     }
 
@@ -746,7 +750,10 @@ impl Node {
             }
         }
         // Regions were replaced, added and removed: their ring timers are entered afresh, and
-        // so are the streams'.
+        // so are the streams'. Kept regions' sleeping rings wake (re-homed messages may come).
+        for region in self.regions.values_mut() {
+            region.wake_leads(now, &self.config);
+        }
         self.schedule_all_region_timers();
         self.reset_stream_timer();
         // Datagrams that waited for this membership.
@@ -1464,6 +1471,10 @@ impl Node {
             if std::mem::take(&mut stream.silence_pending) {
                 self.silences_pending -= 1;
             }
+            if let Some(state) = self.regions.get_mut(&region) {
+                // New messages of this node's own stream for the region's rings to carry.
+                state.wake_leads(now, &self.config);
+            }
             // Round robin: a stream with more to send goes behind the others.
             if stream.unsent_msgs() > 0 {
                 self.data_ready.push_back(region);
@@ -1474,6 +1485,7 @@ impl Node {
             self.out.stats.messages_sent += packed as u64;
             // A first send gives the stream a silence deadline.
             self.stream_changed(region);
+            self.schedule_region_timer(region);
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,

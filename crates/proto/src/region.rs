@@ -179,6 +179,12 @@ struct Lead {
     in_flight: bool,
     released_at: Time,
     next_release: Time,
+    /// The last release found nothing to carry: the lead has no deadline until something
+    /// touches its region ([`RegionState::wake_leads`]). A release with nothing to carry sends
+    /// nothing and changes nothing but `next_release`, so sleeping through those releases and
+    /// waking on the ring's grid is the same protocol; a node alone in thousands of quiet
+    /// regions no longer fires a timer per region every token interval.
+    dormant: bool,
     reports: BTreeMap<NodeId, Report>,
     idle_rounds: BTreeMap<NodeId, u32>,
 }
@@ -345,6 +351,7 @@ impl RegionState {
                 in_flight: false,
                 released_at: now,
                 next_release: now + config.token_interval,
+                dormant: false,
                 reports: BTreeMap::new(),
                 idle_rounds: BTreeMap::new(),
             });
@@ -489,6 +496,7 @@ impl RegionState {
         self.rings
             .iter()
             .filter_map(|r| r.lead.as_ref())
+            .filter(|l| l.in_flight || !l.dormant)
             .map(|l| {
                 if l.in_flight {
                     l.released_at + l.timeout(config)
@@ -525,10 +533,37 @@ impl RegionState {
                 }
                 lead.in_flight = false;
                 out.stats.tokens_lost += 1;
-            } else if now < lead.next_release {
+            } else if lead.dormant || now < lead.next_release {
                 continue;
             }
+            let released = out.stats.tokens_released;
             self.release(now, level, own, config, out);
+            if out.stats.tokens_released != released {
+                // A round of this level may complete at once (a ring of one) and give the
+                // levels above something to carry.
+                self.wake_leads(now, config);
+            }
+        }
+    }
+
+    /// Wakes the dormant leads of this region's rings, at the first release time of their
+    /// grid (`next_release` plus whole token intervals) at or after `now`: called whenever
+    /// something touches the region (a datagram of it, a send from this node's stream into
+    /// it, a released token), which is everything that can give a ring something to carry.
+    pub(crate) fn wake_leads(&mut self, now: Time, config: &Config) {
+        let interval = config.token_interval;
+        for lead in self.rings.iter_mut().filter_map(|r| r.lead.as_mut()) {
+            if !lead.dormant {
+                continue;
+            }
+            lead.dormant = false;
+            if lead.next_release < now && !interval.is_zero() {
+                let behind = (now - lead.next_release).as_nanos();
+                let step = interval.as_nanos();
+                let steps = behind.div_ceil(step);
+                let skip = u32::try_from(steps).unwrap_or(u32::MAX);
+                lead.next_release += interval.saturating_mul(skip);
+            }
         }
     }
 
@@ -675,6 +710,10 @@ impl RegionState {
         };
         lead.next_release = now + config.token_interval;
         if origins.is_empty() {
+            if !lead.dormant {
+                out.stats.ring_sleeps += 1;
+            }
+            lead.dormant = true;
             return;
         }
         let records_max = Self::records_max(config);

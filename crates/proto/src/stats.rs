@@ -88,6 +88,9 @@ pub struct Stats {
 
     /// Tokens released by this node as a ring leader.
     pub tokens_released: u64,
+    /// Times a ring this node leads found nothing to carry and went to sleep (its timer stops
+    /// until something touches the region).
+    pub ring_sleeps: u64,
     /// Tokens passed on to the next ring member.
     pub tokens_forwarded: u64,
     /// Token rounds completed (the token came back to this leader).

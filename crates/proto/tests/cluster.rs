@@ -304,6 +304,22 @@ fn idle_senders_leave_the_token() {
         "rings circulated while the sender was active ({before})"
     );
     assert_eq!(after, before, "tokens kept circulating for an idle sender");
+    // Rings with nothing to carry sleep: over 10 idle seconds the nodes wake for the
+    // sender's idle silences (one a second) and the one release each of them lets the ring
+    // look at, 120 steps of the cluster; rings that kept their timer would add a step every
+    // token interval (200 steps, the 5 rings' releases falling on the same instants).
+    let sleeps: u64 = c.nodes.iter().map(|n| n.stats().ring_sleeps).sum();
+    assert!(sleeps >= 5, "every ring went to sleep: {sleeps}");
+    let start = c.now;
+    let mut wakeups = 0;
+    while c.step(start + Duration::from_secs(10)) {
+        wakeups += 1;
+    }
+    assert!(
+        wakeups <= 150,
+        "{wakeups} wake-ups in 10 idle seconds: the rings did not sleep"
+    );
+    assert_eq!(released(&c), before, "sleeping rings released nothing");
 }
 
 /// One region (id 1) for topic 1 with the given members, in partitions of 3, at view `view`.
