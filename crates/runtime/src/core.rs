@@ -357,6 +357,8 @@ pub(crate) struct Core {
     local_addr: SocketAddr,
     /// The membership in force (the protocol's copy is private to it).
     membership: Membership,
+    /// Regions whose multicast group could not be joined, with the reason.
+    unjoined: BTreeMap<RegionId, String>,
 }
 
 impl std::fmt::Debug for Core {
@@ -455,6 +457,7 @@ impl Core {
             gms,
             local_addr,
             membership: membership.clone(),
+            unjoined: BTreeMap::new(),
         };
         core.sync_groups()?;
         core.look_at_deadline(now);
@@ -751,10 +754,9 @@ impl Core {
             match event {
                 ClientEvent::Membership(m) => {
                     let book = self.gms_address_book();
-                    if self.install_membership(now, m, Some(book)).is_err() {
-                        // A group could not be joined: counted; the views stay installed.
-                        self.stats.send_errors += 1;
-                    }
+                    // A group that could not be joined is recorded (`unjoined`), and the
+                    // subscriptions it carries are refused with the reason just below.
+                    let _ = self.install_membership(now, m, Some(book));
                     self.answer_waiting();
                 }
                 ClientEvent::Removed => self.on_removed(now),
@@ -796,6 +798,18 @@ impl Core {
             return;
         };
         let membership = &self.membership;
+        // The region of each topic this node is in, once per call (not a pass over every region
+        // per waiting request: a batch of 128 waits through each install).
+        let my_regions: HashMap<TopicId, RegionId> = if link.waiting.is_empty() {
+            HashMap::new()
+        } else {
+            membership
+                .regions
+                .values()
+                .filter(|v| v.partition_of(me).is_some())
+                .flat_map(|v| v.topics.iter().map(move |&t| (t, v.region)))
+                .collect()
+        };
         let mut still = Vec::new();
         for w in link.waiting.drain(..) {
             match w {
@@ -804,11 +818,15 @@ impl Core {
                         still.push(Waiting::Subscribe { name, task, reply });
                         continue;
                     };
-                    let in_force = membership
-                        .regions
-                        .values()
-                        .any(|v| v.topics.contains(&topic) && v.partition_of(me).is_some());
-                    if in_force {
+                    let mine = my_regions.get(&topic).copied();
+                    if let Some(why) = mine.and_then(|r| self.unjoined.get(&r)) {
+                        // Its messages cannot reach this node: refused, and the membership
+                        // service is told (so nobody waits for this node's acknowledgements).
+                        let _ = link.client.unsubscribe(&name);
+                        let _ = reply.send(Err(format!("cannot subscribe to {name:?}: {why}")));
+                        continue;
+                    }
+                    if mine.is_some() {
                         self.subscriptions.entry(topic).or_default().push(task);
                         link.names.insert(topic, name);
                         let _ = reply.send(Ok(topic));
@@ -1330,32 +1348,42 @@ impl Core {
     }
 
     /// Joins the groups of the regions this node is in and leaves the others.
+    /// Joins the groups of the regions this node is in and leaves the others. A group that
+    /// cannot be joined (most often: no file descriptor left for its socket) is recorded in
+    /// `unjoined` with the reason, the others are still joined, and subscriptions whose topic
+    /// it carries are refused with that reason (`answer_waiting`) rather than left to wait for
+    /// messages that cannot arrive. Err (the first reason) if some group is not joined.
     fn sync_groups(&mut self) -> io::Result<()> {
         let Transport::Multicast(multicast) = &self.config.transport else {
             return Ok(());
         };
-        let wanted: Vec<(RegionId, SocketAddrV4)> = self.routes.joined().to_vec();
+        let wanted: HashMap<RegionId, SocketAddrV4> =
+            self.routes.joined().iter().copied().collect();
+        let mut present: HashMap<RegionId, SocketAddrV4> = HashMap::with_capacity(wanted.len());
         for slot in &mut self.groups {
             let keep = slot
                 .as_ref()
-                .is_some_and(|(s, g)| wanted.contains(&(s.region.unwrap_or_default(), *g)));
-            if !keep {
-                if let Some((mut s, g)) = slot.take() {
-                    let _ = self.poll.registry().deregister(&mut s.socket);
-                    net::leave_group(&s, *g.ip(), multicast.interface);
+                .is_some_and(|(s, g)| s.region.is_some_and(|r| wanted.get(&r) == Some(g)));
+            if keep {
+                if let Some((s, g)) = slot.as_ref() {
+                    if let Some(r) = s.region {
+                        present.insert(r, *g);
+                    }
                 }
+            } else if let Some((mut s, g)) = slot.take() {
+                let _ = self.poll.registry().deregister(&mut s.socket);
+                net::leave_group(&s, *g.ip(), multicast.interface);
             }
         }
-        for (region, group) in wanted {
-            let present = self
-                .groups
-                .iter()
-                .flatten()
-                .any(|(s, g)| s.region == Some(region) && *g == group);
-            if present {
-                continue;
-            }
-            let mut socket = net::group_socket(region, group, multicast, &self.config)?;
+        self.unjoined.retain(|r, _| wanted.contains_key(r));
+        // In region order, so that which groups fail (if some do) does not depend on hashing.
+        let mut missing: Vec<(RegionId, SocketAddrV4)> = wanted
+            .iter()
+            .filter(|(r, g)| present.get(r) != Some(g))
+            .map(|(&r, &g)| (r, g))
+            .collect();
+        missing.sort_unstable();
+        for (region, group) in missing {
             let slot = match self.groups.iter().position(Option::is_none) {
                 Some(i) => i,
                 None => {
@@ -1363,15 +1391,41 @@ impl Core {
                     self.groups.len() - 1
                 }
             };
-            self.poll.registry().register(
-                &mut socket.socket,
-                Token(GROUP_BASE + slot),
-                Interest::READABLE,
-            )?;
-            self.groups[slot] = Some((socket, group));
+            let joined =
+                net::group_socket(region, group, multicast, &self.config).and_then(|mut socket| {
+                    self.poll
+                        .registry()
+                        .register(
+                            &mut socket.socket,
+                            Token(GROUP_BASE + slot),
+                            Interest::READABLE,
+                        )
+                        .map(|()| socket)
+                });
+            match joined {
+                Ok(socket) => {
+                    self.groups[slot] = Some((socket, group));
+                    self.unjoined.remove(&region);
+                }
+                Err(e) => {
+                    self.stats.groups_join_failed += 1;
+                    self.unjoined.insert(
+                        region,
+                        format!(
+                            "cannot join multicast group {group} of region {}: {e} (raise the \
+                             open-file limit, `ulimit -n`, or use the unicast transport)",
+                            region.0
+                        ),
+                    );
+                }
+            }
         }
         self.stats.groups_joined = self.groups.iter().flatten().count();
-        Ok(())
+        self.stats.groups_unjoined_current = self.unjoined.len();
+        match self.unjoined.values().next() {
+            Some(why) => Err(io::Error::other(why.clone())),
+            None => Ok(()),
+        }
     }
 
     // ---- The alarm queue ---------------------------------------------------------------

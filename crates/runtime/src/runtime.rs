@@ -13,7 +13,7 @@ use tidings_sched::{Scheduler, ShutdownMode, TaskHandle, TaskStats};
 
 use crate::addr::AddressBook;
 use crate::clock;
-use crate::config::{ConfigError, GmsLinkConfig, RuntimeConfig};
+use crate::config::{ConfigError, GmsLinkConfig, RuntimeConfig, Transport};
 use crate::core::{Control, Core, CoreShared, GmsLink};
 use crate::gms_server::{frame, unframe};
 use crate::publish::Publisher;
@@ -181,6 +181,9 @@ impl NodeRuntime {
         let me = node.id();
         let local_addr = socket.local_addr()?;
         let max_payload = node.max_payload();
+        if matches!(config.transport, Transport::Multicast(_)) {
+            raise_open_file_limit();
+        }
         let (core, shared) = Core::new(node, config.clone(), &membership, addresses, socket, gms)?;
         let scheduler = Scheduler::new(config.sched.clone())?;
         let thread = std::thread::Builder::new()
@@ -575,3 +578,25 @@ fn handshake(
         }
     }
 }
+
+/// Raises this process's soft limit of open files to its hard limit (as Go's runtime does at
+/// start): a multicast node holds a socket per region it is in, and the common soft default of
+/// 1,024 would stop it at about a thousand topics. Best effort: where the limit cannot be
+/// raised, groups that find no descriptor are refused with the reason (see `Core::sync_groups`).
+#[cfg(unix)]
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some() && limit.current != limit.maximum {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn raise_open_file_limit() {}

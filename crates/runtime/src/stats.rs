@@ -161,6 +161,11 @@ pub struct RuntimeStats {
     pub gro_segments: usize,
     /// Multicast groups joined now.
     pub groups_joined: usize,
+    /// Times joining a region's multicast group failed (the subscriptions it carries were
+    /// refused with the reason).
+    pub groups_join_failed: u64,
+    /// Regions of this node whose multicast group is not joined, now.
+    pub groups_unjoined_current: usize,
     /// GMS datagrams received from the membership service (nodes that joined through one).
     pub gms_datagrams_received: u64,
     /// GMS datagrams sent to the membership service.

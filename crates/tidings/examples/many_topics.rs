@@ -9,7 +9,8 @@
 //!
 //! With `IDLE_SECONDS=3` in the environment it also waits that long once subscribed, before
 //! anything is published, and prints the CPU the process used meanwhile (what the quiet regions
-//! cost; Linux, from `/proc/self/stat`).
+//! cost; Linux, from `/proc/self/stat`). With `MULTICAST=1` the regions use IP multicast on
+//! loopback (a group per region from a /16 pool of the embedded service), not unicast.
 
 // An application measuring its own wall time (the lint keeps the clock out of the protocol).
 #![allow(clippy::disallowed_methods)]
@@ -18,7 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidings::{Bytes, Node, Topic};
+use std::net::SocketAddr;
+
+use tidings::{Bytes, GmsConfig, MulticastConfig, MulticastPool, Node, Topic, Transport};
 
 /// Messages published on each topic.
 const MESSAGES_PER_TOPIC: u64 = 20;
@@ -29,8 +32,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => 1_000,
     };
     let one_by_one = std::env::args().nth(2).as_deref() == Some("one-by-one");
-    let publisher_node = Node::builder().start()?;
-    let subscriber_node = Node::builder().gms(publisher_node.gms_addr()).start()?;
+    let multicast = std::env::var_os("MULTICAST").is_some_and(|v| v == "1");
+    let transport = if multicast {
+        Transport::Multicast(MulticastConfig::default())
+    } else {
+        Transport::Unicast
+    };
+    let mut gms = GmsConfig::default();
+    if multicast {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        gms.multicast_pool = Some(MulticastPool {
+            base: [239, 77, 0, 0],
+            prefix_len: 16,
+            port,
+        });
+    }
+    let publisher_node = Node::builder()
+        .embedded_gms(SocketAddr::from(([127, 0, 0, 1], 0)), gms)
+        .transport(transport.clone())
+        .start()?;
+    let subscriber_node = Node::builder()
+        .gms(publisher_node.gms_addr())
+        .transport(transport)
+        .start()?;
 
     // Per topic: the next sequence number expected; a message out of order counts an error.
     let next: Arc<Vec<AtomicU64>> = Arc::new((0..topics).map(|_| AtomicU64::new(0)).collect());
