@@ -16,7 +16,7 @@
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
@@ -196,6 +196,19 @@ struct ProtocolAlarm {
     due: Time,
 }
 
+/// A socket receiving multicast groups of one port, and the groups joined on it.
+struct GroupSocket {
+    net: NetSocket,
+    port: u16,
+    /// Region and group address of each group joined on the socket.
+    joined: Vec<(RegionId, Ipv4Addr)>,
+    /// A join failed for the kernel's per-socket limit: no more groups go here.
+    full: bool,
+}
+
+/// `ENOBUFS`: the kernel's answer to a join past `igmp_max_memberships` on one socket.
+const ENOBUFS: i32 = 105;
+
 /// A delivery that found its subscription's queue full, with the index of the first
 /// subscription of its topic that still has to get it.
 #[derive(Debug)]
@@ -317,8 +330,11 @@ pub(crate) struct Core {
     unicast: NetSocket,
     /// Whether the unicast socket can take more (edge-triggered writable events).
     writable: bool,
-    /// Multicast group sockets by slot; the slot gives the token.
-    groups: Vec<Option<(NetSocket, SocketAddrV4)>>,
+    /// Multicast group sockets by slot (the slot gives the token), each with the groups joined
+    /// on it.
+    groups: Vec<Option<GroupSocket>>,
+    /// Most groups joined on one socket (`net::groups_per_socket`).
+    groups_per_socket: usize,
     routes: Routes,
     addresses: AddressBook,
     rx: RxBuffers,
@@ -428,6 +444,7 @@ impl Core {
             unicast,
             writable: true,
             groups: Vec::new(),
+            groups_per_socket: net::groups_per_socket(),
             routes,
             addresses,
             rx: RxBuffers::new(),
@@ -504,8 +521,8 @@ impl Core {
                         }
                     }
                     Token(t) => {
-                        if let Some(Some((s, _))) = self.groups.get_mut(t - GROUP_BASE) {
-                            s.readable = true;
+                        if let Some(Some(g)) = self.groups.get_mut(t - GROUP_BASE) {
+                            g.net.readable = true;
                         }
                     }
                 }
@@ -532,7 +549,7 @@ impl Core {
         }
         let reading = self.reading();
         let readable =
-            self.unicast.readable || self.groups.iter().flatten().any(|(s, _)| s.readable);
+            self.unicast.readable || self.groups.iter().flatten().any(|g| g.net.readable);
         let sending = self.writable && (self.tx_more || self.tx.has_pending());
         let stalled = self.active_publishers().any(|p| {
             p.retry_at.is_none_or(|t| now >= t)
@@ -1203,7 +1220,7 @@ impl Core {
     fn receive_batch(&mut self) -> usize {
         let max = self.config.recv_batch_datagrams_max;
         let mut kept = 0;
-        let mut slot = None;
+        let mut slot: Option<usize> = None;
         loop {
             if kept >= max {
                 break;
@@ -1212,7 +1229,7 @@ impl Core {
             let socket = match slot {
                 None => &mut self.unicast,
                 Some(i) => match self.groups.get_mut(i) {
-                    Some(Some((s, _))) => s,
+                    Some(Some(g)) => &mut g.net,
                     Some(None) => {
                         slot = Some(i + 1);
                         continue;
@@ -1347,32 +1364,39 @@ impl Core {
         s.control_datagrams_sent += c.control_datagrams;
     }
 
-    /// Joins the groups of the regions this node is in and leaves the others.
-    /// Joins the groups of the regions this node is in and leaves the others. A group that
-    /// cannot be joined (most often: no file descriptor left for its socket) is recorded in
-    /// `unjoined` with the reason, the others are still joined, and subscriptions whose topic
-    /// it carries are refused with that reason (`answer_waiting`) rather than left to wait for
-    /// messages that cannot arrive. Err (the first reason) if some group is not joined.
+    /// Joins the groups of the regions this node is in and leaves the others, several groups
+    /// of a port to a socket (`groups_per_socket`). A group that cannot be joined (most often:
+    /// no file descriptor left for a new socket) is recorded in `unjoined` with the reason, the
+    /// others are still joined, and subscriptions whose topic it carries are refused with that
+    /// reason (`answer_waiting`) rather than left to wait for messages that cannot arrive. Err
+    /// (the first reason) if some group is not joined.
     fn sync_groups(&mut self) -> io::Result<()> {
         let Transport::Multicast(multicast) = &self.config.transport else {
             return Ok(());
         };
+        let interface = multicast.interface;
         let wanted: HashMap<RegionId, SocketAddrV4> =
             self.routes.joined().iter().copied().collect();
         let mut present: HashMap<RegionId, SocketAddrV4> = HashMap::with_capacity(wanted.len());
         for slot in &mut self.groups {
-            let keep = slot
-                .as_ref()
-                .is_some_and(|(s, g)| s.region.is_some_and(|r| wanted.get(&r) == Some(g)));
-            if keep {
-                if let Some((s, g)) = slot.as_ref() {
-                    if let Some(r) = s.region {
-                        present.insert(r, *g);
-                    }
+            let Some(g) = slot.as_mut() else {
+                continue;
+            };
+            let port = g.port;
+            g.joined.retain(|&(region, ip)| {
+                let group = SocketAddrV4::new(ip, port);
+                if wanted.get(&region) == Some(&group) {
+                    present.insert(region, group);
+                    true
+                } else {
+                    net::leave_group(&g.net, ip, interface);
+                    false
                 }
-            } else if let Some((mut s, g)) = slot.take() {
-                let _ = self.poll.registry().deregister(&mut s.socket);
-                net::leave_group(&s, *g.ip(), multicast.interface);
+            });
+            if g.joined.is_empty() {
+                if let Some(mut g) = slot.take() {
+                    let _ = self.poll.registry().deregister(&mut g.net.socket);
+                }
             }
         }
         self.unjoined.retain(|r, _| wanted.contains_key(r));
@@ -1384,27 +1408,8 @@ impl Core {
             .collect();
         missing.sort_unstable();
         for (region, group) in missing {
-            let slot = match self.groups.iter().position(Option::is_none) {
-                Some(i) => i,
-                None => {
-                    self.groups.push(None);
-                    self.groups.len() - 1
-                }
-            };
-            let joined =
-                net::group_socket(region, group, multicast, &self.config).and_then(|mut socket| {
-                    self.poll
-                        .registry()
-                        .register(
-                            &mut socket.socket,
-                            Token(GROUP_BASE + slot),
-                            Interest::READABLE,
-                        )
-                        .map(|()| socket)
-                });
-            match joined {
-                Ok(socket) => {
-                    self.groups[slot] = Some((socket, group));
+            match self.join_group(region, group, interface) {
+                Ok(()) => {
                     self.unjoined.remove(&region);
                 }
                 Err(e) => {
@@ -1420,12 +1425,58 @@ impl Core {
                 }
             }
         }
-        self.stats.groups_joined = self.groups.iter().flatten().count();
+        self.stats.groups_joined = self.groups.iter().flatten().map(|g| g.joined.len()).sum();
+        self.stats.group_sockets_current = self.groups.iter().flatten().count();
         self.stats.groups_unjoined_current = self.unjoined.len();
         match self.unjoined.values().next() {
             Some(why) => Err(io::Error::other(why.clone())),
             None => Ok(()),
         }
+    }
+
+    /// Joins `group` on a socket of its port with room, or on a new one.
+    fn join_group(
+        &mut self,
+        region: RegionId,
+        group: SocketAddrV4,
+        interface: Ipv4Addr,
+    ) -> io::Result<()> {
+        let per_socket = self.groups_per_socket;
+        for g in self.groups.iter_mut().flatten() {
+            if g.port != group.port() || g.full || g.joined.len() >= per_socket {
+                continue;
+            }
+            match net::join_group(&g.net, *group.ip(), interface) {
+                Ok(()) => {
+                    g.joined.push((region, *group.ip()));
+                    return Ok(());
+                }
+                // The kernel's per-socket limit is lower than assumed: this socket is full.
+                Err(e) if e.raw_os_error() == Some(ENOBUFS) => g.full = true,
+                Err(e) => return Err(e),
+            }
+        }
+        let slot = match self.groups.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.groups.push(None);
+                self.groups.len() - 1
+            }
+        };
+        let mut net = net::group_socket(group, &self.config)?;
+        net::join_group(&net, *group.ip(), interface)?;
+        self.poll.registry().register(
+            &mut net.socket,
+            Token(GROUP_BASE + slot),
+            Interest::READABLE,
+        )?;
+        self.groups[slot] = Some(GroupSocket {
+            net,
+            port: group.port(),
+            joined: vec![(region, *group.ip())],
+            full: false,
+        });
+        Ok(())
     }
 
     // ---- The alarm queue ---------------------------------------------------------------

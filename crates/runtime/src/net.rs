@@ -9,10 +9,10 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use bytes::{Bytes, BytesMut};
 use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
-use tidings_proto::{Destination, RegionId};
+use tidings_proto::Destination;
 
 use crate::addr::Routes;
-use crate::config::{MulticastConfig, RuntimeConfig, Transport};
+use crate::config::{RuntimeConfig, Transport};
 
 /// Receive buffers per system call: quinn-udp's `recvmmsg` batch.
 pub(crate) const RECV_BUFFERS: usize = quinn_udp::BATCH_SIZE;
@@ -41,8 +41,6 @@ pub(crate) struct NetSocket {
     pub(crate) state: UdpSocketState,
     /// Edge-triggered readiness: set by a readable event, cleared when a read would block.
     pub(crate) readable: bool,
-    /// The region whose group this socket listens to (multicast sockets only).
-    pub(crate) region: Option<RegionId>,
     /// The IP TOS byte the socket sends with now (see [`TxBatch::flush`]).
     tos: u8,
 }
@@ -102,37 +100,66 @@ pub(crate) fn unicast_socket(
         socket: mio::net::UdpSocket::from_std(socket),
         state,
         readable: true,
-        region: None,
         tos: 0,
     })
 }
 
-/// A socket that receives region `region`'s multicast group `group`.
-pub(crate) fn group_socket(
-    region: RegionId,
-    group: SocketAddrV4,
-    multicast: &MulticastConfig,
-    config: &RuntimeConfig,
-) -> io::Result<NetSocket> {
+/// Groups one socket joins at most on Linux: the kernel's default `igmp_max_memberships`, read
+/// from `/proc` where it can be (a join past the real limit fails with `ENOBUFS`, and the
+/// caller then opens another socket).
+pub(crate) fn groups_per_socket() -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        std::fs::read_to_string("/proc/sys/net/ipv4/igmp_max_memberships")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(20)
+    }
+    // Elsewhere a socket is bound to its one group's address (see `group_socket`).
+    #[cfg(not(target_os = "linux"))]
+    {
+        1
+    }
+}
+
+/// A socket for the multicast groups of `port`, joined with [`join_group`].
+///
+/// On Linux it is bound to the wildcard address with `IP_MULTICAST_ALL` off, so it receives
+/// exactly the groups joined on it, up to [`groups_per_socket`] of them: a node in thousands of
+/// regions needs a descriptor (and a receive call) per twenty groups, not per group. Elsewhere
+/// it is bound to `first`, the one group it will join.
+pub(crate) fn group_socket(first: SocketAddrV4, config: &RuntimeConfig) -> io::Result<NetSocket> {
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-    // Several nodes on one host listen to the same group and port.
+    // Several nodes on one host listen to the same groups and port.
     socket.set_reuse_address(true)?;
     set_buffers(&SockRef::from(&socket), config)?;
-    // Bound to the group address, not the wildcard, so the socket receives only this group.
-    socket.bind(&SocketAddr::V4(group).into())?;
-    socket.join_multicast_v4(group.ip(), &multicast.interface)?;
-    // Linux would otherwise also deliver groups joined by other sockets on the same port.
     #[cfg(target_os = "linux")]
-    socket.set_multicast_all_v4(false)?;
+    {
+        // Linux would otherwise deliver every group joined by any socket on this port.
+        socket.set_multicast_all_v4(false)?;
+        let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, first.port());
+        socket.bind(&SocketAddr::V4(any).into())?;
+    }
+    #[cfg(not(target_os = "linux"))]
+    socket.bind(&SocketAddr::V4(first).into())?;
     let socket: std::net::UdpSocket = socket.into();
     let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
     Ok(NetSocket {
         socket: mio::net::UdpSocket::from_std(socket),
         state,
         readable: true,
-        region: Some(region),
         tos: 0,
     })
+}
+
+/// Joins `group` on `socket` (a [`group_socket`] of the group's port).
+pub(crate) fn join_group(
+    socket: &NetSocket,
+    group: Ipv4Addr,
+    interface: Ipv4Addr,
+) -> io::Result<()> {
+    SockRef::from(&socket.socket).join_multicast_v4(&group, &interface)
 }
 
 /// Leaves a group (best effort: closing the socket leaves it too).
@@ -755,7 +782,7 @@ mod tx_tests {
 
     const HEADER: Header = Header {
         kind: Kind::Dcq,
-        region: RegionId(0),
+        region: tidings_proto::RegionId(0),
         view: ViewId(1),
         sender: NodeId(0),
     };

@@ -164,6 +164,8 @@ pub struct RuntimeStats {
     /// Times joining a region's multicast group failed (the subscriptions it carries were
     /// refused with the reason).
     pub groups_join_failed: u64,
+    /// Sockets the joined groups share (several groups of a port per socket on Linux), now.
+    pub group_sockets_current: usize,
     /// Regions of this node whose multicast group is not joined, now.
     pub groups_unjoined_current: usize,
     /// GMS datagrams received from the membership service (nodes that joined through one).
