@@ -202,7 +202,8 @@ struct GroupSocket {
     port: u16,
     /// Region and group address of each group joined on the socket.
     joined: Vec<(RegionId, Ipv4Addr)>,
-    /// A join failed for the kernel's per-socket limit: no more groups go here.
+    /// No more groups go here: a join failed for the kernel's per-socket limit, or the socket
+    /// is bound to its one group's address (`net::group_socket`).
     full: bool,
 }
 
@@ -1463,7 +1464,7 @@ impl Core {
                 self.groups.len() - 1
             }
         };
-        let mut net = net::group_socket(group, &self.config)?;
+        let (mut net, shared) = net::group_socket(group, &self.config)?;
         net::join_group(&net, *group.ip(), interface)?;
         self.poll.registry().register(
             &mut net.socket,
@@ -1474,7 +1475,7 @@ impl Core {
             net,
             port: group.port(),
             joined: vec![(region, *group.ip())],
-            full: false,
+            full: !shared,
         });
         Ok(())
     }

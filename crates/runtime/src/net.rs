@@ -123,34 +123,52 @@ pub(crate) fn groups_per_socket() -> usize {
     }
 }
 
-/// A socket for the multicast groups of `port`, joined with [`join_group`].
+/// A socket for the multicast groups of `first`'s port, joined with [`join_group`]; true if
+/// it can take more groups than `first`.
 ///
 /// On Linux it is bound to the wildcard address with `IP_MULTICAST_ALL` off, so it receives
 /// exactly the groups joined on it, up to [`groups_per_socket`] of them: a node in thousands of
-/// regions needs a descriptor (and a receive call) per twenty groups, not per group. Elsewhere
-/// it is bound to `first`, the one group it will join.
-pub(crate) fn group_socket(first: SocketAddrV4, config: &RuntimeConfig) -> io::Result<NetSocket> {
+/// regions needs a descriptor (and a receive call) per twenty groups, not per group. Where that
+/// cannot be (another platform, or the port is taken on a specific address, say by a node's
+/// unicast socket on 127.0.0.1 that got the same port) it is bound to `first`'s address and
+/// takes that group only.
+pub(crate) fn group_socket(
+    first: SocketAddrV4,
+    config: &RuntimeConfig,
+) -> io::Result<(NetSocket, bool)> {
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     // Several nodes on one host listen to the same groups and port.
     socket.set_reuse_address(true)?;
     set_buffers(&SockRef::from(&socket), config)?;
+    // Linux would otherwise deliver every group joined by any socket on this port.
     #[cfg(target_os = "linux")]
-    {
-        // Linux would otherwise deliver every group joined by any socket on this port.
-        socket.set_multicast_all_v4(false)?;
+    socket.set_multicast_all_v4(false)?;
+    #[cfg(target_os = "linux")]
+    let shared = {
         let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, first.port());
-        socket.bind(&SocketAddr::V4(any).into())?;
-    }
+        match socket.bind(&SocketAddr::V4(any).into()) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                socket.bind(&SocketAddr::V4(first).into())?;
+                false
+            }
+            Err(e) => return Err(e),
+        }
+    };
     #[cfg(not(target_os = "linux"))]
-    socket.bind(&SocketAddr::V4(first).into())?;
+    let shared = {
+        socket.bind(&SocketAddr::V4(first).into())?;
+        false
+    };
     let socket: std::net::UdpSocket = socket.into();
     let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
-    Ok(NetSocket {
+    let net = NetSocket {
         socket: mio::net::UdpSocket::from_std(socket),
         state,
         readable: true,
         tos: 0,
-    })
+    };
+    Ok((net, shared))
 }
 
 /// Joins `group` on `socket` (a [`group_socket`] of the group's port).
@@ -864,5 +882,34 @@ mod tx_tests {
         assert_eq!(tos_now(&socket), 0);
         send(&mut socket, vec![(Priority::Control, dcq)], 0);
         assert_eq!(tos_now(&socket), 0);
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod group_socket_tests {
+    use super::*;
+
+    /// Groups of a port share a wildcard-bound socket, unless the port is taken on a specific
+    /// address (a node's unicast socket that happens to have the pool's port): then the socket
+    /// is bound to its one group, as before sharing.
+    #[test]
+    fn a_group_socket_is_shared_unless_its_port_is_taken() {
+        let config = RuntimeConfig::default();
+        let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = free.local_addr().unwrap().port();
+        drop(free);
+        let group = SocketAddrV4::new(Ipv4Addr::new(239, 255, 77, 1), port);
+        let (socket, shared) = group_socket(group, &config).unwrap();
+        assert!(shared, "the wildcard takes several groups");
+        join_group(&socket, *group.ip(), Ipv4Addr::LOCALHOST).unwrap();
+        join_group(&socket, Ipv4Addr::new(239, 255, 77, 2), Ipv4Addr::LOCALHOST).unwrap();
+        drop(socket);
+
+        let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let group = SocketAddrV4::new(Ipv4Addr::new(239, 255, 77, 3), port);
+        let (socket, shared) = group_socket(group, &config).unwrap();
+        assert!(!shared, "bound to its one group beside 127.0.0.1:{port}");
+        join_group(&socket, *group.ip(), Ipv4Addr::LOCALHOST).unwrap();
     }
 }
