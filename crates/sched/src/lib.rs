@@ -13,7 +13,7 @@
 //! * Writers and workers coordinate through the task's atomic queue size (section III-A,
 //!   Fig. 2), so a task with events is never lost and never on two threads at once.
 //! * [`maxmin::expected_rates`] is the throughput model of section II, and [`history`] checks the
-//!   invariant of section III-D on recorded histories. [`bench`] holds the experiments of
+//!   invariant of section III-D on recorded histories. [`bench`](mod@bench) holds the experiments of
 //!   section IV.
 //!
 //! Time is an input: durations come from a [`Clock`] ([`MonotonicClock`] for workers,
