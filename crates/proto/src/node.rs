@@ -599,7 +599,8 @@ impl Node {
         // theirs in `apply_ack`).
         self.refresh_gauges(h.region);
         if let Some(region) = self.regions.get_mut(&h.region) {
-            // It may give a sleeping ring something to carry.
+            // It may give a sleeping ring something to carry (the timer is re-entered below
+            // either way).
             region.wake_leads(now, &self.config);
         }
         self.schedule_region_timer(h.region);
@@ -1471,10 +1472,12 @@ impl Node {
             if std::mem::take(&mut stream.silence_pending) {
                 self.silences_pending -= 1;
             }
-            if let Some(state) = self.regions.get_mut(&region) {
-                // New messages of this node's own stream for the region's rings to carry.
-                state.wake_leads(now, &self.config);
-            }
+            // New messages of this node's own stream for the region's rings to carry; only a
+            // ring that was asleep moves the region's deadline.
+            let woke = self
+                .regions
+                .get_mut(&region)
+                .is_some_and(|state| state.wake_leads(now, &self.config));
             // Round robin: a stream with more to send goes behind the others.
             if stream.unsent_msgs() > 0 {
                 self.data_ready.push_back(region);
@@ -1485,7 +1488,9 @@ impl Node {
             self.out.stats.messages_sent += packed as u64;
             // A first send gives the stream a silence deadline.
             self.stream_changed(region);
-            self.schedule_region_timer(region);
+            if woke {
+                self.schedule_region_timer(region);
+            }
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,

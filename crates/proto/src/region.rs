@@ -553,13 +553,16 @@ impl RegionState {
     /// grid (`next_release` plus whole token intervals) at or after `now`: called whenever
     /// something touches the region (a datagram of it, a send from this node's stream into
     /// it, a released token), which is everything that can give a ring something to carry.
-    pub(crate) fn wake_leads(&mut self, now: Time, config: &Config) {
+    /// True if some lead was asleep (its region's deadline may have moved).
+    pub(crate) fn wake_leads(&mut self, now: Time, config: &Config) -> bool {
         let interval = config.token_interval;
+        let mut woke = false;
         for lead in self.rings.iter_mut().filter_map(|r| r.lead.as_mut()) {
             if !lead.dormant {
                 continue;
             }
             lead.dormant = false;
+            woke = true;
             if lead.next_release < now && !interval.is_zero() {
                 let behind = (now - lead.next_release).as_nanos();
                 let step = interval.as_nanos();
@@ -568,6 +571,7 @@ impl RegionState {
                 lead.next_release += interval.saturating_mul(skip);
             }
         }
+        woke
     }
 
     /// Horus' global window without its own sender: the sum over the other senders of the region

@@ -144,25 +144,19 @@ impl CoreShared {
         self.running.load(Ordering::Acquire)
     }
 
-    /// Wakes the core thread if it sleeps (after queueing work for it). A wake-up costs a system
+    /// After a publisher queued a message (or was dropped): lists it for the core thread if it
+    /// is not listed yet, then wakes the core thread if it sleeps. A wake-up costs a system
     /// call, so a busy core thread is not woken: it looks at its queues every round.
-    pub(crate) fn notify(&self) {
-        // Pairs with the fence in `Core::run` between announcing sleep and re-checking queues.
-        fence(Ordering::SeqCst);
+    pub(crate) fn notify_ready(&self, flag: &ReadyFlag) {
+        // `mark` fences after the queued message, and again after a list entry it made, so the
+        // read of `sleeping` below is ordered after both: it pairs with the fence in `Core::run`
+        // between announcing sleep and looking at the queues once more.
+        self.ready.mark(flag);
         // Only the first caller to see the flag writes the eventfd: one wake-up is enough, and
         // at high publish rates the others would each pay a system call for nothing.
         if self.sleeping.load(Ordering::Relaxed) && self.sleeping.swap(false, Ordering::AcqRel) {
             let _ = self.waker.wake();
         }
-    }
-
-    /// After a publisher queued a message (or was dropped): lists it for the core thread if it
-    /// is not listed yet, then wakes the core thread if it sleeps.
-    pub(crate) fn notify_ready(&self, flag: &ReadyFlag) {
-        // Listed or not (then the core thread has it listed or is serving it), the core thread
-        // may have gone to sleep meanwhile: `notify` looks, after its own fence.
-        self.ready.mark(flag);
-        self.notify();
     }
 
     /// Queues a control request and wakes the core thread.
@@ -207,8 +201,8 @@ struct GroupSocket {
     full: bool,
 }
 
-/// `ENOBUFS`: the kernel's answer to a join past `igmp_max_memberships` on one socket.
-const ENOBUFS: i32 = 105;
+/// The kernel's answer to a join past `igmp_max_memberships` on one socket.
+const ENOBUFS: i32 = rustix::io::Errno::NOBUFS.raw_os_error();
 
 /// A delivery that found its subscription's queue full, with the index of the first
 /// subscription of its topic that still has to get it.

@@ -10,12 +10,15 @@
 //!   datagrams pulled from the protocol only when the socket can send and sent in GSO runs), and
 //!   the **alarm queue** (the protocol's deadlines), each for at most its quantum. With nothing to
 //!   do it sleeps in the kernel.
-//! * [`Publisher`]s (one per application thread) queue messages without locks or allocation;
-//!   back pressure from the protocol shows as [`PublishError::WouldBlock`] or a blocking wait;
+//! * [`Publisher`]s (one per application thread) queue messages without locks, and without
+//!   allocation once their queue has grown to what they need (it starts at 16 messages); the
+//!   core thread looks only at publishers that queued something (ADR 17). Back pressure from
+//!   the protocol shows as [`PublishError::WouldBlock`] or a blocking wait;
 //!   [`Publisher::wait_stable`] waits until a message is stable.
 //! * [`NodeRuntime::subscribe`] registers a callback per topic as a task of the credit scheduler
 //!   with a share; callbacks run on its worker threads, in order within a topic.
-//! * Transports ([`Transport`]): IP multicast with one group per region, or unicast fan-out.
+//! * Transports ([`Transport`]): IP multicast with one group per region (the groups of a port
+//!   share a socket, up to the kernel's 20 per socket), or unicast fan-out.
 //! * [`RuntimeStats`]: cycle time and alarm lateness (maximum per second, as in paper 000
 //!   Figures 34-35), short sends, invalid packets, and the protocol's own counters.
 //!

@@ -580,9 +580,9 @@ fn handshake(
 }
 
 /// Raises this process's soft limit of open files to its hard limit (as Go's runtime does at
-/// start): a multicast node holds a socket per region it is in, and the common soft default of
-/// 1,024 would stop it at about a thousand topics. Best effort: where the limit cannot be
-/// raised, groups that find no descriptor are refused with the reason (see `Core::sync_groups`).
+/// start): a multicast node holds a socket per 20 regions it is in (more where a socket takes
+/// only one group), and a process may run several nodes. Best effort: where the limit cannot
+/// be raised, groups that find no descriptor are refused with the reason (`Core::sync_groups`).
 #[cfg(unix)]
 fn raise_open_file_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};

@@ -34,7 +34,8 @@ pub enum SlowConsumerPolicy {
 /// [`SubscribeBuilder::capacity`](crate::SubscribeBuilder::capacity)). When the application
 /// does not keep up and the queue is full, its [`SlowConsumerPolicy`] applies: by default the
 /// node stops taking deliveries, which slows the publishers down (back pressure); or the
-/// subscription is disconnected with an error. Nothing is dropped silently. Dropping the subscription unsubscribes.
+/// subscription is disconnected with an error. Nothing is dropped silently. Dropping the
+/// subscription unsubscribes.
 pub struct Subscription<T> {
     pub(crate) inner: tidings_runtime::Subscription,
     pub(crate) queue: Receiver<Result<Message<T>, Error>>,
