@@ -37,6 +37,15 @@ pub struct Config {
     /// 100 ms: paper 000 uses 1 token/s and shows that faster tokens cut unacknowledged data; our
     /// tokens are cheap, and time to stability drives sender memory.
     pub token_interval: Duration,
+    /// Least time between two token releases of a ring whose senders are fast (token pacing):
+    /// a leader whose last round saw some sender's contiguous point advance at a rate that would
+    /// fill a quarter of `window_msgs_max` within `token_interval` releases the next token
+    /// sooner, after the time that rate takes to fill that quarter, but never sooner than this.
+    /// A sender's window then holds about four rounds of its traffic instead of less than one,
+    /// so the window, not a fixed token rate, bounds a fast sender; quiet or slow rings keep
+    /// `token_interval`. Equal to `token_interval`: fixed-rate tokens (the paper's). Default
+    /// 1 ms.
+    pub token_interval_min: Duration,
     /// A ring leader that does not see its token back within this time (or within four smoothed
     /// round trips, if longer) releases a new round. Default 300 ms.
     pub token_timeout: Duration,
@@ -209,6 +218,7 @@ impl Default for Config {
             send_queue_bytes_max: 1 << 20,
             receive_window_msgs: 32768,
             token_interval: Duration::from_millis(100),
+            token_interval_min: Duration::from_millis(1),
             token_timeout: Duration::from_millis(300),
             token_handoff_timeout: Duration::from_millis(50),
             token_handoff_retries: 3,
@@ -406,6 +416,7 @@ impl Config {
         }
         for (field, d) in [
             ("token_interval", self.token_interval),
+            ("token_interval_min", self.token_interval_min),
             ("token_timeout", self.token_timeout),
             ("silence_interval", self.silence_interval),
             ("silence_idle_interval", self.silence_idle_interval),
@@ -422,6 +433,13 @@ impl Config {
             if d.is_zero() {
                 return Err(invalid(field, d, "must be positive"));
             }
+        }
+        if self.token_interval_min > self.token_interval {
+            return Err(invalid(
+                "token_interval_min",
+                self.token_interval_min,
+                "must not exceed token_interval",
+            ));
         }
         if self.token_timeout <= self.token_interval {
             return Err(invalid(

@@ -185,6 +185,8 @@ struct Lead {
     /// waking on the ring's grid is the same protocol; a node alone in thousands of quiet
     /// regions no longer fires a timer per region every token interval.
     dormant: bool,
+    /// When the previous round came back (token pacing measures its senders' rates from it).
+    last_round_at: Option<Time>,
     reports: BTreeMap<NodeId, Report>,
     idle_rounds: BTreeMap<NodeId, u32>,
 }
@@ -194,6 +196,36 @@ impl Lead {
     /// four smoothed round trips when the ring is slower (a busy ring is not a lossy one).
     fn timeout(&self, config: &Config) -> std::time::Duration {
         config.token_timeout.max(self.rtt_smoothed * 4)
+    }
+
+    /// Token pacing (see [`Config::token_interval_min`]): how long after this round's release
+    /// the next one goes out. The round that just came back carries each sender's contiguous
+    /// point; against the previous round's report of the same sender that is the messages the
+    /// sender got acknowledged-as-received since the previous round came back, a measure of its
+    /// rate. The fastest sender sets the pace: the next round comes after the time that rate
+    /// takes to fill a quarter of a sender's window, within `token_interval_min ..=
+    /// token_interval`. A window thus spans about four rounds of the fastest sender's traffic,
+    /// so its ACKs arrive before it fills, whatever the sender's rate; a quiet ring keeps the
+    /// configured interval and its token traffic.
+    fn paced_interval(&self, now: Time, records: &[OwnedRecord], config: &Config) -> Duration {
+        let Some(since) = self.last_round_at.map(|t| now - t).filter(|d| !d.is_zero()) else {
+            return config.token_interval;
+        };
+        let advance = records
+            .iter()
+            .filter_map(|rec| {
+                let before = self.reports.get(&rec.origin)?.contiguous;
+                Some(rec.agg_contiguous.saturating_sub(before))
+            })
+            .max()
+            .unwrap_or(0);
+        if advance == 0 {
+            return config.token_interval;
+        }
+        let quarter_window = (config.window_msgs_max / 4).max(1) as u128;
+        let nanos = quarter_window * since.as_nanos() / u128::from(advance);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+            .clamp(config.token_interval_min, config.token_interval)
     }
 }
 
@@ -355,6 +387,7 @@ impl RegionState {
                 released_at: now,
                 next_release: now + config.token_interval,
                 dormant: false,
+                last_round_at: None,
                 reports: BTreeMap::new(),
                 idle_rounds: BTreeMap::new(),
             });
@@ -1187,7 +1220,12 @@ impl RegionState {
             (lead.rtt_smoothed * 7 + rtt) / 8
         };
         lead.in_flight = false;
-        lead.next_release = (lead.released_at + config.token_interval).max(now);
+        let interval = lead.paced_interval(now, &token.records, config);
+        if interval < config.token_interval {
+            out.stats.tokens_paced += 1;
+        }
+        lead.last_round_at = Some(now);
+        lead.next_release = (lead.released_at + interval).max(now);
         out.stats.token_rounds_completed += 1;
         out.events.push_back(Event::TokenRound {
             region: self.region,

@@ -91,6 +91,9 @@ pub struct Stats {
     /// Times a ring this node leads found nothing to carry and went to sleep (its timer stops
     /// until something touches the region).
     pub ring_sleeps: u64,
+    /// Token rounds released sooner than `token_interval` because a sender of the ring was fast
+    /// (token pacing, [`Config::token_interval_min`](crate::Config::token_interval_min)).
+    pub tokens_paced: u64,
     /// Tokens passed on to the next ring member.
     pub tokens_forwarded: u64,
     /// Token rounds completed (the token came back to this leader).

@@ -40,13 +40,24 @@ impl Cluster {
         loss: f64,
         seed: u64,
     ) -> Self {
-        let subscriptions: BTreeMap<NodeId, Vec<TopicId>> =
-            (0..n).map(|i| (NodeId(i), subs(i))).collect();
-        let membership = Membership::from_subscriptions(&subscriptions, partition);
         let config = Config {
             rng_seed: seed,
             ..Config::default()
         };
+        Self::with_config(n, subs, partition, loss, config)
+    }
+
+    fn with_config(
+        n: u32,
+        subs: impl Fn(u32) -> Vec<TopicId>,
+        partition: usize,
+        loss: f64,
+        config: Config,
+    ) -> Self {
+        let seed = config.rng_seed;
+        let subscriptions: BTreeMap<NodeId, Vec<TopicId>> =
+            (0..n).map(|i| (NodeId(i), subs(i))).collect();
+        let membership = Membership::from_subscriptions(&subscriptions, partition);
         let nodes = (0..n)
             .map(|i| Node::new(config.clone(), NodeId(i), membership.clone(), Time::ZERO).unwrap())
             .collect();
@@ -320,6 +331,114 @@ fn idle_senders_leave_the_token() {
         "{wakeups} wake-ups in 10 idle seconds: the rings did not sleep"
     );
     assert_eq!(released(&c), before, "sleeping rings released nothing");
+}
+
+/// How long a sender that publishes as fast as its window allows takes until `messages` are
+/// stable at 4 receivers (one ring), the most unstable messages it had, and the token rounds
+/// its receivers' leader paced.
+fn fast_sender(config: Config, messages: u64) -> (Duration, u64, u64) {
+    let mut c = Cluster::with_config(
+        5,
+        |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
+        5,
+        0.0,
+        config,
+    );
+    let mut published = 0;
+    let limit = Time::ZERO + Duration::from_secs(30);
+    while c.stable[0].len() as u64 != messages {
+        while published < messages && c.nodes[0].can_publish(TopicId(1), 100) {
+            c.nodes[0]
+                .publish(c.now, TopicId(1), Bytes::from(vec![5u8; 100]))
+                .unwrap();
+            published += 1;
+        }
+        c.flush(0);
+        if !c.step(limit) {
+            break;
+        }
+    }
+    assert_eq!(c.stable[0].len() as u64, messages);
+    for r in 1..=4 {
+        assert_eq!(c.delivered[r].len() as u64, messages, "receiver {r}");
+    }
+    let paced = c.nodes.iter().map(|n| n.stats().tokens_paced).sum();
+    (
+        c.now - Time::ZERO,
+        c.nodes[0].stats().unstable_msgs_max,
+        paced,
+    )
+}
+
+/// Token pacing: with 100 ms tokens a sender may have 1,024 unstable messages, so fixed-rate
+/// tokens cap it at about 10,240 messages/s whatever the network (20,000 messages take 2 s);
+/// paced rounds follow as soon as a quarter of its window was sent, so the window bounds it
+/// instead (0.25 s: each round quarters the interval until rounds are back to back).
+#[test]
+fn tokens_are_paced_to_a_fast_senders_window() {
+    let paced = Config {
+        window_msgs_max: 1024,
+        send_queue_msgs_max: 256,
+        ..Config::default()
+    };
+    let fixed = Config {
+        token_interval_min: paced.token_interval,
+        ..paced.clone()
+    };
+    let (paced_time, paced_unstable_max, paced_rounds) = fast_sender(paced, 20_000);
+    let (fixed_time, _, fixed_rounds) = fast_sender(fixed, 20_000);
+    assert_eq!(fixed_rounds, 0);
+    assert!(
+        fixed_time > Duration::from_millis(1500),
+        "fixed-rate tokens should bound the sender by its window: {fixed_time:?}"
+    );
+    assert!(paced_rounds >= 10, "rounds paced: {paced_rounds}");
+    assert!(
+        paced_time * 5 < fixed_time,
+        "paced {paced_time:?} vs fixed {fixed_time:?}"
+    );
+    assert!(paced_unstable_max <= 1024);
+}
+
+/// A slow sender (a hundredth of its window per token interval) leaves the token at its
+/// configured rate: pacing only speeds up rings whose senders would fill their windows.
+#[test]
+fn a_slow_senders_tokens_keep_the_configured_interval() {
+    let mut c = Cluster::with_config(
+        5,
+        |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
+        5,
+        0.0,
+        Config {
+            window_msgs_max: 1024,
+            ..Config::default()
+        },
+    );
+    let end = Time::ZERO + Duration::from_secs(3);
+    let mut next = Time::ZERO;
+    while c.now < end {
+        if c.now >= next {
+            c.nodes[0]
+                .publish(c.now, TopicId(1), Bytes::from(vec![6u8; 100]))
+                .unwrap();
+            c.flush(0);
+            next = c.now + Duration::from_millis(10);
+        }
+        if !c.step(next.min(end)) {
+            c.now = next.min(end);
+        }
+    }
+    let rounds: u64 = c
+        .nodes
+        .iter()
+        .map(|n| n.stats().token_rounds_completed)
+        .sum();
+    let paced: u64 = c.nodes.iter().map(|n| n.stats().tokens_paced).sum();
+    assert_eq!(paced, 0, "a slow sender's ring was paced");
+    assert!(
+        (25..=31).contains(&rounds),
+        "{rounds} rounds in 3 s of 100 ms tokens"
+    );
 }
 
 /// One region (id 1) for topic 1 with the given members, in partitions of 3, at view `view`.

@@ -246,6 +246,9 @@ impl Setup {
         // Horus acknowledged messages about as soon as they arrived; our tokens carry the
         // acknowledgements, so they circulate fast (a round of four members takes about 1 ms).
         s.proto.token_interval = TOKEN_INTERVAL;
+        // At a fixed rate (no token pacing, ADR 19): the figures compare windows under one
+        // acknowledgement rate, as Horus' did.
+        s.proto.token_interval_min = TOKEN_INTERVAL;
         s.proto.token_timeout = TOKEN_INTERVAL * 10;
         match self.figure {
             Figure::Fig1 => {

@@ -76,14 +76,15 @@ impl NodeBuilder {
     /// The protocol configuration a node starts with: [`tidings_proto::Config::default`] with a
     /// 10 ms token interval instead of 100 ms (`docs/adr/0006-runtime-protocol-defaults.md`).
     ///
-    /// Why: a sender may have `window_msgs_max` (16,384) unstable messages per region, and a
-    /// message becomes stable about one token round after it is received, so the token interval
-    /// caps a sender's rate at about `window / interval`: 163,840 messages/s with 100 ms tokens,
-    /// a tenth of what one LAN host can push through a socket. With 10 ms tokens the cap is
-    /// ten times higher, stability (and so the sender's memory) comes ten times sooner, and the
-    /// cost is about 100 token hand-offs (and their confirmations) per second per ring member,
-    /// a few tens of kB/s. The window itself is unchanged (16 MiB of 1000-byte messages per
-    /// region stream). The simulator keeps the protocol's own defaults.
+    /// Why: a message becomes stable about one token round after it is received, so the token
+    /// interval sets how soon a sender's memory is freed and how long an idle ring waits. With
+    /// 100 ms tokens a sender's `window_msgs_max` (16,384) unstable messages per region would
+    /// also cap it at 163,840 messages/s; token pacing (`token_interval_min`, ADR 0019) now
+    /// releases rounds sooner for fast senders whatever the interval, and 10 ms keeps
+    /// stability (and so the sender's memory) ten times sooner for the others, at about 100
+    /// token hand-offs (and their confirmations) per second per ring member, a few tens of
+    /// kB/s. The window itself is unchanged (16 MiB of 1000-byte messages per region stream).
+    /// The simulator keeps the protocol's own defaults.
     pub fn default_protocol_config() -> tidings_proto::Config {
         tidings_proto::Config {
             token_interval: TOKEN_INTERVAL_DEFAULT,
