@@ -73,6 +73,16 @@ pub struct Config {
     pub silence_interval: Duration,
     /// Interval of silence heartbeats of a fully stable stream. Default 1 s.
     pub silence_idle_interval: Duration,
+    /// Silences of a stream with unstable messages back off: after a data packet the first
+    /// comes `silence_interval` later, each next one twice as long after the one before, up to
+    /// `silence_idle_interval`. The first silence tells receivers the tail; the later ones only
+    /// matter if it (or the region's ACK) was lost, so a node with thousands of streams waiting
+    /// for stability sends a few silences per stream instead of one per stream every
+    /// `silence_interval` (30,000 streams: 1.5 M datagrams a second, which overran the
+    /// receiver and fed a storm of repairs). Congestion control and the adaptive NACK window
+    /// read the sender's clock from silences (the doubt horizon, Gryphon), so with either on
+    /// silences keep the fixed interval. Default on.
+    pub silence_backoff: bool,
     /// How long a gap must exist before it is requested (absorbs reordering). Default 2 ms.
     pub repair_delay: Duration,
     /// How long a requested message may stay missing before it is requested again, from another
@@ -228,6 +238,7 @@ impl Default for Config {
             cache_block_msgs: 1,
             silence_interval: Duration::from_millis(20),
             silence_idle_interval: Duration::from_secs(1),
+            silence_backoff: true,
             repair_delay: Duration::from_millis(2),
             repair_timeout: Duration::from_millis(40),
             repair_attempts_before_sender: 4,

@@ -1,7 +1,7 @@
 //! The sans-IO node: the one type a driver (the runtime or the simulator) talks to.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use bytes::Bytes;
 use tidings_wire::{
@@ -134,6 +134,13 @@ pub struct Node {
     scanned_regions: Vec<RegionId>,
     /// Regions with gaps to repair (kept with the gauges), so that `poll_timeout` need not look.
     regions_with_gaps: usize,
+    /// The regions the repair scan visits: every region whose gauge share has gaps, and those
+    /// whose gaps closed since the last scan (it visits them once more, as it visited every
+    /// region before: the NACK window of a stream that stopped recovering forgets its last
+    /// recovery rate). A region without gaps gives the scan nothing else to do, so a node in
+    /// thousands of regions pays the scan for the few that are recovering, not for all of them
+    /// every repair interval.
+    repair_scan_regions: BTreeSet<RegionId>,
     /// The outbound streams' silence and pause deadlines: `(deadline, region, generation)`,
     /// earliest first. Each stream with a deadline has one live entry at or before it (its
     /// `timer_at` and `timer_generation`); an entry of an older generation is skipped. Sends
@@ -288,6 +295,7 @@ impl Node {
             due_regions: Vec::new(),
             scanned_regions: Vec::new(),
             regions_with_gaps: 0,
+            repair_scan_regions: BTreeSet::new(),
             stream_timers: BinaryHeap::new(),
             silences_pending: 0,
             nack_windows: BTreeMap::new(),
@@ -1008,14 +1016,22 @@ impl Node {
         }
         if now >= self.next_repair_scan {
             self.next_repair_scan = now + self.config.repair_interval;
-            for (&id, region) in &mut self.regions {
-                if region.inbound.is_empty() {
-                    continue;
+            // In region order, as a pass over every region would visit them (the random
+            // choices of the requests come in the same order).
+            let regions = &mut self.regions;
+            let (config, rng, out) = (&self.config, &mut self.rng, &mut self.out);
+            self.repair_scan_regions.retain(|&id| {
+                let Some(region) = regions.get_mut(&id) else {
+                    return false;
+                };
+                if !region.inbound.is_empty() {
+                    region.adjust_nack_windows(now, config);
+                    region.request_repairs(now, config, rng, out);
+                    scanned.push(id);
                 }
-                region.adjust_nack_windows(now, &self.config);
-                region.request_repairs(now, &self.config, &mut self.rng, &mut self.out);
-                scanned.push(id);
-            }
+                // Kept while it has gaps (its share is refreshed below: ask the streams).
+                region.inbound.values().any(|s| s.missing_count() > 0)
+            });
         }
         while let Some(&Reverse((at, region, generation))) = self.stream_timers.peek() {
             if at > now {
@@ -1077,6 +1093,12 @@ impl Node {
                 *share,
                 GaugeShare::of(region, &self.outbound, &self.regions, &self.config),
                 "stale gauge share of region {region:?}"
+            );
+        }
+        for (region, share) in &self.gauge_shares {
+            assert!(
+                !share.has_gaps || self.repair_scan_regions.contains(region),
+                "region {region:?} has gaps the repair scan would not visit"
             );
         }
         let s = &self.out.stats;
@@ -1469,6 +1491,7 @@ impl Node {
             }
             let len = w.finish();
             stream.last_send = now;
+            stream.silences_since_data = 0;
             if std::mem::take(&mut stream.silence_pending) {
                 self.silences_pending -= 1;
             }
@@ -1531,6 +1554,7 @@ impl Node {
             };
             stream.silence_pending = false;
             stream.last_send = now;
+            stream.silences_since_data = stream.silences_since_data.saturating_add(1);
             self.silences_pending -= 1;
             self.out.stats.silences_sent += 1;
             schedule_stream(&mut self.stream_timers, region, stream, &self.config);
@@ -1557,6 +1581,11 @@ impl Node {
         let s = &mut self.out.stats;
         let (mut unstable, mut held_msgs, mut held_bytes, mut cached) = (0, 0, 0, 0);
         self.regions_with_gaps = self.gauge_shares.values().filter(|s| s.has_gaps).count();
+        for (&region, share) in &self.gauge_shares {
+            if share.has_gaps {
+                self.repair_scan_regions.insert(region);
+            }
+        }
         for share in self.gauge_shares.values() {
             unstable += share.unstable_msgs;
             held_msgs += share.held_msgs;
@@ -1614,6 +1643,9 @@ impl Node {
         self.gauge_shares.insert(region, share);
         self.regions_with_gaps =
             self.regions_with_gaps + usize::from(share.has_gaps) - usize::from(old.has_gaps);
+        if share.has_gaps && !old.has_gaps {
+            self.repair_scan_regions.insert(region);
+        }
         let s = &mut self.out.stats;
         // Each total includes the region's old part, so none of these can go below zero.
         s.unstable_msgs_current = s.unstable_msgs_current + share.unstable_msgs - old.unstable_msgs;
@@ -1689,7 +1721,16 @@ fn silence_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
         return None;
     }
     let interval = if stream.unstable_msgs() > 0 || stream.sent_upto < stream.last_seq() {
-        config.silence_interval
+        if config.silence_backoff && !config.congestion_control && !config.adaptive_nack_window {
+            // The n-th silence since the last data waits 2^n intervals, up to the idle one.
+            let doublings = stream.silences_since_data.min(16);
+            config
+                .silence_interval
+                .saturating_mul(1 << doublings)
+                .min(config.silence_idle_interval.max(config.silence_interval))
+        } else {
+            config.silence_interval
+        }
     } else {
         config.silence_idle_interval
     };

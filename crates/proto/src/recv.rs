@@ -132,6 +132,9 @@ pub(crate) struct InboundStream {
     cache: VecDeque<(u64, InMsg)>,
     /// Highest sequence number known stable in the region (from tokens).
     pub(crate) stable_upto: u64,
+    /// At the region leader: the highest stability point ACKed to the origin. Rounds ACK only
+    /// beyond it; an ACK the origin did not get is sent again when its silence shows it.
+    pub(crate) ack_sent_upto: u64,
     /// Messages ever put in the cache (for the cache-fraction figure).
     pub(crate) cached_total: u64,
     /// Gryphon's doubt horizon, in the sender's clock (microseconds): nothing sent before it is
@@ -187,6 +190,7 @@ impl InboundStream {
             missing: 0,
             cache: VecDeque::new(),
             stable_upto: 0,
+            ack_sent_upto: 0,
             cached_total: 0,
             msg_id_floors: BTreeMap::new(),
             ignored_since_dcq: 0,

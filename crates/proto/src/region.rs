@@ -1292,11 +1292,18 @@ impl RegionState {
             }
             return;
         }
+        // Each round ACKs only progress: in a region with a quiet sender (or a node in
+        // thousands of regions) a round every token interval would otherwise send the same
+        // ACK each time. A lost ACK is sent again when the sender's silence shows it lacks it
+        // (`on_silence`).
+        let mut advanced = true;
         if let Some(stream) = self.stream_mut(origin, config) {
             let dropped = stream.set_stable(stable);
             out.stats.cache_evictions += dropped as u64;
+            advanced = stable > stream.ack_sent_upto;
+            stream.ack_sent_upto = stream.ack_sent_upto.max(stable);
         }
-        if stable > 0 {
+        if stable > 0 && advanced {
             out.stats.acks_sent += 1;
             out.control.push_back(Control::Ack {
                 to: origin,
@@ -1345,6 +1352,7 @@ impl RegionState {
         if leader && acked_upto < stream.stable_upto {
             out.stats.acks_sent += 1;
             let stable_upto = stream.stable_upto;
+            stream.ack_sent_upto = stream.ack_sent_upto.max(stable_upto);
             out.control.push_back(Control::Ack {
                 to: origin,
                 region,
@@ -1746,5 +1754,45 @@ mod tests {
             st.offer_pushes(t, NodeId(0), 10, true, &config, &mut ms);
             assert!(ms.lost.is_empty());
         }
+    }
+
+    /// The region leader ACKs a sender when its stability point advanced, not every round;
+    /// a silence showing an older point gets the ACK again.
+    #[test]
+    fn the_leader_acks_progress_once_and_again_when_a_silence_shows_it_was_lost() {
+        let config = Config::default();
+        let mut st = RegionState::new(&view(4, 5), NodeId(0), &config, Time::ZERO).unwrap();
+        assert!(st.is_region_leader());
+        let acks = |out: &Outbox| -> Vec<u64> {
+            out.control
+                .iter()
+                .filter_map(|c| match c {
+                    Control::Ack { stable_upto, .. } => Some(*stable_upto),
+                    _ => None,
+                })
+                .collect()
+        };
+        let report = |contiguous| Report {
+            contiguous,
+            max: contiguous,
+            ranges: Vec::new(),
+        };
+        let mut out = Outbox::default();
+        st.region_round(NodeId(3), &report(5), None, &config, &mut out);
+        st.region_round(NodeId(3), &report(5), None, &config, &mut out);
+        assert_eq!(acks(&out), vec![5], "the same point is ACKed once");
+        st.region_round(NodeId(3), &report(8), None, &config, &mut out);
+        assert_eq!(acks(&out), vec![5, 8]);
+        // The sender's silence says it only knows 5: the ACK of 8 was lost.
+        let silence = |acked_upto| tidings_wire::Silence {
+            last_seq: 8,
+            timestamp_us: 0,
+            acked_upto,
+        };
+        st.on_silence(Time::ZERO, NodeId(3), silence(5), &config, &mut out);
+        assert_eq!(acks(&out), vec![5, 8, 8]);
+        st.on_silence(Time::ZERO, NodeId(3), silence(8), &config, &mut out);
+        st.region_round(NodeId(3), &report(8), None, &config, &mut out);
+        assert_eq!(acks(&out), vec![5, 8, 8], "nothing new to ACK");
     }
 }

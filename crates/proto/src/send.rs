@@ -38,6 +38,9 @@ pub(crate) struct OutboundStream {
     pub(crate) last_send: Time,
     /// A silence heartbeat is due (set by the timer, cleared when sent).
     pub(crate) silence_pending: bool,
+    /// Silences sent since the last data packet: each one waits twice as long as the one before
+    /// (see [`Config::silence_backoff`]).
+    pub(crate) silences_since_data: u32,
     /// After a view change, nothing is sent before this time (receivers install the new view);
     /// `Time::ZERO` when not paused. Cleared by the node's timer.
     pub(crate) paused_until: Time,
@@ -61,6 +64,7 @@ impl OutboundStream {
             unstable_bytes: 0,
             last_send: now,
             silence_pending: false,
+            silences_since_data: 0,
             paused_until: Time::ZERO,
             data_queued: false,
             timer_at: None,

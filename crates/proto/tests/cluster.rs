@@ -441,6 +441,51 @@ fn a_slow_senders_tokens_keep_the_configured_interval() {
     );
 }
 
+/// Silences sent in 2 s by a sender whose 5 messages never become stable (one of its two
+/// receivers is dead, so no token round completes).
+fn silences_while_unstable(config: Config) -> u64 {
+    let mut c = Cluster::with_config(
+        3,
+        |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
+        3,
+        0.0,
+        config,
+    );
+    c.dead[2] = true;
+    for _ in 0..5 {
+        c.nodes[0]
+            .publish(c.now, TopicId(1), Bytes::from(vec![2u8; 100]))
+            .unwrap();
+    }
+    c.flush(0);
+    while c.step(Time::ZERO + Duration::from_secs(2)) {}
+    assert!(c.stable[0].is_empty());
+    c.nodes[0].stats().silences_sent
+}
+
+/// Silence back-off: the first silence after data comes `silence_interval` (20 ms) later and
+/// each next one twice as long after the previous, up to the idle interval (1 s): 6 in 2 s
+/// instead of 100. With congestion control the fixed interval stays (PDCC reads the sender's
+/// clock from silences).
+#[test]
+fn silences_of_an_unstable_stream_back_off() {
+    let backoff = silences_while_unstable(Config::default());
+    assert!(
+        (5..=8).contains(&backoff),
+        "{backoff} silences with back-off"
+    );
+    let fixed = silences_while_unstable(Config {
+        silence_backoff: false,
+        ..Config::default()
+    });
+    assert!(fixed >= 90, "{fixed} silences at a fixed interval");
+    let pdcc = silences_while_unstable(Config {
+        congestion_control: true,
+        ..Config::default()
+    });
+    assert!(pdcc >= 90, "{pdcc} silences with congestion control");
+}
+
 /// One region (id 1) for topic 1 with the given members, in partitions of 3, at view `view`.
 fn one_region(members: &[u32], view: u32) -> Membership {
     let members: Vec<NodeId> = members.iter().map(|&i| NodeId(i)).collect();

@@ -3,7 +3,8 @@
 //! delivery workers (no thread per topic), in batches (`Node::subscribe_many_with`,
 //! `Node::publishers`) or, with `one-by-one` as the second argument, one `subscribe_with` and
 //! one `publisher` per topic; every message of every topic must arrive in order. Prints how long
-//! subscribing, creating the publishers and the traffic took.
+//! subscribing, creating the publishers and the traffic took, and what each node sent and
+//! received (datagrams, silences, token rounds, ACKs, repairs).
 //!
 //! `cargo run --release -p tidings --example many_topics -- 5000 [one-by-one]`
 //!
@@ -148,6 +149,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         got as f64 / seconds,
         errors.load(Ordering::Relaxed)
     );
+    {
+        // What the two nodes did: datagrams, repairs and the protocol's periodic traffic.
+        for (name, node) in [
+            ("publisher", &publisher_node),
+            ("subscriber", &subscriber_node),
+        ] {
+            if let Ok(stats) = node.stats() {
+                let (r, p) = (&stats.runtime, &stats.runtime.proto);
+                println!(
+                    "{name}: datagrams sent {} received {} dropped by the kernel or injected {}, \
+                     send errors {}, short sends {}; messages sent {} received {} delivered {}; \
+                     pulls {} (to the sender {}), repairs {}, silences sent {} received {}, \
+                     tokens released {}, acks sent {} received {}, unstable now {}",
+                    r.datagrams_sent,
+                    r.datagrams_received,
+                    r.injected_drops,
+                    r.send_errors,
+                    r.short_sends,
+                    p.messages_sent,
+                    p.messages_received,
+                    p.messages_delivered,
+                    p.pulls_sent,
+                    p.pulls_to_sender,
+                    p.repairs_received,
+                    p.silences_sent,
+                    p.silences_received,
+                    p.tokens_released,
+                    p.acks_sent,
+                    p.acks_received,
+                    p.unstable_msgs_current,
+                );
+            }
+        }
+    }
     for (publisher, handle) in publishers.iter_mut().zip(&last) {
         publisher.wait_stable(*handle, Duration::from_secs(10))?;
     }
