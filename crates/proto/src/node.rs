@@ -134,6 +134,11 @@ pub struct Node {
     scanned_regions: Vec<RegionId>,
     /// Regions with gaps to repair (kept with the gauges), so that `poll_timeout` need not look.
     regions_with_gaps: usize,
+    /// Some region has an inbound stream (the doubt sample is due only then). Streams appear
+    /// when a region's datagrams or timers touch it and go only with a new membership, so this
+    /// is set there and recomputed at each install, instead of a pass over every region in
+    /// `poll_timeout`.
+    receiving: bool,
     /// The regions the repair scan visits: every region whose gauge share has gaps, and those
     /// whose gaps closed since the last scan (it visits them once more, as it visited every
     /// region before: the NACK window of a stream that stopped recovering forgets its last
@@ -295,6 +300,7 @@ impl Node {
             due_regions: Vec::new(),
             scanned_regions: Vec::new(),
             regions_with_gaps: 0,
+            receiving: false,
             repair_scan_regions: BTreeSet::new(),
             stream_timers: BinaryHeap::new(),
             silences_pending: 0,
@@ -610,6 +616,7 @@ impl Node {
             // It may give a sleeping ring something to carry (the timer is re-entered below
             // either way).
             region.wake_leads(now, &self.config);
+            self.receiving |= !region.inbound.is_empty();
         }
         self.schedule_region_timer(h.region);
     }
@@ -664,12 +671,17 @@ impl Node {
         // One copy, shared by the regions installed now (they only read it).
         let floors = std::sync::Arc::new(self.msg_id_floors.clone());
         let mut old = std::mem::take(&mut self.regions);
+        // The regions whose state this install replaces, adds or drops: only they need their
+        // timers and gauges looked at again (a node in thousands of regions installs a
+        // membership per batch of subscriptions, and kept regions do not change).
+        let mut touched: Vec<RegionId> = Vec::new();
         for view in membership.regions.values() {
             match old.remove(&view.region) {
                 Some(state) if state.view == view.view => {
                     self.regions.insert(view.region, state);
                 }
                 _ => {
+                    touched.push(view.region);
                     if let Some(mut state) = RegionState::new(view, self.me, &self.config, now) {
                         state.set_msg_id_floors(floors.clone());
                         self.regions.insert(view.region, state);
@@ -677,6 +689,7 @@ impl Node {
                 }
             }
         }
+        touched.extend(old.into_keys());
         // Sending side: streams whose view ended give up their messages, which go to the
         // regions their topics span now.
         let changed: Vec<RegionId> = self
@@ -687,6 +700,7 @@ impl Node {
             .collect();
         // By message id, the first copy of each (a list sorted once: there may be thousands).
         let mut orphans: Vec<OutMsg> = Vec::new();
+        touched.extend_from_slice(&changed);
         for region in &changed {
             if let Some(mut stream) = self.outbound.remove(region) {
                 orphans.extend(stream.drain_all());
@@ -758,20 +772,29 @@ impl Node {
                 self.data_ready.push_back(region);
             }
         }
-        // Regions were replaced, added and removed: their ring timers are entered afresh, and
-        // so are the streams'. Kept regions' sleeping rings wake (re-homed messages may come).
-        for region in self.regions.values_mut() {
-            region.wake_leads(now, &self.config);
+        // Regions replaced or added enter their ring timers; kept regions keep theirs, asleep or
+        // not (re-homed messages only go to streams of replaced or new regions, and sending
+        // into a region wakes its rings), and entries of regions gone are skipped when they
+        // come up. The streams' timers are entered afresh.
+        touched.extend_from_slice(&created);
+        touched.sort_unstable();
+        touched.dedup();
+        for &region in &touched {
+            self.schedule_region_timer(region);
         }
-        self.schedule_all_region_timers();
         self.reset_stream_timer();
+        // The gauges change by the parts of the regions touched (before the datagrams below,
+        // which expect every region to have its part).
+        for &region in &touched {
+            self.refresh_or_forget_gauges(region);
+        }
+        self.receiving = self.regions.values().any(|r| !r.inbound.is_empty());
         // Datagrams that waited for this membership.
         for datagram in std::mem::take(&mut self.future) {
             self.out.stats.datagrams_received -= 1;
             self.out.stats.bytes_received -= datagram.len() as u64;
             self.handle_datagram(now, datagram);
         }
-        self.update_gauges();
     }
 
     /// Whether `h` belongs to a region view this node is in and its sender is a member.
@@ -976,6 +999,10 @@ impl Node {
             }
             self.refresh_gauges(region_id);
             self.schedule_region_timer(region_id);
+            self.receiving |= self
+                .regions
+                .get(&region_id)
+                .is_some_and(|r| !r.inbound.is_empty());
         }
         due.clear();
         self.due_regions = due;
@@ -1201,9 +1228,12 @@ impl Node {
             .min();
         // The doubt sample is due only if some region receives, which takes a pass over the
         // regions: asked only when the sample would come first (it rarely does).
-        let doubt = (others.is_none_or(|t| self.next_doubt_sample < t)
-            && self.regions.values().any(|r| !r.inbound.is_empty()))
-        .then_some(self.next_doubt_sample);
+        debug_assert_eq!(
+            self.receiving,
+            self.regions.values().any(|r| !r.inbound.is_empty())
+        );
+        let doubt = (others.is_none_or(|t| self.next_doubt_sample < t) && self.receiving)
+            .then_some(self.next_doubt_sample);
         others.into_iter().chain(doubt).min()
     }
 
@@ -1605,6 +1635,17 @@ impl Node {
             *self.nack_windows.entry(window).or_default() += 1;
         }
         s.nack_window_msgs_current = self.nack_windows.keys().next().map_or(0, |&w| w as u64);
+    }
+
+    /// [`Node::refresh_gauges`] for a region this node may have left (neither receiving nor
+    /// sending in it): its part leaves the gauges.
+    fn refresh_or_forget_gauges(&mut self, region: RegionId) {
+        if self.outbound.contains_key(&region) || self.regions.contains_key(&region) {
+            self.refresh_gauges(region);
+        } else if self.gauge_shares.contains_key(&region) {
+            self.set_gauge_share(region, GaugeShare::default());
+            self.gauge_shares.remove(&region);
+        }
     }
 
     /// Updates the gauges after a change confined to `region`, by difference: the cost of a
