@@ -228,6 +228,12 @@ pub struct Gms {
     /// and sent there, so everything one batch of inputs causes leaves in as few datagrams as
     /// possible.
     unsent: BTreeSet<NodeId>,
+    /// Nodes whose part of the membership changed since the last `poll_transmit`: each is
+    /// synced there once, however many commands touched it. A node subscribing to thousands
+    /// of topics sends its requests in batches, several of which arrive together; one sync of
+    /// the node for all of them is one batch of updates and one membership to install, where
+    /// a sync per request cost both sides a pass over every region of the node per request.
+    syncs_pending: BTreeSet<NodeId>,
     /// The latest `now` given, the send time of items sent from `poll_transmit`.
     last_now: Time,
     events: VecDeque<GmsEvent>,
@@ -256,6 +262,7 @@ impl Gms {
             known_by: BTreeMap::new(),
             outbox: VecDeque::new(),
             unsent: BTreeSet::new(),
+            syncs_pending: BTreeSet::new(),
             last_now: Time::ZERO,
             events: VecDeque::new(),
             stats: GmsStats::default(),
@@ -393,6 +400,10 @@ impl Gms {
 
     /// The next message to send.
     pub fn poll_transmit(&mut self) -> Option<GmsTransmit> {
+        // A sync may remove an unresponsive node, which queues more syncs: until none is left.
+        while let Some(node) = self.syncs_pending.pop_first() {
+            self.sync(self.last_now, node);
+        }
         while let Some(node) = self.unsent.pop_first() {
             self.send_window(self.last_now, node);
         }
@@ -856,9 +867,8 @@ impl Gms {
         for r in &ch.regions_removed {
             self.known_by.remove(r);
         }
-        for node in also {
-            self.sync(now, node);
-        }
+        self.last_now = self.last_now.max(now);
+        self.syncs_pending.extend(also);
     }
 
     /// Sends `node` what changed in the part of the membership that concerns it, as one batch.

@@ -247,7 +247,8 @@ impl Host {
                 None => self.unknown_sources += 1,
             },
         }
-        self.flush();
+        // Sent after the whole batch of datagrams read together (`run`): the service syncs
+        // each node once for every request of the batch.
     }
 
     /// Sends what the service queued and follows its events.

@@ -1,6 +1,7 @@
 //! The public face of a node: start it, publish, subscribe, change its membership, read its
 //! counters, shut it down.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -18,6 +19,16 @@ use crate::core::{Control, Core, CoreShared, GmsLink};
 use crate::gms_server::{frame, unframe};
 use crate::publish::Publisher;
 use crate::stats::RuntimeStats;
+
+/// Requests of `subscribe_named_many` and `advertise_many` sent before the first is answered.
+/// The membership service syncs a node once for all the requests it reads together, so a node
+/// subscribing to thousands of topics installs a membership per few requests instead of one
+/// per request (whose cost grows with the regions it is in); well under the GMS client's
+/// requests in flight (64) and queue (4,096).
+const REQUESTS_PIPELINED: usize = 16;
+
+/// The answer to one name of a batch request: the topic's id, or why it was refused.
+type NamedAnswer = mpsc::Receiver<Result<TopicId, String>>;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -318,51 +329,82 @@ impl NodeRuntime {
         F: FnMut(Delivery) + Send + 'static,
     {
         let mut subscriptions = Vec::with_capacity(names.len());
+        let mut failed = None;
+        // Requests sent and not yet answered, oldest first (see `REQUESTS_PIPELINED`).
+        let mut outstanding: VecDeque<Vec<(TaskHandle<Delivery>, NamedAnswer)>> = VecDeque::new();
         for (chunk_index, chunk) in names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX).enumerate() {
+            if outstanding.len() >= REQUESTS_PIPELINED {
+                if let Some(waits) = outstanding.pop_front() {
+                    self.collect_subscriptions(waits, &mut subscriptions, &mut failed);
+                }
+            }
+            if failed.is_some() {
+                break;
+            }
             let first = chunk_index * tidings_gms::NAMES_PER_REQUEST_MAX;
             let mut entries: Vec<(String, TaskHandle<Delivery>, _)> =
                 Vec::with_capacity(chunk.len());
             let mut waits = Vec::with_capacity(chunk.len());
             for (i, name) in chunk.iter().enumerate() {
-                let task = match self.delivery_task(share, callback_for(first + i)) {
-                    Ok(task) => task,
-                    Err(e) => {
-                        for (_, task, _) in entries {
-                            task.remove();
-                        }
-                        return Err(e);
-                    }
-                };
-                let (reply, answer) = mpsc::sync_channel(1);
-                waits.push((task.clone(), answer));
-                entries.push((name.clone(), task, reply));
-            }
-            self.shared.send(Control::SubscribeNamedMany { entries });
-            let mut failed = None;
-            for (task, answer) in waits {
-                match self.wait_long(&answer) {
-                    // Kept even after a failure, so that dropping it below unsubscribes it.
-                    Ok(Ok(topic)) => subscriptions.push(Subscription {
-                        topic,
-                        task,
-                        shared: Arc::clone(&self.shared),
-                    }),
-                    Ok(Err(why)) => {
-                        task.remove();
-                        failed.get_or_insert(RequestError::Refused(why));
+                match self.delivery_task(share, callback_for(first + i)) {
+                    Ok(task) => {
+                        let (reply, answer) = mpsc::sync_channel(1);
+                        waits.push((task.clone(), answer));
+                        entries.push((name.clone(), task, reply));
                     }
                     Err(e) => {
-                        task.remove();
-                        failed.get_or_insert(e);
+                        failed = Some(e);
+                        break;
                     }
                 }
             }
-            if let Some(e) = failed {
-                // Dropping the subscriptions made so far unsubscribes them.
-                return Err(e);
+            if failed.is_some() {
+                for (_, task, _) in entries {
+                    task.remove();
+                }
+                break;
+            }
+            self.shared.send(Control::SubscribeNamedMany { entries });
+            outstanding.push_back(waits);
+        }
+        // Every request sent is answered before returning, so that what it subscribed is
+        // either handed out or unsubscribed (by dropping it) on an error.
+        for waits in outstanding {
+            self.collect_subscriptions(waits, &mut subscriptions, &mut failed);
+        }
+        match failed {
+            // Dropping the subscriptions made so far unsubscribes them.
+            Some(e) => Err(e),
+            None => Ok(subscriptions),
+        }
+    }
+
+    /// Waits for the answers of one request of [`subscribe_named_many`]: each subscription made
+    /// goes to `subscriptions` (kept even after a failure, so that dropping them unsubscribes
+    /// them), the first failure to `failed`.
+    fn collect_subscriptions(
+        &self,
+        waits: Vec<(TaskHandle<Delivery>, NamedAnswer)>,
+        subscriptions: &mut Vec<Subscription>,
+        failed: &mut Option<RequestError>,
+    ) {
+        for (task, answer) in waits {
+            match self.wait_long(&answer) {
+                Ok(Ok(topic)) => subscriptions.push(Subscription {
+                    topic,
+                    task,
+                    shared: Arc::clone(&self.shared),
+                }),
+                Ok(Err(why)) => {
+                    task.remove();
+                    failed.get_or_insert(RequestError::Refused(why));
+                }
+                Err(e) => {
+                    task.remove();
+                    failed.get_or_insert(e);
+                }
             }
         }
-        Ok(subscriptions)
     }
 
     /// Declares, through the membership service, that this node publishes on the topic called
@@ -383,7 +425,31 @@ impl NodeRuntime {
     /// per topic. The topics' ids, in the order of `names`.
     pub fn advertise_many(&self, names: &[String]) -> Result<Vec<TopicId>, RequestError> {
         let mut ids = Vec::with_capacity(names.len());
+        let mut failed = None;
+        // Requests sent and not yet answered, oldest first (see `REQUESTS_PIPELINED`).
+        let mut outstanding: VecDeque<Vec<NamedAnswer>> = VecDeque::new();
+        let mut collect = |answers: Vec<NamedAnswer>, failed: &mut Option<RequestError>| {
+            for answer in answers {
+                match self.wait_long(&answer) {
+                    Ok(Ok(topic)) => ids.push(topic),
+                    Ok(Err(why)) => {
+                        failed.get_or_insert(RequestError::Refused(why));
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+        };
         for chunk in names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX) {
+            if outstanding.len() >= REQUESTS_PIPELINED {
+                if let Some(answers) = outstanding.pop_front() {
+                    collect(answers, &mut failed);
+                }
+            }
+            if failed.is_some() {
+                break;
+            }
             let mut entries = Vec::with_capacity(chunk.len());
             let mut answers = Vec::with_capacity(chunk.len());
             for name in chunk {
@@ -392,11 +458,15 @@ impl NodeRuntime {
                 answers.push(answer);
             }
             self.shared.send(Control::AdvertiseMany { entries });
-            for answer in answers {
-                ids.push(self.wait_long(&answer)?.map_err(RequestError::Refused)?);
-            }
+            outstanding.push_back(answers);
         }
-        Ok(ids)
+        for answers in outstanding {
+            collect(answers, &mut failed);
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(ids),
+        }
     }
 
     /// Like `wait`, for requests that need the membership service: twice the request timeout.

@@ -161,7 +161,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "{name}: datagrams sent {} received {} dropped by the kernel or injected {}, \
                      send errors {}, short sends {}; messages sent {} received {} delivered {}; \
                      pulls {} (to the sender {}), repairs {}, silences sent {} received {}, \
-                     tokens released {}, acks sent {} received {}, unstable now {}",
+                     tokens released {}, acks sent {} received {}, unstable now {}; \
+                     memberships installed {}",
                     r.datagrams_sent,
                     r.datagrams_received,
                     r.injected_drops,
@@ -179,6 +180,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     p.acks_sent,
                     p.acks_received,
                     p.unstable_msgs_current,
+                    p.view_changes,
                 );
             }
         }
