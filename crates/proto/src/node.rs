@@ -1226,8 +1226,8 @@ impl Node {
             .chain(dcq)
             .chain(self.rate_retry_at)
             .min();
-        // The doubt sample is due only if some region receives, which takes a pass over the
-        // regions: asked only when the sample would come first (it rarely does).
+        // The doubt sample is due only if some region receives (kept in `receiving`; debug
+        // builds check it against a pass over the regions).
         debug_assert_eq!(
             self.receiving,
             self.regions.values().any(|r| !r.inbound.is_empty())
