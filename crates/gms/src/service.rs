@@ -473,7 +473,7 @@ impl Gms {
                     return;
                 };
                 let ch = self.planner.unsubscribe(node, topic);
-                self.propagate(now, ch, [node].into());
+                self.propagate(ch, [node].into());
             }
             Command::Advertise { node, name } => self.advertise(now, node, vec![name]),
             Command::AdvertiseMany { node, names } => self.advertise(now, node, names),
@@ -490,7 +490,7 @@ impl Gms {
                         self.publishers.remove(&topic);
                     }
                 }
-                self.propagate(now, Changes::default(), [node].into());
+                self.propagate(Changes::default(), [node].into());
             }
             Command::Remove { node, cause } => {
                 let Some(e) = self.nodes.remove(&node) else {
@@ -521,7 +521,7 @@ impl Gms {
                 });
                 self.events.push_back(GmsEvent::Removed { node, cause });
                 let ch = self.planner.remove_node(node);
-                self.propagate(now, ch, BTreeSet::new());
+                self.propagate(ch, BTreeSet::new());
             }
         }
     }
@@ -565,7 +565,7 @@ impl Gms {
             return;
         }
         self.push_items(now, node, bound);
-        self.propagate(now, ch, [node].into());
+        self.propagate(ch, [node].into());
     }
 
     /// `node` publishes on the topics of `names` (bound if new): it is told their ids and
@@ -595,7 +595,7 @@ impl Gms {
             return;
         }
         self.push_items(now, node, bound);
-        self.propagate(now, Changes::default(), also);
+        self.propagate(Changes::default(), also);
     }
 
     fn on_join(&mut self, now: Time, nonce: u64, addr: Option<SocketAddr>) {
@@ -804,9 +804,10 @@ impl Gms {
         self.unsent.insert(node);
     }
 
-    /// Issues new views for what `ch` changed and sends each affected node (plus `also`) the
-    /// difference between what it knows and what it must know now.
-    fn propagate(&mut self, now: Time, ch: Changes, mut also: BTreeSet<NodeId>) {
+    /// Issues new views for what `ch` changed and queues each affected node (plus `also`) for a
+    /// sync (the difference between what it knows and what it must know), done once per node
+    /// in `poll_transmit` at the time `apply` recorded.
+    fn propagate(&mut self, ch: Changes, mut also: BTreeSet<NodeId>) {
         for &r in &ch.regions_created {
             self.views.insert(r, ViewId(1));
             self.stats.views_issued += 1;
@@ -867,7 +868,6 @@ impl Gms {
         for r in &ch.regions_removed {
             self.known_by.remove(r);
         }
-        self.last_now = self.last_now.max(now);
         self.syncs_pending.extend(also);
     }
 

@@ -105,6 +105,25 @@ impl Cluster {
         }
     }
 
+    /// Node 0 publishes `messages` messages of 100 bytes on topic 1 as fast as it may (whenever
+    /// `can_publish` says so), stepping the cluster until node 0 saw all of them stable or
+    /// nothing is left to do before `limit`.
+    fn publish_at_window(&mut self, messages: u64, limit: Time) {
+        let mut published = 0;
+        while self.now < limit && self.stable[0].len() as u64 != messages {
+            while published < messages && self.nodes[0].can_publish(TopicId(1), 100) {
+                self.nodes[0]
+                    .publish(self.now, TopicId(1), Bytes::from(vec![7u8; 100]))
+                    .unwrap();
+                published += 1;
+            }
+            self.flush(0);
+            if !self.step(limit) {
+                break;
+            }
+        }
+    }
+
     /// Advances to the next event; false when nothing is left to do before `limit`.
     fn step(&mut self, limit: Time) -> bool {
         let next_packet = self.wire.peek().map(|Reverse((t, ..))| *t);
@@ -155,23 +174,7 @@ fn run_one_sender(receivers: u32, partition: usize, loss: f64, messages: u64, se
         loss,
         seed,
     );
-    let mut published = 0;
-    let limit = Time::ZERO + Duration::from_secs(60);
-    while c.now < limit {
-        while published < messages && c.nodes[0].can_publish(TopicId(1), 100) {
-            c.nodes[0]
-                .publish(c.now, TopicId(1), Bytes::from(vec![7u8; 100]))
-                .unwrap();
-            published += 1;
-        }
-        c.flush(0);
-        if published == messages && c.stable[0].len() as u64 == messages {
-            break;
-        }
-        if !c.step(limit) {
-            break;
-        }
-    }
+    c.publish_at_window(messages, Time::ZERO + Duration::from_secs(60));
     assert_eq!(
         c.stable[0].len() as u64,
         messages,
@@ -344,20 +347,7 @@ fn fast_sender(config: Config, messages: u64) -> (Duration, u64, u64) {
         0.0,
         config,
     );
-    let mut published = 0;
-    let limit = Time::ZERO + Duration::from_secs(30);
-    while c.stable[0].len() as u64 != messages {
-        while published < messages && c.nodes[0].can_publish(TopicId(1), 100) {
-            c.nodes[0]
-                .publish(c.now, TopicId(1), Bytes::from(vec![5u8; 100]))
-                .unwrap();
-            published += 1;
-        }
-        c.flush(0);
-        if !c.step(limit) {
-            break;
-        }
-    }
+    c.publish_at_window(messages, Time::ZERO + Duration::from_secs(30));
     assert_eq!(c.stable[0].len() as u64, messages);
     for r in 1..=4 {
         assert_eq!(c.delivered[r].len() as u64, messages, "receiver {r}");

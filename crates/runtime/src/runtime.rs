@@ -30,6 +30,40 @@ const REQUESTS_PIPELINED: usize = 16;
 /// The answer to one name of a batch request: the topic's id, or why it was refused.
 type NamedAnswer = mpsc::Receiver<Result<TopicId, String>>;
 
+/// Sends the batch requests `send` makes of `chunks`, keeping up to `REQUESTS_PIPELINED` of
+/// them unanswered, and gives each one's answers to `collect`, in order. Stops sending at the
+/// first failure, but collects every request sent (so that what it did is handed back, to be
+/// kept or undone). The first failure, if any.
+fn pipelined<C, W>(
+    chunks: impl IntoIterator<Item = C>,
+    mut send: impl FnMut(C) -> Result<W, RequestError>,
+    mut collect: impl FnMut(W, &mut Option<RequestError>),
+) -> Option<RequestError> {
+    let mut failed = None;
+    let mut outstanding = VecDeque::with_capacity(REQUESTS_PIPELINED);
+    for chunk in chunks {
+        if outstanding.len() >= REQUESTS_PIPELINED {
+            if let Some(waits) = outstanding.pop_front() {
+                collect(waits, &mut failed);
+            }
+        }
+        if failed.is_some() {
+            break;
+        }
+        match send(chunk) {
+            Ok(waits) => outstanding.push_back(waits),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    for waits in outstanding {
+        collect(waits, &mut failed);
+    }
+    failed
+}
+
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -329,18 +363,7 @@ impl NodeRuntime {
         F: FnMut(Delivery) + Send + 'static,
     {
         let mut subscriptions = Vec::with_capacity(names.len());
-        let mut failed = None;
-        // Requests sent and not yet answered, oldest first (see `REQUESTS_PIPELINED`).
-        let mut outstanding: VecDeque<Vec<(TaskHandle<Delivery>, NamedAnswer)>> = VecDeque::new();
-        for (chunk_index, chunk) in names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX).enumerate() {
-            if outstanding.len() >= REQUESTS_PIPELINED {
-                if let Some(waits) = outstanding.pop_front() {
-                    self.collect_subscriptions(waits, &mut subscriptions, &mut failed);
-                }
-            }
-            if failed.is_some() {
-                break;
-            }
+        let send = |(chunk_index, chunk): (usize, &[String])| {
             let first = chunk_index * tidings_gms::NAMES_PER_REQUEST_MAX;
             let mut entries: Vec<(String, TaskHandle<Delivery>, _)> =
                 Vec::with_capacity(chunk.len());
@@ -353,25 +376,21 @@ impl NodeRuntime {
                         entries.push((name.clone(), task, reply));
                     }
                     Err(e) => {
-                        failed = Some(e);
-                        break;
+                        for (_, task, _) in entries {
+                            task.remove();
+                        }
+                        return Err(e);
                     }
                 }
             }
-            if failed.is_some() {
-                for (_, task, _) in entries {
-                    task.remove();
-                }
-                break;
-            }
             self.shared.send(Control::SubscribeNamedMany { entries });
-            outstanding.push_back(waits);
-        }
-        // Every request sent is answered before returning, so that what it subscribed is
-        // either handed out or unsubscribed (by dropping it) on an error.
-        for waits in outstanding {
-            self.collect_subscriptions(waits, &mut subscriptions, &mut failed);
-        }
+            Ok(waits)
+        };
+        let failed = pipelined(
+            names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX).enumerate(),
+            send,
+            |waits, failed| self.collect_subscriptions(waits, &mut subscriptions, failed),
+        );
         match failed {
             // Dropping the subscriptions made so far unsubscribes them.
             Some(e) => Err(e),
@@ -425,10 +444,18 @@ impl NodeRuntime {
     /// per topic. The topics' ids, in the order of `names`.
     pub fn advertise_many(&self, names: &[String]) -> Result<Vec<TopicId>, RequestError> {
         let mut ids = Vec::with_capacity(names.len());
-        let mut failed = None;
-        // Requests sent and not yet answered, oldest first (see `REQUESTS_PIPELINED`).
-        let mut outstanding: VecDeque<Vec<NamedAnswer>> = VecDeque::new();
-        let mut collect = |answers: Vec<NamedAnswer>, failed: &mut Option<RequestError>| {
+        let send = |chunk: &[String]| {
+            let mut entries = Vec::with_capacity(chunk.len());
+            let mut answers = Vec::with_capacity(chunk.len());
+            for name in chunk {
+                let (reply, answer) = mpsc::sync_channel(1);
+                entries.push((name.clone(), reply));
+                answers.push(answer);
+            }
+            self.shared.send(Control::AdvertiseMany { entries });
+            Ok(answers)
+        };
+        let collect = |answers: Vec<NamedAnswer>, failed: &mut Option<RequestError>| {
             for answer in answers {
                 match self.wait_long(&answer) {
                     Ok(Ok(topic)) => ids.push(topic),
@@ -441,29 +468,11 @@ impl NodeRuntime {
                 }
             }
         };
-        for chunk in names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX) {
-            if outstanding.len() >= REQUESTS_PIPELINED {
-                if let Some(answers) = outstanding.pop_front() {
-                    collect(answers, &mut failed);
-                }
-            }
-            if failed.is_some() {
-                break;
-            }
-            let mut entries = Vec::with_capacity(chunk.len());
-            let mut answers = Vec::with_capacity(chunk.len());
-            for name in chunk {
-                let (reply, answer) = mpsc::sync_channel(1);
-                entries.push((name.clone(), reply));
-                answers.push(answer);
-            }
-            self.shared.send(Control::AdvertiseMany { entries });
-            outstanding.push_back(answers);
-        }
-        for answers in outstanding {
-            collect(answers, &mut failed);
-        }
-        match failed {
+        match pipelined(
+            names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX),
+            send,
+            collect,
+        ) {
             Some(e) => Err(e),
             None => Ok(ids),
         }
