@@ -159,6 +159,11 @@ pub struct GmsStats {
     pub joins_refused: u64,
     /// Commands applied.
     pub commands: u64,
+    /// Syncs of a node (each compares what changed for it with what it was told).
+    pub syncs: u64,
+    /// Regions those syncs compared: what a change costs the service, proportional to the
+    /// regions it touched, not to every region the node knows.
+    pub sync_regions_compared: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -191,6 +196,17 @@ struct NodeEntry {
     /// The nodes whose address this node has been sent (node ids are never reused, so an
     /// address once told stays true).
     told_addresses: BTreeSet<NodeId>,
+}
+
+/// What a pending sync of a node looks at: the regions and published topics whose state may
+/// have changed for it since its last sync. A sync compares only these with what the node was
+/// told, so its cost follows the change, not the node's whole part of the membership (at
+/// 100,000 topics a pass over every region of a publisher per batch of requests was most of
+/// the service's time).
+#[derive(Debug, Default)]
+struct SyncScope {
+    regions: BTreeSet<RegionId>,
+    topics: BTreeSet<TopicId>,
 }
 
 /// The global membership service, sans-IO.
@@ -233,7 +249,7 @@ pub struct Gms {
     /// of topics sends its requests in batches, several of which arrive together; one sync of
     /// the node for all of them is one batch of updates and one membership to install, where
     /// a sync per request cost both sides a pass over every region of the node per request.
-    syncs_pending: BTreeSet<NodeId>,
+    syncs_pending: BTreeMap<NodeId, SyncScope>,
     /// The latest `now` given, the send time of items sent from `poll_transmit`.
     last_now: Time,
     events: VecDeque<GmsEvent>,
@@ -262,7 +278,7 @@ impl Gms {
             known_by: BTreeMap::new(),
             outbox: VecDeque::new(),
             unsent: BTreeSet::new(),
-            syncs_pending: BTreeSet::new(),
+            syncs_pending: BTreeMap::new(),
             last_now: Time::ZERO,
             events: VecDeque::new(),
             stats: GmsStats::default(),
@@ -401,8 +417,8 @@ impl Gms {
     /// The next message to send.
     pub fn poll_transmit(&mut self) -> Option<GmsTransmit> {
         // A sync may remove an unresponsive node, which queues more syncs: until none is left.
-        while let Some(node) = self.syncs_pending.pop_first() {
-            self.sync(self.last_now, node);
+        while let Some((node, scope)) = self.syncs_pending.pop_first() {
+            self.sync(self.last_now, node, scope);
         }
         while let Some(node) = self.unsent.pop_first() {
             self.send_window(self.last_now, node);
@@ -473,7 +489,9 @@ impl Gms {
                     return;
                 };
                 let ch = self.planner.unsubscribe(node, topic);
-                self.propagate(ch, [node].into());
+                // The node's regions before and after are in `ch`; itself is synced even if
+                // nothing changed (its request's batch gets a Commit).
+                self.propagate(ch, [(node, SyncScope::default())].into());
             }
             Command::Advertise { node, name } => self.advertise(now, node, vec![name]),
             Command::AdvertiseMany { node, names } => self.advertise(now, node, names),
@@ -490,7 +508,11 @@ impl Gms {
                         self.publishers.remove(&topic);
                     }
                 }
-                self.propagate(Changes::default(), [node].into());
+                let scope = SyncScope {
+                    topics: [topic].into(),
+                    ..SyncScope::default()
+                };
+                self.propagate(Changes::default(), [(node, scope)].into());
             }
             Command::Remove { node, cause } => {
                 let Some(e) = self.nodes.remove(&node) else {
@@ -521,7 +543,7 @@ impl Gms {
                 });
                 self.events.push_back(GmsEvent::Removed { node, cause });
                 let ch = self.planner.remove_node(node);
-                self.propagate(ch, BTreeSet::new());
+                self.propagate(ch, BTreeMap::new());
             }
         }
     }
@@ -565,7 +587,8 @@ impl Gms {
             return;
         }
         self.push_items(now, node, bound);
-        self.propagate(ch, [node].into());
+        // The regions the node joined are in `ch`.
+        self.propagate(ch, [(node, SyncScope::default())].into());
     }
 
     /// `node` publishes on the topics of `names` (bound if new): it is told their ids and
@@ -574,7 +597,7 @@ impl Gms {
         let mut bound = Vec::with_capacity(names.len());
         // The members of the topics' regions learn the new publisher's address (its
         // acknowledgements and repairs go there).
-        let mut also: BTreeSet<NodeId> = [node].into();
+        let mut also: BTreeMap<NodeId, SyncScope> = [(node, SyncScope::default())].into();
         for name in names {
             let Some(topic) = self.bind(&name) else {
                 continue;
@@ -584,10 +607,9 @@ impl Gms {
             }
             self.publishers.entry(topic).or_default().insert(node);
             bound.push(Item::TopicBound { name, topic });
+            also.entry(node).or_default().topics.insert(topic);
             for r in self.planner.topic_regions(topic) {
-                if let Some(reg) = self.planner.region(r) {
-                    also.extend(reg.members.iter().copied());
-                }
+                self.mark_audience(&mut also, r);
             }
         }
         if bound.is_empty() {
@@ -807,7 +829,7 @@ impl Gms {
     /// Issues new views for what `ch` changed and queues each affected node (plus `also`) for a
     /// sync (the difference between what it knows and what it must know), done once per node
     /// in `poll_transmit` at the time `apply` recorded.
-    fn propagate(&mut self, ch: Changes, mut also: BTreeSet<NodeId>) {
+    fn propagate(&mut self, ch: Changes, also: BTreeMap<NodeId, SyncScope>) {
         for &r in &ch.regions_created {
             self.views.insert(r, ViewId(1));
             self.stats.views_issued += 1;
@@ -845,60 +867,158 @@ impl Gms {
                 self.pool_free.insert(u32::from_be_bytes(group) & mask);
             }
         }
-        for r in ch.regions_created.iter().chain(&ch.regions_changed) {
-            if let Some(reg) = self.planner.region(*r) {
-                also.extend(reg.members.iter().copied());
-                for t in &reg.topics {
-                    if let Some(p) = self.publishers.get(t) {
-                        also.extend(p.iter().copied());
-                    }
-                }
+        let mut pending = std::mem::take(&mut self.syncs_pending);
+        for (node, scope) in also {
+            let p = pending.entry(node).or_default();
+            p.regions.extend(scope.regions);
+            p.topics.extend(scope.topics);
+        }
+        // Members and publishers of a new or changed region: their view of it, and the
+        // addresses of its members and publishers.
+        for &r in ch.regions_created.iter().chain(&ch.regions_changed) {
+            self.mark_audience(&mut pending, r);
+        }
+        // Whoever was told of a changed or removed region: its new view, or that it is gone.
+        for &r in ch.regions_changed.iter().chain(&ch.regions_removed) {
+            for &k in self.known_by.get(&r).into_iter().flatten() {
+                pending.entry(k).or_default().regions.insert(r);
             }
         }
-        for r in ch.regions_changed.iter().chain(&ch.regions_removed) {
-            if let Some(k) = self.known_by.get(r) {
-                also.extend(k.iter().copied());
+        for &t in &ch.topics_changed {
+            // The topic's publishers: its region list (the regions it left and joined are
+            // added to the scope by `sync`).
+            for &p in self.publishers.get(&t).into_iter().flatten() {
+                pending.entry(p).or_default().topics.insert(t);
             }
-        }
-        for t in &ch.topics_changed {
-            if let Some(p) = self.publishers.get(t) {
-                also.extend(p.iter().copied());
+            // The regions it is in now: their members and publishers talk to its publishers
+            // (a topic may move into a region whose members do not change).
+            for r in self.planner.topic_regions(t) {
+                self.mark_audience(&mut pending, r);
             }
         }
         for r in &ch.regions_removed {
             self.known_by.remove(r);
         }
-        self.syncs_pending.extend(also);
+        self.syncs_pending = pending;
     }
 
-    /// Sends `node` what changed in the part of the membership that concerns it, as one batch.
-    ///
-    /// This runs for every node a change touches (every publisher of a changed region's topics,
-    /// so nearly every command for a node publishing many topics): it edits the node's record of
-    /// what it knows in place and compares lists without copying them, and allocates only for
-    /// what goes out.
-    fn sync(&mut self, now: Time, node: NodeId) {
-        let Some(e) = self.nodes.get_mut(&node) else {
+    /// Adds region `r` to the sync scope of everyone who must know it and its nodes' addresses:
+    /// its members and the publishers of its topics (a new member or publisher is someone
+    /// they all talk to or may be told of).
+    fn mark_audience(&self, pending: &mut BTreeMap<NodeId, SyncScope>, r: RegionId) {
+        let Some(reg) = self.planner.region(r) else {
             return;
         };
-        // Ascending (from a set), so membership tests below are binary searches.
-        let publishes: Vec<TopicId> = e.publishes.iter().copied().collect();
-        let desired = self.planner.relevant_regions(node, &publishes);
-        let mut items = Vec::new();
-        let gone: Vec<RegionId> = e
-            .known_regions
-            .keys()
-            .copied()
-            .filter(|r| !desired.contains(r))
-            .collect();
-        for r in gone {
-            e.known_regions.remove(&r);
-            if let Some(k) = self.known_by.get_mut(&r) {
-                k.remove(&node);
-            }
-            items.push(Item::RegionGone(r));
+        for &m in &reg.members {
+            pending.entry(m).or_default().regions.insert(r);
         }
-        for &r in &desired {
+        for t in &reg.topics {
+            for &p in self.publishers.get(t).into_iter().flatten() {
+                pending.entry(p).or_default().regions.insert(r);
+            }
+        }
+    }
+
+    /// Sends `node` what changed in the part of the membership that concerns it, as one batch:
+    /// the differences, within `scope`, between what it was told and what it must know.
+    ///
+    /// This runs for every node a change touches (every publisher of a changed region's topics,
+    /// so nearly every command for a node publishing many topics): it looks only at the regions
+    /// and topics of `scope`, edits the node's record of what it knows in place, and allocates
+    /// only for what goes out. Debug builds check after each sync that a pass over everything
+    /// the node knows or must know would find nothing more to send.
+    fn sync(&mut self, now: Time, node: NodeId, scope: SyncScope) {
+        let (mut items, compared) = self.sync_items(node, scope);
+        self.stats.syncs += 1;
+        self.stats.sync_regions_compared += compared as u64;
+        #[cfg(debug_assertions)]
+        {
+            let everything = self.full_scope(node);
+            let (missed, _) = self.sync_items(node, everything);
+            debug_assert!(
+                missed.is_empty(),
+                "a sync of {node:?} left out {missed:?}: its scope missed a change"
+            );
+        }
+        if !items.is_empty() {
+            items.push(Item::Commit);
+        }
+        // A batch made only of TopicBound items still needs its Commit.
+        let needs_commit = items.is_empty()
+            && self.nodes.get(&node).is_some_and(|e| {
+                e.queue
+                    .back()
+                    .is_some_and(|p| !matches!(p.item, Item::Commit))
+            });
+        if needs_commit {
+            items.push(Item::Commit);
+        }
+        if !items.is_empty() {
+            self.push_items(now, node, items);
+        }
+    }
+
+    /// Everything that concerns `node`: the regions it was told of or must know, and the topics
+    /// it publishes or was told the regions of (what a sync looked at before scopes).
+    #[cfg(debug_assertions)]
+    fn full_scope(&self, node: NodeId) -> SyncScope {
+        let Some(e) = self.nodes.get(&node) else {
+            return SyncScope::default();
+        };
+        let publishes: Vec<TopicId> = e.publishes.iter().copied().collect();
+        let mut regions = self.planner.relevant_regions(node, &publishes);
+        regions.extend(e.known_regions.keys().copied());
+        let mut topics = e.publishes.clone();
+        topics.extend(e.known_topics.keys().copied());
+        SyncScope { regions, topics }
+    }
+
+    /// Whether `node` must know region `r`: it is a member, or publishes on one of its topics.
+    fn is_relevant(&self, node: NodeId, publishes: &BTreeSet<TopicId>, r: RegionId) -> bool {
+        let Some(reg) = self.planner.region(r) else {
+            return false;
+        };
+        reg.members.contains(&node)
+            || reg
+                .topics
+                .iter()
+                .any(|t| publishes.contains(t) && self.planner.topic_regions(*t).any(|tr| tr == r))
+    }
+
+    /// The update items that bring what `node` knows of `scope` up to date (no Commit), with
+    /// the node's record of what it knows edited to match, and the number of regions compared.
+    fn sync_items(&mut self, node: NodeId, mut scope: SyncScope) -> (Vec<Item>, usize) {
+        let Some(e) = self.nodes.get(&node) else {
+            return (Vec::new(), 0);
+        };
+        // A topic whose region list changed, or that the node started or stopped publishing on,
+        // brings the regions it was in and is in now.
+        for &t in &scope.topics {
+            scope
+                .regions
+                .extend(e.known_topics.get(&t).into_iter().flatten().copied());
+            if e.publishes.contains(&t) {
+                scope.regions.extend(self.planner.topic_regions(t));
+            }
+        }
+        let (relevant, gone): (Vec<RegionId>, Vec<RegionId>) = scope
+            .regions
+            .iter()
+            .partition(|&&r| self.is_relevant(node, &e.publishes, r));
+        let compared = scope.regions.len();
+        let mut items = Vec::new();
+        let Some(e) = self.nodes.get_mut(&node) else {
+            return (Vec::new(), compared);
+        };
+        for r in gone {
+            if e.known_regions.remove(&r).is_some() {
+                if let Some(k) = self.known_by.get_mut(&r) {
+                    k.remove(&node);
+                }
+                items.push(Item::RegionGone(r));
+            }
+        }
+        for &r in &relevant {
             let Some(&view) = self.views.get(&r) else {
                 continue;
             };
@@ -920,13 +1040,12 @@ impl Gms {
             e.known_regions.insert(r, view);
             self.known_by.entry(r).or_default().insert(node);
         }
-        // The addresses of every node this node will talk to: the members of its regions and the
-        // publishers of their topics. They go before the views, in the same batch.
-        let mut addresses = Vec::new();
-        if let Some(e) = self.nodes.get(&node).filter(|_| self.addressed_members > 0) {
-            // Gathered with repeats, then sorted and deduplicated (ascending, as a set gave).
+        // The addresses of the nodes this node will talk to in these regions: their members and
+        // the publishers of their topics. They go before the views, in the same batch.
+        if self.addressed_members > 0 {
+            // Gathered with repeats, then sorted and deduplicated.
             let mut needed = Vec::new();
-            for &r in &desired {
+            for &r in &relevant {
                 if let Some(reg) = self.planner.region(r) {
                     needed.extend(reg.members.iter().copied());
                     for t in &reg.topics {
@@ -938,41 +1057,38 @@ impl Gms {
             }
             needed.sort_unstable();
             needed.dedup();
+            let told = &self.nodes.get(&node).map(|e| &e.told_addresses);
+            let mut addresses = Vec::new();
             for n in needed {
-                if n == node || e.told_addresses.contains(&n) {
+                if n == node || told.is_some_and(|t| t.contains(&n)) {
                     continue;
                 }
                 if let Some(addr) = self.nodes.get(&n).and_then(|x| x.addr) {
                     addresses.push((n, addr));
                 }
             }
-        }
-        if !addresses.is_empty() {
-            let told = addresses.iter().map(|&(n, _)| n);
-            if let Some(e) = self.nodes.get_mut(&node) {
-                e.told_addresses.extend(told);
+            if !addresses.is_empty() {
+                let Some(e) = self.nodes.get_mut(&node) else {
+                    return (Vec::new(), compared);
+                };
+                e.told_addresses.extend(addresses.iter().map(|&(n, _)| n));
+                let mut with_addresses: Vec<Item> = addresses
+                    .into_iter()
+                    .map(|(node, addr)| Item::NodeAddress { node, addr })
+                    .collect();
+                with_addresses.append(&mut items);
+                items = with_addresses;
             }
-            let mut with_addresses: Vec<Item> = addresses
-                .into_iter()
-                .map(|(node, addr)| Item::NodeAddress { node, addr })
-                .collect();
-            with_addresses.append(&mut items);
-            items = with_addresses;
         }
         let Some(e) = self.nodes.get_mut(&node) else {
-            return;
+            return (Vec::new(), compared);
         };
-        let stale: Vec<TopicId> = e
-            .known_topics
-            .keys()
-            .copied()
-            .filter(|t| publishes.binary_search(t).is_err())
-            .collect();
-        for t in stale {
-            e.known_topics.remove(&t);
-            items.push(Item::TopicGone(t));
+        for &t in &scope.topics {
+            if !e.publishes.contains(&t) && e.known_topics.remove(&t).is_some() {
+                items.push(Item::TopicGone(t));
+            }
         }
-        for &t in &publishes {
+        for &t in scope.topics.iter().filter(|t| e.publishes.contains(t)) {
             let unchanged = e
                 .known_topics
                 .get(&t)
@@ -986,21 +1102,6 @@ impl Gms {
                 e.known_topics.insert(t, regions);
             }
         }
-        if !items.is_empty() {
-            items.push(Item::Commit);
-        }
-        // A batch made only of TopicBound items still needs its Commit.
-        let needs_commit = items.is_empty()
-            && self.nodes.get(&node).is_some_and(|e| {
-                e.queue
-                    .back()
-                    .is_some_and(|p| !matches!(p.item, Item::Commit))
-            });
-        if needs_commit {
-            items.push(Item::Commit);
-        }
-        if !items.is_empty() {
-            self.push_items(now, node, items);
-        }
+        (items, compared)
     }
 }

@@ -523,6 +523,28 @@ fn nodes_learn_the_addresses_of_their_region_members_and_publishers_only() {
     }
 }
 
+/// A second publisher of a topic is someone the first is told of, as the members are, even
+/// though nothing about the first publisher's topics or regions changed (the sync scope of a
+/// region's audience includes its publishers: the service's debug check caught the `tidings
+/// demo` run that missed it).
+#[test]
+fn a_second_publisher_of_a_topic_and_the_first_learn_each_others_address() {
+    let mut w = World::new(3);
+    w.clients[0].subscribe("a").unwrap();
+    w.run_for(Duration::from_millis(10));
+    w.clients[1].advertise("a").unwrap();
+    w.run_for(Duration::from_millis(10));
+    w.clients[2].advertise("a").unwrap();
+    w.run_for(Duration::from_millis(10));
+    let addr = |i: usize| (w.node(i), client_addr(i));
+    let known = |i: usize| -> BTreeSet<(NodeId, std::net::SocketAddr)> {
+        w.clients[i].node_addresses().collect()
+    };
+    assert_eq!(known(0), [addr(1), addr(2)].into());
+    assert_eq!(known(1), [addr(0), addr(2)].into());
+    assert_eq!(known(2), [addr(0), addr(1)].into());
+}
+
 #[test]
 fn consecutive_updates_are_packed_into_few_datagrams() {
     let mut w = World::new(2);
@@ -700,6 +722,41 @@ fn batches_of_subscriptions_and_advertisements_are_told_in_one_update_per_batch(
         batched.2,
         one_by_one.2
     );
+}
+
+/// A sync compares only what a change touched: with a publisher of 1,000 topics (each a region
+/// of its own with one subscriber), one more topic costs the service a comparison of a few
+/// regions, not of the publisher's 1,000 (a pass over every region of the node per sync, as
+/// before scopes, made a publisher's batch of requests cost it O(topics) at 100,000 topics).
+/// Both nodes still end with exactly the membership the service's state gives them.
+#[test]
+fn a_sync_compares_the_regions_a_change_touched_not_all_the_nodes_regions() {
+    let names: Vec<String> = (0..1000).map(|i| format!("t/{i}")).collect();
+    let mut w = World::new(2);
+    for chunk in names.chunks(NAMES_PER_REQUEST_MAX) {
+        w.clients[0].subscribe_many(chunk).unwrap();
+        w.clients[1].advertise_many(chunk).unwrap();
+    }
+    w.run_for(Duration::from_millis(200));
+    let before = w.gms.stats().clone();
+    w.clients[0].subscribe("extra").unwrap();
+    w.clients[1].advertise("extra").unwrap();
+    w.run_for(Duration::from_millis(200));
+    let after = w.gms.stats();
+    let (syncs, compared) = (
+        after.syncs - before.syncs,
+        after.sync_regions_compared - before.sync_regions_compared,
+    );
+    assert!(syncs >= 2, "both nodes synced: {syncs}");
+    assert!(
+        compared <= 4 * syncs,
+        "{compared} regions compared over {syncs} syncs for one new topic"
+    );
+    let mut refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    refs.push("extra");
+    assert_eq!(w.last_membership(0), Some(&w.expected(0, &[])));
+    assert_eq!(w.last_membership(1), Some(&w.expected(1, &refs)));
+    assert_eq!(w.last_membership(1).unwrap().topic_regions.len(), 1001);
 }
 
 #[test]
