@@ -1,9 +1,9 @@
 //! The node side of the membership service.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 
-use tidings_proto::{Membership, Time};
+use tidings_proto::{Membership, MembershipChange, Time};
 use tidings_wire::{NodeId, RegionId, TopicId};
 
 use crate::config::{ClientConfig, ConfigError};
@@ -117,6 +117,14 @@ pub struct GmsClient {
     events: VecDeque<ClientEvent>,
     /// Whether a committed batch emits [`ClientEvent::Membership`].
     membership_events: bool,
+    /// Committed batches applied so far.
+    commits: u64,
+    /// Membership items of the batch being received, applied at its Commit.
+    uncommitted: Vec<Item>,
+    /// Regions and published topics changed by batches committed since the last
+    /// [`take_change`](GmsClient::take_change) or membership event.
+    changed_regions: BTreeSet<RegionId>,
+    changed_topics: BTreeSet<TopicId>,
     stats: ClientStats,
 }
 
@@ -143,6 +151,10 @@ impl GmsClient {
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             membership_events: true,
+            commits: 0,
+            uncommitted: Vec::new(),
+            changed_regions: BTreeSet::new(),
+            changed_topics: BTreeSet::new(),
             stats: ClientStats::default(),
         })
     }
@@ -213,6 +225,33 @@ impl GmsClient {
                 .map(|(&r, v)| (r, v.view.clone()))
                 .collect(),
             topic_regions: self.topic_regions.clone(),
+        }
+    }
+
+    /// Committed batches applied so far: a host that turned the membership events off installs
+    /// [`take_change`](GmsClient::take_change) when this has moved, once for however many
+    /// batches one call applied.
+    #[must_use]
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
+    /// What the batches committed since the last call (or the last membership event) changed:
+    /// each changed region's view and each changed published topic's region list as they are
+    /// now, for [`Node::update_membership`](tidings_proto::Node::update_membership). Its size
+    /// follows the change, where [`membership`](GmsClient::membership) copies everything.
+    pub fn take_change(&mut self) -> MembershipChange {
+        let regions = std::mem::take(&mut self.changed_regions)
+            .into_iter()
+            .map(|r| (r, self.regions.get(&r).map(|v| v.view.clone())))
+            .collect();
+        let topic_regions = std::mem::take(&mut self.changed_topics)
+            .into_iter()
+            .map(|t| (t, self.topic_regions.get(&t).cloned()))
+            .collect();
+        MembershipChange {
+            regions,
+            topic_regions,
         }
     }
 
@@ -392,25 +431,46 @@ impl GmsClient {
                 self.events
                     .push_back(ClientEvent::TopicBound { name, topic });
             }
-            Item::Region(v) => {
-                self.regions.insert(v.view.region, v);
-            }
-            Item::RegionGone(r) => {
-                self.regions.remove(&r);
-            }
-            Item::TopicRegions { topic, regions } => {
-                self.topic_regions.insert(topic, regions);
-            }
-            Item::TopicGone(t) => {
-                self.topic_regions.remove(&t);
+            // The membership changes at the batch's Commit, all at once: what a host installs
+            // is always a committed state, never part of a batch.
+            Item::Region(_)
+            | Item::RegionGone(_)
+            | Item::TopicRegions { .. }
+            | Item::TopicGone(_) => {
+                self.uncommitted.push(item);
             }
             Item::NodeAddress { node, addr } => {
                 self.addresses.insert(node, addr);
             }
             Item::Commit => {
+                for item in std::mem::take(&mut self.uncommitted) {
+                    match item {
+                        Item::Region(v) => {
+                            self.changed_regions.insert(v.view.region);
+                            self.regions.insert(v.view.region, v);
+                        }
+                        Item::RegionGone(r) => {
+                            self.changed_regions.insert(r);
+                            self.regions.remove(&r);
+                        }
+                        Item::TopicRegions { topic, regions } => {
+                            self.changed_topics.insert(topic);
+                            self.topic_regions.insert(topic, regions);
+                        }
+                        Item::TopicGone(t) => {
+                            self.changed_topics.insert(t);
+                            self.topic_regions.remove(&t);
+                        }
+                        _ => {}
+                    }
+                }
+                self.commits += 1;
                 if self.membership_events {
                     let m = self.membership();
                     self.events.push_back(ClientEvent::Membership(m));
+                    // The event carries everything: the changes start again from it.
+                    self.changed_regions.clear();
+                    self.changed_topics.clear();
                 }
             }
             Item::Removed => self.removed(),

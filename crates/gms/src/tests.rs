@@ -148,6 +148,16 @@ impl World {
         self.clients[i].node().unwrap()
     }
 
+    /// Client `i`'s node and address, as the service tells them.
+    fn addr(&self, i: usize) -> (NodeId, std::net::SocketAddr) {
+        (self.node(i), client_addr(i))
+    }
+
+    /// The node addresses client `i` was told.
+    fn known_addresses(&self, i: usize) -> BTreeSet<(NodeId, std::net::SocketAddr)> {
+        self.clients[i].node_addresses().collect()
+    }
+
     fn last_membership(&self, i: usize) -> Option<&Membership> {
         self.events.iter().rev().find_map(|(j, e)| match e {
             ClientEvent::Membership(m) if *j == i => Some(m),
@@ -484,10 +494,7 @@ fn nodes_learn_the_addresses_of_their_region_members_and_publishers_only() {
     // Node 4 publishes on "a": the members of a's region learn its address, and it theirs.
     w.clients[4].advertise("a").unwrap();
     w.run_for(Duration::from_millis(10));
-    let addr = |i: usize| (w.node(i), client_addr(i));
-    let known = |i: usize| -> BTreeSet<(NodeId, std::net::SocketAddr)> {
-        w.clients[i].node_addresses().collect()
-    };
+    let (addr, known) = (|i| w.addr(i), |i| w.known_addresses(i));
     assert_eq!(known(0), [addr(1), addr(4)].into());
     assert_eq!(known(1), [addr(0), addr(4)].into());
     assert_eq!(known(4), [addr(0), addr(1)].into());
@@ -536,10 +543,7 @@ fn a_second_publisher_of_a_topic_and_the_first_learn_each_others_address() {
     w.run_for(Duration::from_millis(10));
     w.clients[2].advertise("a").unwrap();
     w.run_for(Duration::from_millis(10));
-    let addr = |i: usize| (w.node(i), client_addr(i));
-    let known = |i: usize| -> BTreeSet<(NodeId, std::net::SocketAddr)> {
-        w.clients[i].node_addresses().collect()
-    };
+    let (addr, known) = (|i| w.addr(i), |i| w.known_addresses(i));
     assert_eq!(known(0), [addr(1), addr(2)].into());
     assert_eq!(known(1), [addr(0), addr(2)].into());
     assert_eq!(known(2), [addr(0), addr(1)].into());
@@ -757,6 +761,68 @@ fn a_sync_compares_the_regions_a_change_touched_not_all_the_nodes_regions() {
     assert_eq!(w.last_membership(0), Some(&w.expected(0, &[])));
     assert_eq!(w.last_membership(1), Some(&w.expected(1, &refs)));
     assert_eq!(w.last_membership(1).unwrap().topic_regions.len(), 1001);
+}
+
+/// A host that installs changes (`take_change`, with the events off) ends with the membership
+/// the events would have given it, and never sees part of a batch: the items of a batch whose
+/// `Commit` has not arrived change nothing yet.
+#[test]
+fn changes_add_up_to_the_membership_and_come_a_whole_batch_at_a_time() {
+    let names: Vec<String> = (0..200).map(|i| format!("t/{i}")).collect();
+    let mut w = World::new(2);
+    w.clients[1].set_membership_events(false);
+    let mut installed = Membership::default();
+    let apply = |change: tidings_proto::MembershipChange, m: &mut Membership| {
+        for (r, v) in change.regions {
+            match v {
+                Some(v) => m.regions.insert(r, v),
+                None => m.regions.remove(&r),
+            };
+        }
+        for (t, l) in change.topic_regions {
+            match l {
+                Some(l) => m.topic_regions.insert(t, l),
+                None => m.topic_regions.remove(&t),
+            };
+        }
+    };
+    for (k, chunk) in names.chunks(NAMES_PER_REQUEST_MAX).enumerate() {
+        w.clients[0].subscribe_many(chunk).unwrap();
+        w.clients[1].advertise_many(chunk).unwrap();
+        if k == 0 {
+            let applied = w.clients[1].stats().updates_applied;
+            // Hold back every Commit: the items before it are received, not applied.
+            w.keep_to = Box::new(|i, m| {
+                i != 1
+                    || !matches!(m, GmsMessage::Update { items, .. } if items.iter().any(|x| matches!(x, Item::Commit)))
+            });
+            w.run_for(Duration::from_millis(20));
+            assert!(
+                w.clients[1].stats().updates_applied > applied,
+                "items of the batch arrived"
+            );
+            assert!(
+                w.clients[1].take_change().is_empty(),
+                "part of a batch leaked"
+            );
+            w.keep_to = Box::new(|_, _| true);
+        }
+        w.run_for(Duration::from_millis(200));
+        apply(w.clients[1].take_change(), &mut installed);
+        assert_eq!(installed, w.clients[1].membership());
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    assert_eq!(installed, w.expected(1, &refs));
+    unsubscribe_half(&mut w, &names);
+    apply(w.clients[1].take_change(), &mut installed);
+    assert_eq!(installed, w.expected(1, &refs));
+}
+
+fn unsubscribe_half(w: &mut World, names: &[String]) {
+    for name in names.iter().step_by(2) {
+        w.clients[0].unsubscribe(name).unwrap();
+    }
+    w.run_for(Duration::from_millis(300));
 }
 
 #[test]

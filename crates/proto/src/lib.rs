@@ -22,7 +22,7 @@ pub use node::{Node, PublishError, StreamReport, Transmit};
 pub use stats::Stats;
 pub use tidings_wire::Priority;
 
-pub use membership::{Membership, RegionView};
+pub use membership::{Membership, MembershipChange, RegionView};
 pub use tidings_wire::{MsgId, NodeId, RegionId, SeqNo, TopicId, ViewId};
 pub use time::Time;
 

@@ -63,6 +63,24 @@ impl RegionView {
     }
 }
 
+/// A change of a node's membership, for [`Node::update_membership`](crate::Node::update_membership):
+/// the regions and published topics that changed, each as it is now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MembershipChange {
+    /// Each changed region's view now, `None` if the node no longer knows it.
+    pub regions: Vec<(RegionId, Option<RegionView>)>,
+    /// Each changed topic's region list now, `None` if the node no longer publishes on it.
+    pub topic_regions: Vec<(TopicId, Option<Vec<RegionId>>)>,
+}
+
+impl MembershipChange {
+    /// Whether nothing changed.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.regions.is_empty() && self.topic_regions.is_empty()
+    }
+}
+
 /// What a node knows of the membership: region views and the topic-to-regions map.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Membership {

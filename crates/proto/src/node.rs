@@ -12,7 +12,7 @@ use tidings_wire::{
 
 use crate::config::{Config, ConfigError, WindowAlgorithm};
 use crate::event::{Delivery, Event};
-use crate::membership::Membership;
+use crate::membership::{Membership, MembershipChange};
 use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
 use crate::recv::{Arrival, InMsg};
 use crate::region::{OwnedRecord, OwnedToken, RegionState};
@@ -116,6 +116,8 @@ pub struct Node {
     /// Per origin, the highest message id delivered in views that ended; kept even while this node
     /// is in no region, so a node that leaves and joins again never delivers a message twice.
     msg_id_floors: BTreeMap<(NodeId, TopicId), u64>,
+    /// The copy of `msg_id_floors` that region states installed since it last moved share.
+    floors_shared: std::sync::Arc<BTreeMap<(NodeId, TopicId), u64>>,
     /// The records of the last token received, kept so the next token reuses the list.
     token_records: Vec<OwnedRecord>,
     /// When the doubt horizon rates are sampled next.
@@ -292,6 +294,7 @@ impl Node {
             data_ready: VecDeque::new(),
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
+            floors_shared: std::sync::Arc::default(),
             token_records: Vec::new(),
             next_doubt_sample: now,
             rate,
@@ -654,42 +657,117 @@ impl Node {
         }
     }
 
+    /// The membership in force (the last one [`set_membership`](Node::set_membership) gave).
+    #[must_use]
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
     /// Installs a new membership (from the GMS): region views this node is in are rebuilt when
     /// their view changed (fresh streams and rings; message ids delivered before are remembered
     /// so resent messages are not delivered twice); what this node had published and was not yet
     /// stable in a changed region is sent again into the regions its topic spans now, after
     /// `view_change_pause`; datagrams buffered for the new views are processed.
     pub fn set_membership(&mut self, now: Time, membership: Membership) {
-        self.out.stats.view_changes += 1;
-        // Receiving side.
-        for region in self.regions.values() {
-            for (key, floor) in region.stream_msg_id_floors() {
-                let f = self.msg_id_floors.entry(key).or_insert(0);
-                *f = (*f).max(floor);
-            }
-        }
-        // One copy, shared by the regions installed now (they only read it).
-        let floors = std::sync::Arc::new(self.msg_id_floors.clone());
-        let mut old = std::mem::take(&mut self.regions);
-        // The regions whose state this install replaces, adds or drops: only they need their
-        // timers and gauges looked at again (a node in thousands of regions installs a
-        // membership per batch of subscriptions, and kept regions do not change).
-        let mut touched: Vec<RegionId> = Vec::new();
-        for view in membership.regions.values() {
-            match old.remove(&view.region) {
-                Some(state) if state.view == view.view => {
-                    self.regions.insert(view.region, state);
+        // The regions whose view epoch differs: added, dropped or changed. (Content under an
+        // unchanged epoch is taken as it comes, as a view's state is kept.)
+        let mut views_changed: Vec<RegionId> = membership
+            .regions
+            .iter()
+            .filter(|(r, v)| {
+                self.membership
+                    .regions
+                    .get(r)
+                    .is_none_or(|old| old.view != v.view)
+            })
+            .map(|(&r, _)| r)
+            .collect();
+        views_changed.extend(
+            self.membership
+                .regions
+                .keys()
+                .filter(|r| !membership.regions.contains_key(r)),
+        );
+        self.membership = membership;
+        self.install_views(now, views_changed);
+    }
+
+    /// Applies a change of the membership in place: each region's view as it is now (`None`:
+    /// gone) and each published topic's region list as it is now (`None`: no longer
+    /// published), for the regions and topics that changed. The same as
+    /// [`set_membership`](Node::set_membership) with the whole membership so changed, at a cost
+    /// that follows the change: a node in 100,000 regions need not pass over all of them (nor
+    /// its host copy them) for a batch of subscriptions that touched a few hundred.
+    pub fn update_membership(&mut self, now: Time, change: MembershipChange) {
+        let mut views_changed = Vec::new();
+        for (region, view) in change.regions {
+            match view {
+                Some(view) => {
+                    let differs = self
+                        .membership
+                        .regions
+                        .get(&region)
+                        .is_none_or(|old| old.view != view.view);
+                    if differs {
+                        views_changed.push(region);
+                    }
+                    self.membership.regions.insert(region, view);
                 }
-                _ => {
-                    touched.push(view.region);
-                    if let Some(mut state) = RegionState::new(view, self.me, &self.config, now) {
-                        state.set_msg_id_floors(floors.clone());
-                        self.regions.insert(view.region, state);
+                None => {
+                    if self.membership.regions.remove(&region).is_some() {
+                        views_changed.push(region);
                     }
                 }
             }
         }
-        touched.extend(old.into_keys());
+        for (topic, regions) in change.topic_regions {
+            match regions {
+                Some(regions) => self.membership.topic_regions.insert(topic, regions),
+                None => self.membership.topic_regions.remove(&topic),
+            };
+        }
+        views_changed.sort_unstable();
+        views_changed.dedup();
+        self.install_views(now, views_changed);
+    }
+
+    /// The work of an install, once `self.membership` is the new one: the states of the
+    /// regions in `views_changed` (added, dropped, or at a new epoch) are replaced, the
+    /// streams whose view ended re-home their messages, and what the regions touched feed
+    /// (timers, gauges) is looked at again.
+    fn install_views(&mut self, now: Time, views_changed: Vec<RegionId>) {
+        self.out.stats.view_changes += 1;
+        // Receiving side.
+        let mut floors_moved = false;
+        for region in self.regions.values() {
+            for (key, floor) in region.stream_msg_id_floors() {
+                let f = self.msg_id_floors.entry(key).or_insert(0);
+                if floor > *f {
+                    *f = floor;
+                    floors_moved = true;
+                }
+            }
+        }
+        // One copy, shared by the regions installed now (they only read it), made again only
+        // when a floor moved (a copy per install was a pass over every stream's topics).
+        if floors_moved || self.msg_id_floors.len() != self.floors_shared.len() {
+            self.floors_shared = std::sync::Arc::new(self.msg_id_floors.clone());
+        }
+        let floors = &self.floors_shared;
+        // The regions whose state this install replaces, adds or drops: only they need their
+        // timers and gauges looked at again (a node in thousands of regions installs a
+        // membership per batch of subscriptions, and kept regions do not change).
+        let mut touched: Vec<RegionId> = views_changed;
+        for &region in &touched {
+            self.regions.remove(&region);
+            if let Some(view) = self.membership.regions.get(&region) {
+                if let Some(mut state) = RegionState::new(view, self.me, &self.config, now) {
+                    state.set_msg_id_floors(floors.clone());
+                    self.regions.insert(region, state);
+                }
+            }
+        }
+        let membership = &self.membership;
         // Sending side: streams whose view ended give up their messages, which go to the
         // regions their topics span now.
         let changed: Vec<RegionId> = self
@@ -763,7 +841,6 @@ impl Node {
                 self.out.events.push_back(Event::Stable(msg_id));
             }
         }
-        self.membership = membership;
         // Streams were replaced and re-homed messages added: queue every stream with unsent ones.
         self.data_ready.clear();
         for (&region, stream) in &mut self.outbound {

@@ -20,7 +20,7 @@ pub struct AddressBook {
 /// The resolved destinations of the core thread: what a `Destination` of the protocol turns
 /// into. Rebuilt whenever the membership or the address book changes, so sending needs one map
 /// lookup and no allocation.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Routes {
     nodes: BTreeMap<NodeId, SocketAddr>,
     /// Per region: the multicast group (one entry) or the members other than this node.
@@ -39,22 +39,9 @@ impl Routes {
         let mut regions = BTreeMap::new();
         let mut joined = Vec::new();
         for (&region, view) in &membership.regions {
-            let addrs = match transport {
-                Transport::Multicast(_) => book
-                    .groups
-                    .get(&region)
-                    .map(|g| vec![SocketAddr::V4(*g)])
-                    .unwrap_or_default(),
-                Transport::Unicast => view
-                    .members()
-                    .filter(|&n| n != me)
-                    .filter_map(|n| book.nodes.get(&n).copied())
-                    .collect(),
-            };
-            if let (Transport::Multicast(_), Some(group)) = (transport, book.groups.get(&region)) {
-                if view.partition_of(me).is_some() {
-                    joined.push((region, *group));
-                }
+            let (addrs, join) = Self::route(me, view, book, transport);
+            if let Some(group) = join {
+                joined.push((region, group));
             }
             regions.insert(region, addrs);
         }
@@ -63,6 +50,73 @@ impl Routes {
             regions,
             joined,
         }
+    }
+
+    /// Brings the routes of `changed` regions up to date with `membership` (a region no longer
+    /// in it loses its route), or all of them if the node addresses changed (a member's address
+    /// may have been missing): what [`Routes::new`] would build, at the cost of the change.
+    pub(crate) fn update(
+        &mut self,
+        me: NodeId,
+        membership: &Membership,
+        book: &AddressBook,
+        transport: &Transport,
+        changed: impl IntoIterator<Item = RegionId>,
+    ) {
+        if self.nodes != book.nodes {
+            *self = Routes::new(me, membership, book, transport);
+            return;
+        }
+        let mut joined_changed = false;
+        for region in changed {
+            self.regions.remove(&region);
+            if let Some(at) = self.joined.iter().position(|&(r, _)| r == region) {
+                self.joined.remove(at);
+                joined_changed = true;
+            }
+            let Some(view) = membership.regions.get(&region) else {
+                continue;
+            };
+            let (addrs, join) = Self::route(me, view, book, transport);
+            if let Some(group) = join {
+                self.joined.push((region, group));
+                joined_changed = true;
+            }
+            self.regions.insert(region, addrs);
+        }
+        if joined_changed {
+            // In region order, as `new` builds it.
+            self.joined.sort_unstable_by_key(|&(r, _)| r);
+        }
+    }
+
+    /// A region's destinations, and its group if this node must join it.
+    fn route(
+        me: NodeId,
+        view: &tidings_proto::RegionView,
+        book: &AddressBook,
+        transport: &Transport,
+    ) -> (Vec<SocketAddr>, Option<SocketAddrV4>) {
+        let region = view.region;
+        let addrs = match transport {
+            Transport::Multicast(_) => book
+                .groups
+                .get(&region)
+                .map(|g| vec![SocketAddr::V4(*g)])
+                .unwrap_or_default(),
+            Transport::Unicast => view
+                .members()
+                .filter(|&n| n != me)
+                .filter_map(|n| book.nodes.get(&n).copied())
+                .collect(),
+        };
+        let join = match (transport, book.groups.get(&region)) {
+            (Transport::Multicast(_), Some(group)) if view.partition_of(me).is_some() => {
+                Some(*group)
+            }
+            _ => None,
+        };
+        (addrs, join)
     }
 
     /// Routes to single nodes only (tests of the send path).

@@ -27,7 +27,8 @@ use crossbeam_queue::SegQueue;
 use mio::{Events, Interest, Poll, Token, Waker};
 use tidings_gms::{ClientEvent, GmsClient, RegionAddress};
 use tidings_proto::{
-    Delivery, Event, Membership, MsgId, Node, Priority, PublishError, RegionId, Time, TopicId,
+    Delivery, Event, Membership, MembershipChange, MsgId, Node, NodeId, Priority, PublishError,
+    RegionId, RegionView, Time, TopicId,
 };
 use tidings_sched::handoff::{ReadyFlag, ReadyList};
 use tidings_sched::{TaskHandle, TaskId, TryPushError};
@@ -264,6 +265,10 @@ pub(crate) struct GmsLink {
     waiting: Vec<Waiting>,
     /// Names of the topics this node subscribed to by name, to unsubscribe.
     names: HashMap<TopicId, String>,
+    /// The client's committed batches when its membership was last installed: one install
+    /// per pump, however many batches the pump applied (each install is a pass over every
+    /// region of the node, and the client's membership a copy of them all).
+    installed_commits: u64,
     /// GMS datagrams received in the current batch.
     inbox: Vec<Bytes>,
     /// When the last suspicion of each node was reported.
@@ -280,7 +285,11 @@ impl GmsLink {
         leave_timeout: Duration,
         suspect_interval: Duration,
     ) -> GmsLink {
+        let mut client = client;
+        client.set_membership_events(false);
         GmsLink {
+            // Batches committed during the handshake are installed at the first pump.
+            installed_commits: 0,
             client,
             server,
             leave_timeout,
@@ -366,8 +375,9 @@ pub(crate) struct Core {
     shutdown: bool,
     gms: Option<GmsLink>,
     local_addr: SocketAddr,
-    /// The membership in force (the protocol's copy is private to it).
-    membership: Membership,
+    /// The region of each topic of the regions this node is a member of (a node is in at most
+    /// one region per subset, and a topic in one subset).
+    topic_regions_in: FxHashMap<TopicId, RegionId>,
     /// Regions whose multicast group could not be joined, with the reason.
     unjoined: BTreeMap<RegionId, String>,
 }
@@ -377,6 +387,25 @@ impl std::fmt::Debug for Core {
         f.debug_struct("Core")
             .field("node", &self.node.id())
             .finish_non_exhaustive()
+    }
+}
+
+/// Enters (`add`) or takes out the topics of `view` in `index`, if `me` is a member of it.
+fn index_member_region(
+    index: &mut FxHashMap<TopicId, RegionId>,
+    me: NodeId,
+    view: &RegionView,
+    add: bool,
+) {
+    if view.partition_of(me).is_none() {
+        return;
+    }
+    for &t in &view.topics {
+        if add {
+            index.insert(t, view.region);
+        } else if index.get(&t) == Some(&view.region) {
+            index.remove(&t);
+        }
     }
 }
 
@@ -468,7 +497,7 @@ impl Core {
             config,
             gms,
             local_addr,
-            membership: membership.clone(),
+            topic_regions_in: FxHashMap::default(),
             unjoined: BTreeMap::new(),
         };
         core.sync_groups()?;
@@ -726,8 +755,67 @@ impl Core {
             &self.addresses,
             &self.config.transport,
         );
-        self.membership = membership.clone();
         self.node.set_membership(now, membership);
+        let me = self.node.id();
+        self.topic_regions_in.clear();
+        for view in self.node.membership().regions.values() {
+            index_member_region(&mut self.topic_regions_in, me, view, true);
+        }
+        self.installed(now)
+    }
+
+    /// Installs a change of the membership (and a new address book): the protocol, the routes
+    /// and the index of this node's regions take the changed regions only, so an update costs
+    /// what it changed, not a pass over every region of the node (ADR 23).
+    fn install_change(
+        &mut self,
+        now: Time,
+        change: MembershipChange,
+        addresses: AddressBook,
+    ) -> io::Result<()> {
+        self.addresses = addresses;
+        let me = self.node.id();
+        let changed: Vec<RegionId> = change.regions.iter().map(|&(r, _)| r).collect();
+        for r in &changed {
+            if let Some(old) = self.node.membership().regions.get(r) {
+                index_member_region(&mut self.topic_regions_in, me, old, false);
+            }
+        }
+        self.node.update_membership(now, change);
+        let membership = self.node.membership();
+        for r in &changed {
+            if let Some(view) = membership.regions.get(r) {
+                index_member_region(&mut self.topic_regions_in, me, view, true);
+            }
+        }
+        self.routes.update(
+            me,
+            membership,
+            &self.addresses,
+            &self.config.transport,
+            changed,
+        );
+        debug_assert_eq!(
+            self.routes,
+            Routes::new(me, membership, &self.addresses, &self.config.transport),
+            "routes updated by the change differ from routes built anew"
+        );
+        #[cfg(debug_assertions)]
+        {
+            let mut anew = FxHashMap::default();
+            for view in membership.regions.values() {
+                index_member_region(&mut anew, me, view, true);
+            }
+            debug_assert_eq!(
+                self.topic_regions_in, anew,
+                "the index of this node's regions"
+            );
+        }
+        self.installed(now)
+    }
+
+    /// What follows every install: counters, sending, events, timers and multicast groups.
+    fn installed(&mut self, now: Time) -> io::Result<()> {
         self.stats.memberships_installed += 1;
         self.tx_more = true;
         self.drain_events();
@@ -759,18 +847,42 @@ impl Core {
             }
         }
         let mut events = Vec::new();
+        let mut whole = None;
         while let Some(e) = link.client.poll_event() {
-            events.push(e);
+            match e {
+                // Only from batches committed before the link turned the events off (the
+                // handshake): the latest is installed whole, the changes after it below.
+                ClientEvent::Membership(m) => whole = Some(m),
+                e => events.push(e),
+            }
+        }
+        let moved = link.client.commits() != link.installed_commits;
+        link.installed_commits = link.client.commits();
+        let change = if moved {
+            link.client.take_change()
+        } else {
+            MembershipChange::default()
+        };
+        if whole.is_some() || moved {
+            let book = self.gms_address_book();
+            // A group that could not be joined is recorded (`unjoined`), and the subscriptions
+            // it carries are refused with the reason just below.
+            if let Some(m) = whole {
+                let _ = self.install_membership(now, m, Some(book.clone()));
+            }
+            if moved {
+                let _ = self.install_change(now, change, book);
+                // The changes add up to the client's membership (a whole copy: debug only).
+                debug_assert!(self
+                    .gms
+                    .as_ref()
+                    .is_none_or(|l| &l.client.membership() == self.node.membership()));
+            }
+            self.answer_waiting();
         }
         for event in events {
             match event {
-                ClientEvent::Membership(m) => {
-                    let book = self.gms_address_book();
-                    // A group that could not be joined is recorded (`unjoined`), and the
-                    // subscriptions it carries are refused with the reason just below.
-                    let _ = self.install_membership(now, m, Some(book));
-                    self.answer_waiting();
-                }
+                ClientEvent::Membership(_) => {}
                 ClientEvent::Removed => self.on_removed(now),
                 ClientEvent::Joined(_) | ClientEvent::TopicBound { .. } => {}
             }
@@ -805,23 +917,13 @@ impl Core {
 
     /// Answers the named requests whose topic is now in force.
     fn answer_waiting(&mut self) {
-        let me = self.node.id();
         let Some(link) = self.gms.as_mut() else {
             return;
         };
-        let membership = &self.membership;
-        // The region of each topic this node is in, once per call (not a pass over every region
-        // per waiting request: a batch of 128 waits through each install).
-        let my_regions: HashMap<TopicId, RegionId> = if link.waiting.is_empty() {
-            HashMap::new()
-        } else {
-            membership
-                .regions
-                .values()
-                .filter(|v| v.partition_of(me).is_some())
-                .flat_map(|v| v.topics.iter().map(move |&t| (t, v.region)))
-                .collect()
-        };
+        let membership = self.node.membership();
+        // The region of each topic this node is in (kept up to date by each install: a pass
+        // over every region per install was most of subscribing to 100,000 topics).
+        let my_regions = &self.topic_regions_in;
         let mut still = Vec::new();
         for w in link.waiting.drain(..) {
             match w {
