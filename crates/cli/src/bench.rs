@@ -384,6 +384,10 @@ pub(crate) struct ChildResult {
     pub(crate) send_calls: u64,
     /// Injected drops and repairs received in all (subscribers).
     pub(crate) injected_drops: u64,
+    /// Subscribers: datagrams the kernel dropped at the node's sockets (buffers full), over the
+    /// whole run (the runtime's `kernel_drops`).
+    #[serde(default)]
+    pub(crate) kernel_drops: u64,
     pub(crate) repairs_received: u64,
     /// Subscribers: times the core thread found a subscription's queue full and stopped reading
     /// its sockets (the runtime's `delivery_stalls`), over the whole run.
@@ -640,6 +644,7 @@ struct Report {
     sender_datagrams: u64,
     sender_send_calls: u64,
     injected_drops: u64,
+    kernel_drops: u64,
     repairs_received: u64,
     delivery_stalls: u64,
     out_of_window: u64,
@@ -749,6 +754,7 @@ impl Report {
             "missing": self.missing,
             "unstable_publishers": self.unstable_publishers,
             "injected_drops": self.injected_drops,
+            "kernel_drops": self.kernel_drops,
             "repairs_received": self.repairs_received,
             "delivery_stalls": self.delivery_stalls,
             "out_of_window_dropped": self.out_of_window,
@@ -846,11 +852,12 @@ impl Report {
             None => s += "  raw UDP      not measured (--ceiling-seconds 0)\n",
         }
         s += &format!(
-            "  subscribers  {:.0} datagrams/s sent each (tokens, acknowledgements, repair requests); {} repairs received, {} delivery stalls, {} dropped beyond the receive window, {} duplicates, {} pushed to neighbours (whole run)\n",
+            "  subscribers  {:.0} datagrams/s sent each (tokens, acknowledgements, repair requests); {} repairs received, {} dropped by the kernel, {} delivery stalls, {} dropped beyond the receive window, {} duplicates, {} pushed to neighbours (whole run)\n",
             self.subscriber_datagrams as f64
                 / self.window_secs.max(1e-9)
                 / f64::from(a.subscribers.max(1)),
             self.repairs_received,
+            self.kernel_drops,
             self.delivery_stalls,
             self.out_of_window,
             self.duplicates,
@@ -1142,6 +1149,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         sender_datagrams: pubs.iter().map(|r| r.datagrams_sent).sum(),
         sender_send_calls: pubs.iter().map(|r| r.send_calls).sum(),
         injected_drops: sub_results.iter().map(|r| r.injected_drops).sum(),
+        kernel_drops: sub_results.iter().map(|r| r.kernel_drops).sum(),
         repairs_received: sub_results.iter().map(|r| r.repairs_received).sum(),
         delivery_stalls: sub_results.iter().map(|r| r.delivery_stalls).sum(),
         out_of_window: sub_results.iter().map(|r| r.out_of_window).sum(),

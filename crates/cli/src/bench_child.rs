@@ -546,6 +546,7 @@ fn subscriber(
         missing,
         latency_us,
         injected_drops: stats.injected_drops,
+        kernel_drops: stats.kernel_drops,
         repairs_received: stats.proto.repairs_received,
         delivery_stalls: stats.delivery_stalls,
         out_of_window: stats.proto.out_of_window_dropped,

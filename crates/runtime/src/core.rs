@@ -1648,6 +1648,9 @@ impl Core {
         s.publishers_current = publishers().count() as u64;
         s.publish_queue_slots_current = publishers().map(|p| p.queue.slots() as u64).sum();
         s.proto = self.node.stats().clone();
+        let sockets = std::iter::once(&self.unicast.socket)
+            .chain(self.groups.iter().flatten().map(|g| &g.net.socket));
+        s.kernel_drops = net::kernel_drops(sockets);
         s
     }
 

@@ -14,6 +14,48 @@ use tidings_proto::Destination;
 use crate::addr::Routes;
 use crate::config::{RuntimeConfig, Transport};
 
+/// Datagrams the kernel dropped on arrival at `sockets` for want of buffer space, summed: the
+/// `drops` column of their lines in `/proc/net/udp` and `/proc/net/udp6`, found by socket
+/// inode. 0 where that cannot be read (not Linux, no `/proc`).
+pub(crate) fn kernel_drops<'a>(sockets: impl Iterator<Item = &'a mio::net::UdpSocket>) -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let inodes: Vec<String> = sockets
+            .filter_map(|s| {
+                let link = std::fs::read_link(format!("/proc/self/fd/{}", s.as_raw_fd())).ok()?;
+                let link = link.to_str()?;
+                Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+            })
+            .collect();
+        if inodes.is_empty() {
+            return 0;
+        }
+        let mut drops = 0;
+        for table in ["/proc/net/udp", "/proc/net/udp6"] {
+            let Ok(text) = std::fs::read_to_string(table) else {
+                continue;
+            };
+            // Columns: sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
+            for line in text.lines().skip(1) {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (Some(inode), Some(d)) = (fields.get(9), fields.last()) else {
+                    continue;
+                };
+                if inodes.iter().any(|i| i == inode) {
+                    drops += d.parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+        drops
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = sockets;
+        0
+    }
+}
+
 /// Receive buffers per system call: quinn-udp's `recvmmsg` batch.
 pub(crate) const RECV_BUFFERS: usize = quinn_udp::BATCH_SIZE;
 /// Size of each receive buffer: the largest UDP payload, so that neither a big datagram nor a
@@ -911,5 +953,37 @@ mod group_socket_tests {
         let (socket, shared) = group_socket(group, &config).unwrap();
         assert!(!shared, "bound to its one group beside 127.0.0.1:{port}");
         join_group(&socket, *group.ip(), Ipv4Addr::LOCALHOST).unwrap();
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod kernel_drops_tests {
+    use super::kernel_drops;
+
+    /// Datagrams sent to a socket nobody reads, past its (small) receive buffer, are counted as
+    /// the kernel's drops of that socket, and not of another.
+    #[test]
+    fn datagrams_past_a_full_receive_buffer_are_counted() {
+        let full = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket2::SockRef::from(&full)
+            .set_recv_buffer_size(4096)
+            .unwrap();
+        let other = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = full.local_addr().unwrap();
+        for _ in 0..200 {
+            let _ = sender.send_to(&[7u8; 1000], to);
+        }
+        let (full, other) = (
+            mio::net::UdpSocket::from_std(full),
+            mio::net::UdpSocket::from_std(other),
+        );
+        let drops = kernel_drops(std::iter::once(&full));
+        assert!(
+            drops > 100,
+            "{drops} drops counted of 200 datagrams into 4 KiB"
+        );
+        assert_eq!(kernel_drops(std::iter::once(&other)), 0);
+        assert_eq!(kernel_drops([&full, &other].into_iter()), drops);
     }
 }

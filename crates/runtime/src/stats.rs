@@ -88,6 +88,11 @@ pub struct RuntimeStats {
     pub bytes_received: u64,
     /// Received datagrams dropped on purpose (`RuntimeConfig::receive_loss`).
     pub injected_drops: u64,
+    /// Datagrams the kernel dropped on arrival at this node's sockets because their receive
+    /// buffers were full (Linux: the `drops` of each socket in `/proc/net/udp`, read when the
+    /// statistics are asked for; 0 where unknown). What the protocol must then repair: a
+    /// sender outrunning this node, or the node's threads starved of CPU.
+    pub kernel_drops: u64,
     /// Received datagrams that are not tidings packets (wrong magic, version or kind), dropped
     /// before the protocol sees them.
     pub invalid_packets: u64,

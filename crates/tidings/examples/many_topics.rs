@@ -158,14 +158,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if let Ok(stats) = node.stats() {
                 let (r, p) = (&stats.runtime, &stats.runtime.proto);
                 println!(
-                    "{name}: datagrams sent {} received {} dropped by the kernel or injected {}, \
+                    "{name}: datagrams sent {} received {} dropped by the kernel {}, \
                      send errors {}, short sends {}; messages sent {} received {} delivered {}; \
                      pulls {} (to the sender {}), repairs {}, silences sent {} received {}, \
                      tokens released {}, acks sent {} received {}, unstable now {}; \
                      memberships installed {}",
                     r.datagrams_sent,
                     r.datagrams_received,
-                    r.injected_drops,
+                    r.kernel_drops,
                     r.send_errors,
                     r.short_sends,
                     p.messages_sent,
