@@ -30,6 +30,14 @@ pub struct Config {
     pub send_queue_msgs_max: usize,
     /// Largest unsent payload bytes per region stream. Default 1 MiB.
     pub send_queue_bytes_max: usize,
+    /// Largest number of messages a node holds for all its region streams together, unsent or
+    /// unacknowledged (a message counts once per region); beyond it `publish` returns
+    /// `WouldBlock`. The windows and send queues bound each stream, not their sum: a node
+    /// publishing a few messages on each of 100,000 topics, each its own region, held two
+    /// million at once and sent them as one burst of one-message datagrams that the receiver's
+    /// socket dropped by millions. Default 32768: two streams at their full window and send
+    /// queue, and about what a 32 MiB receive buffer takes of small datagrams.
+    pub node_held_msgs_max: usize,
     /// Out-of-order messages a receiver keeps per stream beyond what it delivered. Must be at least
     /// `window_msgs_max` so a sender within its window never overruns a receiver. Default 32768.
     pub receive_window_msgs: usize,
@@ -226,6 +234,7 @@ impl Default for Config {
             packing: true,
             send_queue_msgs_max: 1024,
             send_queue_bytes_max: 1 << 20,
+            node_held_msgs_max: 32768,
             receive_window_msgs: 32768,
             token_interval: Duration::from_millis(100),
             token_interval_min: Duration::from_millis(1),
@@ -340,6 +349,7 @@ impl Config {
             ("window_msgs_max", self.window_msgs_max),
             ("window_bytes_max", self.window_bytes_max),
             ("send_queue_msgs_max", self.send_queue_msgs_max),
+            ("node_held_msgs_max", self.node_held_msgs_max),
             ("receive_window_msgs", self.receive_window_msgs),
             ("ring_fanout_max", self.ring_fanout_max),
             ("token_ranges_max", self.token_ranges_max),

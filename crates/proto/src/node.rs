@@ -355,12 +355,19 @@ impl Node {
                 .topic_regions
                 .get(&topic)
                 .is_none_or(|regions| {
-                    regions.iter().all(|r| {
-                        self.outbound
-                            .get(r)
-                            .is_none_or(|s| s.admits(len, &self.config))
-                    })
+                    self.node_admits(regions.len())
+                        && regions.iter().all(|r| {
+                            self.outbound
+                                .get(r)
+                                .is_none_or(|s| s.admits(len, &self.config))
+                        })
                 })
+    }
+
+    /// Whether the node may hold `regions` more messages (one per region) within
+    /// [`Config::node_held_msgs_max`].
+    fn node_admits(&self, regions: usize) -> bool {
+        self.out.stats.held_msgs_current as usize + regions <= self.config.node_held_msgs_max
     }
 
     /// Publishes `payload` on `topic`: stores it once, gives it the next sequence number of every
@@ -395,6 +402,10 @@ impl Node {
                 self.out.stats.publish_would_block += 1;
                 return Err(PublishError::WouldBlock { region: *region });
             }
+        }
+        if let Some(&region) = regions.first().filter(|_| !self.node_admits(regions.len())) {
+            self.out.stats.publish_would_block += 1;
+            return Err(PublishError::WouldBlock { region });
         }
         if self.config.congestion_control && !regions.is_empty() {
             if let Err(retry_at) = self.rate.admit(now, &self.config) {

@@ -706,3 +706,57 @@ fn lost_tokens_are_resent_without_false_suspicion() {
     assert!(c.suspects.is_empty(), "false suspicions: {:?}", c.suspects);
     assert_eq!(c.stable[0].len(), 500);
 }
+
+/// Node 0 publishes 50 messages on each of 8 topics, each topic its own region (receiver `t`
+/// alone subscribes to topic `t`), as fast as `can_publish` lets it; returns the most messages
+/// it held at once and whether everything was delivered and stable.
+fn held_across_regions(node_held_msgs_max: usize) -> (u64, bool) {
+    let config = Config {
+        rng_seed: 9,
+        node_held_msgs_max,
+        ..Config::default()
+    };
+    let mut c = Cluster::with_config(9, |i| vec![TopicId(i)], 6, 0.0, config);
+    let (topics, per_topic) = (8u32, 50u64);
+    let total = u64::from(topics) * per_topic;
+    let (mut published, mut held_max) = (0u64, 0u64);
+    let limit = Time::ZERO + Duration::from_secs(20);
+    while c.now < limit && c.stable[0].len() as u64 != total {
+        loop {
+            let topic = TopicId(1 + (published % u64::from(topics)) as u32);
+            if published == total || !c.nodes[0].can_publish(topic, 100) {
+                break;
+            }
+            c.nodes[0]
+                .publish(c.now, topic, Bytes::from(vec![7u8; 100]))
+                .unwrap();
+            published += 1;
+            held_max = held_max.max(c.nodes[0].stats().held_msgs_current);
+        }
+        c.flush(0);
+        if !c.step(c.now + Duration::from_millis(1)) {
+            c.now += Duration::from_millis(1);
+        }
+    }
+    let delivered = (1..=topics as usize).all(|r| c.delivered[r].len() as u64 == per_topic);
+    (held_max, delivered && c.stable[0].len() as u64 == total)
+}
+
+/// The windows bound each region stream; `node_held_msgs_max` bounds their sum: with 8 regions
+/// and a bound of 40 the publisher never holds more than 40 messages (it would hold all 400
+/// otherwise), and everything is still delivered and becomes stable.
+#[test]
+fn a_node_holds_at_most_its_bound_over_all_its_regions() {
+    let (held, complete) = held_across_regions(40);
+    assert!(
+        complete,
+        "not everything delivered and stable under the bound"
+    );
+    assert!(held <= 40, "held {held} messages with a bound of 40");
+    let (held, complete) = held_across_regions(Config::default().node_held_msgs_max);
+    assert!(complete);
+    assert!(
+        held > 40,
+        "without the bound it held only {held}: the test shows nothing"
+    );
+}
