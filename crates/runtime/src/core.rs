@@ -265,9 +265,8 @@ pub(crate) struct GmsLink {
     waiting: Vec<Waiting>,
     /// Names of the topics this node subscribed to by name, to unsubscribe.
     names: HashMap<TopicId, String>,
-    /// The client's committed batches when its membership was last installed: one install
-    /// per pump, however many batches the pump applied (each install is a pass over every
-    /// region of the node, and the client's membership a copy of them all).
+    /// The client's committed batches when its change was last taken: one install per pump,
+    /// however many batches the pump applied (ADR 23).
     installed_commits: u64,
     /// GMS datagrams received in the current batch.
     inbox: Vec<Bytes>,
@@ -280,12 +279,12 @@ pub(crate) struct GmsLink {
 
 impl GmsLink {
     pub(crate) fn new(
-        client: GmsClient,
+        mut client: GmsClient,
         server: SocketAddr,
         leave_timeout: Duration,
         suspect_interval: Duration,
     ) -> GmsLink {
-        let mut client = client;
+        // The membership is taken as changes (`take_change`), not whole copies per batch.
         client.set_membership_events(false);
         GmsLink {
             // Batches committed during the handshake are installed at the first pump.
@@ -871,6 +870,10 @@ impl Core {
                 let _ = self.install_membership(now, m, Some(book.clone()));
             }
             if moved {
+                // Also when the change is empty (a batch that only bound topic names): a
+                // node publishing on a topic only it subscribes to stalled at its window when
+                // such installs were skipped (the allocation tests of `tidings`), so the
+                // install's passes over the streams still matter there (noted in ADR 23).
                 let _ = self.install_change(now, change, book);
                 // The changes add up to the client's membership (a whole copy: debug only).
                 debug_assert!(self
@@ -882,6 +885,7 @@ impl Core {
         }
         for event in events {
             match event {
+                // Taken out above.
                 ClientEvent::Membership(_) => {}
                 ClientEvent::Removed => self.on_removed(now),
                 ClientEvent::Joined(_) | ClientEvent::TopicBound { .. } => {}
