@@ -870,10 +870,9 @@ impl Core {
                 let _ = self.install_membership(now, m, Some(book.clone()));
             }
             if moved {
-                // Also when the change is empty (a batch that only bound topic names): a
-                // node publishing on a topic only it subscribes to stalled at its window when
-                // such installs were skipped (the allocation tests of `tidings`), so the
-                // install's passes over the streams still matter there (noted in ADR 23).
+                // Also when no view changed: the batch may have brought a node's address (a
+                // new publisher's, told to the members of its topic's regions), which the
+                // routes take here; skipped, acknowledgements had nowhere to go (ADR 23).
                 let _ = self.install_change(now, change, book);
                 // The changes add up to the client's membership (a whole copy: debug only).
                 debug_assert!(self
