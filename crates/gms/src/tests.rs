@@ -148,14 +148,15 @@ impl World {
         self.clients[i].node().unwrap()
     }
 
-    /// Client `i`'s node and address, as the service tells them.
-    fn addr(&self, i: usize) -> (NodeId, std::net::SocketAddr) {
-        (self.node(i), client_addr(i))
-    }
-
-    /// The node addresses client `i` was told.
-    fn known_addresses(&self, i: usize) -> BTreeSet<(NodeId, std::net::SocketAddr)> {
-        self.clients[i].node_addresses().collect()
+    /// Asserts that client `i` was told the node addresses of clients `others`, and no other.
+    fn assert_knows_addresses_of(&self, i: usize, others: &[usize]) {
+        let known: BTreeSet<(NodeId, std::net::SocketAddr)> =
+            self.clients[i].node_addresses().collect();
+        let expected = others
+            .iter()
+            .map(|&j| (self.node(j), client_addr(j)))
+            .collect();
+        assert_eq!(known, expected, "addresses known to client {i}");
     }
 
     fn last_membership(&self, i: usize) -> Option<&Membership> {
@@ -494,11 +495,10 @@ fn nodes_learn_the_addresses_of_their_region_members_and_publishers_only() {
     // Node 4 publishes on "a": the members of a's region learn its address, and it theirs.
     w.clients[4].advertise("a").unwrap();
     w.run_for(Duration::from_millis(10));
-    let (addr, known) = (|i| w.addr(i), |i| w.known_addresses(i));
-    assert_eq!(known(0), [addr(1), addr(4)].into());
-    assert_eq!(known(1), [addr(0), addr(4)].into());
-    assert_eq!(known(4), [addr(0), addr(1)].into());
-    assert_eq!(known(2), [addr(3)].into());
+    w.assert_knows_addresses_of(0, &[1, 4]);
+    w.assert_knows_addresses_of(1, &[0, 4]);
+    w.assert_knows_addresses_of(4, &[0, 1]);
+    w.assert_knows_addresses_of(2, &[3]);
     // In stream order, every member of a view arrived with an address before the view.
     for i in 0..5 {
         let me = w.node(i);
@@ -543,10 +543,9 @@ fn a_second_publisher_of_a_topic_and_the_first_learn_each_others_address() {
     w.run_for(Duration::from_millis(10));
     w.clients[2].advertise("a").unwrap();
     w.run_for(Duration::from_millis(10));
-    let (addr, known) = (|i| w.addr(i), |i| w.known_addresses(i));
-    assert_eq!(known(0), [addr(1), addr(2)].into());
-    assert_eq!(known(1), [addr(0), addr(2)].into());
-    assert_eq!(known(2), [addr(0), addr(1)].into());
+    w.assert_knows_addresses_of(0, &[1, 2]);
+    w.assert_knows_addresses_of(1, &[0, 2]);
+    w.assert_knows_addresses_of(2, &[0, 1]);
 }
 
 #[test]

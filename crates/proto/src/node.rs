@@ -668,7 +668,8 @@ impl Node {
         }
     }
 
-    /// The membership in force (the last one [`set_membership`](Node::set_membership) gave).
+    /// The membership in force: the last one [`set_membership`](Node::set_membership) gave, with
+    /// the changes [`update_membership`](Node::update_membership) applied since.
     #[must_use]
     pub fn membership(&self) -> &Membership {
         &self.membership

@@ -67,13 +67,15 @@ impl Routes {
             *self = Routes::new(me, membership, book, transport);
             return;
         }
-        let mut joined_changed = false;
+        let mut changed: Vec<RegionId> = changed.into_iter().collect();
+        changed.sort_unstable();
+        // One pass over the joined groups, not one per changed region.
+        let joined_before = self.joined.len();
+        self.joined
+            .retain(|(r, _)| changed.binary_search(r).is_err());
+        let mut joined_changed = self.joined.len() != joined_before;
         for region in changed {
             self.regions.remove(&region);
-            if let Some(at) = self.joined.iter().position(|&(r, _)| r == region) {
-                self.joined.remove(at);
-                joined_changed = true;
-            }
             let Some(view) = membership.regions.get(&region) else {
                 continue;
             };
