@@ -4,14 +4,16 @@
 //! `Node::publishers`) or, with `one-by-one` as the second argument, one `subscribe_with` and
 //! one `publisher` per topic; every message of every topic must arrive in order. Prints how long
 //! subscribing, creating the publishers and the traffic took, and what each node sent and
-//! received (datagrams, silences, token rounds, ACKs, repairs).
+//! received (datagrams, silences, token rounds, ACKs, repairs) and how their core threads kept
+//! up (longest cycle, latest alarm).
 //!
 //! `cargo run --release -p tidings --example many_topics -- 5000 [one-by-one]`
 //!
 //! With `IDLE_SECONDS=3` in the environment it also waits that long once subscribed, before
 //! anything is published, and prints the CPU the process used meanwhile (what the quiet regions
 //! cost; Linux, from `/proc/self/stat`). With `MULTICAST=1` the regions use IP multicast on
-//! loopback (a group per region from a /16 pool of the embedded service), not unicast.
+//! loopback (a group per region from a /16 pool of the embedded service), not unicast. With
+//! `MESSAGES_PER_TOPIC=N` each topic carries N messages instead of 20 (a longer traffic phase).
 
 // An application measuring its own wall time (the lint keeps the clock out of the protocol).
 #![allow(clippy::disallowed_methods)]
@@ -24,13 +26,20 @@ use std::net::SocketAddr;
 
 use tidings::{Bytes, GmsConfig, MulticastConfig, MulticastPool, Node, Topic, Transport};
 
-/// Messages published on each topic.
-const MESSAGES_PER_TOPIC: u64 = 20;
+/// Messages published on each topic unless `MESSAGES_PER_TOPIC` in the environment says
+/// otherwise.
+const MESSAGES_PER_TOPIC_DEFAULT: u64 = 20;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let topics: u64 = match std::env::args().nth(1) {
         Some(n) => n.parse().map_err(|e| format!("topics {n:?}: {e}"))?,
         None => 1_000,
+    };
+    let messages_per_topic: u64 = match std::env::var("MESSAGES_PER_TOPIC") {
+        Ok(n) => n
+            .parse()
+            .map_err(|e| format!("MESSAGES_PER_TOPIC {n:?}: {e}"))?,
+        Err(_) => MESSAGES_PER_TOPIC_DEFAULT,
     };
     let one_by_one = std::env::args().nth(2).as_deref() == Some("one-by-one");
     let multicast = std::env::var_os("MULTICAST").is_some_and(|v| v == "1");
@@ -129,7 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let started = Instant::now();
     let mut last = Vec::new();
-    for seq in 0..MESSAGES_PER_TOPIC {
+    for seq in 0..messages_per_topic {
         last.clear();
         for publisher in &mut publishers {
             let mut payload = seq.to_be_bytes().to_vec();
@@ -137,7 +146,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             last.push(publisher.publish(&Bytes::from(payload))?);
         }
     }
-    let total = topics * MESSAGES_PER_TOPIC;
+    let total = topics * messages_per_topic;
     let deadline = Instant::now() + Duration::from_secs(60);
     while delivered.load(Ordering::Relaxed) < total && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
@@ -181,6 +190,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     p.acks_received,
                     p.unstable_msgs_current,
                     p.view_changes,
+                );
+                println!(
+                    "{name} core thread: cycle max {} us (last second {}), alarm lateness max {} \
+                     us (last second {}, per-second maxima by log2 us {:?}), \
+                     I/O quanta expired {}, alarms fired {}, sleeps {}",
+                    r.cycle_time.max_us,
+                    r.cycle_time.last_second_max_us,
+                    r.alarm_lateness.max_us,
+                    r.alarm_lateness.last_second_max_us,
+                    r.alarm_lateness.histogram_log2_us,
+                    r.io_quantum_expired,
+                    r.alarms_fired,
+                    r.sleeps,
                 );
             }
         }
