@@ -379,12 +379,24 @@ impl Node {
         topic: TopicId,
         payload: Bytes,
     ) -> Result<MsgId, PublishError> {
+        self.publish_or_return(now, topic, payload)
+            .map_err(|(error, _)| error)
+    }
+
+    /// [`Node::publish`], which gives the payload back with the error when it refuses the
+    /// message: a caller that retries later keeps it without holding a second reference (a
+    /// clone and a drop of a shared buffer's count per message, which another thread may be
+    /// writing).
+    pub fn publish_or_return(
+        &mut self,
+        now: Time,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<MsgId, (PublishError, Bytes)> {
         let max = self.max_payload();
         if payload.len() > max {
-            return Err(PublishError::TooLarge {
-                len: payload.len(),
-                max,
-            });
+            let len = payload.len();
+            return Err((PublishError::TooLarge { len, max }, payload));
         }
         // Borrowed, not cloned: publishing allocates nothing per message (the fields touched below
         // are disjoint from the membership).
@@ -400,24 +412,30 @@ impl Node {
                 .is_some_and(|s| !s.admits(payload.len(), &self.config))
             {
                 self.out.stats.publish_would_block += 1;
-                return Err(PublishError::WouldBlock { region: *region });
+                return Err((PublishError::WouldBlock { region: *region }, payload));
             }
         }
         if let Some(&region) = regions.first().filter(|_| !self.node_admits(regions.len())) {
             self.out.stats.publish_would_block += 1;
-            return Err(PublishError::WouldBlock { region });
+            return Err((PublishError::WouldBlock { region }, payload));
         }
         if self.config.congestion_control && !regions.is_empty() {
             if let Err(retry_at) = self.rate.admit(now, &self.config) {
                 self.out.stats.publish_rate_limited += 1;
                 self.rate_retry_at = Some(retry_at);
-                return Err(PublishError::RateLimited { retry_at });
+                return Err((PublishError::RateLimited { retry_at }, payload));
             }
         }
         let msg_id = MsgId(self.next_msg_id);
         self.next_msg_id += 1;
         let timestamp_us = now.as_micros();
-        for &region in regions {
+        let delivered_here = regions
+            .iter()
+            .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
+        // The last holder takes the payload itself rather than a clone: the delivery if this
+        // node subscribes, else the last region's stream.
+        let mut payload = Some(payload);
+        for (i, &region) in regions.iter().enumerate() {
             let view = self
                 .membership
                 .regions
@@ -427,11 +445,16 @@ impl Node {
                 .outbound
                 .entry(region)
                 .or_insert_with(|| OutboundStream::new(view, now));
+            let payload = if i + 1 == regions.len() && !delivered_here {
+                payload.take()
+            } else {
+                payload.clone()
+            };
             stream.push(OutMsg {
                 msg_id,
                 topic,
                 timestamp_us,
-                payload: payload.clone(),
+                payload: payload.unwrap_or_default(),
             });
             if !stream.data_queued {
                 stream.data_queued = true;
@@ -446,17 +469,14 @@ impl Node {
             self.out.stats.messages_stable += 1;
             self.out.events.push_back(Event::Stable(msg_id));
         }
-        if regions
-            .iter()
-            .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)))
-        {
+        if delivered_here {
             self.out.stats.messages_delivered += 1;
             self.out.events.push_back(Event::Deliver(Delivery {
                 origin: self.me,
                 topic,
                 msg_id,
                 timestamp_us,
-                payload,
+                payload: payload.unwrap_or_default(),
             }));
         }
         // The topic's regions, by index: the list is borrowed from the membership.

@@ -111,6 +111,16 @@ pub struct RuntimeConfig {
     /// each queue starts at 16 messages and doubles only when its publisher fills it, so a node
     /// with thousands of mostly quiet publishers does not hold thousands of full queues.
     pub publish_queue_capacity: usize,
+    /// Most bytes of publish requests queued by all of the node's publishers together and not
+    /// yet taken by the protocol (ADR 25): each request counts its payload plus 64 bytes. Each
+    /// publisher's queue has its own bound (`publish_queue_capacity`), but ten thousand
+    /// publishers could otherwise fill ten thousand queues (10 M requests and 3 GB in the
+    /// `many_topics` example, one thread publishing 100-byte messages round-robin as fast as it
+    /// could). Past the bound `publish` waits and `try_publish` reports `WouldBlock`, as for a
+    /// full queue; waiting publishers are woken once half the bound is free. Default 64 MiB
+    /// (about 400,000 requests of 100 bytes or 60,000 of 1000). A bound much smaller than
+    /// what the busy topics need to fill their datagrams sends fewer messages per datagram.
+    pub publish_queued_node_bytes_max: usize,
     /// Probability that a received datagram is dropped on purpose before processing (tests of
     /// recovery over real sockets). Default 0.
     pub receive_loss: f64,
@@ -144,6 +154,7 @@ impl Default for RuntimeConfig {
             transport: Transport::Unicast,
             delivery_backlog_msgs: 16384,
             publish_queue_capacity: 1024,
+            publish_queued_node_bytes_max: 64 << 20,
             receive_loss: 0.0,
             receive_loss_seed: 1,
             sched: SchedConfig {
@@ -264,6 +275,9 @@ pub const BATCH_DATAGRAMS_MAX: usize = 4096;
 pub const CONTROL_DSCP_DEFAULT: u8 = 46;
 /// Largest accepted publisher queue capacity (messages).
 pub const PUBLISH_QUEUE_CAPACITY_MAX: usize = 1 << 20;
+/// Smallest accepted [`RuntimeConfig::publish_queued_node_bytes_max`]: a datagram's largest
+/// payload, so that every publisher can always queue one request.
+pub const PUBLISH_QUEUED_NODE_BYTES_MIN: usize = 1 << 16;
 /// Largest accepted delivery backlog (messages): about 4 GB of 1000-byte messages.
 pub const DELIVERY_BACKLOG_MSGS_MAX: usize = 1 << 22;
 
@@ -292,6 +306,13 @@ impl RuntimeConfig {
                 "publish_queue_capacity",
                 self.publish_queue_capacity,
                 "must be within 1..=1048576",
+            ));
+        }
+        if self.publish_queued_node_bytes_max < PUBLISH_QUEUED_NODE_BYTES_MIN {
+            return Err(invalid(
+                "publish_queued_node_bytes_max",
+                self.publish_queued_node_bytes_max,
+                "must be at least 65536 (one request of the largest payload)",
             ));
         }
         if self.delivery_backlog_msgs > DELIVERY_BACKLOG_MSGS_MAX {

@@ -38,7 +38,7 @@ use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
 use crate::gms_server::{frame, unframe};
 use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
-use crate::publish::PublisherCore;
+use crate::publish::{request_cost, PublishRequest, PublishRoom, PublisherCore};
 use crate::stats::RuntimeStats;
 
 const WAKER: Token = Token(0);
@@ -118,6 +118,8 @@ pub(crate) struct CoreShared {
     /// The publishers that queued messages (or were dropped) since the core thread last
     /// served them, by slot: a turn looks only at these, however many publishers there are.
     pub(crate) ready: ReadyList,
+    /// The node-wide bound on queued publish requests.
+    pub(crate) publish_room: PublishRoom,
 }
 
 impl std::fmt::Debug for CoreShared {
@@ -130,8 +132,9 @@ impl std::fmt::Debug for CoreShared {
 }
 
 impl CoreShared {
-    pub(crate) fn new(waker: Waker) -> CoreShared {
+    pub(crate) fn new(waker: Waker, publish_queued_node_bytes_max: usize) -> CoreShared {
         CoreShared {
+            publish_room: PublishRoom::new(publish_queued_node_bytes_max),
             waker,
             sleeping: AtomicBool::new(false),
             running: AtomicBool::new(true),
@@ -429,7 +432,7 @@ impl Core {
         let local_addr = socket.local_addr()?;
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
-        let shared = Arc::new(CoreShared::new(waker));
+        let shared = Arc::new(CoreShared::new(waker, config.publish_queued_node_bytes_max));
         let mut unicast = net::unicast_socket(socket, &config)?;
         poll.registry().register(
             &mut unicast.socket,
@@ -639,12 +642,16 @@ impl Core {
         // left go to the back of the list for the next turn.
         let mut serving = std::mem::take(&mut self.serving);
         std::mem::swap(&mut serving, &mut self.active);
+        let mut left_bytes = 0;
         for &slot in &serving {
-            took |= self.serve_publisher(now, slot);
-            self.after_serving(slot);
+            let (taken_bytes, drained) = self.serve_publisher(now, slot);
+            took |= taken_bytes > 0;
+            left_bytes += taken_bytes;
+            self.after_serving(slot, drained);
         }
         serving.clear();
         self.serving = serving;
+        self.shared.publish_room.taken(left_bytes);
         if took {
             self.tx_more = true;
             self.drain_events();
@@ -1023,14 +1030,20 @@ impl Core {
     }
 
     /// Takes requests of the publisher in `slot` while the protocol admits them; true if any.
-    fn serve_publisher(&mut self, now: Time, slot: u32) -> bool {
+    fn serve_publisher(&mut self, now: Time, slot: u32) -> (usize, bool) {
         let Some(Some(p)) = self.publishers.get_mut(slot as usize) else {
-            return false;
+            return (0, false);
         };
-        let budget = p.queue.len() + usize::from(p.stalled.is_some());
+        // At most a queue's worth per turn, so that a publisher that keeps its queue full
+        // cannot hold the core thread; counted by pops rather than by the queue's length,
+        // which would read every ring's indices (cache lines the publisher writes) once more.
+        let budget = self.config.publish_queue_capacity + 1;
         let mut took = 0;
+        let mut took_bytes = 0;
+        let mut drained = false;
         for _ in 0..budget {
             let Some(request) = p.stalled.take().or_else(|| p.queue.pop()) else {
+                drained = true;
                 break;
             };
             if p.retry_at.is_some_and(|t| now < t)
@@ -1041,11 +1054,9 @@ impl Core {
                 break;
             }
             p.retry_at = None;
-            // A clone (a reference count, no copy) so the request survives a refusal.
-            match self
-                .node
-                .publish(now, request.topic, request.payload.clone())
-            {
+            let topic = request.topic;
+            let cost = request_cost(request.payload.len());
+            match self.node.publish_or_return(now, topic, request.payload) {
                 Ok(msg_id) => {
                     p.pending.push_back((msg_id, false));
                     // Message ids are consecutive, so the owner table is indexed by id.
@@ -1053,17 +1064,18 @@ impl Core {
                     self.owners.push_back(Some(slot));
                     self.stats.publishes += 1;
                     took += 1;
+                    took_bytes += cost;
                 }
-                Err(PublishError::RateLimited { retry_at }) => {
+                Err((PublishError::RateLimited { retry_at }, payload)) => {
                     // Congestion control: the protocol's rate admits the next message at
                     // `retry_at` (and its alarm fires then).
                     p.retry_at = Some(retry_at);
-                    p.stalled = Some(request);
+                    p.stalled = Some(PublishRequest { topic, payload });
                     self.stats.publish_rate_limited += 1;
                     break;
                 }
-                Err(PublishError::WouldBlock { .. }) => {
-                    p.stalled = Some(request);
+                Err((PublishError::WouldBlock { .. }, payload)) => {
+                    p.stalled = Some(PublishRequest { topic, payload });
                     self.stats.publish_stalls += 1;
                     break;
                 }
@@ -1071,6 +1083,8 @@ impl Core {
                     // The size was checked by the publisher: a refusal here is a bug. Counted
                     // rather than trusted; the message is dropped.
                     self.stats.publish_refused += 1;
+                    took += 1;
+                    took_bytes += cost;
                 }
             }
         }
@@ -1078,7 +1092,7 @@ impl Core {
             // Room in the queue: wake a publisher blocked on it.
             p.shared.wake();
         }
-        took > 0
+        (took_bytes, drained)
     }
 
     /// Gives a new publisher a slot and serves it in the next turn (its ready flag is set from
@@ -1134,14 +1148,15 @@ impl Core {
     /// After serving the publisher in `slot`: keeps it listed while it has messages left,
     /// forgets it if it was dropped and is done, else clears its ready flag (and lists it
     /// again if a message arrived meanwhile).
-    fn after_serving(&mut self, slot: u32) {
+    fn after_serving(&mut self, slot: u32, drained: bool) {
         let Some(entry) = self.publishers.get_mut(slot as usize) else {
             return;
         };
         let Some(p) = entry.as_mut() else {
             return;
         };
-        if p.stalled.is_some() || !p.queue.is_empty() {
+        // A queue found empty at the end of the turn is looked at again by `finish` below.
+        if p.stalled.is_some() || !drained {
             self.active.push(slot);
             return;
         }
@@ -1647,6 +1662,8 @@ impl Core {
         s.publish_queued_current = publishers()
             .map(|p| p.queue.len() as u64 + u64::from(p.stalled.is_some()))
             .sum();
+        s.publish_queued_node_bytes_current = self.shared.publish_room.queued() as u64;
+        s.publish_node_bound_waits = self.shared.publish_room.waits.load(Ordering::Relaxed);
         s.publishers_stalled_current = publishers().filter(|p| p.stalled.is_some()).count() as u64;
         s.publishers_current = publishers().count() as u64;
         s.publish_queue_slots_current = publishers().map(|p| p.queue.slots() as u64).sum();
@@ -1692,6 +1709,7 @@ impl Core {
             p.shared.waiting.store(true, Ordering::SeqCst);
             p.shared.wake();
         }
+        self.shared.publish_room.wake_all();
         self.snapshot()
     }
 }
@@ -1711,7 +1729,10 @@ mod tests {
     #[test]
     fn a_waiting_core_is_woken_once_by_the_delivery_that_ends_the_count() {
         let mut poll = Poll::new().expect("epoll");
-        let shared = CoreShared::new(Waker::new(poll.registry(), WAKER).expect("eventfd"));
+        let shared = CoreShared::new(
+            Waker::new(poll.registry(), WAKER).expect("eventfd"),
+            RuntimeConfig::default().publish_queued_node_bytes_max,
+        );
         // No one waits: deliveries wake no one.
         shared.delivered();
         assert_eq!(woken(&mut poll), 0);

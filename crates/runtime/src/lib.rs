@@ -42,7 +42,7 @@ pub use clock::now;
 pub use config::{
     ConfigError, GmsLinkConfig, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,
     CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT,
-    PUBLISH_QUEUE_CAPACITY_MAX,
+    PUBLISH_QUEUED_NODE_BYTES_MIN, PUBLISH_QUEUE_CAPACITY_MAX,
 };
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};

@@ -3,14 +3,15 @@
 //! something (a ready list), and per-publisher stability tracking that publish handles wait on.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use crossbeam_utils::sync::{Parker, Unparker};
+use crossbeam_utils::CachePadded;
 use tidings_proto::{MsgId, TopicId};
 use tidings_sched::handoff::{ring_chain, ChainConsumer, ChainProducer, ReadyFlag};
 
@@ -60,6 +61,95 @@ impl PublisherShared {
     }
 }
 
+/// What a queued request counts against the node-wide bound besides its payload: its slot
+/// in the queue and the payload's shared header, about.
+pub(crate) const REQUEST_OVERHEAD_BYTES: usize = 64;
+
+/// The bytes a queued request of `payload_len` bytes counts against the node-wide bound.
+pub(crate) fn request_cost(payload_len: usize) -> usize {
+    payload_len + REQUEST_OVERHEAD_BYTES
+}
+
+/// The node-wide bound on the requests all publishers have queued and the core thread has not
+/// yet handed to the protocol (`RuntimeConfig::publish_queued_node_bytes_max`, ADR 25).
+///
+/// Each publisher's queue has its own bound, but a node with thousands of publishers could
+/// queue thousands of those (ten thousand topics published round-robin by one thread held 10
+/// M requests, 3 GB). Publishers count the bytes they queue here ([`request_cost`]); the
+/// core thread subtracts what it took once per turn, and wakes the publishers that found the
+/// bound reached once the queues hold at most half of it, so that each wake-up lets a waiting
+/// thread queue half the bound's worth.
+#[derive(Debug)]
+pub(crate) struct PublishRoom {
+    /// Bytes queued by every publisher of the node, a stalled request included.
+    queued: CachePadded<AtomicUsize>,
+    max: usize,
+    /// Some publisher waits for room (set before it looks once more; see [`PublishRoom::wait`]).
+    wanted: AtomicBool,
+    /// The publishers waiting for room: as many as application threads blocked at once.
+    waiters: Mutex<Vec<Arc<PublisherShared>>>,
+    /// Times a publisher found the bound reached.
+    pub(crate) waits: AtomicU64,
+}
+
+impl PublishRoom {
+    pub(crate) fn new(max: usize) -> PublishRoom {
+        PublishRoom {
+            queued: CachePadded::new(AtomicUsize::new(0)),
+            max: max.max(1),
+            wanted: AtomicBool::new(false),
+            waiters: Mutex::new(Vec::new()),
+            waits: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the node may queue one more request (which may pass the bound by its size, so
+    /// that a request larger than the bound is still taken).
+    fn has_room(&self) -> bool {
+        self.queued.load(Ordering::SeqCst) < self.max
+    }
+
+    /// Bytes queued now over all publishers (a snapshot).
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Publisher: asks to be woken when room is made. The caller then looks once more before
+    /// parking: either it sees the room, or the core thread sees `wanted` after making it.
+    fn wait(&self, publisher: &Arc<PublisherShared>) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut waiters) = self.waiters.lock() {
+            if !waiters.iter().any(|w| Arc::ptr_eq(w, publisher)) {
+                waiters.push(Arc::clone(publisher));
+            }
+        }
+        self.wanted.store(true, Ordering::SeqCst);
+    }
+
+    /// Core thread: requests of `n` bytes in all left the publishers' queues (published or
+    /// refused).
+    pub(crate) fn taken(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let left = self.queued.fetch_sub(n, Ordering::SeqCst).saturating_sub(n);
+        if left <= self.max / 2 && self.wanted.load(Ordering::SeqCst) {
+            self.wake_all();
+        }
+    }
+
+    /// Wakes every waiting publisher (also when the runtime stops).
+    pub(crate) fn wake_all(&self) {
+        self.wanted.store(false, Ordering::SeqCst);
+        if let Ok(mut waiters) = self.waiters.lock() {
+            for w in waiters.drain(..) {
+                w.waiting.store(true, Ordering::SeqCst);
+                w.wake();
+            }
+        }
+    }
+}
+
 /// Identifies one published message, to wait until it is stable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PublishHandle {
@@ -87,7 +177,8 @@ pub enum PublishError {
         max: usize,
     },
     /// Back pressure (from `try_publish`): the protocol's send queue and this publisher's
-    /// request queue are full. The payload is handed back.
+    /// request queue are full, or the node's publishers together queued
+    /// `publish_queued_node_bytes_max`. The payload is handed back.
     #[error("publisher queue is full (back pressure); try again when messages become stable")]
     WouldBlock(Bytes),
     /// Back pressure lasted longer than the caller's timeout. The payload is handed back.
@@ -189,6 +280,27 @@ impl Publisher {
         }
     }
 
+    /// Queues `request` if this publisher's queue and the node's bound both have room.
+    fn enqueue(&mut self, request: PublishRequest) -> Result<(), PublishRequest> {
+        let room = &self.core.publish_room;
+        if !room.has_room() {
+            return Err(request);
+        }
+        let cost = request_cost(request.payload.len());
+        self.queue.push(request)?;
+        room.queued.fetch_add(cost, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Before a publisher waits: if the node's bound (not its own queue) refused the request,
+    /// asks the core thread to wake it when there is room.
+    fn announce_wait(&self) {
+        let room = &self.core.publish_room;
+        if !room.has_room() {
+            room.wait(&self.shared);
+        }
+    }
+
     /// Publishes without blocking: `WouldBlock` (with the payload) when back pressure holds.
     pub fn try_publish(
         &mut self,
@@ -196,7 +308,7 @@ impl Publisher {
         payload: Bytes,
     ) -> Result<PublishHandle, PublishError> {
         self.check(&payload)?;
-        match self.queue.push(PublishRequest { topic, payload }) {
+        match self.enqueue(PublishRequest { topic, payload }) {
             Ok(()) => Ok(self.accepted()),
             Err(request) => Err(PublishError::WouldBlock(request.payload)),
         }
@@ -216,15 +328,16 @@ impl Publisher {
         let mut deadline = None;
         let mut request = PublishRequest { topic, payload };
         loop {
-            match self.queue.push(request) {
+            match self.enqueue(request) {
                 Ok(()) => return Ok(self.accepted()),
                 Err(r) => request = r,
             }
             // Announce the wait, then look again: the core thread makes room and then checks
             // `waiting` (see `PublisherShared::wake`).
             self.shared.waiting.store(true, Ordering::SeqCst);
+            self.announce_wait();
             fence(Ordering::SeqCst);
-            match self.queue.push(request) {
+            match self.enqueue(request) {
                 Ok(()) => {
                     self.shared.waiting.store(false, Ordering::Relaxed);
                     return Ok(self.accepted());
@@ -266,15 +379,16 @@ impl Publisher {
             let Some(r) = request.take() else {
                 return Poll::Ready(Err(PublishError::Closed));
             };
-            let r = match self.queue.push(r) {
+            let r = match self.enqueue(r) {
                 Ok(()) => return Poll::Ready(Ok(self.accepted())),
                 Err(r) => r,
             };
             // Register, announce the wait, then look again (see `PublisherShared::wake`).
             self.shared.async_waker.register(cx.waker());
             self.shared.waiting.store(true, Ordering::SeqCst);
+            self.announce_wait();
             fence(Ordering::SeqCst);
-            match self.queue.push(r) {
+            match self.enqueue(r) {
                 Ok(()) => Poll::Ready(Ok(self.accepted())),
                 Err(_) if !self.core.is_running() => Poll::Ready(Err(PublishError::Closed)),
                 Err(r) => {
@@ -464,5 +578,63 @@ impl PublisherCore {
             && self.stalled.is_none()
             && self.queue.is_empty()
             && self.pending.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mio::{Poll, Token, Waker};
+
+    #[test]
+    fn the_node_wide_bound_holds_publishers_with_room_of_their_own_until_half_is_free() {
+        let poll = Poll::new().expect("epoll");
+        let bound = 64 * 1024;
+        let core = Arc::new(CoreShared::new(
+            Waker::new(poll.registry(), Token(0)).expect("eventfd"),
+            bound,
+        ));
+        let payload = Bytes::from(vec![7u8; 1000]);
+        let cost = request_cost(payload.len());
+        let (mut publishers, _core_sides): (Vec<_>, Vec<_>) = (0..4)
+            .map(|id| Publisher::new(id, 1024, Arc::clone(&core), 1400))
+            .unzip();
+        // Round-robin until the node refuses: each queue holds a sixteenth of its capacity.
+        let mut queued = 0;
+        'fill: loop {
+            for p in &mut publishers {
+                match p.try_publish(TopicId(1), payload.clone()) {
+                    Ok(_) => queued += 1,
+                    Err(PublishError::WouldBlock(back)) => {
+                        assert_eq!(back, payload, "the payload comes back");
+                        break 'fill;
+                    }
+                    Err(e) => panic!("unexpected {e}"),
+                }
+            }
+        }
+        // Requests are taken while less than the bound is queued: the last one passes it.
+        assert_eq!(queued, bound.div_ceil(cost));
+        assert_eq!(core.publish_room.queued(), queued * cost);
+        // A blocking publish waits for room...
+        let mut blocked = publishers.pop().expect("four publishers");
+        let waiter = std::thread::spawn(move || blocked.publish(TopicId(1), payload).is_ok());
+        while core.publish_room.waits.load(Ordering::Relaxed) == 0 {
+            std::thread::yield_now();
+        }
+        assert!(!waiter.is_finished(), "published past the node's bound");
+        // ...and is woken once at most half the bound is queued.
+        let taken = queued - (bound / 2) / cost;
+        core.publish_room.taken(taken * cost);
+        assert!(core.publish_room.queued() <= bound / 2);
+        assert!(
+            !core.publish_room.wanted.load(Ordering::SeqCst),
+            "the waiters were not woken"
+        );
+        assert!(
+            waiter.join().expect("publisher thread"),
+            "the waiting publish failed"
+        );
+        assert_eq!(core.publish_room.queued(), (queued - taken + 1) * cost);
     }
 }

@@ -133,6 +133,12 @@ pub struct RuntimeStats {
     pub publish_refused: u64,
     /// Publish requests waiting in publisher queues (or held by back pressure), now.
     pub publish_queued_current: u64,
+    /// Bytes of publish requests counted against `RuntimeConfig::publish_queued_node_bytes_max`,
+    /// now (the requests of `publish_queued_current`, each its payload plus 64 bytes).
+    pub publish_queued_node_bytes_current: u64,
+    /// Times a blocking publish found the node-wide bound on queued requests reached and
+    /// waited for room (`try_publish` reports `WouldBlock` instead, uncounted).
+    pub publish_node_bound_waits: u64,
     /// Publishers whose next request is held by back pressure, now.
     pub publishers_stalled_current: u64,
     /// Publishers the core thread serves (alive, or dropped with messages not yet stable), now.

@@ -63,6 +63,30 @@ impl<T: Send> Link<T> {
         crate::sync::lock(&self.next).clone()
     }
 
+    /// The sum of `f` over this link and every one after it, walking the links by reference
+    /// (no reference count touched: the consumer's `len` is called once per publisher turn).
+    #[cfg(not(loom))]
+    fn sum_from(&self, f: impl Fn(&Link<T>) -> usize) -> usize {
+        let mut sum = f(self);
+        let mut link = self.next.get();
+        while let Some(l) = link {
+            sum += f(l);
+            link = l.next.get();
+        }
+        sum
+    }
+
+    #[cfg(loom)]
+    fn sum_from(&self, f: impl Fn(&Link<T>) -> usize) -> usize {
+        let mut sum = f(self);
+        let mut link = self.next();
+        while let Some(l) = link {
+            sum += f(&l);
+            link = l.next();
+        }
+        sum
+    }
+
     #[cfg(not(loom))]
     fn set_next(&self, next: Arc<Link<T>>) {
         // Only the producer links, once per ring (it moves to `next` right after).
@@ -161,13 +185,7 @@ impl<T: Send> ChainConsumer<T> {
 
     /// Items in the chain (a snapshot: the producer may be adding).
     pub fn len(&self) -> usize {
-        let mut len = self.head.ring.len();
-        let mut link = self.head.next();
-        while let Some(l) = link {
-            len += l.ring.len();
-            link = l.next();
-        }
-        len
+        self.head.sum_from(|l| l.ring.len())
     }
 
     /// Whether the chain holds no item (a snapshot: the producer may be adding).
@@ -177,13 +195,7 @@ impl<T: Send> ChainConsumer<T> {
 
     /// Slots of storage the chain holds (every ring from the consumer's to the producer's).
     pub fn slots(&self) -> usize {
-        let mut slots = self.head.capacity;
-        let mut link = self.head.next();
-        while let Some(l) = link {
-            slots += l.capacity;
-            link = l.next();
-        }
-        slots
+        self.head.sum_from(|l| l.capacity)
     }
 }
 
