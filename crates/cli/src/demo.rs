@@ -635,6 +635,7 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
             base: [239, 255, fastrand::u8(1..255), 0],
             prefix_len: 24,
             port: multicast_port,
+            ports: MulticastPool::PORTS_DEFAULT,
         }),
         ..GmsConfig::default()
     };

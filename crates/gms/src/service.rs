@@ -845,7 +845,7 @@ impl Gms {
                     };
                     index.map_or(RegionAddress::Unicast, |i| RegionAddress::Multicast {
                         group: pool.address(i),
-                        port: pool.port,
+                        port: pool.port_of(i),
                     })
                 }
                 None => RegionAddress::Unicast,

@@ -7,8 +7,9 @@ use tidings_proto::{Membership, Time};
 use tidings_wire::{NodeId, ViewId};
 
 use crate::{
-    ClientConfig, ClientEvent, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Item, Peer,
-    RegionAddress, RemoveCause, RequestError, NAMES_PER_REQUEST_MAX, TOPIC_NAME_BYTES_MAX,
+    ClientConfig, ClientEvent, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Item,
+    MulticastPool, Peer, RegionAddress, RemoveCause, RequestError, NAMES_PER_REQUEST_MAX,
+    TOPIC_NAME_BYTES_MAX,
 };
 
 type Filter = Box<dyn FnMut(usize, &GmsMessage) -> bool>;
@@ -214,6 +215,62 @@ fn subscribers_form_a_region_with_partitions_and_an_address() {
             })
         ));
     }
+}
+
+#[test]
+fn region_groups_are_spread_over_the_pools_ports() {
+    let mut w = World::new(3);
+    // Each client alone on its topic: a region each, groups 0, 1 and 2 of the pool.
+    for i in 0..3 {
+        w.clients[i].subscribe(&format!("t{i}")).unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    let pool = GmsConfig::default().multicast_pool.unwrap();
+    let mut ports = BTreeSet::new();
+    for i in 0..3 {
+        let m = w.last_membership(i).unwrap();
+        assert_eq!(m.regions.len(), 1);
+        let region = *m.regions.keys().next().unwrap();
+        let Some(RegionAddress::Multicast { group, port }) = w.clients[i].region_address(region)
+        else {
+            panic!("region {region:?} has no group");
+        };
+        let index = u32::from_be_bytes(group) & (pool.size() - 1);
+        assert_eq!(port, pool.port_of(index));
+        assert_eq!(port, 7400 + index as u16 % MulticastPool::PORTS_DEFAULT);
+        ports.insert(port);
+    }
+    assert_eq!(ports.len(), 3, "each group on a port of its own: {ports:?}");
+}
+
+#[test]
+fn a_pool_without_ports_or_past_the_last_port_is_refused() {
+    for (port, ports) in [(7400, 0), (65_500, 64)] {
+        let config = GmsConfig {
+            multicast_pool: Some(MulticastPool {
+                base: [239, 192, 0, 0],
+                prefix_len: 14,
+                port,
+                ports,
+            }),
+            ..GmsConfig::default()
+        };
+        assert_eq!(
+            config.validate(),
+            Err(crate::ConfigError::Ports { port, ports }),
+            "{port} + {ports}"
+        );
+    }
+    let last = GmsConfig {
+        multicast_pool: Some(MulticastPool {
+            base: [239, 192, 0, 0],
+            prefix_len: 14,
+            port: 65_472,
+            ports: 64,
+        }),
+        ..GmsConfig::default()
+    };
+    assert_eq!(last.validate(), Ok(()), "ports up to 65535");
 }
 
 #[test]

@@ -29,6 +29,7 @@ fn gms_config(multicast: bool) -> GmsConfig {
             base: [239, 255, fastrand::u8(1..255), 0],
             prefix_len: 24,
             port,
+            ports: MulticastPool::PORTS_DEFAULT,
         }),
         ..GmsConfig::default()
     }

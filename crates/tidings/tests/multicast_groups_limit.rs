@@ -28,6 +28,7 @@ fn subscribing_past_the_open_file_limit_is_refused_with_the_reason() {
             base: [239, group_byte(), 0, 0],
             prefix_len: 20,
             port,
+            ports: MulticastPool::PORTS_DEFAULT,
         }),
         ..GmsConfig::default()
     };
