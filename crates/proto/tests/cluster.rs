@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tidings_proto::{
-    Config, Destination, Event, Membership, MembershipChange, MsgId, Node, NodeId, RegionId,
-    RegionView, Time, TopicId, ViewId,
+    Config, Destination, Event, Membership, MembershipChange, MsgId, Node, NodeId, PublishError,
+    RegionId, RegionView, Time, TopicId, ViewId,
 };
 
 /// Datagrams in flight: (arrival, insertion order, destination, bytes).
@@ -740,6 +740,31 @@ fn held_across_regions(node_held_msgs_max: usize) -> (u64, bool) {
     }
     let delivered = (1..=topics as usize).all(|r| c.delivered[r].len() as u64 == per_topic);
     (held_max, delivered && c.stable[0].len() as u64 == total)
+}
+
+/// A refused publish hands its payload back, the same buffer: a caller that retries later
+/// (the runtime's publishers) keeps it without a second reference.
+#[test]
+fn a_refused_publish_gives_its_payload_back() {
+    let config = Config {
+        rng_seed: 9,
+        node_held_msgs_max: 4,
+        ..Config::default()
+    };
+    let mut c = Cluster::with_config(9, |i| vec![TopicId(i)], 6, 0.0, config);
+    let topic = TopicId(1);
+    for _ in 0..4 {
+        c.nodes[0]
+            .publish(c.now, topic, Bytes::from_static(b"held"))
+            .unwrap();
+    }
+    let payload = Bytes::from(vec![7u8; 100]);
+    let (error, back) = c.nodes[0]
+        .publish_or_return(c.now, topic, payload.clone())
+        .unwrap_err();
+    assert!(matches!(error, PublishError::WouldBlock { .. }), "{error}");
+    assert_eq!(back.as_ptr(), payload.as_ptr(), "a copy came back");
+    assert_eq!(back, payload);
 }
 
 /// The windows bound each region stream; `node_held_msgs_max` bounds their sum: with 8 regions

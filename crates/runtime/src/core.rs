@@ -1058,7 +1058,9 @@ impl Core {
         }
     }
 
-    /// Takes requests of the publisher in `slot` while the protocol admits them; true if any.
+    /// Takes requests of the publisher in `slot` while the protocol admits them, at most a
+    /// queue's worth. Returns what the taken requests counted against the node-wide bound
+    /// (`request_cost`), and whether the queue was found empty.
     fn serve_publisher(&mut self, now: Time, slot: u32) -> (usize, bool) {
         let Some(Some(p)) = self.publishers.get_mut(slot as usize) else {
             return (0, false);
