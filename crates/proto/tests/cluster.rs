@@ -710,13 +710,19 @@ fn lost_tokens_are_resent_without_false_suspicion() {
 /// Node 0 publishes 50 messages on each of 8 topics, each topic its own region (receiver `t`
 /// alone subscribes to topic `t`), as fast as `can_publish` lets it; returns the most messages
 /// it held at once and whether everything was delivered and stable.
-fn held_across_regions(node_held_msgs_max: usize) -> (u64, bool) {
+/// Node 0 publishes on topics 1..=8, node `i` subscribes to topic `i` (a region each), with
+/// `node_held_msgs_max` as the publisher's bound over all its regions.
+fn cluster_with_held_bound(node_held_msgs_max: usize) -> Cluster {
     let config = Config {
         rng_seed: 9,
         node_held_msgs_max,
         ..Config::default()
     };
-    let mut c = Cluster::with_config(9, |i| vec![TopicId(i)], 6, 0.0, config);
+    Cluster::with_config(9, |i| vec![TopicId(i)], 6, 0.0, config)
+}
+
+fn held_across_regions(node_held_msgs_max: usize) -> (u64, bool) {
+    let mut c = cluster_with_held_bound(node_held_msgs_max);
     let (topics, per_topic) = (8u32, 50u64);
     let total = u64::from(topics) * per_topic;
     let (mut published, mut held_max) = (0u64, 0u64);
@@ -746,12 +752,7 @@ fn held_across_regions(node_held_msgs_max: usize) -> (u64, bool) {
 /// (the runtime's publishers) keeps it without a second reference.
 #[test]
 fn a_refused_publish_gives_its_payload_back() {
-    let config = Config {
-        rng_seed: 9,
-        node_held_msgs_max: 4,
-        ..Config::default()
-    };
-    let mut c = Cluster::with_config(9, |i| vec![TopicId(i)], 6, 0.0, config);
+    let mut c = cluster_with_held_bound(4);
     let topic = TopicId(1);
     for _ in 0..4 {
         c.nodes[0]

@@ -211,7 +211,9 @@ pub enum WaitError {
 /// The queue between the publisher and the core thread is a bounded lock-free ring (one per
 /// publisher, so it needs no multi-producer ordering) that starts small and grows to its bound
 /// only if the publisher fills it; publishing never takes a lock and, once the ring has grown
-/// to what the publisher needs, never allocates.
+/// to what the publisher needs, never allocates. All publishers of a node together queue at
+/// most `RuntimeConfig::publish_queued_node_bytes_max` (ADR 25); past it a publish waits (or
+/// `try_publish` reports `WouldBlock`) even if its own queue has room.
 #[derive(Debug)]
 pub struct Publisher {
     shared: Arc<PublisherShared>,

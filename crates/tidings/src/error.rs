@@ -18,9 +18,11 @@ pub enum Error {
     #[error("topic name {0:?} must be 1..=256 bytes of UTF-8")]
     TopicName(String),
     /// Back pressure (from `try_publish`): the protocol's window and the publisher's queue are
-    /// full. Retry once messages become stable, or use `publish`, which waits.
+    /// full, or the node's publishers together queued `publish_queued_node_bytes_max`. Retry
+    /// once messages become stable, or use `publish`, which waits.
     #[error(
-        "back pressure: the publisher's queue is full; retry later or use publish(), which waits"
+        "back pressure: the publisher's queue (or the node's bound on queued messages) is full; \
+         retry later or use publish(), which waits"
     )]
     WouldBlock,
     /// A wait ran out of time.
