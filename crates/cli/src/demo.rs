@@ -636,6 +636,7 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
             prefix_len: 24,
             port: multicast_port,
             ports: MulticastPool::PORTS_DEFAULT,
+            groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
         }),
         ..GmsConfig::default()
     };

@@ -21,11 +21,27 @@ pub struct MulticastPool {
     /// over `ports`, it looks at a `ports`-th of them, for at most `ports` more sockets per
     /// node (each socket takes the groups of one port). Default [`MulticastPool::PORTS_DEFAULT`].
     pub ports: u16,
+    /// Most groups handed out, from the pool's first addresses (at most the pool's size). Past
+    /// it, a new region shares the group with the fewest regions: its members receive the other
+    /// regions' datagrams on that group too and drop them, which costs far less than the
+    /// kernel's work per joined group once a host is in thousands (every membership is a list
+    /// and hash entry the kernel looks through on each multicast send, join and leave; ADR 27).
+    /// Default [`MulticastPool::GROUPS_MAX_DEFAULT`].
+    pub groups_max: u32,
 }
 
 impl MulticastPool {
     /// Default of [`MulticastPool::ports`].
     pub const PORTS_DEFAULT: u16 = 64;
+    /// Default of [`MulticastPool::groups_max`]: 4,096 groups, about 200 sockets per node at
+    /// the kernel's default 20 groups per socket.
+    pub const GROUPS_MAX_DEFAULT: u32 = 4096;
+
+    /// How many groups regions get: `groups_max`, or the pool's size if smaller.
+    #[must_use]
+    pub fn groups(&self) -> u32 {
+        self.groups_max.min(self.size())
+    }
 
     /// The UDP port of the pool's `i`-th group.
     #[must_use]
@@ -86,8 +102,9 @@ pub struct GmsConfig {
     pub nodes_max: usize,
     /// Most topic names the GMS binds. Default 1 048 576.
     pub topics_max: usize,
-    /// Multicast addresses for regions; `None` (or an exhausted pool) makes regions unicast.
-    /// Default 239.192.0.0/14 port 7400: the organisation-local scope, 262 144 groups.
+    /// Multicast addresses for regions; `None` makes regions unicast. Default 239.192.0.0/14
+    /// from port 7400 (the organisation-local scope), of which the first
+    /// [`MulticastPool::GROUPS_MAX_DEFAULT`] groups are used, shared by regions past that many.
     pub multicast_pool: Option<MulticastPool>,
 }
 
@@ -110,6 +127,7 @@ impl Default for GmsConfig {
                 prefix_len: 14,
                 port: 7400,
                 ports: MulticastPool::PORTS_DEFAULT,
+                groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
             }),
         }
     }
@@ -166,6 +184,9 @@ impl GmsConfig {
         if let Some(p) = self.multicast_pool {
             if !(8..=32).contains(&p.prefix_len) {
                 return Err(ConfigError::Prefix(p.prefix_len));
+            }
+            if p.groups_max == 0 {
+                return Err(ConfigError::Zero("multicast_pool.groups_max"));
             }
             if p.ports == 0 || u32::from(p.port) + u32::from(p.ports) - 1 > u32::from(u16::MAX) {
                 return Err(ConfigError::Ports {

@@ -6,7 +6,7 @@
 //!   [`regions_report`] is the `tidings sim regions` experiment.
 //! - [`Gms`]: the service. Joins, leaves, subscriptions by topic name, failure detection
 //!   (heartbeats, plus suspicions from ring neighbours), region views with partitions and a
-//!   multicast address each, and one reliable, ordered update stream per node carrying only what
+//!   multicast group each (shared by several regions past the pool's `groups_max`), and one reliable, ordered update stream per node carrying only what
 //!   concerns that node. Its state changes are [`Command`]s.
 //! - [`GmsClient`]: the node side; it turns the update stream into
 //!   [`tidings_proto::Membership`] values for the protocol node.
@@ -20,6 +20,7 @@
 
 mod client;
 mod config;
+mod groups;
 pub mod message;
 pub mod regions;
 mod service;

@@ -7,6 +7,7 @@ use tidings_proto::Time;
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
 use crate::config::{ConfigError, GmsConfig};
+use crate::groups::GroupLoads;
 use crate::message::{
     item_len, GmsMessage, GmsRegionView, Item, RegionAddress, Request, ITEMS_PER_UPDATE_MAX,
     TOPIC_NAME_BYTES_MAX,
@@ -164,6 +165,9 @@ pub struct GmsStats {
     /// Regions those syncs compared: what a change costs the service, proportional to the
     /// regions it touched, not to every region the node knows.
     pub sync_regions_compared: u64,
+    /// Regions given a multicast group that already carried another region (more regions than
+    /// the pool's `groups_max`).
+    pub group_shares: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -235,8 +239,8 @@ pub struct Gms {
     next_topic: u32,
     views: BTreeMap<RegionId, ViewId>,
     addresses: BTreeMap<RegionId, RegionAddress>,
-    pool_next: u32,
-    pool_free: BTreeSet<u32>,
+    /// The multicast pool's groups handed out so far and how many regions each carries.
+    groups: GroupLoads,
     publishers: BTreeMap<TopicId, BTreeSet<NodeId>>,
     known_by: BTreeMap<RegionId, BTreeSet<NodeId>>,
     outbox: VecDeque<GmsTransmit>,
@@ -272,8 +276,7 @@ impl Gms {
             next_topic: 1,
             views: BTreeMap::new(),
             addresses: BTreeMap::new(),
-            pool_next: 0,
-            pool_free: BTreeSet::new(),
+            groups: GroupLoads::default(),
             publishers: BTreeMap::new(),
             known_by: BTreeMap::new(),
             outbox: VecDeque::new(),
@@ -835,18 +838,14 @@ impl Gms {
             self.stats.views_issued += 1;
             let address = match self.config.multicast_pool {
                 Some(pool) => {
-                    let index = match self.pool_free.pop_first() {
-                        Some(i) => Some(i),
-                        None if self.pool_next < pool.size() => {
-                            self.pool_next += 1;
-                            Some(self.pool_next - 1)
-                        }
-                        None => None,
-                    };
-                    index.map_or(RegionAddress::Unicast, |i| RegionAddress::Multicast {
+                    let i = self.groups.take(pool.groups());
+                    if self.groups.load(i) > 1 {
+                        self.stats.group_shares += 1;
+                    }
+                    RegionAddress::Multicast {
                         group: pool.address(i),
                         port: pool.port_of(i),
-                    })
+                    }
                 }
                 None => RegionAddress::Unicast,
             };
@@ -864,7 +863,7 @@ impl Gms {
                 (self.addresses.remove(&r), self.config.multicast_pool)
             {
                 let mask = pool.size().wrapping_sub(1);
-                self.pool_free.insert(u32::from_be_bytes(group) & mask);
+                self.groups.release(u32::from_be_bytes(group) & mask);
             }
         }
         let mut pending = std::mem::take(&mut self.syncs_pending);

@@ -244,6 +244,43 @@ fn region_groups_are_spread_over_the_pools_ports() {
 }
 
 #[test]
+fn regions_past_groups_max_share_the_least_loaded_group() {
+    let mut config = GmsConfig::default();
+    let pool = config.multicast_pool.as_mut().unwrap();
+    pool.groups_max = 2;
+    let pool = *pool;
+    let mut w = World::with_config(5, config);
+    // Each client alone on its topic: five regions over two groups.
+    for i in 0..5 {
+        w.clients[i].subscribe(&format!("t{i}")).unwrap();
+        w.run_for(Duration::from_millis(10));
+    }
+    let group_of = |w: &World, i: usize| {
+        let m = w.last_membership(i).unwrap();
+        let region = *m.regions.keys().next().unwrap();
+        match w.clients[i].region_address(region) {
+            Some(RegionAddress::Multicast { group, port }) => {
+                let index = u32::from_be_bytes(group) & (pool.size() - 1);
+                assert_eq!(port, pool.port_of(index));
+                index
+            }
+            other => panic!("region {region:?} has no group: {other:?}"),
+        }
+    };
+    let groups: Vec<u32> = (0..5).map(|i| group_of(&w, i)).collect();
+    assert_eq!(groups, [0, 1, 0, 1, 0]);
+    assert_eq!(w.gms.stats().group_shares, 3);
+    // Clients 0 and 2 leave their topics: group 0 carries one region (client 4's) against
+    // group 1's two, so the next region takes group 0.
+    w.clients[0].unsubscribe("t0").unwrap();
+    w.clients[2].unsubscribe("t2").unwrap();
+    w.run_for(Duration::from_millis(10));
+    w.clients[0].subscribe("u").unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(group_of(&w, 0), 0);
+}
+
+#[test]
 fn a_pool_without_ports_or_past_the_last_port_is_refused() {
     for (port, ports) in [(7400, 0), (65_500, 64)] {
         let config = GmsConfig {
@@ -252,6 +289,7 @@ fn a_pool_without_ports_or_past_the_last_port_is_refused() {
                 prefix_len: 14,
                 port,
                 ports,
+                groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
             }),
             ..GmsConfig::default()
         };
@@ -267,6 +305,7 @@ fn a_pool_without_ports_or_past_the_last_port_is_refused() {
             prefix_len: 14,
             port: 65_472,
             ports: 64,
+            groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
         }),
         ..GmsConfig::default()
     };

@@ -502,6 +502,21 @@ impl Node {
 
     /// Processes one received datagram. Malformed or foreign input is counted and dropped.
     pub fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
+        self.receive(now, datagram, ViewStatus::Future);
+    }
+
+    /// Processes one datagram received on a multicast group. Regions may share a group (the
+    /// membership service's `groups_max`), and a node joins a group only once it knows a region
+    /// on it, so a datagram of a region this node does not know is another region's traffic on
+    /// the shared group: counted (`foreign_dropped`) and dropped, not kept as from a view yet
+    /// to come as [`handle_datagram`](Node::handle_datagram) would (a region this node is about
+    /// to join recovers what it dropped, as from any loss).
+    pub fn handle_group_datagram(&mut self, now: Time, datagram: Bytes) {
+        self.receive(now, datagram, ViewStatus::Foreign);
+    }
+
+    /// `unknown_region`: what a datagram of a region missing from the membership is.
+    fn receive(&mut self, now: Time, datagram: Bytes, unknown_region: ViewStatus) {
         self.out.stats.datagrams_received += 1;
         self.out.stats.bytes_received += datagram.len() as u64;
         let packet = match Packet::parse(&datagram) {
@@ -517,7 +532,7 @@ impl Node {
             self.out.stats.foreign_dropped += 1;
             return;
         }
-        match self.view_status(&h, &packet.body) {
+        match self.view_status(&h, &packet.body, unknown_region) {
             ViewStatus::Current => {}
             ViewStatus::Future => {
                 if self.future.len() >= self.config.future_datagrams_max {
@@ -657,7 +672,7 @@ impl Node {
 
     /// Where the datagram's view stands: packets of a region this node is in are compared with
     /// that region's view, ACKs and NAKs with the view of the stream they acknowledge.
-    fn view_status(&self, h: &Header, body: &Body<'_>) -> ViewStatus {
+    fn view_status(&self, h: &Header, body: &Body<'_>, unknown_region: ViewStatus) -> ViewStatus {
         let compare = |known: tidings_wire::ViewId| match h.view.cmp(&known) {
             std::cmp::Ordering::Equal => ViewStatus::Current,
             std::cmp::Ordering::Greater => ViewStatus::Future,
@@ -683,7 +698,8 @@ impl Node {
             // one does not concern it.
             None => match self.membership.regions.get(&h.region) {
                 Some(v) if h.view <= v.view => ViewStatus::Foreign,
-                _ => ViewStatus::Future,
+                Some(_) => ViewStatus::Future,
+                None => unknown_region,
             },
         }
     }

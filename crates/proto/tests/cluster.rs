@@ -786,3 +786,36 @@ fn a_node_holds_at_most_its_bound_over_all_its_regions() {
         "without the bound it held only {held}: the test shows nothing"
     );
 }
+
+/// A datagram of a region a node does not know: kept for a view to come when it may be one
+/// (`handle_datagram`), dropped as foreign when it came on a multicast group the node joined
+/// for another region (`handle_group_datagram`), where shared groups carry such traffic.
+#[test]
+fn a_group_datagram_of_an_unknown_region_is_foreign() {
+    // Node 0 publishes only; node 1 is alone on topic 1 (region 1), node 2 on topic 2 (region 2).
+    let subs = |i: u32| if i == 0 { vec![] } else { vec![TopicId(i)] };
+    let mut c = Cluster::new(3, subs, 3, 0.0, 7);
+    let region_2 = c.membership.topic_regions[&TopicId(2)][0];
+    c.nodes[0]
+        .publish(c.now, TopicId(2), Bytes::from_static(b"for region 2"))
+        .unwrap();
+    let mut buf = vec![0u8; 1472];
+    let t = c.nodes[0].poll_transmit(c.now, &mut buf).unwrap();
+    assert_eq!(t.destination, Destination::Region(region_2));
+    let datagram = Bytes::copy_from_slice(&buf[..t.len]);
+
+    // Node 1 knows region 1 only.
+    let mut known = c.membership.clone();
+    known.regions.remove(&region_2);
+    known.topic_regions.remove(&TopicId(2));
+    let config = Config::default();
+    let mut node = Node::new(config.clone(), NodeId(1), known.clone(), c.now).unwrap();
+    node.handle_group_datagram(c.now, datagram.clone());
+    let s = node.stats();
+    assert_eq!((s.foreign_dropped, s.future_view_buffered), (1, 0));
+
+    let mut node = Node::new(config, NodeId(1), known, c.now).unwrap();
+    node.handle_datagram(c.now, datagram);
+    let s = node.stats();
+    assert_eq!((s.foreign_dropped, s.future_view_buffered), (0, 1));
+}

@@ -14,7 +14,7 @@
 //! the waker (application requests, a subscription that has room again).
 
 use rustc_hash::FxHashMap;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
@@ -198,8 +198,8 @@ struct ProtocolAlarm {
 struct GroupSocket {
     net: NetSocket,
     port: u16,
-    /// Region and group address of each group joined on the socket.
-    joined: Vec<(RegionId, Ipv4Addr)>,
+    /// Address of each group joined on the socket (once, however many regions share it).
+    joined: Vec<Ipv4Addr>,
     /// No more groups go here: a join failed for the kernel's per-socket limit, or the socket
     /// is bound to its one group's address (`net::group_socket`).
     full: bool,
@@ -374,8 +374,9 @@ pub(crate) struct Core {
     addresses: AddressBook,
     rx: RxBuffers,
     arena: RxArena,
-    /// The received batch, by priority class (control, recovery, data).
-    classes: [Vec<Bytes>; 3],
+    /// The received batch, by priority class (control, recovery, data), each datagram with
+    /// whether it came on a multicast group (where regions may share the group).
+    classes: [Vec<(Bytes, bool)>; 3],
     tx: TxBatch,
     /// The protocol may have datagrams to send (set after every input).
     tx_more: bool,
@@ -1398,6 +1399,7 @@ impl Core {
                     );
                     let loss = self.config.receive_loss;
                     let gms = &mut self.gms;
+                    let via_group = slot.is_some();
                     self.rx.datagrams(filled, |from, received| {
                         let datagram = received.bytes;
                         stats.datagrams_received += 1;
@@ -1426,7 +1428,7 @@ impl Core {
                             return;
                         };
                         let class = priority_class(kind.priority());
-                        classes[class].push(received.keep(arena));
+                        classes[class].push((received.keep(arena), via_group));
                         kept += 1;
                     });
                 }
@@ -1447,8 +1449,12 @@ impl Core {
         for class in 0..self.classes.len() {
             let mut batch = std::mem::take(&mut self.classes[class]);
             self.stats.received_by_priority[class] += batch.len() as u64;
-            for datagram in batch.drain(..) {
-                self.node.handle_datagram(now, datagram);
+            for (datagram, via_group) in batch.drain(..) {
+                if via_group {
+                    self.node.handle_group_datagram(now, datagram);
+                } else {
+                    self.node.handle_datagram(now, datagram);
+                }
                 // With a blocked delivery the events wait in the node (at most one batch's).
                 self.drain_events();
             }
@@ -1510,8 +1516,8 @@ impl Core {
         s.control_datagrams_sent += c.control_datagrams;
     }
 
-    /// Joins the groups of the regions this node is in and leaves the others, several groups
-    /// of a port to a socket (`groups_per_socket`). A group that cannot be joined (most often:
+    /// Joins the groups of the regions this node is in (a group that regions share, once) and
+    /// leaves the others, several groups of a port to a socket (`groups_per_socket`). A group that cannot be joined (most often:
     /// no file descriptor left for a new socket) is recorded in `unjoined` with the reason, the
     /// others are still joined, and subscriptions whose topic it carries are refused with that
     /// reason (`answer_waiting`) rather than left to wait for messages that cannot arrive. Err
@@ -1521,18 +1527,21 @@ impl Core {
             return Ok(());
         };
         let interface = multicast.interface;
-        let wanted: HashMap<RegionId, SocketAddrV4> =
-            self.routes.joined().iter().copied().collect();
-        let mut present: HashMap<RegionId, SocketAddrV4> = HashMap::with_capacity(wanted.len());
+        // Each group once, with the regions that share it (in region order: `joined` is).
+        let mut wanted: HashMap<SocketAddrV4, Vec<RegionId>> = HashMap::new();
+        for &(region, group) in self.routes.joined() {
+            wanted.entry(group).or_default().push(region);
+        }
+        let mut present: HashSet<SocketAddrV4> = HashSet::with_capacity(wanted.len());
         for slot in &mut self.groups {
             let Some(g) = slot.as_mut() else {
                 continue;
             };
             let port = g.port;
-            g.joined.retain(|&(region, ip)| {
+            g.joined.retain(|&ip| {
                 let group = SocketAddrV4::new(ip, port);
-                if wanted.get(&region) == Some(&group) {
-                    present.insert(region, group);
+                if wanted.contains_key(&group) {
+                    present.insert(group);
                     true
                 } else {
                     net::leave_group(&g.net, ip, interface);
@@ -1545,24 +1554,22 @@ impl Core {
                 }
             }
         }
-        self.unjoined.retain(|r, _| wanted.contains_key(r));
-        // In region order, so that which groups fail (if some do) does not depend on hashing.
-        let mut missing: Vec<(RegionId, SocketAddrV4)> = wanted
+        // Every group not joined is tried again below; what fails now is what stays unjoined.
+        self.unjoined.clear();
+        // In the order of their first regions, so that which groups fail (if some do) does not
+        // depend on hashing.
+        let mut missing: Vec<(&SocketAddrV4, &Vec<RegionId>)> = wanted
             .iter()
-            .filter(|(r, g)| present.get(r) != Some(g))
-            .map(|(&r, &g)| (r, g))
+            .filter(|(g, _)| !present.contains(g))
             .collect();
-        missing.sort_unstable();
+        missing.sort_unstable_by_key(|(_, regions)| regions.first().copied());
         let mut room = GroupRoom::of(&self.groups, self.groups_per_socket);
-        for (region, group) in missing {
-            match self.join_group(&mut room, region, group, interface) {
-                Ok(()) => {
-                    self.unjoined.remove(&region);
-                }
-                Err(e) => {
-                    self.stats.groups_join_failed += 1;
+        for (&group, regions) in missing {
+            if let Err(e) = self.join_group(&mut room, group, interface) {
+                self.stats.groups_join_failed += 1;
+                for region in regions {
                     self.unjoined.insert(
-                        region,
+                        *region,
                         format!(
                             "cannot join multicast group {group} of region {}: {e} (raise the \
                              open-file limit, `ulimit -n`, or use the unicast transport)",
@@ -1585,7 +1592,6 @@ impl Core {
     fn join_group(
         &mut self,
         room: &mut GroupRoom,
-        region: RegionId,
         group: SocketAddrV4,
         interface: Ipv4Addr,
     ) -> io::Result<()> {
@@ -1598,7 +1604,7 @@ impl Core {
                 };
                 match net::join_group(&g.net, *group.ip(), interface) {
                     Ok(()) => {
-                        g.joined.push((region, *group.ip()));
+                        g.joined.push(*group.ip());
                         if g.joined.len() >= per_socket {
                             slots.pop();
                         }
@@ -1637,7 +1643,7 @@ impl Core {
         self.groups[slot] = Some(GroupSocket {
             net,
             port: group.port(),
-            joined: vec![(region, *group.ip())],
+            joined: vec![*group.ip()],
             full: !shared,
         });
         if shared && per_socket > 1 {

@@ -30,6 +30,7 @@ fn gms_config(multicast: bool) -> GmsConfig {
             prefix_len: 24,
             port,
             ports: MulticastPool::PORTS_DEFAULT,
+            groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
         }),
         ..GmsConfig::default()
     }

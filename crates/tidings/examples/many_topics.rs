@@ -12,7 +12,8 @@
 //! With `IDLE_SECONDS=3` in the environment it also waits that long once subscribed, before
 //! anything is published, and prints the CPU the process used meanwhile (what the quiet regions
 //! cost; Linux, from `/proc/self/stat`). With `MULTICAST=1` the regions use IP multicast on
-//! loopback (a group per region from a /16 pool of the embedded service), not unicast. With
+//! loopback (groups from a /16 pool of the embedded service, the first 4,096 of them shared by
+//! the regions past that many; `MULTICAST_GROUPS=N` uses N), not unicast. With
 //! `MESSAGES_PER_TOPIC=N` each topic carries N messages instead of 20 (a longer traffic phase).
 
 // An application measuring its own wall time (the lint keeps the clock out of the protocol).
@@ -61,6 +62,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             prefix_len: 16,
             port,
             ports: MulticastPool::PORTS_DEFAULT,
+            groups_max: match std::env::var("MULTICAST_GROUPS") {
+                Ok(n) => n
+                    .parse()
+                    .map_err(|e| format!("MULTICAST_GROUPS {n:?}: {e}"))?,
+                Err(_) => MulticastPool::GROUPS_MAX_DEFAULT,
+            },
         });
     }
     let publisher_node = Node::builder()

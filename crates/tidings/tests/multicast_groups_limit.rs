@@ -29,6 +29,7 @@ fn subscribing_past_the_open_file_limit_is_refused_with_the_reason() {
             prefix_len: 20,
             port,
             ports: MulticastPool::PORTS_DEFAULT,
+            groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
         }),
         ..GmsConfig::default()
     };

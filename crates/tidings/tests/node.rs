@@ -279,3 +279,86 @@ fn a_builder_callback_within_its_capacity_gets_everything() {
     assert_eq!(subscription.topic_id(), publisher.topic_id());
     drop(subscription);
 }
+
+/// Regions past the pool's `groups_max` share a group. With one group for everything, two
+/// subscribers of different topics (two regions) each receive the other's datagrams on it, drop
+/// them as foreign, and get exactly their own topic's messages, in order.
+#[test]
+fn regions_sharing_a_multicast_group_each_get_only_their_own_messages() {
+    use tidings::{GmsConfig, MulticastConfig, MulticastPool, Transport};
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gms = GmsConfig {
+        multicast_pool: Some(MulticastPool {
+            // Apart from other test processes' groups.
+            base: [239, 130, (std::process::id() % 250) as u8, 0],
+            prefix_len: 24,
+            port,
+            ports: 1,
+            groups_max: 1,
+        }),
+        ..GmsConfig::default()
+    };
+    let transport = Transport::Multicast(MulticastConfig::default());
+    let publisher_node = Node::builder()
+        .embedded_gms(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), gms)
+        .transport(transport.clone())
+        .start()
+        .unwrap();
+    let subscriber_node = |_| {
+        Node::builder()
+            .gms(publisher_node.gms_addr())
+            .transport(transport.clone())
+            .start()
+            .unwrap()
+    };
+    let nodes: Vec<Node> = (0..2).map(subscriber_node).collect();
+    let topics: Vec<Topic<Bytes>> = ["shared/a", "shared/b"]
+        .iter()
+        .map(|t| Topic::raw(*t).unwrap())
+        .collect();
+    let subs: Vec<_> = nodes
+        .iter()
+        .zip(&topics)
+        .map(|(n, t)| n.subscribe(t).unwrap())
+        .collect();
+    let mut publishers = publisher_node.publishers(&topics).unwrap();
+    const MESSAGES: u32 = 300;
+    for k in 0..MESSAGES {
+        for (i, p) in publishers.iter_mut().enumerate() {
+            let value = [k.to_be_bytes(), (i as u32).to_be_bytes()].concat();
+            p.publish(&Bytes::from(value)).unwrap();
+        }
+    }
+    for (i, sub) in subs.iter().enumerate() {
+        for k in 0..MESSAGES {
+            let m = sub.recv_timeout(Duration::from_secs(10)).unwrap();
+            let expected = [k.to_be_bytes(), (i as u32).to_be_bytes()].concat();
+            assert_eq!(&m.value[..], &expected[..], "subscriber {i}");
+        }
+        assert!(sub.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+    let shares = publisher_node
+        .stats()
+        .unwrap()
+        .gms
+        .unwrap()
+        .stats
+        .group_shares;
+    assert_eq!(shares, 1, "the second region did not share the group");
+    for (i, n) in nodes.iter().enumerate() {
+        let foreign = n.stats().unwrap().runtime.proto.foreign_dropped;
+        assert!(
+            foreign > 0,
+            "subscriber {i} saw none of the other region's traffic"
+        );
+    }
+    drop(subs);
+    for n in nodes {
+        n.shutdown().unwrap();
+    }
+    publisher_node.shutdown().unwrap();
+}
