@@ -252,17 +252,25 @@ impl InboundStream {
     /// Takes a sample of the doubt horizon's progress and folds it into the smoothed rate:
     /// `t = horizon advance / time elapsed`, `t_smoothed = (1 - alpha) t_smoothed + alpha t`.
     /// `queue_delay_history` is how many samples the queueing delay's baseline is the least of.
-    pub(crate) fn sample_doubt_rate(&mut self, now: Time, alpha: f64, queue_delay_history: usize) {
+    /// True if the stream's rate, and so its NACK window, may have changed (messages were
+    /// delivered since the last sample).
+    pub(crate) fn sample_doubt_rate(
+        &mut self,
+        now: Time,
+        alpha: f64,
+        queue_delay_history: usize,
+    ) -> bool {
+        let mut rate_changed = false;
         if let Some((at, horizon)) = self.doubt_sample {
             // The stream's rate from messages alone (silence would make it look sparse).
             let (delivered, ts) = self.progress_at_sample;
-            self.nack.on_progress(
+            rate_changed = self.nack.on_progress(
                 self.delivered_upto.saturating_sub(delivered),
                 std::time::Duration::from_micros(self.last_delivered_ts_us.saturating_sub(ts)),
             );
             let elapsed_us = now.saturating_duration_since(at).as_micros() as f64;
             if elapsed_us <= 0.0 {
-                return;
+                return rate_changed;
             }
             let t = self.doubt_horizon_us.saturating_sub(horizon) as f64 / elapsed_us;
             self.doubt_rate = Some(match self.doubt_rate {
@@ -273,6 +281,7 @@ impl InboundStream {
         self.doubt_sample = Some((now, self.doubt_horizon_us));
         self.progress_at_sample = (self.delivered_upto, self.last_delivered_ts_us);
         self.queue_delay.sample(queue_delay_history);
+        rate_changed
     }
 
     /// Highest sequence number known to exist.

@@ -1547,11 +1547,19 @@ impl RegionState {
         });
     }
 
-    /// Samples the doubt horizon rate of every inbound stream.
-    pub(crate) fn sample_doubt_rates(&mut self, now: Time, alpha: f64, queue_delay_history: usize) {
+    /// Samples the doubt horizon rate of every inbound stream. True if some stream's NACK
+    /// window may have changed (the region's part of the gauges then needs a refresh).
+    pub(crate) fn sample_doubt_rates(
+        &mut self,
+        now: Time,
+        alpha: f64,
+        queue_delay_history: usize,
+    ) -> bool {
+        let mut windows_changed = false;
         for stream in self.inbound.values_mut() {
-            stream.sample_doubt_rate(now, alpha, queue_delay_history);
+            windows_changed |= stream.sample_doubt_rate(now, alpha, queue_delay_history);
         }
+        windows_changed
     }
 
     /// Adjusts the NACK window of every inbound stream (SDCC, equations 9-10).

@@ -112,12 +112,15 @@ impl NackWindow {
 
     /// `msgs` messages were delivered while the doubt horizon advanced by `span` of the
     /// sender's time: the stream's rate, smoothed.
-    pub(crate) fn on_progress(&mut self, msgs: u64, span: Duration) {
+    ///
+    /// True if the measured rate (and so the window) may have changed.
+    pub(crate) fn on_progress(&mut self, msgs: u64, span: Duration) -> bool {
         if msgs == 0 || span.is_zero() {
-            return;
+            return false;
         }
         let rate = msgs as f64 / span.as_secs_f64();
         self.msgs_per_sec = Some(self.msgs_per_sec.map_or(rate, |r| 0.5 * r + 0.5 * rate));
+        true
     }
 
     /// Once per smoothed repair time while the stream has gaps: equations 9 and 10.
