@@ -189,9 +189,25 @@ impl CoreShared {
 #[derive(Clone, Copy, Debug)]
 struct ProtocolAlarm {
     deadline: Time,
-    /// `deadline`, or the time the core thread last looked if the deadline appeared later
-    /// already in the past (lateness is counted from when it could first have been fired).
+    /// `deadline`, or, for a deadline that appeared already in the past, the earliest time the
+    /// core thread could have known it: its last look, or its waking if it slept since (the
+    /// inputs that made the deadline were taken after). Lateness is counted from here: a
+    /// protocol deadline long past (a periodic scan not advanced while it had nothing to do)
+    /// that first shows after a sleep is not seconds late.
     due: Time,
+}
+
+impl ProtocolAlarm {
+    /// The alarm for `deadline`, read at a look where the one read before was `before` and
+    /// where any new deadline can have been known since `known_since`.
+    fn at(deadline: Time, before: Option<ProtocolAlarm>, known_since: Time) -> ProtocolAlarm {
+        let due = match before {
+            // Known before: late from its own due (a thread that overslept it shows).
+            Some(a) if a.deadline == deadline => a.due,
+            _ => deadline.max(known_since),
+        };
+        ProtocolAlarm { deadline, due }
+    }
 }
 
 /// A socket receiving multicast groups of one port, and the groups joined on it.
@@ -402,6 +418,8 @@ pub(crate) struct Core {
     blocked: Option<Blocked>,
     alarm: Option<ProtocolAlarm>,
     last_look: Time,
+    /// When the thread last woke from `poll` (the start of the cycle).
+    woke_at: Time,
     next_tick: Time,
     stats: RuntimeStats,
     shutdown: bool,
@@ -523,6 +541,7 @@ impl Core {
             blocked: None,
             alarm: None,
             last_look: now,
+            woke_at: now,
             next_tick: now + TICK,
             stats,
             shutdown: false,
@@ -565,6 +584,7 @@ impl Core {
             }
             self.shared.sleeping.store(false, Ordering::Relaxed);
             let start = clock::now();
+            self.woke_at = start;
             for event in &events {
                 match event.token() {
                     WAKER => {}
@@ -1656,10 +1676,12 @@ impl Core {
 
     /// Reads the protocol's next deadline after inputs.
     fn look_at_deadline(&mut self, now: Time) {
-        self.alarm = self.node.poll_timeout().map(|deadline| ProtocolAlarm {
-            deadline,
-            due: deadline.max(self.last_look),
-        });
+        let known_since = self.last_look.max(self.woke_at);
+        let before = self.alarm;
+        self.alarm = self
+            .node
+            .poll_timeout()
+            .map(|deadline| ProtocolAlarm::at(deadline, before, known_since));
         self.last_look = now;
     }
 
@@ -1782,6 +1804,22 @@ mod tests {
         poll.poll(&mut events, Some(Duration::from_millis(20)))
             .expect("epoll_wait");
         events.iter().count()
+    }
+
+    #[test]
+    fn an_alarm_is_late_from_when_the_core_could_have_known_it() {
+        let t = |ms: u64| Time::ZERO + Duration::from_millis(ms);
+        // A future deadline is due at itself.
+        assert_eq!(ProtocolAlarm::at(t(50), None, t(10)).due, t(50));
+        // A deadline long past that shows only now (the thread slept until 4,000 ms with no
+        // alarm): due from the waking, not 4 s late.
+        assert_eq!(ProtocolAlarm::at(t(5), None, t(4_000)).due, t(4_000));
+        // A new deadline replacing another: the same.
+        let before = ProtocolAlarm::at(t(90), None, t(0));
+        assert_eq!(ProtocolAlarm::at(t(5), Some(before), t(70)).due, t(70));
+        // The same deadline as before keeps its due: a thread that overslept it is late.
+        let before = ProtocolAlarm::at(t(20), None, t(10));
+        assert_eq!(ProtocolAlarm::at(t(20), Some(before), t(300)).due, t(20));
     }
 
     #[test]
