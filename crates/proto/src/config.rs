@@ -79,8 +79,15 @@ pub struct Config {
     /// Interval of silence heartbeats of a stream that has sent nothing new and still has unstable
     /// messages (Gryphon's `t_silence`; lets receivers detect tail loss). Default 20 ms.
     pub silence_interval: Duration,
-    /// Interval of silence heartbeats of a fully stable stream. Default 1 s.
+    /// Interval of silence heartbeats of a fully stable stream; with `silence_backoff` the
+    /// first one, the next ones doubling up to `silence_idle_interval_max`. Default 1 s.
     pub silence_idle_interval: Duration,
+    /// With `silence_backoff`, the longest interval between silences of a fully stable stream.
+    /// Such a silence tells receivers nothing they need (everything sent is stable), and at a
+    /// second each a node that had published on 100,000 topics sent 100,000 datagrams a second
+    /// at rest, each waking its region's ring at the receivers (a core at rest). Kept at all as
+    /// a bound on how long a ring that missed a wake-up would wait (ADR 18). Default 64 s.
+    pub silence_idle_interval_max: Duration,
     /// Silences of a stream with unstable messages back off: after a data packet the first
     /// comes `silence_interval` later, each next one twice as long after the one before, up to
     /// `silence_idle_interval`. The first silence tells receivers the tail; the later ones only
@@ -145,7 +152,10 @@ pub struct Config {
     pub future_datagrams_max: usize,
     /// Smoothing factor of the doubt horizon rate (Gryphon's equation 5, Table 1). Default 0.1.
     pub doubt_rate_alpha: f64,
-    /// Interval at which each receiver samples the progress of its doubt horizons. Default 100 ms.
+    /// Interval at which each receiver samples the progress of its doubt horizons, with
+    /// `congestion_control` or `adaptive_nack_window` on (their readers; without them nothing is
+    /// sampled and [`StreamReport::doubt_rate`](crate::StreamReport::doubt_rate) stays `None`).
+    /// Default 100 ms.
     pub doubt_sample_interval: Duration,
     /// Gryphon's PDCC (paper 002): senders query their regions and adapt their publish rate to
     /// the slowest receiver's doubt horizon rate. A receiver alerts only when its fresh messages
@@ -247,6 +257,7 @@ impl Default for Config {
             cache_block_msgs: 1,
             silence_interval: Duration::from_millis(20),
             silence_idle_interval: Duration::from_secs(1),
+            silence_idle_interval_max: Duration::from_secs(64),
             silence_backoff: true,
             repair_delay: Duration::from_millis(2),
             repair_timeout: Duration::from_millis(40),
@@ -441,6 +452,7 @@ impl Config {
             ("token_timeout", self.token_timeout),
             ("silence_interval", self.silence_interval),
             ("silence_idle_interval", self.silence_idle_interval),
+            ("silence_idle_interval_max", self.silence_idle_interval_max),
             ("repair_timeout", self.repair_timeout),
             ("repair_interval", self.repair_interval),
             ("repair_queue_ttl", self.repair_queue_ttl),

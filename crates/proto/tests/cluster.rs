@@ -442,15 +442,69 @@ fn silences_while_unstable(config: Config) -> u64 {
         config,
     );
     c.dead[2] = true;
+    publish_five(&mut c);
+    while c.step(Time::ZERO + Duration::from_secs(2)) {}
+    assert!(c.stable[0].is_empty());
+    c.nodes[0].stats().silences_sent
+}
+
+/// Node 0 publishes 5 messages of 100 bytes on topic 1 and sends what it can.
+fn publish_five(c: &mut Cluster) {
     for _ in 0..5 {
         c.nodes[0]
             .publish(c.now, TopicId(1), Bytes::from(vec![2u8; 100]))
             .unwrap();
     }
     c.flush(0);
-    while c.step(Time::ZERO + Duration::from_secs(2)) {}
-    assert!(c.stable[0].is_empty());
-    c.nodes[0].stats().silences_sent
+}
+
+/// Node 0 has published 5 messages on topic 1, which nodes 1 and 2 subscribe to.
+fn five_messages_to_two_receivers(config: Config) -> Cluster {
+    let subs = |i: u32| if i == 0 { vec![] } else { vec![TopicId(1)] };
+    let mut c = Cluster::with_config(3, subs, 3, 0.0, config);
+    publish_five(&mut c);
+    c
+}
+
+/// Silences sent in the 300 s after a sender's 5 messages became stable at its 2 receivers.
+fn silences_while_stable(config: Config) -> u64 {
+    let mut c = five_messages_to_two_receivers(config);
+    while c.stable[0].len() < 5 && c.step(Time::ZERO + Duration::from_secs(5)) {}
+    assert_eq!(c.stable[0].len(), 5, "not stable");
+    let before = c.nodes[0].stats().silences_sent;
+    let end = c.now + Duration::from_secs(300);
+    while c.step(end) {}
+    assert!((1..=2).all(|i| c.delivered[i].len() == 5));
+    c.nodes[0].stats().silences_sent - before
+}
+
+/// A fully stable stream's silences back off too, from the idle interval (1 s) up to
+/// `silence_idle_interval_max` (64 s): 1, 1.28, 2.56, ... 64 s apart, about 12 in 300 s
+/// instead of 300. Without back-off (or with congestion control, whose receivers read the
+/// sender's clock from them) they keep the idle interval.
+#[test]
+fn silences_of_a_stable_stream_back_off_to_the_idle_maximum() {
+    let backoff = silences_while_stable(Config::default());
+    assert!(
+        (8..=16).contains(&backoff),
+        "{backoff} silences with back-off"
+    );
+    let fixed = silences_while_stable(Config {
+        silence_backoff: false,
+        ..Config::default()
+    });
+    assert!(
+        (295..=305).contains(&fixed),
+        "{fixed} silences without back-off"
+    );
+    let pdcc = silences_while_stable(Config {
+        congestion_control: true,
+        ..Config::default()
+    });
+    assert!(
+        (295..=305).contains(&pdcc),
+        "{pdcc} silences with congestion control"
+    );
 }
 
 /// Silence back-off: the first silence after data comes `silence_interval` (20 ms) later and

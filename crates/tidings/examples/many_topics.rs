@@ -11,7 +11,8 @@
 //!
 //! With `IDLE_SECONDS=3` in the environment it also waits that long once subscribed, before
 //! anything is published, and prints the CPU the process used meanwhile (what the quiet regions
-//! cost; Linux, from `/proc/self/stat`). With `MULTICAST=1` the regions use IP multicast on
+//! cost; Linux, from `/proc/self/stat`), and again once everything published is stable (what
+//! regions that have had traffic cost at rest). With `MULTICAST=1` the regions use IP multicast on
 //! loopback (groups from a /16 pool of the embedded service, the first 4,096 of them shared by
 //! the regions past that many; `MULTICAST_GROUPS=N` uses N), not unicast. With
 //! `MESSAGES_PER_TOPIC=N` each topic carries N messages instead of 20 (a longer traffic phase).
@@ -121,18 +122,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         started.elapsed().as_secs_f64()
     );
-    if let Some(seconds) = std::env::var("IDLE_SECONDS")
+    let idle_seconds = std::env::var("IDLE_SECONDS")
         .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-    {
-        let before = cpu_seconds();
-        std::thread::sleep(Duration::from_secs_f64(seconds));
-        if let (Some(before), Some(after)) = (before, cpu_seconds()) {
-            println!(
-                "idle for {seconds} s: {:.2} cores",
-                (after - before) / seconds
-            );
-        }
+        .and_then(|s| s.parse::<f64>().ok());
+    if let Some(seconds) = idle_seconds {
+        idle("idle", seconds);
     }
     let started = Instant::now();
     let mut publishers = if one_by_one {
@@ -239,6 +233,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (publisher, handle) in publishers.iter_mut().zip(&last) {
             publisher.wait_stable(*handle, Duration::from_secs(10))?;
         }
+        if let Some(seconds) = idle_seconds {
+            // The regions have had traffic (their streams exist) and all of it is stable.
+            idle("idle after the traffic", seconds);
+        }
     }
     drop(subscriptions);
     subscriber_node.shutdown()?;
@@ -247,6 +245,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("not every message arrived in order".into());
     }
     Ok(())
+}
+
+/// Sleeps `seconds` and prints the cores the process used meanwhile.
+fn idle(what: &str, seconds: f64) {
+    let before = cpu_seconds();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    if let (Some(before), Some(after)) = (before, cpu_seconds()) {
+        println!(
+            "{what} for {seconds} s: {:.2} cores",
+            (after - before) / seconds
+        );
+    }
 }
 
 /// CPU time (user and system, all threads) this process has used, in seconds: fields 14 and 15
