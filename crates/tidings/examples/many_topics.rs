@@ -114,13 +114,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         subscriber_node.subscribe_many_with(&names, callback_for)?
     };
     println!(
-        "{topics} topics subscribed {} in {:.2} s",
+        "{topics} topics subscribed {} in {:.2} s (RSS {})",
         if one_by_one {
             "one by one"
         } else {
             "in batches"
         },
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        rss()
     );
     let idle_seconds = std::env::var("IDLE_SECONDS")
         .ok()
@@ -138,8 +139,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         publisher_node.publishers(&names)?
     };
     println!(
-        "{topics} publishers created in {:.2} s",
-        started.elapsed().as_secs_f64()
+        "{topics} publishers created in {:.2} s (RSS {})",
+        started.elapsed().as_secs_f64(),
+        rss()
     );
     let started = Instant::now();
     // Publishing and delivery together get at most this long: a node that cannot keep up
@@ -236,6 +238,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Some(seconds) = idle_seconds {
             // The regions have had traffic (their streams exist) and all of it is stable.
             idle("idle after the traffic", seconds);
+            println!("RSS at rest after the traffic: {}", rss());
         }
     }
     drop(subscriptions);
@@ -257,6 +260,18 @@ fn idle(what: &str, seconds: f64) {
             (after - before) / seconds
         );
     }
+}
+
+/// The process's resident memory now (Linux: `VmRSS` of `/proc/self/status`), or "?".
+fn rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(format!("{:.0} MB", kb / 1024.0))
+        })
+        .unwrap_or_else(|| "?".into())
 }
 
 /// CPU time (user and system, all threads) this process has used, in seconds: fields 14 and 15
