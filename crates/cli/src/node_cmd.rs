@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Deserialize;
-use tidings::{Bytes, GmsConfig, MulticastConfig, Node, Topic, Transport};
+use tidings::{Bytes, GmsConfig, MulticastConfig, MulticastPool, Node, Topic, Transport};
 use tidings_runtime::GmsServer;
 
 use crate::demo::TransportArg;
@@ -31,6 +31,10 @@ pub(crate) struct GmsArgs {
     /// Hand out unicast regions only (no multicast group pool).
     #[arg(long)]
     no_multicast: bool,
+    /// Most multicast groups handed out; regions past that many share the least loaded one.
+    #[arg(long, default_value_t = MulticastPool::GROUPS_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    multicast_groups: u32,
     /// Print a status line every second.
     #[arg(long)]
     verbose: bool,
@@ -42,7 +46,10 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
         multicast_pool: if a.no_multicast {
             None
         } else {
-            GmsConfig::default().multicast_pool
+            GmsConfig::default().multicast_pool.map(|p| MulticastPool {
+                groups_max: a.multicast_groups,
+                ..p
+            })
         },
         ..GmsConfig::default()
     };
