@@ -301,6 +301,51 @@ impl Waiting {
     }
 }
 
+/// Named requests waiting for the GMS, indexed so that a change looks at the requests of the
+/// topics it touched, not at every request: `Node::publishers` over 100,000 topics queued
+/// 100,000 advertisements, and each of the ~800 installs that answered them looked every
+/// remaining name up again (a quarter of the core thread's time while creating them).
+#[derive(Default)]
+struct WaitingRequests {
+    /// By name, while the service has not bound the name to a topic id.
+    unbound: HashMap<String, Vec<Waiting>>,
+    /// By topic, bound but not yet in force at this node.
+    bound: FxHashMap<TopicId, Vec<Waiting>>,
+    /// Topics to look at at the next install besides those it changes: requests that were
+    /// bound when made or since (their topic may be in force already; answered at an install,
+    /// as every request is, so that the service has taken the request in first).
+    recheck: Vec<TopicId>,
+}
+
+impl WaitingRequests {
+    /// Keeps `w` until its topic is in force.
+    fn add(&mut self, w: Waiting, client: &GmsClient) {
+        match client.topic_id(w.name()) {
+            Some(topic) => {
+                self.bound.entry(topic).or_default().push(w);
+                self.recheck.push(topic);
+            }
+            None => self.unbound.entry(w.name().to_owned()).or_default().push(w),
+        }
+    }
+
+    /// The service bound `name` to `topic`: its requests now wait for the topic.
+    fn bind(&mut self, name: &str, topic: TopicId) {
+        if let Some(requests) = self.unbound.remove(name) {
+            self.bound.entry(topic).or_default().extend(requests);
+            self.recheck.push(topic);
+        }
+    }
+
+    /// Every waiting request, leaving none.
+    fn drain(&mut self) -> impl Iterator<Item = Waiting> + '_ {
+        self.unbound
+            .drain()
+            .flat_map(|(_, w)| w)
+            .chain(self.bound.drain().flat_map(|(_, w)| w))
+    }
+}
+
 /// The node's link to the membership service, when it joined through one: the client runs on
 /// the core thread and its datagrams share the unicast socket.
 pub(crate) struct GmsLink {
@@ -310,7 +355,7 @@ pub(crate) struct GmsLink {
     pub(crate) leave_timeout: Duration,
     /// Between suspicion reports of one node.
     pub(crate) suspect_interval: Duration,
-    waiting: Vec<Waiting>,
+    waiting: WaitingRequests,
     /// Names of the topics this node subscribed to by name, to unsubscribe.
     names: HashMap<TopicId, String>,
     /// The client's committed batches when its change was last taken: one install per pump,
@@ -341,7 +386,7 @@ impl GmsLink {
             server,
             leave_timeout,
             suspect_interval,
-            waiting: Vec::new(),
+            waiting: WaitingRequests::default(),
             names: HashMap::new(),
             inbox: Vec::new(),
             suspected: BTreeMap::new(),
@@ -909,6 +954,7 @@ impl Core {
                 // Only from batches committed before the link turned the events off (the
                 // handshake): the latest is installed whole, the changes after it below.
                 ClientEvent::Membership(m) => whole = Some(m),
+                ClientEvent::TopicBound { name, topic } => link.waiting.bind(&name, topic),
                 e => events.push(e),
             }
         }
@@ -919,8 +965,27 @@ impl Core {
         } else {
             MembershipChange::default()
         };
+        // The topics whose waiting requests may be answerable after this install: those
+        // bound or requested since the last one, and those the install changes (a topic comes
+        // in force through its region list, for publishers, or a view of a region carrying it,
+        // for members); every one after a whole membership (the handshake).
+        let mut touched: Vec<TopicId> = Vec::new();
         if whole.is_some() || moved {
-            let book = self.gms_address_book();
+            touched.append(&mut link.waiting.recheck);
+            touched.extend(change.topic_regions.iter().map(|&(t, _)| t));
+            for (_, view) in &change.regions {
+                touched.extend(view.iter().flat_map(|v| v.topics.iter().copied()));
+            }
+            if whole.is_some() {
+                touched.extend(link.waiting.bound.keys().copied());
+            }
+        }
+        if whole.is_some() || moved {
+            let book = if whole.is_some() {
+                self.gms_address_book()
+            } else {
+                self.gms_address_book_after(&change)
+            };
             // A group that could not be joined is recorded (`unjoined`), and the subscriptions
             // it carries are refused with the reason just below.
             if let Some(m) = whole {
@@ -937,7 +1002,7 @@ impl Core {
                     .as_ref()
                     .is_none_or(|l| &l.client.membership() == self.node.membership()));
             }
-            self.answer_waiting();
+            self.answer_waiting(touched);
         }
         for event in events {
             match event {
@@ -958,7 +1023,8 @@ impl Core {
         }
     }
 
-    /// Node and group addresses from what the GMS told this node.
+    /// Node and group addresses from what the GMS told this node. Groups only for the
+    /// multicast transport (the service hands them out whatever a node's transport).
     fn gms_address_book(&self) -> AddressBook {
         let mut book = AddressBook::default();
         let Some(link) = self.gms.as_ref() else {
@@ -966,17 +1032,48 @@ impl Core {
         };
         book.nodes.extend(link.client.node_addresses());
         book.nodes.insert(self.node.id(), self.local_addr);
-        for v in link.client.region_views() {
-            if let RegionAddress::Multicast { group, port } = v.address {
-                book.groups
-                    .insert(v.view.region, SocketAddrV4::new(group.into(), port));
+        if matches!(self.config.transport, Transport::Multicast(_)) {
+            for v in link.client.region_views() {
+                if let RegionAddress::Multicast { group, port } = v.address {
+                    book.groups
+                        .insert(v.view.region, SocketAddrV4::new(group.into(), port));
+                }
             }
         }
         book
     }
 
-    /// Answers the named requests whose topic is now in force.
-    fn answer_waiting(&mut self) {
+    /// [`Core::gms_address_book`] after `change`, from the book in force: the nodes anew (a few
+    /// hundred at most), the groups of the changed regions only. Built whole at every install,
+    /// the groups of 100,000 regions were a quarter of the core thread's time while a node
+    /// created 100,000 publishers (an install per batch of them).
+    fn gms_address_book_after(&mut self, change: &MembershipChange) -> AddressBook {
+        let mut book = std::mem::take(&mut self.addresses);
+        let Some(link) = self.gms.as_ref() else {
+            return book;
+        };
+        book.nodes.clear();
+        book.nodes.extend(link.client.node_addresses());
+        book.nodes.insert(self.node.id(), self.local_addr);
+        if matches!(self.config.transport, Transport::Multicast(_)) {
+            for &(region, _) in &change.regions {
+                match link.client.region_address(region) {
+                    Some(RegionAddress::Multicast { group, port }) => {
+                        book.groups
+                            .insert(region, SocketAddrV4::new(group.into(), port));
+                    }
+                    _ => {
+                        book.groups.remove(&region);
+                    }
+                }
+            }
+        }
+        debug_assert_eq!(book, self.gms_address_book(), "address book after a change");
+        book
+    }
+
+    /// Answers the named requests of the `touched` topics that are now in force.
+    fn answer_waiting(&mut self, mut touched: Vec<TopicId>) {
         let Some(link) = self.gms.as_mut() else {
             return;
         };
@@ -984,39 +1081,45 @@ impl Core {
         // The region of each topic this node is in (kept up to date by each install: a pass
         // over every region per install was most of subscribing to 100,000 topics).
         let my_regions = &self.topic_regions_in;
-        let mut still = Vec::new();
-        for w in link.waiting.drain(..) {
-            match w {
-                Waiting::Subscribe { name, task, reply } => {
-                    let Some(topic) = link.client.topic_id(&name) else {
-                        still.push(Waiting::Subscribe { name, task, reply });
-                        continue;
-                    };
-                    let mine = my_regions.get(&topic).copied();
-                    if let Some(why) = mine.and_then(|r| self.unjoined.get(&r)) {
-                        // Its messages cannot reach this node: refused, and the membership
-                        // service is told (so nobody waits for this node's acknowledgements).
-                        let _ = link.client.unsubscribe(&name);
-                        let _ = reply.send(Err(format!("cannot subscribe to {name:?}: {why}")));
-                        continue;
+        touched.sort_unstable();
+        touched.dedup();
+        for topic in touched {
+            let Some(requests) = link.waiting.bound.remove(&topic) else {
+                continue;
+            };
+            let mut still = Vec::new();
+            for w in requests {
+                match w {
+                    Waiting::Subscribe { name, task, reply } => {
+                        let mine = my_regions.get(&topic).copied();
+                        if let Some(why) = mine.and_then(|r| self.unjoined.get(&r)) {
+                            // Its messages cannot reach this node: refused, and the membership
+                            // service is told (so nobody waits for this node's acknowledgements).
+                            let _ = link.client.unsubscribe(&name);
+                            let _ = reply.send(Err(format!("cannot subscribe to {name:?}: {why}")));
+                            continue;
+                        }
+                        if mine.is_some() {
+                            self.subscriptions.entry(topic).or_default().push(task);
+                            link.names.insert(topic, name);
+                            let _ = reply.send(Ok(topic));
+                        } else {
+                            still.push(Waiting::Subscribe { name, task, reply });
+                        }
                     }
-                    if mine.is_some() {
-                        self.subscriptions.entry(topic).or_default().push(task);
-                        link.names.insert(topic, name);
-                        let _ = reply.send(Ok(topic));
-                    } else {
-                        still.push(Waiting::Subscribe { name, task, reply });
+                    Waiting::Advertise { name, reply } => {
+                        if membership.topic_regions.contains_key(&topic) {
+                            let _ = reply.send(Ok(topic));
+                        } else {
+                            still.push(Waiting::Advertise { name, reply });
+                        }
                     }
                 }
-                Waiting::Advertise { name, reply } => match link.client.topic_id(&name) {
-                    Some(topic) if membership.topic_regions.contains_key(&topic) => {
-                        let _ = reply.send(Ok(topic));
-                    }
-                    _ => still.push(Waiting::Advertise { name, reply }),
-                },
+            }
+            if !still.is_empty() {
+                link.waiting.bound.insert(topic, still);
             }
         }
-        link.waiting = still;
     }
 
     /// Sends named requests through the membership client (`send` gets their names) and keeps
@@ -1034,7 +1137,11 @@ impl Core {
             Some(link) => {
                 let names: Vec<String> = requests.iter().map(|w| w.name().to_owned()).collect();
                 match send(&mut link.client, &names) {
-                    Ok(()) => link.waiting.extend(requests),
+                    Ok(()) => {
+                        for w in requests {
+                            link.waiting.add(w, &link.client);
+                        }
+                    }
                     Err(e) => requests.into_iter().for_each(|w| w.refuse(&e.to_string())),
                 }
                 self.gms_pump(now);
@@ -1051,7 +1158,7 @@ impl Core {
         };
         link.removed = true;
         self.stats.gms_removed = true;
-        for w in link.waiting.drain(..) {
+        for w in link.waiting.drain() {
             w.refuse("the GMS removed this node");
         }
         if link.leaving_since.is_none() {

@@ -362,3 +362,42 @@ fn regions_sharing_a_multicast_group_each_get_only_their_own_messages() {
     }
     publisher_node.shutdown().unwrap();
 }
+
+/// A second subscription and a second publisher of a topic the node already has are answered
+/// (the topic is in force at the node before the service sees the request), and get and send
+/// the messages like the first ones.
+#[test]
+fn a_second_subscription_and_publisher_of_a_topic_are_answered() {
+    let node = Node::builder().start().unwrap();
+    let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
+    let topic = Topic::raw("again/t").unwrap();
+    let first = peer.subscribe(&topic).unwrap();
+    let mut first_publisher = node.publisher(&topic).unwrap();
+    let started = std::time::Instant::now();
+    let second = peer.subscribe(&topic).unwrap();
+    let mut second_publisher = node.publisher(&topic).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    first_publisher
+        .publish(&Bytes::from_static(b"one"))
+        .unwrap();
+    second_publisher
+        .publish(&Bytes::from_static(b"two"))
+        .unwrap();
+    for sub in [&first, &second] {
+        let mut got: Vec<Bytes> = (0..2)
+            .map(|_| sub.recv_timeout(Duration::from_secs(10)).unwrap().value)
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [Bytes::from_static(b"one"), Bytes::from_static(b"two")]
+        );
+    }
+    drop((first, second));
+    peer.shutdown().unwrap();
+    node.shutdown().unwrap();
+}
