@@ -811,9 +811,21 @@ impl Node {
     /// (timers, gauges) is looked at again.
     fn install_views(&mut self, now: Time, views_changed: Vec<RegionId>) {
         self.out.stats.view_changes += 1;
-        // Receiving side.
+        // Receiving side. With no inbound stream anywhere (`receiving`: a node subscribing to
+        // thousands of topics before any traffic) there is no floor to gather, and no pass over
+        // every region per install.
         let mut floors_moved = false;
-        for region in self.regions.values() {
+        debug_assert_eq!(
+            self.receiving,
+            self.regions.values().any(|r| !r.inbound.is_empty()),
+            "receiving at install"
+        );
+        let regions = if self.receiving {
+            Some(self.regions.values())
+        } else {
+            None
+        };
+        for region in regions.into_iter().flatten() {
             for (key, floor) in region.stream_msg_id_floors() {
                 let f = self.msg_id_floors.entry(key).or_insert(0);
                 if floor > *f {
@@ -939,7 +951,9 @@ impl Node {
         for &region in &touched {
             self.refresh_or_forget_gauges(region);
         }
-        self.receiving = self.regions.values().any(|r| !r.inbound.is_empty());
+        // New and replaced regions start without inbound streams, so a node that had none still
+        // has none (without the pass over every region that finds that).
+        self.receiving = self.receiving && self.regions.values().any(|r| !r.inbound.is_empty());
         // Datagrams that waited for this membership.
         for datagram in std::mem::take(&mut self.future) {
             self.out.stats.datagrams_received -= 1;
@@ -1180,8 +1194,14 @@ impl Node {
         // subscriber of many topics) paid a pass over all of them, and a whole recomputation
         // of the gauges, every repair interval.
         let mut scanned = std::mem::take(&mut self.scanned_regions);
-        if self.samples_doubt() && now >= self.next_doubt_sample {
+        // The sample's deadline still wakes the node every `doubt_sample_interval` while it
+        // receives, readers or not: the simulator's runs change without these wake-ups (slower
+        // in some), so some work rides on them that has no deadline of its own (ADR 28).
+        let sample_due = now >= self.next_doubt_sample;
+        if sample_due {
             self.next_doubt_sample = now + self.config.doubt_sample_interval;
+        }
+        if sample_due && self.samples_doubt() {
             let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
             for (&id, region) in &mut self.regions {
                 if region.inbound.is_empty() {
@@ -1380,17 +1400,16 @@ impl Node {
             self.receiving,
             self.regions.values().any(|r| !r.inbound.is_empty())
         );
-        let doubt = (others.is_none_or(|t| self.next_doubt_sample < t)
-            && self.receiving
-            && self.samples_doubt())
-        .then_some(self.next_doubt_sample);
+        let doubt = (others.is_none_or(|t| self.next_doubt_sample < t) && self.receiving)
+            .then_some(self.next_doubt_sample);
         others.into_iter().chain(doubt).min()
     }
 
     /// Whether the doubt horizons are sampled: only their readers need it, congestion control
     /// (the rates a receiver reports) and the adaptive NACK window (a stream's message rate).
     /// Without them the samples were a pass over every inbound stream ten times a second for
-    /// nothing: a fifth of a core at rest in a node with 100,000 regions that had traffic.
+    /// nothing: a fifth of a core at rest in a node with 100,000 regions that had traffic. (The
+    /// sample's deadline wakes the node either way: see `handle_timeout`.)
     fn samples_doubt(&self) -> bool {
         self.config.congestion_control || self.config.adaptive_nack_window
     }
