@@ -491,6 +491,14 @@ impl Config {
         Ok(())
     }
 
+    /// Whether something reads the doubt horizons (the sender's clock that silences carry):
+    /// congestion control (the rates a receiver reports) or the adaptive NACK window (a
+    /// stream's message rate). Only then are they sampled, and only without them do silences
+    /// back off.
+    pub(crate) fn reads_doubt_horizons(&self) -> bool {
+        self.congestion_control || self.adaptive_nack_window
+    }
+
     /// How many doubt samples the queueing delay's baseline is the least of
     /// (`pdcc_queue_delay_baseline` in whole `doubt_sample_interval`s, at least one).
     pub(crate) fn pdcc_queue_delay_history_samples(&self) -> usize {

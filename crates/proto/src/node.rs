@@ -820,17 +820,14 @@ impl Node {
             self.regions.values().any(|r| !r.inbound.is_empty()),
             "receiving at install"
         );
-        let regions = if self.receiving {
-            Some(self.regions.values())
-        } else {
-            None
-        };
-        for region in regions.into_iter().flatten() {
-            for (key, floor) in region.stream_msg_id_floors() {
-                let f = self.msg_id_floors.entry(key).or_insert(0);
-                if floor > *f {
-                    *f = floor;
-                    floors_moved = true;
+        if self.receiving {
+            for region in self.regions.values() {
+                for (key, floor) in region.stream_msg_id_floors() {
+                    let f = self.msg_id_floors.entry(key).or_insert(0);
+                    if floor > *f {
+                        *f = floor;
+                        floors_moved = true;
+                    }
                 }
             }
         }
@@ -1201,7 +1198,10 @@ impl Node {
         if sample_due {
             self.next_doubt_sample = now + self.config.doubt_sample_interval;
         }
-        if sample_due && self.samples_doubt() {
+        // Sampled only for their readers (`Config::reads_doubt_horizons`): without them the
+        // samples were a pass over every inbound stream ten times a second for nothing, a fifth
+        // of a core at rest in a node with 100,000 regions that had traffic.
+        if sample_due && self.config.reads_doubt_horizons() {
             let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
             for (&id, region) in &mut self.regions {
                 if region.inbound.is_empty() {
@@ -1403,15 +1403,6 @@ impl Node {
         let doubt = (others.is_none_or(|t| self.next_doubt_sample < t) && self.receiving)
             .then_some(self.next_doubt_sample);
         others.into_iter().chain(doubt).min()
-    }
-
-    /// Whether the doubt horizons are sampled: only their readers need it, congestion control
-    /// (the rates a receiver reports) and the adaptive NACK window (a stream's message rate).
-    /// Without them the samples were a pass over every inbound stream ten times a second for
-    /// nothing: a fifth of a core at rest in a node with 100,000 regions that had traffic. (The
-    /// sample's deadline wakes the node either way: see `handle_timeout`.)
-    fn samples_doubt(&self) -> bool {
-        self.config.congestion_control || self.config.adaptive_nack_window
     }
 
     /// The next event for the application, if any.
@@ -1939,8 +1930,7 @@ fn silence_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
     if stream.sent_upto == 0 || stream.silence_pending {
         return None;
     }
-    let backoff =
-        config.silence_backoff && !config.congestion_control && !config.adaptive_nack_window;
+    let backoff = config.silence_backoff && !config.reads_doubt_horizons();
     // The n-th silence since the last data waits 2^n intervals.
     let backed_off = || {
         config

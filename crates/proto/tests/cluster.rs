@@ -434,35 +434,25 @@ fn a_slow_senders_tokens_keep_the_configured_interval() {
 /// Silences sent in 2 s by a sender whose 5 messages never become stable (one of its two
 /// receivers is dead, so no token round completes).
 fn silences_while_unstable(config: Config) -> u64 {
-    let mut c = Cluster::with_config(
-        3,
-        |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
-        3,
-        0.0,
-        config,
-    );
+    let mut c = five_messages_to_two_receivers(config);
+    // Dead before anything reached it: its datagrams in flight are dropped on arrival.
     c.dead[2] = true;
-    publish_five(&mut c);
     while c.step(Time::ZERO + Duration::from_secs(2)) {}
     assert!(c.stable[0].is_empty());
     c.nodes[0].stats().silences_sent
 }
 
-/// Node 0 publishes 5 messages of 100 bytes on topic 1 and sends what it can.
-fn publish_five(c: &mut Cluster) {
+/// Node 0 has published 5 messages of 100 bytes on topic 1, which nodes 1 and 2 subscribe
+/// to, and sent what it could.
+fn five_messages_to_two_receivers(config: Config) -> Cluster {
+    let subs = |i: u32| if i == 0 { vec![] } else { vec![TopicId(1)] };
+    let mut c = Cluster::with_config(3, subs, 3, 0.0, config);
     for _ in 0..5 {
         c.nodes[0]
             .publish(c.now, TopicId(1), Bytes::from(vec![2u8; 100]))
             .unwrap();
     }
     c.flush(0);
-}
-
-/// Node 0 has published 5 messages on topic 1, which nodes 1 and 2 subscribe to.
-fn five_messages_to_two_receivers(config: Config) -> Cluster {
-    let subs = |i: u32| if i == 0 { vec![] } else { vec![TopicId(1)] };
-    let mut c = Cluster::with_config(3, subs, 3, 0.0, config);
-    publish_five(&mut c);
     c
 }
 

@@ -969,9 +969,8 @@ impl Core {
         // bound or requested since the last one, and those the install changes (a topic comes
         // in force through its region list, for publishers, or a view of a region carrying it,
         // for members); every one after a whole membership (the handshake).
-        let mut touched: Vec<TopicId> = Vec::new();
         if whole.is_some() || moved {
-            touched.append(&mut link.waiting.recheck);
+            let mut touched = std::mem::take(&mut link.waiting.recheck);
             touched.extend(change.topic_regions.iter().map(|&(t, _)| t));
             for (_, view) in &change.regions {
                 touched.extend(view.iter().flat_map(|v| v.topics.iter().copied()));
@@ -979,8 +978,6 @@ impl Core {
             if whole.is_some() {
                 touched.extend(link.waiting.bound.keys().copied());
             }
-        }
-        if whole.is_some() || moved {
             let book = if whole.is_some() {
                 self.gms_address_book()
             } else {
@@ -1030,8 +1027,7 @@ impl Core {
         let Some(link) = self.gms.as_ref() else {
             return book;
         };
-        book.nodes.extend(link.client.node_addresses());
-        book.nodes.insert(self.node.id(), self.local_addr);
+        self.fill_node_addresses(&mut book, link);
         if matches!(self.config.transport, Transport::Multicast(_)) {
             for v in link.client.region_views() {
                 if let RegionAddress::Multicast { group, port } = v.address {
@@ -1043,6 +1039,13 @@ impl Core {
         book
     }
 
+    /// Puts the addresses of the nodes the service told of, and this node's own, in `book`.
+    fn fill_node_addresses(&self, book: &mut AddressBook, link: &GmsLink) {
+        book.nodes.clear();
+        book.nodes.extend(link.client.node_addresses());
+        book.nodes.insert(self.node.id(), self.local_addr);
+    }
+
     /// [`Core::gms_address_book`] after `change`, from the book in force: the nodes anew (a few
     /// hundred at most), the groups of the changed regions only. Built whole at every install,
     /// the groups of 100,000 regions were a quarter of the core thread's time while a node
@@ -1052,9 +1055,7 @@ impl Core {
         let Some(link) = self.gms.as_ref() else {
             return book;
         };
-        book.nodes.clear();
-        book.nodes.extend(link.client.node_addresses());
-        book.nodes.insert(self.node.id(), self.local_addr);
+        self.fill_node_addresses(&mut book, link);
         if matches!(self.config.transport, Transport::Multicast(_)) {
             for &(region, _) in &change.regions {
                 match link.client.region_address(region) {
