@@ -17,8 +17,9 @@
 //!   [`Publisher::wait_stable`] waits until a message is stable.
 //! * [`NodeRuntime::subscribe`] registers a callback per topic as a task of the credit scheduler
 //!   with a share; callbacks run on its worker threads, in order within a topic.
-//! * Transports ([`Transport`]): IP multicast with one group per region (the groups of a port
-//!   share a socket, up to the kernel's 20 per socket), or unicast fan-out.
+//! * Transports ([`Transport`]): IP multicast with a group per region, several regions sharing
+//!   one past the service's `groups_max` (a group is joined once; the groups of a port share a
+//!   socket, up to the kernel's 20 per socket), or unicast fan-out.
 //! * [`RuntimeStats`]: cycle time and alarm lateness (maximum per second, as in paper 000
 //!   Figures 34-35), short sends, invalid packets, and the protocol's own counters.
 //!
