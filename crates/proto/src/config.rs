@@ -131,7 +131,9 @@ pub struct Config {
     /// beta_NACK: relative fall of the recovery rate that closes the NACK window. Default 0.3
     /// (Table 1).
     pub sdcc_beta: f64,
-    /// Interval of the scan that requests missing messages. Default 5 ms.
+    /// Interval of the scan that requests missing messages, while some stream has gaps (after
+    /// a time without any, the first scan comes `repair_delay` after the first gap was
+    /// noticed). Default 5 ms.
     pub repair_interval: Duration,
     /// Most messages queued for retransmission (pushes, pull answers, NAK answers) at one node;
     /// requests beyond it are dropped and counted (the requester asks again). Default 8192.

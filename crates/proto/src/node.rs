@@ -109,6 +109,9 @@ pub struct Node {
     out: Outbox,
     rng: fastrand::Rng,
     next_repair_scan: Time,
+    /// The `now` of the input being handled (the latest one passed in): lets a change found
+    /// deep in a handler, such as the first gap after a time without any, schedule from it.
+    input_at: Time,
     /// Outbound streams with unsent messages, in round-robin order: sending a datagram costs the
     /// same whatever the number of streams (each stream's `data_queued` says it is here).
     data_ready: VecDeque<RegionId>,
@@ -317,6 +320,7 @@ impl Node {
             out: Outbox::default(),
             rng,
             next_repair_scan: now,
+            input_at: now,
             data_ready: VecDeque::new(),
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
@@ -419,6 +423,7 @@ impl Node {
         topic: TopicId,
         payload: Bytes,
     ) -> Result<MsgId, (PublishError, Bytes)> {
+        self.input_at = now;
         let max = self.max_payload();
         if payload.len() > max {
             let len = payload.len();
@@ -543,6 +548,7 @@ impl Node {
 
     /// `unknown_region`: what a datagram of a region missing from the membership is.
     fn receive(&mut self, now: Time, datagram: Bytes, unknown_region: ViewStatus) {
+        self.input_at = now;
         self.out.stats.datagrams_received += 1;
         self.out.stats.bytes_received += datagram.len() as u64;
         let packet = match Packet::parse(&datagram) {
@@ -810,6 +816,7 @@ impl Node {
     /// streams whose view ended re-home their messages, and what the regions touched feed
     /// (timers, gauges) is looked at again.
     fn install_views(&mut self, now: Time, views_changed: Vec<RegionId>) {
+        self.input_at = now;
         self.out.stats.view_changes += 1;
         // Receiving side. With no inbound stream anywhere (`receiving`: a node subscribing to
         // thousands of topics before any traffic) there is no floor to gather, and no pass over
@@ -1134,6 +1141,7 @@ impl Node {
 
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.input_at = now;
         // The ring timers that are due, taken out first so that a timer rescheduled at or
         // before `now` waits for the next call instead of looping here.
         let mut due = std::mem::take(&mut self.due_regions);
@@ -1191,17 +1199,12 @@ impl Node {
         // subscriber of many topics) paid a pass over all of them, and a whole recomputation
         // of the gauges, every repair interval.
         let mut scanned = std::mem::take(&mut self.scanned_regions);
-        // The sample's deadline still wakes the node every `doubt_sample_interval` while it
-        // receives, readers or not: the simulator's runs change without these wake-ups (slower
-        // in some), so some work rides on them that has no deadline of its own (ADR 28).
-        let sample_due = now >= self.next_doubt_sample;
-        if sample_due {
-            self.next_doubt_sample = now + self.config.doubt_sample_interval;
-        }
         // Sampled only for their readers (`Config::reads_doubt_horizons`): without them the
         // samples were a pass over every inbound stream ten times a second for nothing, a fifth
-        // of a core at rest in a node with 100,000 regions that had traffic.
-        if sample_due && self.config.reads_doubt_horizons() {
+        // of a core at rest in a node with 100,000 regions that had traffic, and their deadline
+        // woke a node at rest as often (ADR 28).
+        if self.config.reads_doubt_horizons() && now >= self.next_doubt_sample {
+            self.next_doubt_sample = now + self.config.doubt_sample_interval;
             let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
             for (&id, region) in &mut self.regions {
                 if region.inbound.is_empty() {
@@ -1379,7 +1382,8 @@ impl Node {
         // May be a skipped entry, earlier than any current deadline: that only wakes the
         // caller early once.
         let rings = self.region_timers.peek().map(|Reverse((at, _))| *at);
-        let repair = (self.regions_with_gaps > 0).then_some(self.next_repair_scan);
+        // Regions with gaps, and those whose gaps closed since the last scan (visited once more).
+        let repair = (!self.repair_scan_regions.is_empty()).then_some(self.next_repair_scan);
         // A lower bound of the outbound streams' silences and pauses, not their exact minimum
         // (a pass over every stream took 77% of a node's protocol time with 1000 streams): an
         // entry left early by later sends wakes the node once, and `handle_timeout` re-enters
@@ -1394,14 +1398,16 @@ impl Node {
             .chain(dcq)
             .chain(self.rate_retry_at)
             .min();
-        // The doubt sample is due only if some region receives (kept in `receiving`; debug
-        // builds check it against a pass over the regions).
+        // The doubt sample is due only for its readers and if some region receives (kept in
+        // `receiving`; debug builds check it against a pass over the regions).
         debug_assert_eq!(
             self.receiving,
             self.regions.values().any(|r| !r.inbound.is_empty())
         );
-        let doubt = (others.is_none_or(|t| self.next_doubt_sample < t) && self.receiving)
-            .then_some(self.next_doubt_sample);
+        let doubt = (others.is_none_or(|t| self.next_doubt_sample < t)
+            && self.receiving
+            && self.config.reads_doubt_horizons())
+        .then_some(self.next_doubt_sample);
         others.into_iter().chain(doubt).min()
     }
 
@@ -1855,6 +1861,14 @@ impl Node {
             self.regions_with_gaps + usize::from(share.has_gaps) - usize::from(old.has_gaps);
         if share.has_gaps && !old.has_gaps {
             self.repair_scan_regions.insert(region);
+            if self.regions_with_gaps == 1 {
+                // The first gap after a time without any: the scan comes when it is due
+                // (`repair_delay` after it was noticed, now). The periodic scan's phase was
+                // stale: a scan at once that found nothing due put the first request a whole
+                // `repair_interval` after the gap (5 ms, not 2), unless another timer (the
+                // doubt sample's, which woke every node ten times a second) had moved it.
+                self.next_repair_scan = self.input_at + self.config.repair_delay;
+            }
         }
         let s = &mut self.out.stats;
         // Each total includes the region's old part, so none of these can go below zero.

@@ -456,11 +456,17 @@ fn five_messages_to_two_receivers(config: Config) -> Cluster {
     c
 }
 
-/// Silences sent in the 300 s after a sender's 5 messages became stable at its 2 receivers.
-fn silences_while_stable(config: Config) -> u64 {
+/// [`five_messages_to_two_receivers`], stepped until the 5 messages are stable.
+fn five_messages_stable(config: Config) -> Cluster {
     let mut c = five_messages_to_two_receivers(config);
     while c.stable[0].len() < 5 && c.step(Time::ZERO + Duration::from_secs(5)) {}
     assert_eq!(c.stable[0].len(), 5, "not stable");
+    c
+}
+
+/// Silences sent in the 300 s after a sender's 5 messages became stable at its 2 receivers.
+fn silences_while_stable(config: Config) -> u64 {
+    let mut c = five_messages_stable(config);
     let before = c.nodes[0].stats().silences_sent;
     let end = c.now + Duration::from_secs(300);
     while c.step(end) {}
@@ -518,6 +524,74 @@ fn silences_of_an_unstable_stream_back_off() {
         ..Config::default()
     });
     assert!(pdcc >= 90, "{pdcc} silences with congestion control");
+}
+
+/// [`five_messages_stable`], then `quiet` without traffic.
+fn stable_then_quiet(quiet: Duration) -> Cluster {
+    let mut c = five_messages_stable(Config::default());
+    let end = c.now + quiet;
+    while c.step(end) {}
+    c.now = end;
+    c
+}
+
+/// The first gap after a quiet time is requested `repair_delay` after it was noticed. The
+/// repair scan's period had a stale phase then: the scan ran at once, found nothing due yet,
+/// and the request waited a whole `repair_interval` (5 ms instead of 2), unless the doubt
+/// sample's wake-up (every 100 ms, readers or not) had happened to move the phase.
+#[test]
+fn the_first_gap_after_a_quiet_time_is_requested_after_the_repair_delay() {
+    let mut c = stable_then_quiet(Duration::from_millis(1_234));
+    let config = Config::default();
+    // Message 6 is lost on its way to node 1; message 7 reaches it and shows the gap.
+    let sent_at = c.now;
+    c.nodes[0]
+        .publish(c.now, TopicId(1), Bytes::from(vec![6u8; 100]))
+        .unwrap();
+    c.flush(0);
+    c.wire = c
+        .wire
+        .drain()
+        .filter(|Reverse((.., to, _))| *to != 1)
+        .collect();
+    c.nodes[0]
+        .publish(c.now, TopicId(1), Bytes::from(vec![7u8; 100]))
+        .unwrap();
+    c.flush(0);
+    let noticed_at = sent_at + Duration::from_micros(100);
+    let requests = |c: &Cluster| {
+        let s = c.nodes[1].stats();
+        s.pulls_sent + s.pulls_to_sender
+    };
+    let before = requests(&c);
+    let limit = sent_at + Duration::from_millis(50);
+    while requests(&c) == before && c.step(limit) {}
+    assert!(requests(&c) > before, "no repair request");
+    assert_eq!(
+        c.now,
+        noticed_at + config.repair_delay,
+        "requested {:?} after the gap was noticed",
+        c.now.saturating_duration_since(noticed_at)
+    );
+    while c.step(limit) {}
+    assert_eq!(c.delivered[1].len(), 7, "the gap was not repaired");
+}
+
+/// A receiver at rest after its traffic wakes only for its own timers: the doubt sample's
+/// deadline no longer wakes it ten times a second when nothing reads the samples.
+#[test]
+fn a_receiver_at_rest_does_not_wake_for_doubt_samples() {
+    let mut c = stable_then_quiet(Duration::from_secs(1));
+    let end = c.now + Duration::from_secs(10);
+    let mut wakes = 0;
+    loop {
+        let due = c.nodes[1].poll_timeout();
+        if !c.step(end) {
+            break;
+        }
+        wakes += u32::from(due.is_some_and(|t| t <= c.now));
+    }
+    assert!(wakes <= 20, "{wakes} wake-ups in 10 s at rest");
 }
 
 /// One region (id 1) for topic 1 with the given members, in partitions of 3, at view `view`.
