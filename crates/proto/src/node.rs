@@ -1260,6 +1260,7 @@ impl Node {
                     self.silences_pending += 1;
                     self.silence_queue.push_back(region);
                     stream.last_send = now;
+                    stream.release_storage_at_rest(now, &self.config);
                 }
             }
             schedule_stream(&mut self.stream_timers, region, stream, &self.config);
@@ -1695,6 +1696,7 @@ impl Node {
             }
             let len = w.finish();
             stream.last_send = now;
+            stream.last_data_at = now;
             stream.silences_since_data = 0;
             if std::mem::take(&mut stream.silence_pending) {
                 self.silences_pending -= 1;

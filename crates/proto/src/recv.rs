@@ -240,6 +240,26 @@ impl InboundStream {
         self.apply_silence();
     }
 
+    /// Frees the receive window's and the cache's storage once the stream is at rest, as a
+    /// silence sent at `silence_ts_us` (the sender's clock) shows it: everything delivered
+    /// and stable, and nothing sent for `idle` before the silence. Each deque keeps the
+    /// capacity of its largest burst otherwise, for every stream of a node in thousands of
+    /// regions; a stream in use keeps its storage (no allocation per message).
+    pub(crate) fn release_storage_at_rest(
+        &mut self,
+        silence_ts_us: u64,
+        idle: std::time::Duration,
+    ) {
+        let idle_us = u64::try_from(idle.as_micros()).unwrap_or(u64::MAX);
+        let at_rest = self.window.is_empty()
+            && self.cache.is_empty()
+            && silence_ts_us >= self.last_delivered_ts_us.saturating_add(idle_us);
+        if at_rest && self.window.capacity() + self.cache.capacity() > 0 {
+            self.window = VecDeque::new();
+            self.cache = VecDeque::new();
+        }
+    }
+
     fn apply_silence(&mut self) {
         if let Some((last_seq, ts)) = self.pending_silence {
             if self.delivered_upto >= last_seq {
@@ -655,6 +675,39 @@ mod tests {
         assert!(s.get(2).is_some() && s.get(3).is_none());
         assert_eq!(s.set_stable(3), 1);
         assert!(s.get(2).is_none() && s.get(4).is_some());
+    }
+
+    /// The receive window and the cache keep their storage while the stream is in use, and
+    /// give it back once a silence shows it at rest: all delivered and stable, nothing sent
+    /// for the idle interval before the silence (in the sender's clock).
+    #[test]
+    fn a_stream_at_rest_gives_its_storage_back() {
+        let idle = std::time::Duration::from_secs(1);
+        let mut s = InboundStream::new(NodeId(1));
+        for seq in 1..=100 {
+            let m = InMsg {
+                timestamp_us: 5_000,
+                ..msg(seq)
+            };
+            s.receive(Time::ZERO, seq, m, 1000, |_, _, _| true);
+        }
+        assert_eq!(s.cache_len(), 100);
+        let held = |s: &InboundStream| s.window.capacity() + s.cache.capacity();
+        // Cached until stable: kept whatever the silence says.
+        s.release_storage_at_rest(5_000 + 2_000_000, idle);
+        assert!(held(&s) >= 100);
+        assert_eq!(s.set_stable(100), 100);
+        // Stable, but the sender was not idle for long enough.
+        s.release_storage_at_rest(5_000 + 999_999, idle);
+        assert!(held(&s) >= 100);
+        s.release_storage_at_rest(5_000 + 1_000_000, idle);
+        assert_eq!(held(&s), 0);
+        // A gap still open keeps the window.
+        s.receive(Time::ZERO, 102, msg(102), 1000, |_, _, _| false);
+        s.release_storage_at_rest(u64::MAX, idle);
+        assert!(s.window.capacity() > 0);
+        s.receive(Time::ZERO, 101, msg(101), 1000, |_, _, _| false);
+        assert_eq!(s.delivered_upto, 102);
     }
 
     #[test]

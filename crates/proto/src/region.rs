@@ -1349,6 +1349,7 @@ impl RegionState {
         };
         stream.note_exists(now, last_seq, config.receive_window_msgs);
         stream.note_silence(last_seq, timestamp_us);
+        stream.release_storage_at_rest(timestamp_us, config.silence_idle_interval);
         if leader && acked_upto < stream.stable_upto {
             out.stats.acks_sent += 1;
             let stable_upto = stream.stable_upto;

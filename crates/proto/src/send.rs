@@ -36,6 +36,9 @@ pub(crate) struct OutboundStream {
     unstable_bytes: usize,
     /// Last time a data packet or silence went out.
     pub(crate) last_send: Time,
+    /// Last time a data packet went out: the stream is at rest `silence_idle_interval` after
+    /// it (see [`OutboundStream::release_storage_at_rest`]).
+    pub(crate) last_data_at: Time,
     /// A silence heartbeat is due (set by the timer, cleared when sent).
     pub(crate) silence_pending: bool,
     /// Silences sent since the last data packet: each one waits twice as long as the one before
@@ -63,12 +66,27 @@ impl OutboundStream {
             unsent_bytes: 0,
             unstable_bytes: 0,
             last_send: now,
+            last_data_at: now,
             silence_pending: false,
             silences_since_data: 0,
             paused_until: Time::ZERO,
             data_queued: false,
             timer_at: None,
             timer_generation: 0,
+        }
+    }
+
+    /// Frees the message queue's storage once the stream is at rest: everything stable and
+    /// nothing sent for `silence_idle_interval`. A queue keeps the capacity of its largest
+    /// burst, which a node publishing on 100,000 topics held for each of them long after the
+    /// traffic; a stream in use keeps its storage (no allocation per message), and one that
+    /// wakes allocates once per burst after at least a second at rest.
+    pub(crate) fn release_storage_at_rest(&mut self, now: Time, config: &Config) {
+        if self.msgs.is_empty()
+            && self.msgs.capacity() > 0
+            && now >= self.last_data_at + config.silence_idle_interval
+        {
+            self.msgs = VecDeque::new();
         }
     }
 
@@ -311,14 +329,15 @@ mod tests {
         }
     }
 
-    #[test]
-    fn window_limits_sending_and_ack_releases() {
-        let config = Config {
-            window_msgs_max: 2,
-            ..Config::default()
-        };
+    /// A stream of `count` messages of 10 bytes, and how many of them one datagram of
+    /// `datagram_bytes` packs (checked to parse).
+    fn packed_stream(
+        count: u64,
+        datagram_bytes: usize,
+        config: &Config,
+    ) -> (OutboundStream, usize) {
         let mut s = OutboundStream::new(ViewId(1), Time::ZERO);
-        for id in 1..=3 {
+        for id in 1..=count {
             s.push(out(id, 10));
         }
         let header = Header {
@@ -327,11 +346,22 @@ mod tests {
             view: ViewId(1),
             sender: NodeId(0),
         };
-        let mut buf = [0u8; 1472];
+        let mut buf = vec![0u8; datagram_bytes];
         let mut w = MessagesWriter::data(&mut buf, &header).unwrap();
-        assert_eq!(s.pack_unsent(&mut w, &config, 0), 2);
+        let packed = s.pack_unsent(&mut w, config, 0);
         let len = w.finish();
         assert!(Packet::parse(&buf[..len]).is_ok());
+        (s, packed)
+    }
+
+    #[test]
+    fn window_limits_sending_and_ack_releases() {
+        let config = Config {
+            window_msgs_max: 2,
+            ..Config::default()
+        };
+        let (mut s, packed) = packed_stream(3, 1472, &config);
+        assert_eq!(packed, 2);
         assert!(!s.can_send(&config, 0));
         let mut released = Vec::new();
         assert!(!s.ack(3, |m| released.push(m)));
@@ -339,6 +369,30 @@ mod tests {
         assert_eq!(released, vec![MsgId(1)]);
         assert!(s.can_send(&config, 0));
         assert!(s.get(1).is_none() && s.get(3).is_some());
+    }
+
+    /// A stream keeps its queue's storage while in use, and gives it back once everything is
+    /// stable and it sent nothing for `silence_idle_interval`.
+    #[test]
+    fn a_stream_at_rest_gives_its_queue_storage_back() {
+        let config = Config::default();
+        let (mut s, packed) = packed_stream(100, 8972, &config);
+        assert_eq!(packed, 100);
+        let sent_at = Time::ZERO + std::time::Duration::from_millis(5);
+        s.last_data_at = sent_at;
+        let idle = config.silence_idle_interval;
+        // Unstable: kept whatever the time.
+        s.release_storage_at_rest(sent_at + idle * 2, &config);
+        assert!(s.msgs.capacity() >= 100);
+        assert!(s.ack(100, |_| {}));
+        // Stable, but not at rest yet.
+        s.release_storage_at_rest(sent_at + idle / 2, &config);
+        assert!(s.msgs.capacity() >= 100);
+        s.release_storage_at_rest(sent_at + idle, &config);
+        assert_eq!(s.msgs.capacity(), 0);
+        // A later burst is queued as before.
+        s.push(out(101, 10));
+        assert!(s.get(101).is_some());
     }
 
     #[test]
