@@ -280,6 +280,13 @@ impl GmsClient {
         self.request_named(name, Request::Unsubscribe)
     }
 
+    /// Unsubscribes from several topics by name in one request (at most
+    /// [`NAMES_PER_REQUEST_MAX`]): the service changes the views once for all of them.
+    pub fn unsubscribe_many(&mut self, names: &[String]) -> Result<(), RequestError> {
+        Self::check_names(names)?;
+        self.request(Request::UnsubscribeMany(names.to_vec()))
+    }
+
     /// Declares that this node publishes on a topic: it will be told the topic's regions.
     pub fn advertise(&mut self, name: &str) -> Result<(), RequestError> {
         self.request_named(name, Request::Advertise)

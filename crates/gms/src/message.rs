@@ -56,6 +56,10 @@ pub enum Request {
     SubscribeMany(Vec<String>),
     /// Unsubscribe from the topic of this name.
     Unsubscribe(String),
+    /// Unsubscribe from each of these topics (at most [`NAMES_PER_REQUEST_MAX`]): one view
+    /// change for all of them, where one request per topic moves the node through a region
+    /// per topic, each a view change of the streams in it.
+    UnsubscribeMany(Vec<String>),
     /// Declare that this node publishes on the topic of this name: it is then told the regions
     /// the topic spans, member or not.
     Advertise(String),
@@ -295,6 +299,7 @@ const R_SUSPECT: u8 = 5;
 const R_LEAVE: u8 = 6;
 const R_SUBSCRIBE_MANY: u8 = 7;
 const R_ADVERTISE_MANY: u8 = 8;
+const R_UNSUBSCRIBE_MANY: u8 = 9;
 
 const I_TOPIC_BOUND: u8 = 1;
 const I_REGION: u8 = 2;
@@ -336,6 +341,9 @@ impl GmsMessage {
                     }
                     Request::SubscribeMany(names) => put_names(out, R_SUBSCRIBE_MANY, names),
                     Request::AdvertiseMany(names) => put_names(out, R_ADVERTISE_MANY, names),
+                    Request::UnsubscribeMany(names) => {
+                        put_names(out, R_UNSUBSCRIBE_MANY, names);
+                    }
                     Request::Unsubscribe(n) => {
                         out.push(R_UNSUBSCRIBE);
                         put_string(out, n);
@@ -399,14 +407,14 @@ impl GmsMessage {
                 let req = r.u64()?;
                 let body = match r.u8()? {
                     R_SUBSCRIBE => Request::Subscribe(r.string()?),
-                    tag @ (R_SUBSCRIBE_MANY | R_ADVERTISE_MANY) => {
+                    tag @ (R_SUBSCRIBE_MANY | R_ADVERTISE_MANY | R_UNSUBSCRIBE_MANY) => {
                         // Each name takes at least its 2-byte length.
                         let n = r.len(NAMES_PER_REQUEST_MAX, 2)?;
                         let names = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
-                        if tag == R_SUBSCRIBE_MANY {
-                            Request::SubscribeMany(names)
-                        } else {
-                            Request::AdvertiseMany(names)
+                        match tag {
+                            R_SUBSCRIBE_MANY => Request::SubscribeMany(names),
+                            R_ADVERTISE_MANY => Request::AdvertiseMany(names),
+                            _ => Request::UnsubscribeMany(names),
                         }
                     }
                     R_UNSUBSCRIBE => Request::Unsubscribe(r.string()?),
@@ -625,6 +633,10 @@ mod tests {
             GmsMessage::Request {
                 req: 5,
                 body: Request::AdvertiseMany(vec!["x".into(), "y/z".into()]),
+            },
+            GmsMessage::Request {
+                req: 6,
+                body: Request::UnsubscribeMany(vec!["a".into(), "b/c".into()]),
             },
             GmsMessage::RequestAck { upto: 3 },
             GmsMessage::Heartbeat,

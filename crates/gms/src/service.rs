@@ -82,6 +82,13 @@ pub enum Command {
         /// The topic's name.
         name: String,
     },
+    /// A member unsubscribes from several topics at once: one round of views for all.
+    UnsubscribeMany {
+        /// The member.
+        node: NodeId,
+        /// The topics' names.
+        names: Vec<String>,
+    },
     /// A member declares it publishes on a topic.
     Advertise {
         /// The member.
@@ -478,6 +485,7 @@ impl Gms {
             Command::Subscribe { node, .. }
             | Command::SubscribeMany { node, .. }
             | Command::Unsubscribe { node, .. }
+            | Command::UnsubscribeMany { node, .. }
             | Command::Advertise { node, .. }
             | Command::AdvertiseMany { node, .. }
             | Command::Unadvertise { node, .. }
@@ -487,15 +495,8 @@ impl Gms {
             }
             Command::Subscribe { node, name } => self.subscribe(now, node, vec![name]),
             Command::SubscribeMany { node, names } => self.subscribe(now, node, names),
-            Command::Unsubscribe { node, name } => {
-                let Some(topic) = self.topic_ids.get(&name).copied() else {
-                    return;
-                };
-                let ch = self.planner.unsubscribe(node, topic);
-                // The node's regions before and after are in `ch`; itself is synced even if
-                // nothing changed (its request's batch gets a Commit).
-                self.propagate(ch, [(node, SyncScope::default())].into());
-            }
+            Command::Unsubscribe { node, name } => self.unsubscribe(node, &[name]),
+            Command::UnsubscribeMany { node, names } => self.unsubscribe(node, &names),
             Command::Advertise { node, name } => self.advertise(now, node, vec![name]),
             Command::AdvertiseMany { node, names } => self.advertise(now, node, names),
             Command::Unadvertise { node, name } => {
@@ -594,6 +595,25 @@ impl Gms {
         self.propagate(ch, [(node, SyncScope::default())].into());
     }
 
+    /// `node` leaves the topics of `names` it subscribes to (names never bound are skipped), in
+    /// one round of views: the planner's changes of each are folded together.
+    fn unsubscribe(&mut self, node: NodeId, names: &[String]) {
+        let mut ch = Changes::default();
+        let mut known = false;
+        for name in names {
+            if let Some(&topic) = self.topic_ids.get(name) {
+                ch.merge(self.planner.unsubscribe(node, topic));
+                known = true;
+            }
+        }
+        if !known {
+            return;
+        }
+        // The node's regions before and after are in `ch`; itself is synced even if nothing
+        // changed (its request's batch gets a Commit).
+        self.propagate(ch, [(node, SyncScope::default())].into());
+    }
+
     /// `node` publishes on the topics of `names` (bound if new): it is told their ids and
     /// regions, and the members of those regions its address, in one round of updates.
     fn advertise(&mut self, now: Time, node: NodeId, names: Vec<String>) {
@@ -656,6 +676,9 @@ impl Gms {
                 }
                 Request::Unsubscribe(name) => {
                     self.apply(now, Command::Unsubscribe { node, name });
+                }
+                Request::UnsubscribeMany(names) => {
+                    self.apply(now, Command::UnsubscribeMany { node, names });
                 }
                 Request::Advertise(name) => self.apply(now, Command::Advertise { node, name }),
                 Request::AdvertiseMany(names) => {

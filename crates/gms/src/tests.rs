@@ -823,6 +823,64 @@ fn batches_of_subscriptions_and_advertisements_are_told_in_one_update_per_batch(
     );
 }
 
+/// Unsubscribing in batches (`unsubscribe_many`) ends in the same memberships as one request
+/// per name: both nodes subscribe to 300 topics (one region of both), then node 0 leaves 200
+/// of them. Batched, that is two requests and commands instead of 200, and the node installs
+/// a membership per batch at most (one by one, the service syncs per window of requests in
+/// flight, as for subscriptions).
+#[test]
+fn batches_of_unsubscriptions_are_one_command_each() {
+    let names: Vec<String> = (0..300).map(|i| format!("t/{i}")).collect();
+    let mut outcomes = Vec::new();
+    for batched in [false, true] {
+        let mut w = World::new(2);
+        for chunk in names.chunks(NAMES_PER_REQUEST_MAX) {
+            w.clients[0].subscribe_many(chunk).unwrap();
+            w.clients[1].subscribe_many(chunk).unwrap();
+        }
+        w.run_for(Duration::from_millis(200));
+        let installs = |w: &World| {
+            w.events
+                .iter()
+                .filter(|(c, e)| *c == 0 && matches!(e, ClientEvent::Membership(_)))
+                .count()
+        };
+        let (commands_before, installs_before) = (w.gms.stats().commands, installs(&w));
+        let leaving = &names[..200];
+        if batched {
+            for chunk in leaving.chunks(NAMES_PER_REQUEST_MAX) {
+                w.clients[0].unsubscribe_many(chunk).unwrap();
+            }
+        } else {
+            for name in leaving {
+                w.clients[0].unsubscribe(name).unwrap();
+            }
+        }
+        w.run_for(Duration::from_millis(200));
+        let m0 = w.clients[0].membership().clone();
+        assert_eq!(m0, w.expected(0, &[]));
+        let topics: usize = m0.regions.values().map(|r| r.topics.len()).sum();
+        assert_eq!(topics, 100, "the node's regions hold the topics it kept");
+        let m1 = w.clients[1].membership().clone();
+        assert_eq!(m1, w.expected(1, &[]));
+        let commands = w.gms.stats().commands - commands_before;
+        outcomes.push((m0, m1, commands, installs(&w) - installs_before));
+    }
+    let (one_by_one, batched) = (&outcomes[0], &outcomes[1]);
+    assert_eq!(
+        batched.0, one_by_one.0,
+        "the membership of the node that left"
+    );
+    assert_eq!(batched.1, one_by_one.1, "the other node's membership");
+    assert_eq!((one_by_one.2, batched.2), (200, 2), "commands");
+    assert!(
+        (1..=2).contains(&batched.3) && batched.3 <= one_by_one.3,
+        "memberships installed: {} batched, {} one by one",
+        batched.3,
+        one_by_one.3
+    );
+}
+
 /// A sync compares only what a change touched: with a publisher of 1,000 topics (each a region
 /// of its own with one subscriber), one more topic costs the service a comparison of a few
 /// regions, not of the publisher's 1,000 (a pass over every region of the node per sync, as

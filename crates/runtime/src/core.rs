@@ -25,7 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use crossbeam_queue::SegQueue;
 use mio::{Events, Interest, Poll, Token, Waker};
-use tidings_gms::{ClientEvent, GmsClient, RegionAddress};
+use tidings_gms::{ClientEvent, GmsClient, RegionAddress, NAMES_PER_REQUEST_MAX};
 use tidings_proto::{
     Delivery, Event, Membership, MembershipChange, MsgId, Node, NodeId, Priority, PublishError,
     RegionId, RegionView, Time, TopicId,
@@ -460,6 +460,10 @@ pub(crate) struct Core {
     /// 0.9% of a subscriber's CPU at 1 -> 1; keys are topic ids this node subscribed to, so
     /// hostile input can only look up, not shape the table).
     subscriptions: FxHashMap<TopicId, Vec<TaskHandle<Delivery>>>,
+    /// Names of the topics the last subscription of which was dropped in this round of
+    /// control requests: unsubscribed from the service together at the round's end (one
+    /// request and view change per 128, not one per topic).
+    unsubscribing: Vec<String>,
     blocked: Option<Blocked>,
     alarm: Option<ProtocolAlarm>,
     last_look: Time,
@@ -583,6 +587,7 @@ impl Core {
             owners: VecDeque::new(),
             owners_base: 1,
             subscriptions: FxHashMap::default(),
+            unsubscribing: Vec::new(),
             blocked: None,
             alarm: None,
             last_look: now,
@@ -729,9 +734,15 @@ impl Core {
             let Some(control) = self.shared.controls.pop() else {
                 break;
             };
+            // Requests to the service keep their order: the gathered unsubscriptions go
+            // before any other control (a subscription to a topic just left, for one).
+            if !matches!(control, Control::Unsubscribe { .. }) {
+                self.send_unsubscribes();
+            }
             self.handle_control(now, control);
             took = true;
         }
+        self.send_unsubscribes();
         self.take_ready();
         // Each listed publisher once, in the order they became ready; those with messages
         // left go to the back of the list for the next turn.
@@ -754,6 +765,22 @@ impl Core {
         }
     }
 
+    /// Sends the unsubscriptions gathered in this round of control requests, in batches.
+    fn send_unsubscribes(&mut self) {
+        if self.unsubscribing.is_empty() {
+            return;
+        }
+        if let Some(link) = self.gms.as_mut() {
+            for names in self.unsubscribing.chunks(NAMES_PER_REQUEST_MAX) {
+                let _ = match names {
+                    [name] => link.client.unsubscribe(name),
+                    _ => link.client.unsubscribe_many(names),
+                };
+            }
+        }
+        self.unsubscribing.clear();
+    }
+
     fn handle_control(&mut self, now: Time, control: Control) {
         match control {
             Control::AddPublisher(publisher) => self.add_publisher(*publisher),
@@ -768,7 +795,7 @@ impl Core {
                         self.subscriptions.remove(&topic);
                         if let Some(link) = self.gms.as_mut() {
                             if let Some(name) = link.names.remove(&topic) {
-                                let _ = link.client.unsubscribe(&name);
+                                self.unsubscribing.push(name);
                             }
                         }
                     }

@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use tidings_gms::{
     ClientConfig, ClientEvent, Command, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Peer,
-    PlannerConfig, RemoveCause,
+    PlannerConfig, RemoveCause, NAMES_PER_REQUEST_MAX,
 };
 use tidings_proto::{Membership, NodeId, RegionId, RegionView, Time, TopicId};
 
@@ -243,18 +243,17 @@ impl Role {
         }
     }
 
-    /// Drains outputs after an input: messages to send, a membership for the node, and what the
-    /// checker must learn. `me` is this host's id, `publisher` whether it publishes.
+    /// Drains outputs after an input: messages to send, memberships for the node to install,
+    /// and what the checker must learn. `me` is this host's id.
     pub(crate) fn after_input(
         &mut self,
         now: Time,
         me: NodeId,
-        publisher: bool,
         ledger: &mut Ledger,
         out: &mut Outgoing,
     ) {
         match self {
-            Role::Client(c) => c.after_input(now, me, publisher, ledger, out),
+            Role::Client(c) => c.after_input(me, ledger, out),
             Role::Service(s) => s.after_input(now, me, ledger, out),
         }
     }
@@ -277,11 +276,15 @@ impl Role {
     pub(crate) fn set_topics(&mut self, now: Time, topics: &[TopicId]) {
         if let Role::Client(c) = self {
             let want: BTreeSet<TopicId> = topics.iter().copied().collect();
-            for &t in c.wanted.difference(&want) {
-                let _ = c.client.unsubscribe(&topic_name(t));
+            // In batches, as the runtime sends them: one request per topic would move the node
+            // through a region per topic, each a view change of the streams in it.
+            let gone: Vec<String> = c.wanted.difference(&want).map(|&t| topic_name(t)).collect();
+            for names in gone.chunks(NAMES_PER_REQUEST_MAX) {
+                let _ = c.client.unsubscribe_many(names);
             }
-            for &t in want.difference(&c.wanted) {
-                let _ = c.client.subscribe(&topic_name(t));
+            let new: Vec<String> = want.difference(&c.wanted).map(|&t| topic_name(t)).collect();
+            for names in new.chunks(NAMES_PER_REQUEST_MAX) {
+                let _ = c.client.subscribe_many(names);
             }
             c.wanted = want;
             c.client.handle_timeout(now);
@@ -298,24 +301,12 @@ impl Role {
 }
 
 impl ClientRole {
-    fn after_input(
-        &mut self,
-        _now: Time,
-        me: NodeId,
-        publisher: bool,
-        ledger: &mut Ledger,
-        out: &mut Outgoing,
-    ) {
+    fn after_input(&mut self, me: NodeId, ledger: &mut Ledger, out: &mut Outgoing) {
         while let Some(ev) = self.client.poll_event() {
             match ev {
-                ClientEvent::Membership(m) => {
-                    let m = translate(m);
-                    ledger.local_topics(me, local_topics(&m, me));
-                    if publisher {
-                        ledger.sender_view(me, sender_view(&m));
-                    }
-                    out.memberships.push(m);
-                }
+                // The ledger learns what the node may deliver when the host installs it, after
+                // the deliveries made under the membership before (`SimHost::gms_outputs`).
+                ClientEvent::Membership(m) => out.memberships.push(translate(m)),
                 ClientEvent::TopicBound { name, topic } => {
                     if name != topic_name(topic) {
                         ledger.external_violation(format!(

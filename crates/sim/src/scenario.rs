@@ -522,6 +522,8 @@ pub struct SimHost {
     gms_out: Outgoing,
     /// GMS datagrams larger than the world's datagram limit (dropped).
     gms_oversize: u64,
+    /// Suspicions the node reported, for the GMS client at the end of the input.
+    suspects: Vec<NodeId>,
     /// CPU time per accepted publish ([`Scenario::publish_cost`]).
     publish_cost: Duration,
     /// CPU time spent publishing and not yet charged by the world.
@@ -565,18 +567,38 @@ impl SimHost {
 
     fn gms_outputs(&mut self, now: Time) {
         let me = self.node.id();
-        let publisher = self.publisher.is_some();
         if let Some(role) = self.gms.as_mut() {
-            role.after_input(
-                now,
-                me,
-                publisher,
-                &mut self.ledger.borrow_mut(),
-                &mut self.gms_out,
-            );
+            role.after_input(now, me, &mut self.ledger.borrow_mut(), &mut self.gms_out);
         }
         for m in std::mem::take(&mut self.gms_out.memberships) {
+            // What the node delivered under the membership before goes to the checker first:
+            // one input can bring several committed batches, and a delivery made while the
+            // first was installed is judged by the first, not by the last.
+            self.take_events(now);
+            {
+                let mut ledger = self.ledger.borrow_mut();
+                ledger.local_topics(me, crate::gms::local_topics(&m, me));
+                if self.publisher.is_some() {
+                    ledger.sender_view(me, crate::gms::sender_view(&m));
+                }
+            }
             self.node.set_membership(now, m);
+        }
+    }
+
+    /// Hands the node's events to the checker; suspicions wait in `suspects` for the GMS.
+    fn take_events(&mut self, now: Time) {
+        let me = self.node.id();
+        let mut ledger = self.ledger.borrow_mut();
+        while let Some(ev) = self.node.poll_event() {
+            match ev {
+                Event::Deliver(d) => ledger.delivered(me, &d, now),
+                Event::Stable(m) => ledger.stable(me, m, now),
+                Event::TokenRound { top, rtt, .. } => ledger.token_round(top, rtt),
+                // The membership oracle learns of crashes by its own detection delay; the
+                // GMS takes suspicions as an input.
+                Event::Suspect { node, .. } => self.suspects.push(node),
+            }
         }
     }
 
@@ -614,20 +636,8 @@ impl SimHost {
                 p.next_at = Time::MAX;
             }
         }
-        let mut suspects = Vec::new();
-        {
-            let mut ledger = self.ledger.borrow_mut();
-            while let Some(ev) = self.node.poll_event() {
-                match ev {
-                    Event::Deliver(d) => ledger.delivered(me, &d, now),
-                    Event::Stable(m) => ledger.stable(me, m, now),
-                    Event::TokenRound { top, rtt, .. } => ledger.token_round(top, rtt),
-                    // The membership oracle learns of crashes by its own detection delay; the
-                    // GMS takes suspicions as an input.
-                    Event::Suspect { node, .. } => suspects.push(node),
-                }
-            }
-        }
+        self.take_events(now);
+        let suspects = std::mem::take(&mut self.suspects);
         if let Some(role) = self.gms.as_mut() {
             for node in suspects {
                 role.suspect(now, node);
@@ -799,6 +809,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             gms: roles.get_mut(i as usize).and_then(Option::take),
             gms_out: Outgoing::default(),
             gms_oversize: 0,
+            suspects: Vec::new(),
             publish_cost: s.publish_cost,
             cpu_charge: Duration::ZERO,
         });
@@ -818,6 +829,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             gms: Some(service),
             gms_out: Outgoing::default(),
             gms_oversize: 0,
+            suspects: Vec::new(),
             publish_cost: s.publish_cost,
             cpu_charge: Duration::ZERO,
         });

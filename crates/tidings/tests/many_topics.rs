@@ -127,7 +127,26 @@ fn run(topics: u64, batched: bool) {
             .wait_stable(*handle, Duration::from_secs(10))
             .unwrap();
     }
+    // Dropping every subscription leaves the topics in requests of up to 128 (the core thread
+    // gathers a round's unsubscriptions): a few commands for the service, not one per topic
+    // (each a view change of the regions the node moves between).
+    let commands = || publisher_node.stats().unwrap().gms.unwrap().stats.commands;
+    let before = commands();
     drop(subscriptions);
+    let (mut last, mut settled_at) = (before, Instant::now());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while settled_at.elapsed() < Duration::from_millis(500) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = commands();
+        if now != last {
+            (last, settled_at) = (now, Instant::now());
+        }
+    }
+    let applied = last - before;
+    assert!(
+        applied >= topics.div_ceil(128) && applied <= topics / 8,
+        "{applied} commands for dropping {topics} subscriptions"
+    );
     subscriber_node.shutdown().unwrap();
     publisher_node.shutdown().unwrap();
 }
