@@ -358,6 +358,10 @@ pub(crate) struct GmsLink {
     waiting: WaitingRequests,
     /// Names of the topics this node subscribed to by name, to unsubscribe.
     names: HashMap<TopicId, String>,
+    /// Names of the topics whose last subscription was dropped in this round of control
+    /// requests: unsubscribed from the service together (one request and view change per
+    /// 128 names, not one per topic; see [`GmsLink::send_unsubscribes`]).
+    unsubscribing: Vec<String>,
     /// The client's committed batches when its change was last taken: one install per pump,
     /// however many batches the pump applied (ADR 23).
     installed_commits: u64,
@@ -371,6 +375,15 @@ pub(crate) struct GmsLink {
 }
 
 impl GmsLink {
+    /// Sends the unsubscriptions gathered in this round of control requests, in requests of
+    /// up to [`NAMES_PER_REQUEST_MAX`] names.
+    fn send_unsubscribes(&mut self) {
+        for names in self.unsubscribing.chunks(NAMES_PER_REQUEST_MAX) {
+            let _ = self.client.unsubscribe_many(names);
+        }
+        self.unsubscribing.clear();
+    }
+
     pub(crate) fn new(
         mut client: GmsClient,
         server: SocketAddr,
@@ -388,6 +401,7 @@ impl GmsLink {
             suspect_interval,
             waiting: WaitingRequests::default(),
             names: HashMap::new(),
+            unsubscribing: Vec::new(),
             inbox: Vec::new(),
             suspected: BTreeMap::new(),
             leaving_since: None,
@@ -460,10 +474,6 @@ pub(crate) struct Core {
     /// 0.9% of a subscriber's CPU at 1 -> 1; keys are topic ids this node subscribed to, so
     /// hostile input can only look up, not shape the table).
     subscriptions: FxHashMap<TopicId, Vec<TaskHandle<Delivery>>>,
-    /// Names of the topics the last subscription of which was dropped in this round of
-    /// control requests: unsubscribed from the service together at the round's end (one
-    /// request and view change per 128, not one per topic).
-    unsubscribing: Vec<String>,
     blocked: Option<Blocked>,
     alarm: Option<ProtocolAlarm>,
     last_look: Time,
@@ -587,7 +597,6 @@ impl Core {
             owners: VecDeque::new(),
             owners_base: 1,
             subscriptions: FxHashMap::default(),
-            unsubscribing: Vec::new(),
             blocked: None,
             alarm: None,
             last_look: now,
@@ -737,12 +746,16 @@ impl Core {
             // Requests to the service keep their order: the gathered unsubscriptions go
             // before any other control (a subscription to a topic just left, for one).
             if !matches!(control, Control::Unsubscribe { .. }) {
-                self.send_unsubscribes();
+                if let Some(link) = self.gms.as_mut() {
+                    link.send_unsubscribes();
+                }
             }
             self.handle_control(now, control);
             took = true;
         }
-        self.send_unsubscribes();
+        if let Some(link) = self.gms.as_mut() {
+            link.send_unsubscribes();
+        }
         self.take_ready();
         // Each listed publisher once, in the order they became ready; those with messages
         // left go to the back of the list for the next turn.
@@ -765,22 +778,6 @@ impl Core {
         }
     }
 
-    /// Sends the unsubscriptions gathered in this round of control requests, in batches.
-    fn send_unsubscribes(&mut self) {
-        if self.unsubscribing.is_empty() {
-            return;
-        }
-        if let Some(link) = self.gms.as_mut() {
-            for names in self.unsubscribing.chunks(NAMES_PER_REQUEST_MAX) {
-                let _ = match names {
-                    [name] => link.client.unsubscribe(name),
-                    _ => link.client.unsubscribe_many(names),
-                };
-            }
-        }
-        self.unsubscribing.clear();
-    }
-
     fn handle_control(&mut self, now: Time, control: Control) {
         match control {
             Control::AddPublisher(publisher) => self.add_publisher(*publisher),
@@ -795,7 +792,7 @@ impl Core {
                         self.subscriptions.remove(&topic);
                         if let Some(link) = self.gms.as_mut() {
                             if let Some(name) = link.names.remove(&topic) {
-                                self.unsubscribing.push(name);
+                                link.unsubscribing.push(name);
                             }
                         }
                     }
