@@ -1,0 +1,110 @@
+//! The check every target runs on one candidate message (included by each target with `#[path]`).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tidings_gms::message::item_len;
+use tidings_gms::{GmsMessage, Item};
+
+/// Bytes of an encoded update before its first item: tag, `seq` (u64) and item count (u32).
+const UPDATE_HEADER_BYTES: usize = 1 + 8 + 4;
+
+/// Most bytes decoding may ask of the allocator per input byte. The largest ratio the format
+/// allows is one `Item` (64 bytes in memory) per 1-byte item on the wire; twice that leaves room
+/// for vectors that grow by doubling. A length trusted without checking it against the bytes left
+/// (say 65,536 partitions in a 30-byte message) is far beyond it.
+const DECODE_ALLOC_BYTES_PER_INPUT_BYTE: usize = 2 * std::mem::size_of::<Item>();
+
+/// Allocation allowed on top of the per-byte budget, for fixed costs on tiny inputs.
+const DECODE_ALLOC_BYTES_BASE: usize = 1024;
+
+/// The system allocator, counting the bytes asked of it so that `check` can bound what decoding
+/// one input allocates (libFuzzer's `-malloc_limit_mb` only catches allocations of megabytes).
+struct CountingAllocator;
+
+/// Bytes requested so far: every allocation's size and every reallocation's new size.
+static BYTES_REQUESTED: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every method forwards its arguments unchanged to `System`, which upholds the contract;
+// the counter has no effect on the memory handed out.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        BYTES_REQUESTED.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's guarantees on `layout` are passed on as they are.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        BYTES_REQUESTED.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` and `layout` come from this allocator, that is from `System`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        BYTES_REQUESTED.fetch_add(new_size, Ordering::Relaxed);
+        // SAFETY: as for `dealloc`, and the caller's guarantees on `new_size` are passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Every allocation of the target goes through the counter.
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// The bytes of an update up to its item count (tag and `seq`), taken from the encoder so that
+/// the targets do not restate the private tag values.
+pub fn update_prefix() -> Vec<u8> {
+    let mut bytes = GmsMessage::Update {
+        seq: 1,
+        items: vec![Item::Commit],
+    }
+    .to_bytes();
+    bytes.truncate(UPDATE_HEADER_BYTES - 4);
+    bytes
+}
+
+/// Decodes `bytes` as one GMS message. An error is fine (it is what hostile input should get),
+/// but decoding must ask the allocator for at most `DECODE_ALLOC_BYTES_PER_INPUT_BYTE` bytes per
+/// input byte (plus `DECODE_ALLOC_BYTES_BASE`), accepted or not, and an accepted message must:
+/// - decode again, from its own encoding, to an equal value;
+/// - re-encode to exactly `bytes` (the encoding is canonical: fixed-width integers, exact
+///   lengths, no padding), so no two wire forms mean the same message;
+/// - for an update, take `UPDATE_HEADER_BYTES` plus the sum of `item_len` over its items,
+///   which is what the GMS relies on to pack items into one datagram.
+///
+/// A panic inside `decode` (index out of range, overflow: the targets build with debug
+/// assertions) is reported by libFuzzer itself.
+pub fn check(bytes: &[u8]) {
+    let requested_before = BYTES_REQUESTED.load(Ordering::Relaxed);
+    let decoded = GmsMessage::decode(bytes);
+    let requested = BYTES_REQUESTED.load(Ordering::Relaxed) - requested_before;
+    let budget = DECODE_ALLOC_BYTES_PER_INPUT_BYTE * bytes.len() + DECODE_ALLOC_BYTES_BASE;
+    assert!(
+        requested <= budget,
+        "decoding {} bytes asked for {requested} bytes of memory (budget {budget})",
+        bytes.len()
+    );
+    let Ok(message) = decoded else {
+        return;
+    };
+    let encoded = message.to_bytes();
+    assert_eq!(
+        GmsMessage::decode(&encoded).as_ref(),
+        Ok(&message),
+        "an accepted message does not survive encode and decode"
+    );
+    assert_eq!(encoded, bytes, "an accepted message re-encodes differently");
+    if let GmsMessage::Update { items, .. } = &message {
+        let items_bytes: usize = items.iter().map(item_len).sum();
+        assert_eq!(
+            UPDATE_HEADER_BYTES + items_bytes,
+            encoded.len(),
+            "item_len disagrees with the encoding"
+        );
+    }
+}
