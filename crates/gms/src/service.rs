@@ -621,6 +621,9 @@ impl Gms {
         // The members of the topics' regions learn the new publisher's address (its
         // acknowledgements and repairs go there).
         let mut also: BTreeMap<NodeId, SyncScope> = [(node, SyncScope::default())].into();
+        // Marked once each after the loop: the topics of a batch often share their regions,
+        // and marking a region goes over all its topics (up to `subset_topics_max`).
+        let mut audiences: BTreeSet<RegionId> = BTreeSet::new();
         for name in names {
             let Some(topic) = self.bind(&name) else {
                 continue;
@@ -631,9 +634,10 @@ impl Gms {
             self.publishers.entry(topic).or_default().insert(node);
             bound.push(Item::TopicBound { name, topic });
             also.entry(node).or_default().topics.insert(topic);
-            for r in self.planner.topic_regions(topic) {
-                self.mark_audience(&mut also, r);
-            }
+            audiences.extend(self.planner.topic_regions(topic));
+        }
+        for r in audiences {
+            self.mark_audience(&mut also, r);
         }
         if bound.is_empty() {
             // Nothing bound (the topic limit): nothing to tell, as for a single request.
@@ -896,10 +900,14 @@ impl Gms {
             p.topics.extend(scope.topics);
         }
         // Members and publishers of a new or changed region: their view of it, and the
-        // addresses of its members and publishers.
-        for &r in ch.regions_created.iter().chain(&ch.regions_changed) {
-            self.mark_audience(&mut pending, r);
-        }
+        // addresses of its members and publishers. Each region once (below): marking goes over
+        // all its topics, and a batch's topics often share their regions.
+        let mut audiences: BTreeSet<RegionId> = ch
+            .regions_created
+            .iter()
+            .chain(&ch.regions_changed)
+            .copied()
+            .collect();
         // Whoever was told of a changed or removed region: its new view, or that it is gone.
         for &r in ch.regions_changed.iter().chain(&ch.regions_removed) {
             for &k in self.known_by.get(&r).into_iter().flatten() {
@@ -914,9 +922,10 @@ impl Gms {
             }
             // The regions it is in now: their members and publishers talk to its publishers
             // (a topic may move into a region whose members do not change).
-            for r in self.planner.topic_regions(t) {
-                self.mark_audience(&mut pending, r);
-            }
+            audiences.extend(self.planner.topic_regions(t));
+        }
+        for r in audiences {
+            self.mark_audience(&mut pending, r);
         }
         for r in &ch.regions_removed {
             self.known_by.remove(r);
@@ -934,9 +943,15 @@ impl Gms {
         for &m in &reg.members {
             pending.entry(m).or_default().regions.insert(r);
         }
+        // The topics of a region mostly share their publishers: each publisher's scope is
+        // looked up once per run of topics it publishes, not once per topic.
+        let mut last = None;
         for t in &reg.topics {
             for &p in self.publishers.get(t).into_iter().flatten() {
-                pending.entry(p).or_default().regions.insert(r);
+                if last != Some(p) {
+                    pending.entry(p).or_default().regions.insert(r);
+                    last = Some(p);
+                }
             }
         }
     }

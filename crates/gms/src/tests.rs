@@ -662,10 +662,9 @@ fn consecutive_updates_are_packed_into_few_datagrams() {
             _ => 0,
         })
         .sum();
-    assert!(
-        items >= 80,
-        "TopicBound and Commit per subscribe at least: {items}"
-    );
+    // A TopicBound per subscribe at least (the 40 topics share one region: its view comes once
+    // the round of requests is planned).
+    assert!(items >= 41, "a TopicBound per subscribe at least: {items}");
     assert!(
         datagrams * 4 <= items,
         "{items} items in {datagrams} datagrams: not packed"
@@ -769,9 +768,19 @@ fn membership_events_can_be_turned_off_and_the_membership_read_directly() {
     assert_eq!(w.last_membership(2), Some(&w.expected(2, &[])));
 }
 
+/// `m` with every view's epoch set to 1: what a membership says apart from how many changes
+/// led to it (a region's epoch counts the commands that changed it).
+fn without_epochs(m: &Membership) -> Membership {
+    let mut m = m.clone();
+    for v in m.regions.values_mut() {
+        v.view = ViewId(1);
+    }
+    m
+}
+
 /// 300 names in batches (`subscribe_many`, `advertise_many`: three requests of at most 128)
-/// end in the same memberships as one request per name (each topic has one subscriber, so each
-/// is a region of its own either way). The service syncs a node once for all the requests that
+/// end in the same memberships as one request per name (the topics share one subscriber, so
+/// one region either way; only the views' epochs differ: a command each, or a batch each). The service syncs a node once for all the requests that
 /// arrive together, so either way the clients install a membership per window of requests
 /// in flight (64), not one per request: 600 requests one by one make about ten, the six
 /// batches a few.
@@ -813,8 +822,16 @@ fn batches_of_subscriptions_and_advertisements_are_told_in_one_update_per_batch(
         outcomes.push((m0, m1, installs));
     }
     let (one_by_one, batched) = (&outcomes[0], &outcomes[1]);
-    assert_eq!(batched.0, one_by_one.0, "the subscriber's membership");
-    assert_eq!(batched.1, one_by_one.1, "the publisher's membership");
+    assert_eq!(
+        without_epochs(&batched.0),
+        without_epochs(&one_by_one.0),
+        "the subscriber's membership"
+    );
+    assert_eq!(
+        without_epochs(&batched.1),
+        without_epochs(&one_by_one.1),
+        "the publisher's membership"
+    );
     assert!(
         batched.2 <= 6 && one_by_one.2 <= 30,
         "memberships installed: {} batched, {} one by one (600 requests)",
@@ -868,10 +885,15 @@ fn batches_of_unsubscriptions_are_one_command_each() {
     }
     let (one_by_one, batched) = (&outcomes[0], &outcomes[1]);
     assert_eq!(
-        batched.0, one_by_one.0,
+        without_epochs(&batched.0),
+        without_epochs(&one_by_one.0),
         "the membership of the node that left"
     );
-    assert_eq!(batched.1, one_by_one.1, "the other node's membership");
+    assert_eq!(
+        without_epochs(&batched.1),
+        without_epochs(&one_by_one.1),
+        "the other node's membership"
+    );
     assert_eq!((one_by_one.2, batched.2), (200, 2), "commands");
     assert!(
         (1..=2).contains(&batched.3) && batched.3 <= one_by_one.3,

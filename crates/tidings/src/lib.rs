@@ -57,7 +57,7 @@ pub use subscribe::{CallbackSubscription, Iter, SlowConsumerPolicy, Subscription
 pub use topic::{Message, Topic, TOPIC_NAME_BYTES_MAX};
 
 pub use bytes::Bytes;
-pub use tidings_gms::{GmsConfig, MulticastPool};
+pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig};
 pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
 pub use tidings_runtime::{
     GmsServer, GmsSnapshot, MulticastConfig, PublishHandle, RuntimeConfig, Transport,

@@ -8,7 +8,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tidings::{Bytes, Error, GmsConfig, MulticastConfig, MulticastPool, Node, Topic, Transport};
+use tidings::{
+    Bytes, Error, GmsConfig, MulticastConfig, MulticastPool, Node, PlannerConfig, Topic, Transport,
+};
 
 fn open_files() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
@@ -31,6 +33,12 @@ fn subscribing_past_the_open_file_limit_is_refused_with_the_reason() {
             ports: MulticastPool::PORTS_DEFAULT,
             groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
         }),
+        // A region per topic, as for topics of distinct subscribers: topics of the same
+        // subscribers would otherwise share a few regions (and groups).
+        planner: PlannerConfig {
+            subset_topics_max: 1,
+            ..PlannerConfig::default()
+        },
         ..GmsConfig::default()
     };
     let transport = Transport::Multicast(MulticastConfig::default());

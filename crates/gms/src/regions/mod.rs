@@ -42,6 +42,13 @@
 //!   that now violates) is *evicted* to a subset of its own, which restores the bound.
 //!   Min-region-size is checked when a topic is placed, not on every later change: every region
 //!   grows from one member, and forcing the rule on each step would evict every topic constantly.
+//! - Whatever its size, a topic alone in its subset joins a subset with a region of exactly its
+//!   subscribers (an *identical join*: contained in that region and disjoint from the others, it
+//!   breaks no rule), so topics shared by the same nodes share their regions from their first
+//!   subscriber on. Like any topic of a shared subset, it may then spread over several regions
+//!   as subscriptions change, up to `max_regions_per_topic`.
+//! - No subset holds more than [`PlannerConfig::subset_topics_max`] topics, which bounds the size
+//!   of a region view and the work of an operation (a node's signature is copied when it moves).
 //!
 //! Each operation touches only the subsets of the topics it changes and returns the [`Changes`]
 //! (regions created, changed and removed; topics whose region list changed), so the service can
@@ -88,6 +95,11 @@ pub struct PlannerConfig {
     /// Factor by which a topic's subscriber count must grow before it looks again. Default 2
     /// (at least 2, so the placement work per topic is a geometric series).
     pub placement_growth_factor: usize,
+    /// Most topics in a subset, so in any region's view: a topic joins a subset only while it
+    /// holds fewer. Default 1024: a region view then lists at most 1024 topic ids (4 KB, a few
+    /// IP fragments, where 65,536 would not fit a UDP datagram at all), and a planner operation
+    /// copies at most that many ids. 1 keeps every topic in a region of its own.
+    pub subset_topics_max: usize,
 }
 
 impl Default for PlannerConfig {
@@ -99,6 +111,7 @@ impl Default for PlannerConfig {
             placement_sample_nodes: 8,
             first_placement_subscribers: 10,
             placement_growth_factor: 2,
+            subset_topics_max: 1024,
         }
     }
 }
@@ -126,6 +139,7 @@ impl PlannerConfig {
                 "first_placement_subscribers",
                 self.first_placement_subscribers,
             ),
+            ("subset_topics_max", self.subset_topics_max),
         ] {
             if v == 0 {
                 return Err(PlannerConfigError::Zero(name));
@@ -145,7 +159,7 @@ impl PlannerConfig {
 pub struct Changes {
     /// Regions that did not exist before the operation.
     pub regions_created: BTreeSet<RegionId>,
-    /// Regions that existed before and after, whose members changed.
+    /// Regions that existed before and after, whose members or topics changed.
     pub regions_changed: BTreeSet<RegionId>,
     /// Regions that existed before and no longer do.
     pub regions_removed: BTreeSet<RegionId>,
@@ -216,6 +230,8 @@ pub struct Region {
     pub topics: Vec<TopicId>,
     /// The members, sorted (this is also the ring order).
     pub members: BTreeSet<NodeId>,
+    /// [`set_hash`] of `members`, kept as they change: the key of [`Planner::by_members`].
+    members_hash: u64,
 }
 
 /// Counters of the planner's work.
@@ -229,6 +245,8 @@ pub struct PlannerStats {
     pub candidates_evaluated: u64,
     /// Topics evicted to a subset of their own because they broke `max_regions_per_topic`.
     pub evictions: u64,
+    /// Topics that joined a subset holding a region of exactly their subscribers.
+    pub identical_joins: u64,
     /// Node moves between regions (the unit of work of every operation).
     pub node_moves: u64,
 }
@@ -236,6 +254,8 @@ pub struct PlannerStats {
 #[derive(Clone, Debug)]
 struct TopicState {
     subscribers: BTreeSet<NodeId>,
+    /// [`set_hash`] of `subscribers`.
+    subscribers_hash: u64,
     subset: SubsetId,
     regions: BTreeSet<RegionId>,
     /// Subscriber count at which the topic next looks for a subset to join.
@@ -279,7 +299,28 @@ pub struct Planner {
     free_subsets: Vec<u32>,
     /// Scratch counters indexed by subset id, all zero between calls of `best_subset`.
     candidate_counts: Vec<u32>,
+    /// The regions of subsets with room for another topic (fewer than `subset_topics_max`), by
+    /// the [`set_hash`] of their members: where a topic finds a region of exactly its
+    /// subscribers without a pass over its subscribers' regions (a node may be in thousands).
+    by_members: BTreeMap<u64, Vec<RegionId>>,
     stats: PlannerStats,
+}
+
+/// A node's contribution to [`set_hash`] (splitmix64's finalizer: node ids are small and dense,
+/// their hashes must not be).
+fn node_hash(node: NodeId) -> u64 {
+    let mut z = u64::from(node.0).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Hash of a set of nodes that follows the set as members come and go: the wrapping sum of
+/// [`node_hash`]. Equal sets hash alike; a match is confirmed by comparing the sets.
+fn set_hash<'a>(nodes: impl IntoIterator<Item = &'a NodeId>) -> u64 {
+    nodes
+        .into_iter()
+        .fold(0u64, |h, &n| h.wrapping_add(node_hash(n)))
 }
 
 impl Planner {
@@ -301,6 +342,7 @@ impl Planner {
             next_subset: 0,
             free_subsets: Vec::new(),
             candidate_counts: Vec::new(),
+            by_members: BTreeMap::new(),
             stats: PlannerStats::default(),
         }
     }
@@ -333,12 +375,14 @@ impl Planner {
             let members: BTreeSet<NodeId> = subs.into_iter().collect();
             let best = p.best_subset(t, &members, None);
             let subset = best.unwrap_or_else(|| p.new_subset());
+            let had_room = p.subset_has_room(subset);
             let next = members
                 .len()
                 .saturating_mul(p.config.placement_growth_factor);
             p.topics.insert(
                 t,
                 TopicState {
+                    subscribers_hash: set_hash(&members),
                     subscribers: members.clone(),
                     subset,
                     regions: BTreeSet::new(),
@@ -346,6 +390,7 @@ impl Planner {
                 },
             );
             p.subset_mut(subset).topics.insert(t);
+            p.reindex_if_room_changed(subset, had_room);
             for n in members {
                 p.nodes.entry(n).or_default().topics.insert(t);
                 let sig = p.sig_plus(n, subset, t);
@@ -381,6 +426,7 @@ impl Planner {
                 topic,
                 TopicState {
                     subscribers: BTreeSet::from([node]),
+                    subscribers_hash: node_hash(node),
                     subset,
                     regions: BTreeSet::new(),
                     next_placement_at: self.config.first_placement_subscribers,
@@ -388,13 +434,15 @@ impl Planner {
             );
             ch.topics_changed.insert(topic);
             self.set_sig(node, subset, vec![topic], &mut ch);
+            self.join_identical(topic, &mut ch);
             return ch;
         };
         state.subscribers.insert(node);
+        state.subscribers_hash = state.subscribers_hash.wrapping_add(node_hash(node));
         let subset = state.subset;
         let sig = self.sig_plus(node, subset, topic);
         self.set_sig(node, subset, sig.clone(), &mut ch);
-        self.repair(subset, &sig, Some(topic), &mut ch);
+        self.repair(subset, &sig, topic, &mut ch);
         // Checked after the repair: an evicted topic has had its threshold raised.
         let due = self
             .topics
@@ -403,6 +451,7 @@ impl Planner {
         if due {
             self.place(topic, &mut ch);
         }
+        self.join_identical(topic, &mut ch);
         ch
     }
 
@@ -420,6 +469,7 @@ impl Planner {
             return ch;
         };
         state.subscribers.remove(&node);
+        state.subscribers_hash = state.subscribers_hash.wrapping_sub(node_hash(node));
         let subset = state.subset;
         let topic_empty = state.subscribers.is_empty();
         let sig = self.sig_minus(node, subset, topic);
@@ -427,7 +477,8 @@ impl Planner {
         if topic_empty {
             self.drop_topic(topic, &mut ch);
         } else {
-            self.repair(subset, &sig, None, &mut ch);
+            self.repair(subset, &sig, topic, &mut ch);
+            self.join_identical(topic, &mut ch);
         }
         if node_empty {
             self.nodes.remove(&node);
@@ -449,6 +500,7 @@ impl Planner {
             let empty = match self.topics.get_mut(&t) {
                 Some(s) => {
                     s.subscribers.remove(&node);
+                    s.subscribers_hash = s.subscribers_hash.wrapping_sub(node_hash(node));
                     s.subscribers.is_empty()
                 }
                 None => false,
@@ -623,6 +675,19 @@ impl Planner {
             if sub.by_sig.get(reg.topics.as_slice()) != Some(&r) {
                 return Err(format!("region {r} not indexed by its signature"));
             }
+            if reg.members_hash != set_hash(&reg.members) {
+                return Err(format!("region {r} members hash is stale"));
+            }
+            let indexed = self
+                .by_members
+                .get(&reg.members_hash)
+                .is_some_and(|rs| rs.contains(&r));
+            if indexed != self.subset_has_room(reg.subset) {
+                return Err(format!(
+                    "region {r} indexed by members: {indexed}, its subset has room: {}",
+                    !indexed
+                ));
+            }
             for &n in &reg.members {
                 let Some(ns) = self.nodes.get(&n) else {
                     return Err(format!("region {r} member {n} unknown"));
@@ -690,6 +755,9 @@ impl Planner {
             if union != ts.subscribers {
                 return Err(format!("topic {t} subscribers differ from its regions"));
             }
+            if ts.subscribers_hash != set_hash(&ts.subscribers) {
+                return Err(format!("topic {t} subscribers hash is stale"));
+            }
             if ts.regions.len() > self.config.max_regions_per_topic {
                 return Err(format!(
                     "topic {t} spans {} regions, more than {}",
@@ -698,9 +766,27 @@ impl Planner {
                 ));
             }
         }
+        let entries: usize = self.by_members.values().map(Vec::len).sum();
+        let with_room = self
+            .regions
+            .values()
+            .filter(|reg| self.subset_has_room(reg.subset))
+            .count();
+        if entries != with_room {
+            return Err(format!(
+                "{entries} regions indexed by members, {with_room} in subsets with room"
+            ));
+        }
         for (&s, sub) in &self.subsets {
             if sub.topics.is_empty() {
                 return Err(format!("subset {s:?} kept without topics"));
+            }
+            if sub.topics.len() > self.config.subset_topics_max {
+                return Err(format!(
+                    "subset {s:?} holds {} topics, more than {}",
+                    sub.topics.len(),
+                    self.config.subset_topics_max
+                ));
             }
             for t in &sub.topics {
                 if self.topics.get(t).map(|ts| ts.subset) != Some(s) {
@@ -781,7 +867,17 @@ impl Planner {
             .get(&node)
             .and_then(|ns| ns.regions.get(&subset).copied());
         if let Some(r) = old {
-            if self.regions.get(&r).is_some_and(|reg| reg.topics == sig) {
+            let Some(reg) = self.regions.get(&r) else {
+                return;
+            };
+            if reg.topics == sig {
+                return;
+            }
+            // The region's only member: the region follows it (same id, new topics), unless
+            // another region already has those topics.
+            if reg.members.len() == 1 && !sig.is_empty() && !self.has_sig(subset, &sig) {
+                self.stats.node_moves += 1;
+                self.retag_region(r, sig, ch);
                 return;
             }
             self.leave_region(node, r, ch);
@@ -802,7 +898,11 @@ impl Planner {
             None => self.create_region(subset, sig),
         };
         if let Some(reg) = self.regions.get_mut(&r) {
-            reg.members.insert(node);
+            let old_hash = reg.members_hash;
+            if reg.members.insert(node) {
+                reg.members_hash = old_hash.wrapping_add(node_hash(node));
+                self.members_changed(r, old_hash);
+            }
         }
         self.nodes
             .entry(node)
@@ -815,6 +915,68 @@ impl Planner {
                 ch.topics_changed.extend(reg.topics.iter().copied());
             }
         }
+    }
+
+    /// Whether `subset` has a region of signature `sig`.
+    fn has_sig(&self, subset: SubsetId, sig: &[TopicId]) -> bool {
+        self.subsets
+            .get(&subset)
+            .is_some_and(|s| s.by_sig.contains_key(sig))
+    }
+
+    /// Gives region `r`, whose members all move together, the signature `sig` (which no other
+    /// region of its subset has, and not empty): the region keeps its id and members, its
+    /// topics change (reported as a changed region, so it gets a new view), and only the
+    /// topics that enter or leave it have their region lists edited. Replacing the region
+    /// instead (a new one, the old one removed) cost an edit of every topic's list and a new
+    /// multicast group for each topic joining a region of a thousand.
+    fn retag_region(&mut self, r: RegionId, sig: Vec<TopicId>, ch: &mut Changes) {
+        let Some(reg) = self.regions.get_mut(&r) else {
+            return;
+        };
+        let subset = reg.subset;
+        let old = std::mem::replace(&mut reg.topics, sig.clone());
+        if let Some(s) = self.subsets.get_mut(&subset) {
+            s.by_sig.remove(old.as_slice());
+            s.by_sig.insert(sig.clone(), r);
+        }
+        // Both sorted: one merge pass finds what left and what entered.
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() || j < sig.len() {
+            let (left, entered) = match (old.get(i), sig.get(j)) {
+                (Some(a), Some(b)) if a == b => {
+                    i += 1;
+                    j += 1;
+                    continue;
+                }
+                (Some(&a), Some(&b)) if a < b => {
+                    i += 1;
+                    (Some(a), None)
+                }
+                (Some(&a), None) => {
+                    i += 1;
+                    (Some(a), None)
+                }
+                (_, Some(&b)) => {
+                    j += 1;
+                    (None, Some(b))
+                }
+                (None, None) => break,
+            };
+            if let Some(t) = left {
+                if let Some(ts) = self.topics.get_mut(&t) {
+                    ts.regions.remove(&r);
+                }
+                ch.topics_changed.insert(t);
+            }
+            if let Some(t) = entered {
+                if let Some(ts) = self.topics.get_mut(&t) {
+                    ts.regions.insert(r);
+                }
+                ch.topics_changed.insert(t);
+            }
+        }
+        ch.changed(r);
     }
 
     fn create_region(&mut self, subset: SubsetId, sig: Vec<TopicId>) -> RegionId {
@@ -831,8 +993,12 @@ impl Planner {
                 subset,
                 topics: sig,
                 members: BTreeSet::new(),
+                members_hash: set_hash(&[]),
             },
         );
+        if self.subset_has_room(subset) {
+            self.index_insert(id, set_hash(&[]));
+        }
         id
     }
 
@@ -841,14 +1007,25 @@ impl Planner {
         let Some(reg) = self.regions.get_mut(&r) else {
             return;
         };
-        reg.members.remove(&node);
+        let old_hash = reg.members_hash;
+        if reg.members.remove(&node) {
+            reg.members_hash = old_hash.wrapping_sub(node_hash(node));
+        }
         let subset = reg.subset;
+        let empty = reg.members.is_empty();
+        if empty {
+            if self.subset_has_room(subset) {
+                self.index_remove(r, old_hash);
+            }
+        } else {
+            self.members_changed(r, old_hash);
+        }
         if let Some(ns) = self.nodes.get_mut(&node) {
             if ns.regions.get(&subset) == Some(&r) {
                 ns.regions.remove(&subset);
             }
         }
-        if !reg.members.is_empty() {
+        if !empty {
             ch.changed(r);
             return;
         }
@@ -877,35 +1054,32 @@ impl Planner {
             "a topic without subscribers has no region"
         );
         ch.topics_changed.insert(topic);
+        let had_room = self.subset_has_room(ts.subset);
         if let Some(s) = self.subsets.get_mut(&ts.subset) {
             s.topics.remove(&topic);
             if s.topics.is_empty() {
                 self.remove_subset(ts.subset);
             }
         }
+        self.reindex_if_room_changed(ts.subset, had_room);
     }
 
-    /// After a node moved in `subset` to signature `sig`, evicts topics that now span too many
-    /// regions: `cause` (the topic just subscribed to) first, then any remaining violator.
-    fn repair(
-        &mut self,
-        subset: SubsetId,
-        sig: &[TopicId],
-        cause: Option<TopicId>,
-        ch: &mut Changes,
-    ) {
+    /// After a node moved in `subset` to signature `sig` by subscribing to or unsubscribing
+    /// from `cause`, evicts topics that now span more than `max_regions_per_topic` regions:
+    /// `cause` first (its leaving gives the node its old signature back, which mends every
+    /// topic the move spread at once: the topics of a region of a thousand topics would
+    /// otherwise leave one by one), then any remaining violator.
+    fn repair(&mut self, subset: SubsetId, sig: &[TopicId], cause: TopicId, ch: &mut Changes) {
         let max = self.config.max_regions_per_topic;
         let violates = |p: &Planner, t: &TopicId| {
             p.topics
                 .get(t)
                 .is_some_and(|ts| ts.subset == subset && ts.regions.len() > max)
         };
-        if !sig.iter().any(|t| violates(self, t)) {
+        if !violates(self, &cause) && !sig.iter().any(|t| violates(self, t)) {
             return;
         }
-        if let Some(c) = cause {
-            self.evict(c, ch);
-        }
+        self.evict(cause, ch);
         // Eviction only merges regions, so this loop ends; it rarely runs more than once.
         while let Some(&t) = sig.iter().find(|t| violates(self, t)) {
             if !self.evict(t, ch) {
@@ -934,6 +1108,7 @@ impl Planner {
                 .saturating_mul(self.config.placement_growth_factor)
                 .max(ts.next_placement_at);
         }
+        self.join_identical(topic, ch);
         true
     }
 
@@ -943,24 +1118,75 @@ impl Planner {
             return;
         };
         let subscribers: Vec<NodeId> = ts.subscribers.iter().copied().collect();
-        for &n in &subscribers {
-            let sig = self.sig_minus(n, from, topic);
-            self.set_sig(n, from, sig, ch);
+        // Out of `from`: each region of the topic loses it as a whole (its members all
+        // subscribe), kept under a new signature unless that empties it or another region has
+        // that signature (then its members go node by node: they leave or merge).
+        let leaving: Vec<RegionId> = ts.regions.iter().copied().collect();
+        for r in leaving {
+            let Some(reg) = self.regions.get(&r) else {
+                continue;
+            };
+            let mut sig = reg.topics.clone();
+            sig.retain(|&t| t != topic);
+            if !sig.is_empty() && !self.has_sig(from, &sig) {
+                self.stats.node_moves += 1;
+                self.retag_region(r, sig, ch);
+            } else {
+                let members: Vec<NodeId> = reg.members.iter().copied().collect();
+                for n in members {
+                    self.set_sig(n, from, sig.clone(), ch);
+                }
+            }
         }
+        let from_had_room = self.subset_has_room(from);
         if let Some(s) = self.subsets.get_mut(&from) {
             s.topics.remove(&topic);
             if s.topics.is_empty() {
                 self.remove_subset(from);
             }
         }
+        self.reindex_if_room_changed(from, from_had_room);
+        let to_had_room = self.subset_has_room(to);
         self.subset_mut(to).topics.insert(topic);
+        self.reindex_if_room_changed(to, to_had_room);
         if let Some(ts) = self.topics.get_mut(&topic) {
             ts.subset = to;
         }
         ch.topics_changed.insert(topic);
+        // Into `to`: a region all of whose members subscribe takes the topic as a whole; the
+        // others' subscribers (and those in no region of `to`) move node by node.
+        let mut inside: BTreeMap<RegionId, usize> = BTreeMap::new();
+        for n in &subscribers {
+            if let Some(&r) = self.nodes.get(n).and_then(|ns| ns.regions.get(&to)) {
+                *inside.entry(r).or_default() += 1;
+            }
+        }
+        let mut whole: BTreeSet<RegionId> = BTreeSet::new();
+        for (r, count) in inside {
+            let Some(reg) = self.regions.get(&r) else {
+                continue;
+            };
+            if reg.members.len() == count {
+                let mut sig = reg.topics.clone();
+                if let Err(at) = sig.binary_search(&topic) {
+                    sig.insert(at, topic);
+                }
+                // No region of `to` holds the topic yet, so no other has this signature.
+                self.stats.node_moves += 1;
+                self.retag_region(r, sig, ch);
+                whole.insert(r);
+            }
+        }
         for &n in &subscribers {
-            let sig = self.sig_plus(n, to, topic);
-            self.set_sig(n, to, sig, ch);
+            let in_whole = self
+                .nodes
+                .get(&n)
+                .and_then(|ns| ns.regions.get(&to))
+                .is_some_and(|r| whole.contains(r));
+            if !in_whole {
+                let sig = self.sig_plus(n, to, topic);
+                self.set_sig(n, to, sig, ch);
+            }
         }
     }
 
@@ -984,6 +1210,101 @@ impl Planner {
         if let Some(to) = self.best_subset(topic, &members, Some(from)) {
             self.stats.placements_moved += 1;
             self.move_topic(topic, from, to, ch);
+        }
+    }
+
+    /// A topic alone in its subset joins the subset of a region whose members are exactly its
+    /// subscribers, if a subset with room holds one (the fullest, then the lowest region id).
+    /// Contained in that region and disjoint from the others, it breaks no rule of the module
+    /// docs, and its subscribers are then in one region fewer: topics shared by the same nodes
+    /// share their regions whatever their size (a publisher and a subscriber of 100,000 topics
+    /// have 98 regions, not 100,000), where the rule itself waits for
+    /// `first_placement_subscribers`.
+    fn join_identical(&mut self, topic: TopicId, ch: &mut Changes) {
+        let Some(ts) = self.topics.get(&topic) else {
+            return;
+        };
+        let from = ts.subset;
+        if self.subsets.get(&from).is_none_or(|s| s.topics.len() > 1) {
+            return;
+        }
+        let Some(candidates) = self.by_members.get(&ts.subscribers_hash) else {
+            return;
+        };
+        let mut best: Option<(usize, std::cmp::Reverse<RegionId>, SubsetId)> = None;
+        for &r in candidates {
+            let Some(reg) = self.regions.get(&r) else {
+                continue;
+            };
+            if reg.subset == from || reg.members != ts.subscribers {
+                continue;
+            }
+            let held = self.subsets.get(&reg.subset).map_or(0, |s| s.topics.len());
+            let key = (held, std::cmp::Reverse(r), reg.subset);
+            if best.is_none_or(|b| (key.0, key.1) > (b.0, b.1)) {
+                best = Some(key);
+            }
+        }
+        if let Some((_, _, to)) = best {
+            self.stats.identical_joins += 1;
+            self.move_topic(topic, from, to, ch);
+        }
+    }
+
+    /// Whether `subset` may take another topic (`subset_topics_max`).
+    fn subset_has_room(&self, subset: SubsetId) -> bool {
+        self.subsets
+            .get(&subset)
+            .is_some_and(|s| s.topics.len() < self.config.subset_topics_max)
+    }
+
+    fn index_insert(&mut self, r: RegionId, members_hash: u64) {
+        self.by_members.entry(members_hash).or_default().push(r);
+    }
+
+    fn index_remove(&mut self, r: RegionId, members_hash: u64) {
+        if let Some(rs) = self.by_members.get_mut(&members_hash) {
+            if let Some(at) = rs.iter().position(|&x| x == r) {
+                rs.swap_remove(at);
+            }
+            if rs.is_empty() {
+                self.by_members.remove(&members_hash);
+            }
+        }
+    }
+
+    /// Region `r`'s members changed from a set of hash `old_hash`: its index entry follows.
+    fn members_changed(&mut self, r: RegionId, old_hash: u64) {
+        let Some(reg) = self.regions.get(&r) else {
+            return;
+        };
+        let (subset, new_hash) = (reg.subset, reg.members_hash);
+        if old_hash != new_hash && self.subset_has_room(subset) {
+            self.index_remove(r, old_hash);
+            self.index_insert(r, new_hash);
+        }
+    }
+
+    /// After `subset`'s topics changed: its regions enter or leave the index if it gained or
+    /// lost room for another topic (`had_room`: whether it had before).
+    fn reindex_if_room_changed(&mut self, subset: SubsetId, had_room: bool) {
+        let room = self.subset_has_room(subset);
+        if room == had_room {
+            return;
+        }
+        let regions: Vec<(RegionId, u64)> = self
+            .subsets
+            .get(&subset)
+            .into_iter()
+            .flat_map(|s| s.by_sig.values())
+            .filter_map(|r| self.regions.get(r).map(|reg| (*r, reg.members_hash)))
+            .collect();
+        for (r, h) in regions {
+            if room {
+                self.index_insert(r, h);
+            } else {
+                self.index_remove(r, h);
+            }
         }
     }
 
@@ -1050,6 +1371,9 @@ impl Planner {
     fn evaluate(&self, topic: TopicId, members: &BTreeSet<NodeId>, s: SubsetId) -> Option<Fit> {
         let min = self.config.min_region_size;
         let max = self.config.max_regions_per_topic;
+        if !self.subset_has_room(s) {
+            return None;
+        }
         let mut counts: BTreeMap<RegionId, usize> = BTreeMap::new();
         let mut outside = 0usize;
         for n in members {

@@ -13,6 +13,7 @@ fn small_config() -> PlannerConfig {
         placement_sample_nodes: 4,
         first_placement_subscribers: 2,
         placement_growth_factor: 2,
+        subset_topics_max: 1024,
     }
 }
 
@@ -89,11 +90,19 @@ proptest! {
 
     /// After every operation: every invariant holds (at most one region per node and subset,
     /// identical subscriptions within a region, topic subscribers = union of its regions, bounded
-    /// regions per topic), and the reported changes are exact.
+    /// regions per topic, bounded topics per subset, the index of regions by members), and the
+    /// reported changes are exact.
     #[test]
     fn incremental_operations_keep_invariants(ops in proptest::collection::vec(op(), 1..120),
-                                              max_regions in 1usize..4) {
-        let config = PlannerConfig { max_regions_per_topic: max_regions, ..small_config() };
+                                              max_regions in 1usize..4,
+                                              subset_topics_max in 1usize..6,
+                                              first_placement in 2usize..5) {
+        let config = PlannerConfig {
+            max_regions_per_topic: max_regions,
+            subset_topics_max,
+            first_placement_subscribers: first_placement,
+            ..small_config()
+        };
         let mut p = Planner::new(config.clone()).unwrap();
         let mut table: BTreeMap<NodeId, BTreeSet<TopicId>> = BTreeMap::new();
         for op in ops {
@@ -381,4 +390,97 @@ fn personal_regions_bound_regions_per_node_by_the_shared_subsets() {
     );
     // A topic alone in its subset is one region today, so unicast copies cost more sends.
     assert!(f.personal_multicast_send_factor > 1.0);
+}
+
+#[test]
+fn topics_of_the_same_subscribers_share_regions_of_at_most_subset_topics_max_topics() {
+    let mut p = Planner::new(PlannerConfig::default()).unwrap();
+    let max = PlannerConfig::default().subset_topics_max;
+    // One subscriber of 3,000 topics, then a second of the same topics.
+    for n in 1..=2 {
+        for t in 0..3000 {
+            p.subscribe(NodeId(n), TopicId(t));
+        }
+        p.check_invariants().unwrap();
+        assert_eq!(p.region_count(), 3000usize.div_ceil(max), "node {n}");
+        assert_eq!(p.node_regions(NodeId(n)).count(), p.region_count());
+        for (_, reg) in p.regions() {
+            assert!(reg.topics.len() <= max);
+            assert_eq!(reg.members.len(), n as usize);
+        }
+    }
+    // The first subscriber's topics joined by identity (all but the first of each region).
+    assert_eq!(p.stats().identical_joins, 3000 - 3);
+    // Each subscription moved its subscriber between regions a bounded number of times (the
+    // first node's topics start alone and join; the second node's grow its own region until it
+    // has them all): the work grows with the subscriptions, not with their square.
+    assert!(
+        p.stats().node_moves <= 3 * 2 * 3000,
+        "{} node moves for 6,000 subscriptions",
+        p.stats().node_moves
+    );
+    // Dropping them leaves nothing behind.
+    for n in 1..=2 {
+        for t in 0..3000 {
+            p.unsubscribe(NodeId(n), TopicId(t));
+        }
+    }
+    p.check_invariants().unwrap();
+    assert_eq!(
+        (p.region_count(), p.subset_count(), p.topic_count()),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn a_subset_topics_max_of_one_keeps_each_topic_in_a_region_of_its_own() {
+    let mut p = Planner::new(PlannerConfig {
+        subset_topics_max: 1,
+        ..PlannerConfig::default()
+    })
+    .unwrap();
+    for n in 1..=12 {
+        for t in 0..20 {
+            p.subscribe(NodeId(n), TopicId(t));
+        }
+    }
+    p.check_invariants().unwrap();
+    assert_eq!((p.region_count(), p.subset_count()), (20, 20));
+    assert_eq!(p.stats().identical_joins, 0);
+}
+
+#[test]
+fn a_second_subscriber_of_shared_topics_leaves_the_first_ones_region_alone_until_it_has_them_all() {
+    let mut p = Planner::new(PlannerConfig::default()).unwrap();
+    let (a, b) = (NodeId(1), NodeId(2));
+    let topics = [TopicId(1), TopicId(2), TopicId(3)];
+    for t in topics {
+        p.subscribe(a, t);
+    }
+    assert_eq!(p.region_count(), 1);
+    let (_, shared) = p.node_regions(a).next().unwrap();
+    // b subscribes to the topics one by one: each change is b's region's; a's region (which
+    // carries the traffic of all three) keeps its id and its members until b has them all.
+    for (k, t) in topics.into_iter().enumerate() {
+        let ch = p.subscribe(b, t);
+        p.check_invariants().unwrap();
+        if k < 2 {
+            assert!(
+                !ch.regions_changed.contains(&shared) && !ch.regions_removed.contains(&shared),
+                "{ch:?}"
+            );
+            assert_eq!(p.topic_regions(t).count(), 2);
+        } else {
+            // The same subscriptions now: b joins a's region.
+            assert!(ch.regions_changed.contains(&shared), "{ch:?}");
+        }
+    }
+    assert_eq!(p.region_count(), 1);
+    assert_eq!(p.region(shared).unwrap().members, BTreeSet::from([a, b]));
+    // a drops topic 1: topics 2 and 3 span a's new region and b's.
+    p.unsubscribe(a, topics[0]);
+    p.check_invariants().unwrap();
+    assert_eq!(p.topic_regions(topics[0]).count(), 1);
+    assert_eq!(p.topic_regions(topics[1]).count(), 2);
+    assert_eq!(p.node_regions(a).count(), 1);
 }
