@@ -1,5 +1,5 @@
 //! The region planner: topics are split into *subsets* whose memberships overlap regularly
-//! (paper 001 section 3, after its reference [28]), and within each subset the nodes with identical
+//! (paper 001 section 3, after its reference \[28\]), and within each subset the nodes with identical
 //! subscriptions (restricted to that subset's topics) form a *region*. A node is therefore in at
 //! most one region per subset, and a topic spans the regions of its subset that contain it.
 //!

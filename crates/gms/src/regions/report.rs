@@ -189,6 +189,8 @@ pub struct PlannerStatsReport {
     pub candidates_evaluated: u64,
     /// Topics evicted for breaking the regions-per-topic bound.
     pub evictions: u64,
+    /// Topics that joined a subset holding a region of exactly their subscribers.
+    pub identical_joins: u64,
     /// Node moves between regions.
     pub node_moves: u64,
 }
@@ -200,6 +202,7 @@ impl From<&PlannerStats> for PlannerStatsReport {
             placements_moved: s.placements_moved,
             candidates_evaluated: s.candidates_evaluated,
             evictions: s.evictions,
+            identical_joins: s.identical_joins,
             node_moves: s.node_moves,
         }
     }
