@@ -159,6 +159,9 @@ pub struct GmsStats {
     pub updates_retransmitted: u64,
     /// Region views issued (new view epochs).
     pub views_issued: u64,
+    /// Regions in the plan now (a gauge): topics of the same subscribers share them, up to
+    /// `PlannerConfig::subset_topics_max` topics each.
+    pub regions_current: u64,
     /// Suspicions accepted (from a ring neighbour).
     pub suspicions_accepted: u64,
     /// Suspicions ignored (not from a ring neighbour, or of an unknown node).
@@ -893,6 +896,7 @@ impl Gms {
                 self.groups.release(u32::from_be_bytes(group) & mask);
             }
         }
+        self.stats.regions_current = self.planner.region_count() as u64;
         let mut pending = std::mem::take(&mut self.syncs_pending);
         for (node, scope) in also {
             let p = pending.entry(node).or_default();

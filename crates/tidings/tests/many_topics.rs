@@ -97,6 +97,20 @@ fn run(topics: u64, batched: bool) {
             .map(|topic| publisher_node.publisher(topic).unwrap())
             .collect()
     };
+    // The topics share their one subscriber: they share regions too, of at most 1,024 topics
+    // (`PlannerConfig::subset_topics_max`), not one each.
+    let regions = publisher_node
+        .stats()
+        .unwrap()
+        .gms
+        .unwrap()
+        .stats
+        .regions_current;
+    assert_eq!(
+        regions,
+        topics.div_ceil(1024),
+        "{topics} topics of one subscriber"
+    );
     // Both lists are in the order of the topics.
     for (publisher, subscription) in publishers.iter().zip(&subscriptions) {
         assert_eq!(publisher.topic_id(), subscription.topic_id());
