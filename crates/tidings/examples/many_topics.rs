@@ -149,9 +149,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         publisher_node.publishers(&names)?
     };
     println!(
-        "{topics} publishers created in {:.2} s (RSS {})",
+        "{topics} publishers created in {:.2} s (RSS {}); the service's regions: {}",
         started.elapsed().as_secs_f64(),
-        rss()
+        rss(),
+        publisher_node
+            .stats()?
+            .gms
+            .map_or(0, |g| g.stats.regions_current)
     );
     let started = Instant::now();
     // Publishing and delivery together get at most this long: a node that cannot keep up

@@ -897,13 +897,7 @@ impl Planner {
             }
             None => self.create_region(subset, sig),
         };
-        if let Some(reg) = self.regions.get_mut(&r) {
-            let old_hash = reg.members_hash;
-            if reg.members.insert(node) {
-                reg.members_hash = old_hash.wrapping_add(node_hash(node));
-                self.members_changed(r, old_hash);
-            }
-        }
+        self.set_member(r, node, true);
         self.nodes
             .entry(node)
             .or_default()
@@ -940,41 +934,24 @@ impl Planner {
             s.by_sig.remove(old.as_slice());
             s.by_sig.insert(sig.clone(), r);
         }
-        // Both sorted: one merge pass finds what left and what entered.
-        let (mut i, mut j) = (0, 0);
-        while i < old.len() || j < sig.len() {
-            let (left, entered) = match (old.get(i), sig.get(j)) {
-                (Some(a), Some(b)) if a == b => {
-                    i += 1;
-                    j += 1;
-                    continue;
-                }
-                (Some(&a), Some(&b)) if a < b => {
-                    i += 1;
-                    (Some(a), None)
-                }
-                (Some(&a), None) => {
-                    i += 1;
-                    (Some(a), None)
-                }
-                (_, Some(&b)) => {
-                    j += 1;
-                    (None, Some(b))
-                }
-                (None, None) => break,
-            };
-            if let Some(t) = left {
-                if let Some(ts) = self.topics.get_mut(&t) {
-                    ts.regions.remove(&r);
-                }
-                ch.topics_changed.insert(t);
+        // The topics that left and those that entered (both lists sorted; in practice they
+        // differ by one topic).
+        let left: Vec<TopicId> = old
+            .iter()
+            .copied()
+            .filter(|t| sig.binary_search(t).is_err())
+            .collect();
+        for t in left {
+            if let Some(ts) = self.topics.get_mut(&t) {
+                ts.regions.remove(&r);
             }
-            if let Some(t) = entered {
-                if let Some(ts) = self.topics.get_mut(&t) {
-                    ts.regions.insert(r);
-                }
-                ch.topics_changed.insert(t);
+            ch.topics_changed.insert(t);
+        }
+        for &t in sig.iter().filter(|t| old.binary_search(t).is_err()) {
+            if let Some(ts) = self.topics.get_mut(&t) {
+                ts.regions.insert(r);
             }
+            ch.topics_changed.insert(t);
         }
         ch.changed(r);
     }
@@ -1004,22 +981,10 @@ impl Planner {
 
     /// Removes `node` from region `r` (and the region, if it empties).
     fn leave_region(&mut self, node: NodeId, r: RegionId, ch: &mut Changes) {
-        let Some(reg) = self.regions.get_mut(&r) else {
+        let Some(subset) = self.regions.get(&r).map(|reg| reg.subset) else {
             return;
         };
-        let old_hash = reg.members_hash;
-        if reg.members.remove(&node) {
-            reg.members_hash = old_hash.wrapping_sub(node_hash(node));
-        }
-        let subset = reg.subset;
-        let empty = reg.members.is_empty();
-        if empty {
-            if self.subset_has_room(subset) {
-                self.index_remove(r, old_hash);
-            }
-        } else {
-            self.members_changed(r, old_hash);
-        }
+        let empty = self.set_member(r, node, false);
         if let Some(ns) = self.nodes.get_mut(&node) {
             if ns.regions.get(&subset) == Some(&r) {
                 ns.regions.remove(&subset);
@@ -1273,16 +1238,34 @@ impl Planner {
         }
     }
 
-    /// Region `r`'s members changed from a set of hash `old_hash`: its index entry follows.
-    fn members_changed(&mut self, r: RegionId, old_hash: u64) {
-        let Some(reg) = self.regions.get(&r) else {
-            return;
+    /// Adds `node` to region `r`'s members (`join`) or removes it, keeping the members' hash
+    /// and the region's entry in `by_members` with them; an emptied region leaves the index
+    /// (it is about to be removed). Returns whether the region is now empty.
+    fn set_member(&mut self, r: RegionId, node: NodeId, join: bool) -> bool {
+        let Some(reg) = self.regions.get_mut(&r) else {
+            return true;
         };
-        let (subset, new_hash) = (reg.subset, reg.members_hash);
-        if old_hash != new_hash && self.subset_has_room(subset) {
-            self.index_remove(r, old_hash);
-            self.index_insert(r, new_hash);
+        let old_hash = reg.members_hash;
+        let changed = if join {
+            reg.members.insert(node)
+        } else {
+            reg.members.remove(&node)
+        };
+        if changed {
+            reg.members_hash = if join {
+                old_hash.wrapping_add(node_hash(node))
+            } else {
+                old_hash.wrapping_sub(node_hash(node))
+            };
         }
+        let (subset, new_hash, empty) = (reg.subset, reg.members_hash, reg.members.is_empty());
+        if changed && self.subset_has_room(subset) {
+            self.index_remove(r, old_hash);
+            if !empty {
+                self.index_insert(r, new_hash);
+            }
+        }
+        empty
     }
 
     /// After `subset`'s topics changed: its regions enter or leave the index if it gained or
