@@ -210,6 +210,29 @@ fn runtime_config(a: &DemoNodeArgs, loss: f64, seed: u64) -> RuntimeConfig {
     }
 }
 
+/// What a failing demo node reports of itself: enough to tell a silent membership service from
+/// a stalled core thread or a lossy path.
+fn node_state(node: &Node) -> String {
+    match node.stats() {
+        Ok(s) => {
+            let r = &s.runtime;
+            format!(
+                "node: {} GMS datagrams sent, {} received, {} memberships installed, {} \
+                 datagrams dropped on purpose, {} core cycles, worst cycle {} us, worst alarm \
+                 lateness {} us",
+                r.gms_datagrams_sent,
+                r.gms_datagrams_received,
+                r.memberships_installed,
+                r.injected_drops,
+                r.cycles,
+                r.cycle_time.max_us,
+                r.alarm_lateness.max_us
+            )
+        }
+        Err(e) => format!("node stats unavailable: {e}"),
+    }
+}
+
 /// Runs one demo process.
 pub(crate) fn run_node(a: &DemoNodeArgs) -> ExitCode {
     let result = match a.role.as_str() {
@@ -294,8 +317,10 @@ fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
     let received = Arc::new(AtomicU64::new(0));
     let mut subscriptions = Vec::new();
     let mut topics = 0;
+    let wanted = (0..a.topics).filter(|&t| takes(a.index, t)).count();
     for t in (0..a.topics).filter(|&t| takes(a.index, t)) {
         let topic = Topic::raw(topic_name(t)).map_err(|e| e.to_string())?;
+        let asked = shared_clock_ns();
         let account = Arc::clone(&account);
         let received = Arc::clone(&received);
         let sub = node
@@ -316,7 +341,15 @@ fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
                     }
                 }
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                format!(
+                    "subscribing to {} ({} of {wanted}) failed after {:.1} s: {e}; {}",
+                    topic_name(t),
+                    topics + 1,
+                    (shared_clock_ns() - asked) as f64 / 1e9,
+                    node_state(&node)
+                )
+            })?;
         subscriptions.push(sub);
         topics += 1;
     }
@@ -598,6 +631,27 @@ pub(crate) fn run(a: &DemoArgs) -> ExitCode {
     }
 }
 
+/// What the membership service reports of itself when a demo process failed.
+fn gms_state(server: &GmsServer) -> String {
+    match server.snapshot() {
+        Some(g) => format!(
+            "membership service: {} members, {} topics, {} commands, {} updates sent ({} \
+             resent), {} duplicate and {} out-of-order requests, {} malformed, {} from unknown \
+             sources",
+            g.members.len(),
+            g.topics.len(),
+            g.stats.commands,
+            g.stats.updates_sent,
+            g.stats.updates_retransmitted,
+            g.stats.requests_duplicate,
+            g.stats.requests_out_of_order,
+            g.stats.malformed,
+            g.unknown_sources
+        ),
+        None => "the membership service's thread has stopped".to_owned(),
+    }
+}
+
 fn wait_ready(
     procs: &[Proc],
     rx: &mpsc::Receiver<(usize, Report)>,
@@ -665,13 +719,13 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         procs.push(spawn(a, gms, "sub", i, &tx, slot)?);
     }
     let subs: Vec<usize> = (0..procs.len()).collect();
-    wait_ready(&procs, &rx, &subs)?;
+    wait_ready(&procs, &rx, &subs).map_err(|why| format!("{why}; {}", gms_state(&server)))?;
     for i in 0..a.publishers {
         let slot = procs.len();
         procs.push(spawn(a, gms, "pub", i, &tx, slot)?);
     }
     let pubs: Vec<usize> = (subs.len()..procs.len()).collect();
-    wait_ready(&procs, &rx, &pubs)?;
+    wait_ready(&procs, &rx, &pubs).map_err(|why| format!("{why}; {}", gms_state(&server)))?;
 
     let expected_per_sub: Vec<u64> = (0..a.subscribers)
         .map(|s| {

@@ -31,7 +31,13 @@ fn demo_json(extra: &[&str]) -> serde_json::Value {
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    assert_eq!(v["verdict"], "pass", "{v:#}");
+    // The children's stderr comes through the parent's: a panic or a child's own account.
+    assert_eq!(
+        v["verdict"],
+        "pass",
+        "{v:#}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success());
     v
 }

@@ -1016,3 +1016,82 @@ fn a_batch_must_hold_one_to_the_most_names_and_valid_names() {
     let long = vec!["x".repeat(TOPIC_NAME_BYTES_MAX + 1)];
     assert_eq!(w.clients[0].advertise_many(&long), Err(RequestError::Name));
 }
+
+/// The demo's pattern: three subscribers each take about 70% of 30 topics, one request at a
+/// time, interleaved at random, then two publishers advertise all 30; 2% of the service's
+/// messages are lost. Every seed must converge to the service's state with the planner's
+/// invariants intact (a failing seed is named).
+#[test]
+fn interleaved_overlapping_subscriptions_converge_over_many_seeds() {
+    for seed in 0..300u64 {
+        let r = std::panic::catch_unwind(|| overlapping_subscriptions(seed));
+        assert!(r.is_ok(), "seed {seed} failed");
+    }
+}
+
+fn overlapping_subscriptions(seed: u64) {
+    let mut w = World::with_config(
+        5,
+        GmsConfig {
+            multicast_pool: Some(crate::MulticastPool {
+                base: [239, 255, 7, 0],
+                prefix_len: 24,
+                port: 5000,
+                ports: crate::MulticastPool::PORTS_DEFAULT,
+                groups_max: crate::MulticastPool::GROUPS_MAX_DEFAULT,
+            }),
+            ..GmsConfig::default()
+        },
+    );
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut seen = seed;
+    w.keep_to = Box::new(move |_, _| {
+        seen += 1;
+        !(seen.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32).is_multiple_of(50)
+    });
+    let takes = |s: u64, t: u64| (t * 7 + s * 13 + (t / 10) * 3) % 10 < 7;
+    let names: Vec<String> = (0..30).map(|t| format!("demo/{t}")).collect();
+    let mut queues: Vec<Vec<usize>> = (0..3u64)
+        .map(|s| (0..30).filter(|&t| takes(s, t as u64)).rev().collect())
+        .collect();
+    queues.extend((0..2).map(|_| (0..30).rev().collect::<Vec<usize>>()));
+    // Subscribers first, then publishers (as the demo starts them).
+    for (clients, offset) in [(0..3, 0), (3..5, 3)] {
+        while clients.clone().any(|i| !queues[i].is_empty()) {
+            let i = offset + rng.usize(..clients.len());
+            if let Some(t) = queues[i].pop() {
+                if i < 3 {
+                    w.clients[i].subscribe(&names[t]).unwrap();
+                } else {
+                    w.clients[i].advertise(&names[t]).unwrap();
+                }
+            }
+            if rng.u8(..3) == 0 {
+                w.run_for(Duration::from_millis(rng.u64(0..5)));
+            }
+        }
+    }
+    w.run_for(Duration::from_secs(2));
+    w.gms.planner().check_invariants().unwrap();
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
+    for i in 0..5 {
+        let publishes = if i < 3 { &[][..] } else { &all[..] };
+        let m = w.clients[i].membership();
+        assert_eq!(&m, &w.expected(i, publishes), "client {i}");
+        // Each subscriber is in a region carrying each of its topics; each publisher knows
+        // the regions of all 30.
+        let me = w.node(i);
+        for (t, name) in names.iter().enumerate() {
+            let id = w.gms.topic_id(name).unwrap();
+            let carried = m
+                .regions
+                .values()
+                .any(|v| v.topics.contains(&id) && v.partition_of(me).is_some());
+            if i < 3 {
+                assert_eq!(carried, takes(i as u64, t as u64), "client {i} topic {t}");
+            } else {
+                assert!(m.topic_regions.get(&id).is_some_and(|r| !r.is_empty()));
+            }
+        }
+    }
+}
