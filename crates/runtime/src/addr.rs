@@ -121,6 +121,15 @@ impl Routes {
         (addrs, join)
     }
 
+    /// Routes to regions only, each to the given addresses (tests of the send path).
+    #[cfg(test)]
+    pub(crate) fn to_regions(regions: BTreeMap<RegionId, Vec<SocketAddr>>) -> Routes {
+        Routes {
+            regions,
+            ..Routes::default()
+        }
+    }
+
     /// Routes to single nodes only (tests of the send path).
     #[cfg(test)]
     pub(crate) fn to_nodes(nodes: BTreeMap<NodeId, SocketAddr>) -> Routes {

@@ -655,13 +655,19 @@ impl TxBatch {
             } else {
                 1
             };
+            let addresses = routes.resolve(first.destination);
             let mut run = 1;
             let mut run_bytes = first.len;
             while run < segments_max {
                 let Some(next) = self.items.get(self.next_item + run) else {
                     break;
                 };
-                if next.destination != first.destination
+                // Datagrams of different regions whose members are the same nodes (or that
+                // share a multicast group) go to the same addresses: one run. A node sending
+                // on many topics of one subscriber, a region each, made a `sendmsg` per
+                // datagram without this.
+                if (next.destination != first.destination
+                    && routes.resolve(next.destination) != addresses)
                     || next.len > first.len
                     || next.control != first.control
                 {
@@ -675,7 +681,6 @@ impl TxBatch {
                 }
             }
             let contents = &self.buf[first.offset..first.offset + run_bytes];
-            let addresses = routes.resolve(first.destination);
             if addresses.is_empty() {
                 counts.unroutable += run as u64;
             }
@@ -924,6 +929,67 @@ mod tx_tests {
         assert_eq!(tos_now(&socket), 0);
         send(&mut socket, vec![(Priority::Control, dcq)], 0);
         assert_eq!(tos_now(&socket), 0);
+    }
+}
+
+#[cfg(test)]
+mod tx_run_tests {
+    use super::*;
+    use tidings_proto::{Destination, Priority, RegionId, Transmit};
+
+    /// Datagrams of regions with the same members leave in one GSO run: a node sending on
+    /// many topics of one subscriber, a region each, made a `sendmsg` per datagram before.
+    #[test]
+    fn regions_with_the_same_addresses_share_a_run() {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for r in [&a, &b] {
+            r.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+        }
+        let (to_a, to_b) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let routes = Routes::to_regions(
+            [
+                (RegionId(1), vec![to_a]),
+                (RegionId(2), vec![to_a]),
+                (RegionId(3), vec![to_b]),
+                (RegionId(4), vec![to_a]),
+            ]
+            .into(),
+        );
+        let mut socket = unicast_socket(
+            std::net::UdpSocket::bind("127.0.0.1:0").unwrap(),
+            &RuntimeConfig::default(),
+        )
+        .unwrap();
+        let mut batch = TxBatch::new(8, 100, 8);
+        let mut regions = [1u32, 2, 3, 4].into_iter();
+        batch.fill(|buf| {
+            let r = regions.next()?;
+            buf[..100].fill(r as u8);
+            Some(Transmit {
+                destination: Destination::Region(RegionId(r)),
+                len: 100,
+                priority: Priority::Data,
+            })
+        });
+        let mut counts = TxCounts::default();
+        assert_eq!(
+            batch.flush(&mut socket, &routes, (true, 0), &mut counts),
+            Flush::Done
+        );
+        // Regions 1 and 2 in one run (one call where the kernel has GSO), 3, then 4: region 4
+        // goes to A again but after B's datagram, and runs keep the protocol's order.
+        let gso = socket.state.max_gso_segments() > 1;
+        assert_eq!(counts.send_calls, if gso { 3 } else { 4 });
+        assert_eq!(counts.datagrams, 4);
+        let mut buf = [0u8; 200];
+        for first in [1u8, 2, 4] {
+            let n = a.recv(&mut buf).unwrap();
+            assert_eq!((n, buf[0]), (100, first));
+        }
+        let n = b.recv(&mut buf).unwrap();
+        assert_eq!((n, buf[0]), (100, 3));
     }
 }
 
