@@ -238,6 +238,11 @@ struct ScenarioArgs {
     /// Random membership events (crash, leave, join, resubscribe) during publishing.
     #[arg(long, default_value_t = 0)]
     churn: u32,
+    /// Adoptions during publishing: one of the first three receivers subscribes to one of three
+    /// extra topics that every sender publishes on and no profile takes, so topics join the
+    /// regions of exactly their subscribers (views that only add topics, ADR 30).
+    #[arg(long, default_value_t = 0)]
+    adopt: u32,
     /// Crash the largest region's leader and one of its partition leaders during publishing.
     #[arg(long)]
     crash_leaders: bool,
@@ -280,6 +285,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         control_priority: a.control_priority,
         proto,
         churn: a.churn,
+        adopt: a.adopt,
         churn_events: Vec::new(),
         crash_leaders: a.crash_leaders,
         detection: Duration::from_millis(a.detection_ms),

@@ -462,6 +462,7 @@ fn encode_item(item: &Item, out: &mut Vec<u8>) {
             out.push(I_REGION);
             put_u32(out, v.view.region.0);
             put_u32(out, v.view.view.0);
+            put_u32(out, v.view.base.0);
             put_len(out, v.view.topics.len());
             for t in &v.view.topics {
                 put_u32(out, t.0);
@@ -541,6 +542,10 @@ fn decode_item(r: &mut Reader<'_>) -> Result<Item, DecodeError> {
         I_REGION => {
             let region = RegionId(r.u32()?);
             let view = ViewId(r.u32()?);
+            let base = ViewId(r.u32()?);
+            if base > view {
+                return Err(DecodeError::Invalid);
+            }
             let topics = r.ids(LIST_MAX)?.into_iter().map(TopicId).collect();
             // Each partition takes at least its 4-byte length.
             let parts = r.len(REGION_MEMBERS_MAX, 4)?;
@@ -572,6 +577,7 @@ fn decode_item(r: &mut Reader<'_>) -> Result<Item, DecodeError> {
                 view: RegionView {
                     region,
                     view,
+                    base,
                     topics,
                     partitions,
                 },
@@ -647,6 +653,7 @@ mod tests {
                     view: RegionView {
                         region: RegionId(2),
                         view: ViewId(5),
+                        base: ViewId(3),
                         topics: vec![TopicId(1), TopicId(4)],
                         partitions: vec![vec![NodeId(1), NodeId(2)], vec![NodeId(3)]],
                     },
@@ -700,6 +707,7 @@ mod tests {
         b.extend_from_slice(&1u64.to_le_bytes());
         b.extend_from_slice(&1u32.to_le_bytes());
         b.push(I_REGION);
+        b.extend_from_slice(&1u32.to_le_bytes());
         b.extend_from_slice(&1u32.to_le_bytes());
         b.extend_from_slice(&1u32.to_le_bytes());
         b.extend_from_slice(&u32::MAX.to_le_bytes());

@@ -159,6 +159,8 @@ pub struct GmsStats {
     pub updates_retransmitted: u64,
     /// Region views issued (new view epochs).
     pub views_issued: u64,
+    /// Of those, views that only added topics to their region: its streams go on (ADR 30).
+    pub views_continued: u64,
     /// Regions in the plan now (a gauge): topics of the same subscribers share them, up to
     /// `PlannerConfig::subset_topics_max` topics each.
     pub regions_current: u64,
@@ -248,6 +250,8 @@ pub struct Gms {
     topic_ids: BTreeMap<String, TopicId>,
     next_topic: u32,
     views: BTreeMap<RegionId, ViewId>,
+    /// Each region's view base: the epoch its streams began at (ADR 30).
+    bases: BTreeMap<RegionId, ViewId>,
     addresses: BTreeMap<RegionId, RegionAddress>,
     /// The multicast pool's groups handed out so far and how many regions each carries.
     groups: GroupLoads,
@@ -285,6 +289,7 @@ impl Gms {
             topic_ids: BTreeMap::new(),
             next_topic: 1,
             views: BTreeMap::new(),
+            bases: BTreeMap::new(),
             addresses: BTreeMap::new(),
             groups: GroupLoads::default(),
             publishers: BTreeMap::new(),
@@ -331,6 +336,12 @@ impl Gms {
     #[must_use]
     pub fn view_of(&self, region: RegionId) -> Option<ViewId> {
         self.views.get(&region).copied()
+    }
+
+    /// The base of a region's current view: the epoch its streams began at (ADR 30).
+    #[must_use]
+    pub fn base_of(&self, region: RegionId) -> Option<ViewId> {
+        self.bases.get(&region).copied()
     }
 
     /// The address of a region.
@@ -865,6 +876,7 @@ impl Gms {
     fn propagate(&mut self, ch: Changes, also: BTreeMap<NodeId, SyncScope>) {
         for &r in &ch.regions_created {
             self.views.insert(r, ViewId(1));
+            self.bases.insert(r, ViewId(1));
             self.stats.views_issued += 1;
             let address = match self.config.multicast_pool {
                 Some(pool) => {
@@ -885,10 +897,16 @@ impl Gms {
             if let Some(v) = self.views.get_mut(&r) {
                 v.0 = v.0.saturating_add(1);
                 self.stats.views_issued += 1;
+                if ch.regions_restarted.contains(&r) {
+                    self.bases.insert(r, *v);
+                } else {
+                    self.stats.views_continued += 1;
+                }
             }
         }
         for &r in &ch.regions_removed {
             self.views.remove(&r);
+            self.bases.remove(&r);
             if let (Some(RegionAddress::Multicast { group, .. }), Some(pool)) =
                 (self.addresses.remove(&r), self.config.multicast_pool)
             {
@@ -1066,10 +1084,11 @@ impl Gms {
             if e.known_regions.get(&r) == Some(&view) {
                 continue;
             }
-            let Some(v) = self
-                .planner
-                .region_view(r, view, self.config.partition_size)
-            else {
+            let Some(v) = self.planner.region_view(
+                r,
+                (view, self.bases.get(&r).copied().unwrap_or(view)),
+                self.config.partition_size,
+            ) else {
                 continue;
             };
             let address = self

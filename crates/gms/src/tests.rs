@@ -177,7 +177,7 @@ impl World {
             self.node(i),
             &topics,
             self.gms.config().partition_size,
-            |r| self.gms.view_of(r).unwrap(),
+            |r| (self.gms.view_of(r).unwrap(), self.gms.base_of(r).unwrap()),
         )
     }
 }
@@ -706,7 +706,11 @@ fn suspicions_are_accepted_along_the_token_rings_of_the_partitioned_view() {
         .topic_regions(w.gms.topic_id("t").unwrap())
         .next()
         .unwrap();
-    let view = w.gms.planner().region_view(r, ViewId(1), 6).unwrap();
+    let view = w
+        .gms
+        .planner()
+        .region_view(r, (ViewId(1), ViewId(1)), 6)
+        .unwrap();
     assert_eq!(view.partitions.len(), 2);
     let (p0, p1) = (&view.partitions[0], &view.partitions[1]);
     let ids: Vec<NodeId> = (0..14).map(|i| w.node(i)).collect();
@@ -774,6 +778,7 @@ fn without_epochs(m: &Membership) -> Membership {
     let mut m = m.clone();
     for v in m.regions.values_mut() {
         v.view = ViewId(1);
+        v.base = ViewId(1);
     }
     m
 }
@@ -1094,4 +1099,67 @@ fn overlapping_subscriptions(seed: u64) {
             }
         }
     }
+}
+
+/// A region that only gains a topic keeps its view base, so its streams go on (ADR 30); a
+/// member leaving or joining it starts a new base.
+#[test]
+fn a_region_that_only_gains_topics_keeps_its_base() {
+    let mut w = World::new(3);
+    for i in 0..2 {
+        w.clients[i].subscribe("a").unwrap();
+    }
+    w.run_for(Duration::from_millis(100));
+    let region_of = |w: &World, name: &str| {
+        let t = w.gms.topic_id(name).unwrap();
+        let regions: Vec<tidings_proto::RegionId> = w.gms.planner().topic_regions(t).collect();
+        assert_eq!(regions.len(), 1, "{name}");
+        regions[0]
+    };
+    let shared = region_of(&w, "a");
+    let (view, base) = (
+        w.gms.view_of(shared).unwrap(),
+        w.gms.base_of(shared).unwrap(),
+    );
+    assert_eq!(view, base);
+    // "b" of client 0 alone, then of both: it joins the region of exactly its subscribers.
+    w.clients[0].subscribe("b").unwrap();
+    w.run_for(Duration::from_millis(100));
+    let continued_before = w.gms.stats().views_continued;
+    w.clients[1].subscribe("b").unwrap();
+    w.run_for(Duration::from_millis(100));
+    assert_eq!(region_of(&w, "b"), shared);
+    assert!(w.gms.view_of(shared).unwrap() > view);
+    assert_eq!(
+        w.gms.base_of(shared).unwrap(),
+        base,
+        "gaining a topic keeps the base"
+    );
+    assert_eq!(w.gms.stats().views_continued, continued_before + 1);
+    for i in 0..2 {
+        let v = &w.clients[i].membership().regions[&shared];
+        assert_eq!((v.base, v.topics.len()), (base, 2), "client {i}");
+    }
+    // Client 1 drops "b": it moves to a region of "a" alone, and the shared one restarts.
+    w.clients[1].unsubscribe("b").unwrap();
+    w.run_for(Duration::from_millis(100));
+    let now = w.gms.view_of(shared).unwrap();
+    assert_eq!(w.gms.planner().region(shared).unwrap().members.len(), 1);
+    assert_eq!(
+        w.gms.base_of(shared).unwrap(),
+        now,
+        "a member leaving restarts"
+    );
+    // Client 2 takes both: it joins the region, which restarts again.
+    w.clients[2].subscribe("a").unwrap();
+    w.clients[2].subscribe("b").unwrap();
+    w.run_for(Duration::from_millis(100));
+    assert_eq!(w.gms.planner().region(shared).unwrap().members.len(), 2);
+    let later = w.gms.view_of(shared).unwrap();
+    assert!(later > now);
+    assert_eq!(
+        w.gms.base_of(shared).unwrap(),
+        later,
+        "a member joining restarts"
+    );
 }

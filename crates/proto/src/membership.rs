@@ -12,6 +12,12 @@ pub struct RegionView {
     pub region: RegionId,
     /// The view epoch.
     pub view: ViewId,
+    /// The epoch at which the region's streams and rings began (at most `view`). Views of one
+    /// region with the same base continue them: between them only topics were added, the
+    /// members and partitions are the same. A node installing such a view keeps its streams,
+    /// their sequence numbers and unstable messages, and its rings (ADR 30); packets of any
+    /// view from the base on belong to them. Any other change starts a new base.
+    pub base: ViewId,
     /// The topics every member subscribes to.
     pub topics: Vec<TopicId>,
     /// The partitions in ring order of the partition leaders; each lists its members in ring order,
@@ -122,6 +128,7 @@ impl Membership {
                 RegionView {
                     region,
                     view: ViewId(1),
+                    base: ViewId(1),
                     topics,
                     partitions,
                 },

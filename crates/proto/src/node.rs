@@ -12,7 +12,7 @@ use tidings_wire::{
 
 use crate::config::{Config, ConfigError, WindowAlgorithm};
 use crate::event::{Delivery, Event};
-use crate::membership::{Membership, MembershipChange};
+use crate::membership::{Membership, MembershipChange, RegionView};
 use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
 use crate::recv::{Arrival, InMsg};
 use crate::region::{OwnedRecord, OwnedToken, RegionState};
@@ -282,8 +282,9 @@ fn nack_window_min(shares: &BTreeMap<RegionId, GaugeShare>) -> u64 {
 /// Where a datagram's view stands relative to what this node knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ViewStatus {
-    /// A view this node is in (or sends to): process it.
-    Current,
+    /// A view this node is in (or sends to), or an earlier view of the same base: process it
+    /// as of this view.
+    Current(tidings_wire::ViewId),
     /// A later view, or a region not known yet: keep it until the membership catches up.
     Future,
     /// An ended view: drop it.
@@ -467,15 +468,15 @@ impl Node {
         // node subscribes, else the last region's stream.
         let mut payload = Some(payload);
         for (i, &region) in regions.iter().enumerate() {
-            let view = self
+            let (view, base) = self
                 .membership
                 .regions
                 .get(&region)
-                .map_or_else(Default::default, |v| v.view);
+                .map_or_else(Default::default, |v| (v.view, v.base));
             let stream = self
                 .outbound
                 .entry(region)
-                .or_insert_with(|| OutboundStream::new(view, now));
+                .or_insert_with(|| OutboundStream::new(view, base, now));
             let payload = if i + 1 == regions.len() && !delivered_here {
                 payload.take()
             } else {
@@ -558,14 +559,15 @@ impl Node {
                 return;
             }
         };
-        let h = packet.header;
+        let mut h = packet.header;
         if h.sender == self.me {
             // Our own multicast looped back.
             self.out.stats.foreign_dropped += 1;
             return;
         }
         match self.view_status(&h, &packet.body, unknown_region) {
-            ViewStatus::Current => {}
+            // A packet of an earlier view of the same base is taken as of the current one.
+            ViewStatus::Current(view) => h.view = view,
             ViewStatus::Future => {
                 if self.future.len() >= self.config.future_datagrams_max {
                     self.future.pop_front();
@@ -705,11 +707,14 @@ impl Node {
     /// Where the datagram's view stands: packets of a region this node is in are compared with
     /// that region's view, ACKs and NAKs with the view of the stream they acknowledge.
     fn view_status(&self, h: &Header, body: &Body<'_>, unknown_region: ViewStatus) -> ViewStatus {
-        let compare = |known: tidings_wire::ViewId| match h.view.cmp(&known) {
-            std::cmp::Ordering::Equal => ViewStatus::Current,
-            std::cmp::Ordering::Greater => ViewStatus::Future,
-            std::cmp::Ordering::Less => ViewStatus::Stale,
-        };
+        // A view from the base on is the current one's past: its streams go on (ADR 30).
+        let compare =
+            |known: tidings_wire::ViewId, base: tidings_wire::ViewId| match h.view.cmp(&known) {
+                std::cmp::Ordering::Equal => ViewStatus::Current(known),
+                std::cmp::Ordering::Greater => ViewStatus::Future,
+                std::cmp::Ordering::Less if h.view >= base => ViewStatus::Current(known),
+                std::cmp::Ordering::Less => ViewStatus::Stale,
+            };
         let to_sender = match body {
             Body::Ack { .. } | Body::Nak { .. } => true,
             Body::Pull { origin, .. } | Body::Uca { origin, .. } => *origin == self.me,
@@ -717,7 +722,7 @@ impl Node {
         };
         if to_sender {
             return match self.outbound.get(&h.region) {
-                Some(s) => compare(s.view),
+                Some(s) => compare(s.view, s.base),
                 None => match self.membership.regions.get(&h.region) {
                     Some(v) if h.view > v.view => ViewStatus::Future,
                     _ => ViewStatus::Foreign,
@@ -725,7 +730,7 @@ impl Node {
             };
         }
         match self.regions.get(&h.region) {
-            Some(r) => compare(r.view),
+            Some(r) => compare(r.view, r.base),
             // A region this node is not in: a later view may add it (buffer), an older or current
             // one does not concern it.
             None => match self.membership.regions.get(&h.region) {
@@ -768,8 +773,12 @@ impl Node {
                 .keys()
                 .filter(|r| !membership.regions.contains_key(r)),
         );
-        self.membership = membership;
-        self.install_views(now, views_changed);
+        let mut old = std::mem::replace(&mut self.membership, membership);
+        let old_views = views_changed
+            .iter()
+            .filter_map(|r| old.regions.remove(r).map(|v| (*r, v)))
+            .collect();
+        self.install_views(now, views_changed, old_views);
     }
 
     /// Applies a change of the membership in place: each region's view as it is now (`None`:
@@ -780,6 +789,7 @@ impl Node {
     /// its host copy them) for a batch of subscriptions that touched a few hundred.
     pub fn update_membership(&mut self, now: Time, change: MembershipChange) {
         let mut views_changed = Vec::new();
+        let mut old_views = BTreeMap::new();
         for (region, view) in change.regions {
             match view {
                 Some(view) => {
@@ -791,11 +801,16 @@ impl Node {
                     if differs {
                         views_changed.push(region);
                     }
-                    self.membership.regions.insert(region, view);
+                    if let Some(old) = self.membership.regions.insert(region, view) {
+                        if differs {
+                            old_views.insert(region, old);
+                        }
+                    }
                 }
                 None => {
-                    if self.membership.regions.remove(&region).is_some() {
+                    if let Some(old) = self.membership.regions.remove(&region) {
                         views_changed.push(region);
+                        old_views.insert(region, old);
                     }
                 }
             }
@@ -808,14 +823,20 @@ impl Node {
         }
         views_changed.sort_unstable();
         views_changed.dedup();
-        self.install_views(now, views_changed);
+        self.install_views(now, views_changed, old_views);
     }
 
     /// The work of an install, once `self.membership` is the new one: the states of the
-    /// regions in `views_changed` (added, dropped, or at a new epoch) are replaced, the
-    /// streams whose view ended re-home their messages, and what the regions touched feed
-    /// (timers, gauges) is looked at again.
-    fn install_views(&mut self, now: Time, views_changed: Vec<RegionId>) {
+    /// regions in `views_changed` (added, dropped, or at a new epoch) are replaced, or go on
+    /// into a new view of the same base (ADR 30); the streams whose view ended re-home their
+    /// messages; and what the regions touched feed (timers, gauges) is looked at again.
+    /// `old_views`: each changed region's view in the membership before.
+    fn install_views(
+        &mut self,
+        now: Time,
+        views_changed: Vec<RegionId>,
+        old_views: BTreeMap<RegionId, RegionView>,
+    ) {
         self.input_at = now;
         self.out.stats.view_changes += 1;
         // Receiving side. With no inbound stream anywhere (`receiving`: a node subscribing to
@@ -849,34 +870,80 @@ impl Node {
         // membership per batch of subscriptions, and kept regions do not change).
         let mut touched: Vec<RegionId> = views_changed;
         for &region in &touched {
-            self.regions.remove(&region);
-            if let Some(view) = self.membership.regions.get(&region) {
-                if let Some(mut state) = RegionState::new(view, self.me, &self.config, now) {
-                    state.set_msg_id_floors(floors.clone());
+            let old = self.regions.remove(&region);
+            let Some(view) = self.membership.regions.get(&region) else {
+                continue;
+            };
+            match old {
+                // Only topics were added: the streams, rings and caches go on (ADR 30).
+                Some(mut state) if state.continues_into(view) => {
+                    state.continue_into(view, floors);
                     self.regions.insert(region, state);
+                    self.out.stats.views_continued += 1;
+                }
+                _ => {
+                    if let Some(mut state) = RegionState::new(view, self.me, &self.config, now) {
+                        state.set_msg_id_floors(floors.clone());
+                        self.regions.insert(region, state);
+                    }
                 }
             }
         }
         let membership = &self.membership;
+        let pause_until = now + self.config.view_change_pause;
         // Sending side: streams whose view ended give up their messages, which go to the
-        // regions their topics span now.
-        let changed: Vec<RegionId> = self
-            .outbound
-            .iter()
-            .filter(|(r, s)| membership.regions.get(r).is_none_or(|v| v.view != s.view))
-            .map(|(&r, _)| r)
+        // regions their topics span now; streams whose region's new view has their base go on
+        // in it (paused like new streams, so that receivers install the view first).
+        let mut ended: Vec<RegionId> = Vec::new();
+        let mut continued: Vec<RegionId> = Vec::new();
+        for (&region, stream) in &mut self.outbound {
+            // The same base and the same partitions as the view the stream ran in (a base
+            // implies its partitions; a view that broke this restarts, as every member does).
+            let same_partitions = |v: &RegionView| {
+                old_views
+                    .get(&region)
+                    .is_some_and(|old| old.partitions == v.partitions)
+            };
+            match membership.regions.get(&region) {
+                Some(v) if v.view == stream.view => {}
+                Some(v) if v.base == stream.base && v.view > stream.view && same_partitions(v) => {
+                    stream.view = v.view;
+                    stream.paused_until = pause_until;
+                    continued.push(region);
+                }
+                _ => ended.push(region),
+            }
+        }
+        // The topics each continued stream had: a message re-homed into it is new to it only
+        // if its topic is not among them (sorted for the look-ups below).
+        let old_topics: BTreeMap<RegionId, Vec<TopicId>> = old_views
+            .into_iter()
+            .filter(|(r, _)| continued.contains(r))
+            .map(|(r, v)| {
+                let mut topics = v.topics;
+                topics.sort_unstable();
+                (r, topics)
+            })
             .collect();
+        let gained = |region: RegionId, topic: TopicId| {
+            old_topics
+                .get(&region)
+                .is_some_and(|t| t.binary_search(&topic).is_err())
+        };
         // By message id, the first copy of each (a list sorted once: there may be thousands).
         let mut orphans: Vec<OutMsg> = Vec::new();
-        touched.extend_from_slice(&changed);
-        for region in &changed {
+        touched.extend_from_slice(&ended);
+        touched.extend_from_slice(&continued);
+        for region in &ended {
             if let Some(mut stream) = self.outbound.remove(region) {
                 orphans.extend(stream.drain_all());
             }
         }
         orphans.sort_by_key(|m| m.msg_id);
         orphans.dedup_by_key(|m| m.msg_id);
-        let pause_until = now + self.config.view_change_pause;
+        // Re-homed messages for continued streams, appended after the loop below (which looks
+        // up what those streams hold and needs them unchanged meanwhile).
+        let mut rehomed_into_continued: Vec<(RegionId, OutMsg)> = Vec::new();
         // Streams created here, for regions new to this node: they take every re-homed message of
         // their topics, like the streams of changed regions.
         let mut created: Vec<RegionId> = Vec::new();
@@ -894,7 +961,14 @@ impl Node {
             let mut pending = 0u16;
             for &region in regions {
                 if let Some(stream) = self.outbound.get(&region) {
-                    let new = changed.contains(&region) || created.contains(&region);
+                    if continued.contains(&region) && gained(region, m.topic) {
+                        // A topic this stream did not carry: the message is new to it.
+                        rehomed_into_continued.push((region, m.clone()));
+                        self.out.stats.messages_rehomed += 1;
+                        pending += 1;
+                        continue;
+                    }
+                    let new = ended.contains(&region) || created.contains(&region);
                     if !new {
                         let at = match cursors.iter().position(|(r, _)| *r == region) {
                             Some(at) => at,
@@ -911,14 +985,15 @@ impl Node {
                         continue;
                     }
                 }
-                let Some(view) = membership.regions.get(&region).map(|v| v.view) else {
+                let Some((view, base)) = membership.regions.get(&region).map(|v| (v.view, v.base))
+                else {
                     continue;
                 };
                 if !self.outbound.contains_key(&region) {
                     created.push(region);
                 }
                 let stream = self.outbound.entry(region).or_insert_with(|| {
-                    let mut s = OutboundStream::new(view, now);
+                    let mut s = OutboundStream::new(view, base, now);
                     s.paused_until = pause_until;
                     s
                 });
@@ -929,6 +1004,11 @@ impl Node {
             if self.stability.reset(msg_id, pending) {
                 self.out.stats.messages_stable += 1;
                 self.out.events.push_back(Event::Stable(msg_id));
+            }
+        }
+        for (region, m) in rehomed_into_continued {
+            if let Some(stream) = self.outbound.get_mut(&region) {
+                stream.push_rehomed(m);
             }
         }
         // Streams were replaced and re-homed messages added: queue every stream with unsent ones.

@@ -334,6 +334,9 @@ fn inbound_stream<'a>(
 pub(crate) struct RegionState {
     pub(crate) region: RegionId,
     pub(crate) view: ViewId,
+    /// The base of the views this state runs in: a view of the same base continues it
+    /// (`RegionView::base`, ADR 30).
+    pub(crate) base: ViewId,
     me: NodeId,
     /// Sorted topics this node subscribes to (the region's topics).
     topics: Vec<TopicId>,
@@ -408,6 +411,7 @@ impl RegionState {
         Some(RegionState {
             region: view.region,
             view: view.view,
+            base: view.base,
             me,
             topics,
             partitions: view.partitions.clone(),
@@ -425,6 +429,44 @@ impl RegionState {
             pulls_by_target: Vec::new(),
             push_scratch: Vec::new(),
         })
+    }
+
+    /// Whether `view` continues this state: the same base and the same partitions (which the
+    /// base implies; compared so that a service's error restarts the streams rather than
+    /// mixing two memberships).
+    pub(crate) fn continues_into(&self, view: &RegionView) -> bool {
+        view.base == self.base && view.view > self.view && view.partitions == self.partitions
+    }
+
+    /// Moves this state to `view`, which [continues](Self::continues_into) it: its streams,
+    /// rings and caches go on, and the topics it delivers are the view's. `floors` is the node's
+    /// record of what it delivered anywhere (gathered at this install): a topic the region gains
+    /// may come with messages re-homed from the region that carried it, and each stream's
+    /// record of that topic starts from the node's, so none is delivered twice.
+    pub(crate) fn continue_into(
+        &mut self,
+        view: &RegionView,
+        floors: &Arc<BTreeMap<(NodeId, TopicId), u64>>,
+    ) {
+        debug_assert!(self.continues_into(view));
+        let mut topics = view.topics.clone();
+        topics.sort_unstable();
+        let gained: Vec<TopicId> = topics
+            .iter()
+            .copied()
+            .filter(|t| self.topics.binary_search(t).is_err())
+            .collect();
+        for stream in self.inbound.values_mut() {
+            for &t in &gained {
+                if let Some(&f) = floors.get(&(stream.origin, t)) {
+                    let floor = stream.msg_id_floors.entry(t).or_insert(0);
+                    *floor = (*floor).max(f);
+                }
+            }
+        }
+        self.view = view.view;
+        self.topics = topics;
+        self.msg_id_floors = Arc::clone(floors);
     }
 
     /// Whether this node subscribes to `topic`.
@@ -1582,6 +1624,7 @@ mod tests {
         RegionView {
             region: RegionId(1),
             view: ViewId(1),
+            base: ViewId(1),
             topics: vec![TopicId(1)],
             partitions: RegionView::partitioned(&members, size),
         }

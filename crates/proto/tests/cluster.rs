@@ -600,6 +600,7 @@ fn one_region(members: &[u32], view: u32) -> Membership {
     let region = RegionView {
         region: RegionId(1),
         view: ViewId(view),
+        base: ViewId(view),
         topics: vec![TopicId(1)],
         partitions: RegionView::partitioned(&members, 3),
     };
@@ -936,4 +937,174 @@ fn a_group_datagram_of_an_unknown_region_is_foreign() {
     node.handle_datagram(c.now, datagram);
     let s = node.stats();
     assert_eq!((s.foreign_dropped, s.future_view_buffered), (0, 1));
+}
+
+/// Receivers 1..=6 in region 1 (topic 1) and region 2 (topic 2), node 0 publishing on both.
+/// `continued`: views 2 and 3 move topic 2 into region 1 and add topic 3, with region 1's
+/// base kept (ADR 30); otherwise each starts a new base. Receivers 4..=6 install each view 3 ms
+/// after the others, and receiver 6 never sees view 2 (it goes from 1 to 3). Returns the
+/// cluster after every message is stable.
+fn topics_join_a_region(continued: bool) -> Cluster {
+    let mut c = Cluster::new(
+        7,
+        |i| {
+            if i == 0 {
+                vec![]
+            } else {
+                vec![TopicId(1), TopicId(2)]
+            }
+        },
+        3,
+        0.02,
+        9,
+    );
+    let members: Vec<NodeId> = (1..=6).map(NodeId).collect();
+    let view = |region: u32, view: u32, base: u32, topics: &[u32]| RegionView {
+        region: RegionId(region),
+        view: ViewId(view),
+        base: ViewId(base),
+        topics: topics.iter().map(|&t| TopicId(t)).collect(),
+        partitions: RegionView::partitioned(&members, 3),
+    };
+    let mut first = Membership::default();
+    first.regions.insert(RegionId(1), view(1, 1, 1, &[1]));
+    first.regions.insert(RegionId(2), view(2, 1, 1, &[2]));
+    first.topic_regions.insert(TopicId(1), vec![RegionId(1)]);
+    first.topic_regions.insert(TopicId(2), vec![RegionId(2)]);
+    let mut second = Membership::default();
+    second.regions.insert(
+        RegionId(1),
+        view(1, 2, if continued { 1 } else { 2 }, &[1, 2]),
+    );
+    second.topic_regions.insert(TopicId(1), vec![RegionId(1)]);
+    second.topic_regions.insert(TopicId(2), vec![RegionId(1)]);
+    let mut third = second.clone();
+    third.regions.insert(
+        RegionId(1),
+        view(1, 3, if continued { 1 } else { 3 }, &[1, 2, 3]),
+    );
+    third.topic_regions.insert(TopicId(3), vec![RegionId(1)]);
+    for i in 0..7 {
+        c.nodes[i] = Node::new(
+            Config {
+                rng_seed: 9,
+                ..Config::default()
+            },
+            NodeId(i as u32),
+            first.clone(),
+            Time::ZERO,
+        )
+        .unwrap();
+    }
+    c.membership = first.clone();
+    let total = 3000u64;
+    let mut published: Vec<(TopicId, MsgId)> = Vec::new();
+    let ms = Duration::from_millis;
+    // (time, nodes, membership): the early nodes, then the late ones 3 ms later.
+    let early: Vec<usize> = vec![0, 1, 2, 3];
+    let changes = [
+        (ms(20), early.clone(), &second),
+        (ms(23), vec![4, 5], &second),
+        (ms(50), early, &third),
+        (ms(53), vec![4, 5, 6], &third),
+    ];
+    let mut next_change = 0;
+    let limit = Time::ZERO + Duration::from_secs(30);
+    while c.now < limit {
+        while (published.len() as u64) < total {
+            // Topics 1, 2 and (once it exists) 3 in turn, a trickle while views change.
+            let topics = if next_change >= 3 { 3 } else { 2 };
+            let topic = TopicId(published.len() as u32 % topics + 1);
+            if !c.nodes[0].can_publish(topic, 100) {
+                break;
+            }
+            let id = c.nodes[0]
+                .publish(c.now, topic, Bytes::from(vec![7u8; 100]))
+                .unwrap();
+            published.push((topic, id));
+            if published.len().is_multiple_of(40) {
+                break;
+            }
+        }
+        c.flush(0);
+        while let Some((at, nodes, membership)) = changes.get(next_change) {
+            if c.now < Time::ZERO + *at {
+                break;
+            }
+            // The wire routes by the newest membership (region 2's datagrams still in flight
+            // reach its old members through it: region 1 has the same ones).
+            c.membership = (*membership).clone();
+            c.membership
+                .regions
+                .insert(RegionId(2), view(2, 1, 1, &[2]));
+            for &i in nodes {
+                c.nodes[i].set_membership(c.now, (*membership).clone());
+                c.flush(i);
+            }
+            next_change += 1;
+        }
+        if published.len() as u64 == total && c.stable[0].len() as u64 == total {
+            break;
+        }
+        if !c.step(c.now + ms(1)) {
+            c.now += ms(1);
+        }
+    }
+    assert_eq!(next_change, changes.len());
+    assert_eq!(c.stable[0].len() as u64, total, "every message stable");
+    for r in 1..=6 {
+        for topic in [TopicId(1), TopicId(2), TopicId(3)] {
+            let want: Vec<MsgId> = published
+                .iter()
+                .filter(|(t, _)| *t == topic)
+                .map(|&(_, id)| id)
+                .collect();
+            let got: Vec<MsgId> = c.delivered[r]
+                .iter()
+                .filter(|d| d.2 == topic)
+                .map(|d| d.1)
+                .collect();
+            if got != want {
+                let at = got.iter().zip(&want).position(|(g, w)| g != w);
+                panic!(
+                    "continued {continued}, receiver {r}, {topic:?}: {} delivered of {}, first \
+                     difference at {at:?}: got {:?}, want {:?}, after all: {:?}",
+                    got.len(),
+                    want.len(),
+                    at.and_then(|i| got.get(i.saturating_sub(2)..(i + 3).min(got.len()))),
+                    at.and_then(|i| want.get(i.saturating_sub(2)..(i + 3).min(want.len()))),
+                    &got[want.len().min(got.len())..(want.len() + 5).min(got.len())],
+                );
+            }
+        }
+    }
+    c
+}
+
+/// A view that only adds topics to a region keeps its streams (ADR 30): nothing already in
+/// the region is sent again, whereas a new base re-sends every unstable message; both deliver
+/// every message once, in order, through late installs and a skipped view.
+#[test]
+fn views_that_add_topics_continue_the_streams() {
+    let restarted = topics_join_a_region(false);
+    let continued = topics_join_a_region(true);
+    for r in 1..=6 {
+        assert_eq!(
+            continued.nodes[r].stats().views_continued,
+            if r == 6 { 1 } else { 2 },
+            "receiver {r}"
+        );
+        assert_eq!(restarted.nodes[r].stats().views_continued, 0);
+    }
+    let (kept, resent) = (
+        continued.nodes[0].stats().messages_rehomed,
+        restarted.nodes[0].stats().messages_rehomed,
+    );
+    // Topic 2's unstable messages move from region 2 into region 1 either way; continuing,
+    // region 1's own are not sent again.
+    assert!(kept > 0, "nothing moved into the continued stream");
+    assert!(
+        kept < resent,
+        "re-homed {kept} continuing, {resent} restarting"
+    );
 }

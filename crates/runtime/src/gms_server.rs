@@ -23,8 +23,9 @@ use tidings_proto::{NodeId, Time, TopicId};
 use crate::clock;
 
 /// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
-/// header, so the node's socket can carry both.
-pub const GMS_MAGIC: [u8; 4] = *b"TGM\x01";
+/// header, so the node's socket can carry both. The last byte is the codec's version: 2 since
+/// region views carry their base (ADR 30); a node of another version is not understood.
+pub const GMS_MAGIC: [u8; 4] = *b"TGM\x02";
 
 /// Longest sleep of the server thread, so that shutdown and snapshot requests are served.
 const SERVER_TICK: Duration = Duration::from_millis(20);

@@ -387,7 +387,9 @@ fn membership_change(multicast: bool) {
     publish(0..2000);
     let mut after = membership(&[(0, &[]), (1, &[1]), (2, &[1]), (3, &[1])]);
     for view in after.regions.values_mut() {
+        // A new member: a new view and a new base (ADR 30).
         view.view = ViewId(2);
+        view.base = ViewId(2);
     }
     // The region keeps its id (and so its group); the book is unchanged.
     assert_eq!(

@@ -95,6 +95,7 @@ impl MembershipOracle {
                 RegionView {
                     region,
                     view,
+                    base: view,
                     topics,
                     partitions,
                 },
@@ -115,6 +116,8 @@ pub enum ChurnKind {
     Join,
     /// The node changes its subscriptions (to another profile's topics).
     Resubscribe,
+    /// The node subscribes to one more topic, one that no profile takes (`Scenario::adopt`).
+    Adopt(TopicId),
 }
 
 /// One membership event of a run.
@@ -135,13 +138,18 @@ impl fmt::Display for ChurnEvent {
             ChurnKind::Leave => "leave",
             ChurnKind::Join => "join",
             ChurnKind::Resubscribe => "resubscribe",
+            ChurnKind::Adopt(_) => "adopt",
         };
         write!(
             f,
             "{:.3} s {kind} {}",
             self.at.as_nanos() as f64 / 1e9,
             self.node
-        )
+        )?;
+        if let ChurnKind::Adopt(t) = self.kind {
+            write!(f, " topic {}", t.0)?;
+        }
+        Ok(())
     }
 }
 

@@ -440,7 +440,7 @@ pub fn global_membership(gms: &Gms) -> Membership {
     let planner = gms.planner();
     let mut m = Membership::default();
     for (r, _) in planner.regions() {
-        let view = gms.view_of(r);
+        let view = gms.view_of(r).zip(gms.base_of(r));
         if let Some(v) = view.and_then(|v| planner.region_view(r, v, gms.config().partition_size)) {
             m.regions.insert(r, translate_view(v));
         }

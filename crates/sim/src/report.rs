@@ -28,6 +28,10 @@ pub struct Percentiles {
 pub struct Recovery {
     /// Pull requests to caching members or ring neighbours.
     pub pulls_sent: u64,
+    /// Messages senders sent again into the regions of their topics after a view change.
+    pub messages_rehomed: u64,
+    /// Region states that went on into a view that only added topics (ADR 30), all nodes.
+    pub views_continued: u64,
     /// Pull requests to senders (after caching members did not answer).
     pub pulls_to_sender: u64,
     /// Sequence numbers requested in pulls.

@@ -71,6 +71,12 @@ pub struct Scenario {
     /// everything (the node stays a member, so its id stays), a join or resubscribe asks for
     /// another profile's topics, and a crash stops the node until the GMS notices.
     pub churn: u32,
+    /// Adoptions spread over the middle of the publishing phase: one of the first three
+    /// receivers subscribes to one of [`FRESH_TOPICS`] extra topics that no profile takes and
+    /// every sender publishes on. A topic whose first subscriber already holds such a topic
+    /// joins that node's region, which only adds a topic to it (its streams go on, ADR 30); a
+    /// second subscriber moves the topic on. Default 0 (and no extra topics).
+    pub adopt: u32,
     /// Membership events at given times, besides the random ones.
     pub churn_events: Vec<ChurnEvent>,
     /// Crash the largest region's leader and one of its partition leaders during publishing.
@@ -95,6 +101,9 @@ pub struct Scenario {
     /// Gryphon Figs. 12-15). Default false.
     pub regions_apart: bool,
 }
+
+/// Topics no profile takes, for [`Scenario::adopt`].
+pub const FRESH_TOPICS: u32 = 3;
 
 /// A change to one node's links at a given time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -154,6 +163,7 @@ impl Default for Scenario {
             control_priority: false,
             proto: Config::default(),
             churn: 0,
+            adopt: 0,
             churn_events: Vec::new(),
             crash_leaders: false,
             detection: DETECTION_DEFAULT,
@@ -333,6 +343,16 @@ impl Scenario {
             .collect()
     }
 
+    /// Topics no profile takes, adopted during the run (`adopt`): ids after `topics`.
+    #[must_use]
+    pub fn fresh_topics(&self) -> u32 {
+        if self.adopt > 0 {
+            FRESH_TOPICS
+        } else {
+            0
+        }
+    }
+
     /// The topics a joining or resubscribing node takes: those of another receiver's initial
     /// profile (chosen by the node's id, so the run stays deterministic).
     fn profile_topics(&self, node: NodeId) -> Vec<TopicId> {
@@ -430,6 +450,25 @@ impl Scenario {
                 node,
             });
         }
+        // Adoptions, from a generator of their own (plans without them are as before): a few
+        // nodes take the fresh topics, so a node often holds one already when it takes another.
+        let mut rng = fastrand::Rng::with_seed(self.seed ^ 0x4144_4f50_5400);
+        let adopters: Vec<NodeId> = receivers
+            .iter()
+            .copied()
+            .filter(|n| !gone.contains(n))
+            .take(3)
+            .collect();
+        for k in 0..self.adopt {
+            if adopters.is_empty() {
+                break;
+            }
+            plan.push(ChurnEvent {
+                at: at(0.2 + 0.6 * (f64::from(k) + 0.5) / f64::from(self.adopt)),
+                kind: ChurnKind::Adopt(TopicId(self.topics + 1 + rng.u32(..FRESH_TOPICS))),
+                node: adopters[rng.usize(..adopters.len())],
+            });
+        }
         plan
     }
 
@@ -467,6 +506,9 @@ impl Scenario {
         }
         if self.churn > 0 {
             cmd += &format!(" --churn {}", self.churn);
+        }
+        if self.adopt > 0 {
+            cmd += &format!(" --adopt {}", self.adopt);
         }
         if self.crash_leaders {
             cmd += " --crash-leaders";
@@ -741,7 +783,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                 s.seed,
                 &subs,
                 s.senders,
-                s.topics,
+                s.topics + s.fresh_topics(),
                 s.detection,
                 s.replication,
             )
@@ -759,7 +801,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             (b.global, roles, Some(b.memberships), Some(b.log))
         }
     };
-    let all_topics: Vec<TopicId> = (1..=s.topics).map(TopicId).collect();
+    let all_topics: Vec<TopicId> = (1..=s.topics + s.fresh_topics()).map(TopicId).collect();
     let mut hosts = Vec::with_capacity(s.nodes as usize + 1);
     for i in 0..s.nodes {
         let config = Config {
@@ -921,6 +963,8 @@ pub fn run_observed(
     let mut link_events = std::collections::VecDeque::from(link_events);
     let mut installs: Vec<Install> = Vec::new();
     let mut crashed = vec![false; s.nodes as usize];
+    // Each node's subscriptions as churn changed them (an adoption adds to them).
+    let mut subscribed: Vec<Vec<TopicId>> = s.subscriptions();
     let mut churn_log = Vec::new();
     let mut view_changes = 0u64;
     let step = Duration::from_millis(100);
@@ -990,11 +1034,22 @@ pub fn run_observed(
                         });
                     }
                 }
-                ChurnKind::Leave | ChurnKind::Join | ChurnKind::Resubscribe => {
+                ChurnKind::Leave
+                | ChurnKind::Join
+                | ChurnKind::Resubscribe
+                | ChurnKind::Adopt(_) => {
                     let topics = match e.kind {
                         ChurnKind::Leave => Vec::new(),
+                        ChurnKind::Adopt(topic) => {
+                            let mut topics = subscribed[e.node.0 as usize].clone();
+                            if let Err(at) = topics.binary_search(&topic) {
+                                topics.insert(at, topic);
+                            }
+                            topics
+                        }
                         _ => s.profile_topics(e.node),
                     };
+                    subscribed[e.node.0 as usize].clone_from(&topics);
                     if gms_log.is_some() {
                         // The client asks the GMS; the GMS tells the checker when it applies it.
                         world.host_mut(e.node).gms_set_topics(t, &topics);
@@ -1132,6 +1187,8 @@ pub(crate) fn recovery_totals(world: &World<SimHost>) -> Recovery {
     for h in world.hosts() {
         let s = h.node().stats();
         r.pulls_sent += s.pulls_sent;
+        r.messages_rehomed += s.messages_rehomed;
+        r.views_continued += s.views_continued;
         r.pulls_to_sender += s.pulls_to_sender;
         r.pull_seqs_requested += s.pull_seqs_requested;
         r.repairs_received += s.repairs_received;

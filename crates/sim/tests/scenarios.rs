@@ -259,6 +259,42 @@ fn gms_region_and_partition_leader_crashes_lose_nothing() {
     );
 }
 
+/// Topics adopted one at a time by a few nodes join the regions of exactly their subscribers:
+/// views that only add topics, which the nodes continue (ADR 30), while traffic flows on the
+/// topics already there; the promise holds and the runs do continue some views.
+#[test]
+fn adopted_topics_continue_the_regions_they_join() {
+    let mut continued = 0;
+    for seed in 1..=3 {
+        let s = Scenario {
+            nodes: 30,
+            senders: 2,
+            topics: 50,
+            seconds: 1.0,
+            adopt: 30,
+            seed,
+            faults: "iid:0.01".parse().unwrap(),
+            membership: MembershipKind::Gms,
+            ..Scenario::default()
+        };
+        let r = run(&s, &mut |_| {}).unwrap();
+        assert!(
+            r.passed(),
+            "seed {seed}: {:?}\nreplay: {}",
+            r.violations,
+            r.replay
+        );
+        assert!(r.replay.contains(" --adopt 30"), "{}", r.replay);
+        assert!(
+            r.churn.iter().any(|c| c.contains(" adopt ")),
+            "{:?}",
+            r.churn
+        );
+        continued += r.recovery.views_continued;
+    }
+    assert!(continued > 0, "no view was continued");
+}
+
 #[test]
 fn gms_same_seed_same_bytes() {
     let s = Scenario {

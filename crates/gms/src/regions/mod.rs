@@ -161,6 +161,10 @@ pub struct Changes {
     pub regions_created: BTreeSet<RegionId>,
     /// Regions that existed before and after, whose members or topics changed.
     pub regions_changed: BTreeSet<RegionId>,
+    /// Those of `regions_changed` whose streams must start anew (a new view base): members
+    /// changed, or topics left. The others only gained topics, and their streams go on
+    /// (ADR 30).
+    pub regions_restarted: BTreeSet<RegionId>,
     /// Regions that existed before and no longer do.
     pub regions_removed: BTreeSet<RegionId>,
     /// Topics whose list of regions changed (including topics created or dropped).
@@ -192,8 +196,14 @@ impl Changes {
                 self.regions_changed.insert(r);
             }
         }
+        for r in later.regions_restarted {
+            if !self.regions_created.contains(&r) {
+                self.regions_restarted.insert(r);
+            }
+        }
         for r in later.regions_removed {
             self.regions_changed.remove(&r);
+            self.regions_restarted.remove(&r);
             if !self.regions_created.remove(&r) {
                 self.regions_removed.insert(r);
             }
@@ -205,14 +215,24 @@ impl Changes {
         self.regions_created.insert(r);
     }
 
+    /// Only topics were added to `r`: its streams go on.
     fn changed(&mut self, r: RegionId) {
         if !self.regions_created.contains(&r) {
             self.regions_changed.insert(r);
         }
     }
 
+    /// `r`'s members changed or topics left it: its streams start anew.
+    fn restarted(&mut self, r: RegionId) {
+        if !self.regions_created.contains(&r) {
+            self.regions_changed.insert(r);
+            self.regions_restarted.insert(r);
+        }
+    }
+
     fn removed(&mut self, r: RegionId) {
         self.regions_changed.remove(&r);
+        self.regions_restarted.remove(&r);
         // A region created and removed within one operation was never seen by anyone.
         if !self.regions_created.remove(&r) {
             self.regions_removed.insert(r);
@@ -603,13 +623,14 @@ impl Planner {
         self.nodes.keys().copied()
     }
 
-    /// The view of `region` at epoch `view`, its members (in id order, which is the ring order)
-    /// split into partitions of `partition_size` (see [`RegionView::partitioned`]).
+    /// The view of `region` at epoch `view` with base `base`, its members (in id order, which is
+    /// the ring order) split into partitions of `partition_size` (see
+    /// [`RegionView::partitioned`]).
     #[must_use]
     pub fn region_view(
         &self,
         region: RegionId,
-        view: ViewId,
+        (view, base): (ViewId, ViewId),
         partition_size: usize,
     ) -> Option<RegionView> {
         let r = self.regions.get(&region)?;
@@ -617,6 +638,7 @@ impl Planner {
         Some(RegionView {
             region,
             view,
+            base,
             topics: r.topics.clone(),
             partitions: RegionView::partitioned(&members, partition_size),
         })
@@ -644,7 +666,7 @@ impl Planner {
         node: NodeId,
         publishes: &[TopicId],
         partition_size: usize,
-        view_of: impl Fn(RegionId) -> ViewId,
+        view_of: impl Fn(RegionId) -> (ViewId, ViewId),
     ) -> Membership {
         let mut m = Membership::default();
         for r in self.relevant_regions(node, publishes) {
@@ -892,7 +914,7 @@ impl Planner {
             .and_then(|s| s.by_sig.get(sig.as_slice()).copied());
         let r = match existing {
             Some(r) => {
-                ch.changed(r);
+                ch.restarted(r);
                 r
             }
             None => self.create_region(subset, sig),
@@ -941,6 +963,9 @@ impl Planner {
             .copied()
             .filter(|t| sig.binary_search(t).is_err())
             .collect();
+        if !left.is_empty() {
+            ch.restarted(r);
+        }
         for t in left {
             if let Some(ts) = self.topics.get_mut(&t) {
                 ts.regions.remove(&r);
@@ -991,7 +1016,7 @@ impl Planner {
             }
         }
         if !empty {
-            ch.changed(r);
+            ch.restarted(r);
             return;
         }
         let Some(reg) = self.regions.remove(&r) else {

@@ -222,7 +222,7 @@ fn membership_holds_own_regions_and_published_topics() {
         p.subscribe(NodeId(n), TopicId(1));
     }
     p.subscribe(NodeId(4), TopicId(2));
-    let m = p.membership(NodeId(4), &[TopicId(1)], 2, |_| ViewId(7));
+    let m = p.membership(NodeId(4), &[TopicId(1)], 2, |_| (ViewId(7), ViewId(7)));
     // Node 4 is in topic 2's region and publishes to topic 1's.
     assert_eq!(m.regions.len(), 2);
     assert_eq!(m.topic_regions.len(), 1);
@@ -231,7 +231,7 @@ fn membership_holds_own_regions_and_published_topics() {
     assert_eq!(m.regions[&r1].view, ViewId(7));
     assert_eq!(m.regions[&r1].partitions.len(), 1);
     assert!(m.region_of(NodeId(4)).is_some());
-    let m1 = p.membership(NodeId(1), &[], 2, |_| ViewId(1));
+    let m1 = p.membership(NodeId(1), &[], 2, |_| (ViewId(1), ViewId(1)));
     assert_eq!(m1.regions.len(), 1);
     assert!(m1.topic_regions.is_empty());
 }
