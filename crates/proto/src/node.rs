@@ -893,7 +893,9 @@ impl Node {
         let pause_until = now + self.config.view_change_pause;
         // Sending side: streams whose view ended give up their messages, which go to the
         // regions their topics span now; streams whose region's new view has their base go on
-        // in it (paused like new streams, so that receivers install the view first).
+        // in it, unpaused: a receiver that has not installed the view yet keeps their packets
+        // until it does, and a pause per view cut a busy region's rate by a third at 100
+        // subscriptions a second (ADR 30).
         let mut ended: Vec<RegionId> = Vec::new();
         let mut continued: Vec<RegionId> = Vec::new();
         for (&region, stream) in &mut self.outbound {
@@ -908,7 +910,6 @@ impl Node {
                 Some(v) if v.view == stream.view => {}
                 Some(v) if v.base == stream.base && v.view > stream.view && same_partitions(v) => {
                     stream.view = v.view;
-                    stream.paused_until = pause_until;
                     continued.push(region);
                 }
                 _ => ended.push(region),
