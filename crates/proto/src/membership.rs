@@ -31,6 +31,15 @@ impl RegionView {
         self.partitions.iter().flatten().copied()
     }
 
+    /// Whether this view continues the streams and rings of a region that ran in view `view` of
+    /// base `base` with `partitions` (ADR 30): a later view of the same base. The partitions
+    /// must be the same too; the base implies them, and comparing them makes a service's error
+    /// restart the streams everywhere rather than mix two memberships.
+    #[must_use]
+    pub fn continues(&self, view: ViewId, base: ViewId, partitions: &[Vec<NodeId>]) -> bool {
+        self.base == base && self.view > view && self.partitions == partitions
+    }
+
     /// Number of members.
     #[must_use]
     pub fn member_count(&self) -> usize {

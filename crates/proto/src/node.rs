@@ -752,7 +752,10 @@ impl Node {
     /// their view changed (fresh streams and rings; message ids delivered before are remembered
     /// so resent messages are not delivered twice); what this node had published and was not yet
     /// stable in a changed region is sent again into the regions its topic spans now, after
-    /// `view_change_pause`; datagrams buffered for the new views are processed.
+    /// `view_change_pause`; datagrams buffered for the new views are processed. A view that
+    /// [continues](RegionView::continues) the one before (same base: only topics were added,
+    /// ADR 30) keeps the region's state and this node's stream into it instead; only the
+    /// messages of the topics it gained are re-homed into it.
     pub fn set_membership(&mut self, now: Time, membership: Membership) {
         // The regions whose view epoch differs: added, dropped or changed. (Content under an
         // unchanged epoch is taken as it comes, as a view's state is kept.)
@@ -899,16 +902,15 @@ impl Node {
         let mut ended: Vec<RegionId> = Vec::new();
         let mut continued: Vec<RegionId> = Vec::new();
         for (&region, stream) in &mut self.outbound {
-            // The same base and the same partitions as the view the stream ran in (a base
-            // implies its partitions; a view that broke this restarts, as every member does).
-            let same_partitions = |v: &RegionView| {
+            // The partitions the stream ran in are those of the region's view before.
+            let continues = |v: &RegionView| {
                 old_views
                     .get(&region)
-                    .is_some_and(|old| old.partitions == v.partitions)
+                    .is_some_and(|old| v.continues(stream.view, stream.base, &old.partitions))
             };
             match membership.regions.get(&region) {
                 Some(v) if v.view == stream.view => {}
-                Some(v) if v.base == stream.base && v.view > stream.view && same_partitions(v) => {
+                Some(v) if continues(v) => {
                     stream.view = v.view;
                     continued.push(region);
                 }
@@ -916,7 +918,8 @@ impl Node {
             }
         }
         // The topics each continued stream had: a message re-homed into it is new to it only
-        // if its topic is not among them (sorted for the look-ups below).
+        // if its topic is not among them (sorted for the look-ups below). Only continued
+        // streams are here, so `gained` is false for every other.
         let old_topics: BTreeMap<RegionId, Vec<TopicId>> = old_views
             .into_iter()
             .filter(|(r, _)| continued.contains(r))
@@ -962,7 +965,7 @@ impl Node {
             let mut pending = 0u16;
             for &region in regions {
                 if let Some(stream) = self.outbound.get(&region) {
-                    if continued.contains(&region) && gained(region, m.topic) {
+                    if gained(region, m.topic) {
                         // A topic this stream did not carry: the message is new to it.
                         rehomed_into_continued.push((region, m.clone()));
                         self.out.stats.messages_rehomed += 1;

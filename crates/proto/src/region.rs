@@ -431,11 +431,9 @@ impl RegionState {
         })
     }
 
-    /// Whether `view` continues this state: the same base and the same partitions (which the
-    /// base implies; compared so that a service's error restarts the streams rather than
-    /// mixing two memberships).
+    /// Whether `view` continues this state ([`RegionView::continues`]).
     pub(crate) fn continues_into(&self, view: &RegionView) -> bool {
-        view.base == self.base && view.view > self.view && view.partitions == self.partitions
+        view.continues(self.view, self.base, &self.partitions)
     }
 
     /// Moves this state to `view`, which [continues](Self::continues_into) it: its streams,
