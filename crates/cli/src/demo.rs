@@ -227,6 +227,16 @@ fn node_state(node: &Node) -> String {
                 r.cycles,
                 r.cycle_time.max_us,
                 r.alarm_lateness.max_us
+            ) + &format!(
+                "; GMS link: {} requests unacknowledged ({} resent), {} update items applied, {} \
+                 batches committed, named requests waiting {} unbound and {} bound{}",
+                r.gms_requests_unacknowledged,
+                r.gms_requests_retransmitted,
+                r.gms_updates_applied,
+                r.gms_commits,
+                r.gms_named_waiting.0,
+                r.gms_named_waiting.1,
+                if r.gms_removed { ", removed" } else { "" }
             )
         }
         Err(e) => format!("node stats unavailable: {e}"),
@@ -343,10 +353,11 @@ fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
             })
             .map_err(|e| {
                 format!(
-                    "subscribing to {} ({} of {wanted}) failed after {:.1} s: {e}; {}",
+                    "subscribing to {} ({} of {wanted}) failed after {:.1} s: {e}; node {}; {}",
                     topic_name(t),
                     topics + 1,
                     (shared_clock_ns() - asked) as f64 / 1e9,
+                    node.id().map_or(u64::MAX, |n| n.0.into()),
                     node_state(&node)
                 )
             })?;
@@ -420,7 +431,18 @@ fn run_publisher(a: &DemoNodeArgs) -> Result<(), String> {
     let mut publishers = Vec::new();
     for t in 0..a.topics {
         let topic = Topic::raw(topic_name(t)).map_err(|e| e.to_string())?;
-        publishers.push(node.publisher(&topic).map_err(|e| e.to_string())?);
+        let asked = shared_clock_ns();
+        publishers.push(node.publisher(&topic).map_err(|e| {
+            format!(
+                "publishing on {} ({} of {}) failed after {:.1} s: {e}; node {}; {}",
+                topic_name(t),
+                t + 1,
+                a.topics,
+                (shared_clock_ns() - asked) as f64 / 1e9,
+                node.id().map_or(u64::MAX, |n| n.0.into()),
+                node_state(&node)
+            )
+        })?);
     }
     emit(&Report::Ready {
         node: node.id().map_err(|e| e.to_string())?.0,
@@ -634,22 +656,47 @@ pub(crate) fn run(a: &DemoArgs) -> ExitCode {
 /// What the membership service reports of itself when a demo process failed.
 fn gms_state(server: &GmsServer) -> String {
     match server.snapshot() {
-        Some(g) => format!(
-            "membership service: {} members, {} topics, {} commands, {} updates sent ({} \
-             resent), {} duplicate and {} out-of-order requests, {} malformed, {} from unknown \
-             sources",
-            g.members.len(),
-            g.topics.len(),
-            g.stats.commands,
-            g.stats.updates_sent,
-            g.stats.updates_retransmitted,
-            g.stats.requests_duplicate,
-            g.stats.requests_out_of_order,
-            g.stats.malformed,
-            g.unknown_sources
-        ),
+        Some(g) => {
+            format!(
+                "membership service: {} members, {} topics, {} commands, {} updates sent ({} \
+                 resent), {} duplicate and {} out-of-order requests, {} malformed, {} from \
+                 unknown sources",
+                g.members.len(),
+                g.topics.len(),
+                g.stats.commands,
+                g.stats.updates_sent,
+                g.stats.updates_retransmitted,
+                g.stats.requests_duplicate,
+                g.stats.requests_out_of_order,
+                g.stats.malformed,
+                g.unknown_sources
+            ) + &member_states(&g)
+        }
         None => "the membership service's thread has stopped".to_owned(),
     }
+}
+
+/// Each member's standing with the service, and the removals: which node stopped answering
+/// or acknowledging, or was never welcomed.
+fn member_states(g: &tidings_runtime::GmsSnapshot) -> String {
+    let mut out = String::new();
+    for (node, (m, ago)) in &g.member_states {
+        out += &format!(
+            "; node {}: {} requests taken, {} updates unacknowledged (sent up to {} times), \
+             heard from {} ms ago, publishes {} topics{}",
+            node.0,
+            m.requests_taken,
+            m.updates_unacknowledged,
+            m.updates_sent_max_attempts,
+            ago.as_millis(),
+            m.publishes,
+            if m.suspected { ", suspected" } else { "" }
+        );
+    }
+    for (node, cause) in &g.removed {
+        out += &format!("; node {} removed: {cause:?}", node.0);
+    }
+    out
 }
 
 fn wait_ready(

@@ -228,6 +228,12 @@ impl GmsClient {
         }
     }
 
+    /// Requests made and not yet acknowledged by the service (sent or waiting for the window).
+    #[must_use]
+    pub fn requests_unacknowledged(&self) -> usize {
+        self.requests.len()
+    }
+
     /// Committed batches applied so far: a host that turned the membership events off installs
     /// [`take_change`](GmsClient::take_change) when this has moved, once for however many
     /// batches one call applied.

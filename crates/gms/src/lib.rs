@@ -38,4 +38,4 @@ pub use regions::{
     regions_report, Changes, Planner, PlannerConfig, PlannerConfigError, PlannerStats, Region,
     RegionsParams, RegionsReport, SubsetId,
 };
-pub use service::{Command, Gms, GmsEvent, GmsStats, GmsTransmit, Peer, RemoveCause};
+pub use service::{Command, Gms, GmsEvent, GmsStats, GmsTransmit, MemberState, Peer, RemoveCause};

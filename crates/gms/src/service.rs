@@ -170,6 +170,9 @@ pub struct GmsStats {
     pub suspicions_ignored: u64,
     /// Joins refused because `nodes_max` was reached.
     pub joins_refused: u64,
+    /// Joins ignored because their nonce is a member's and they came from another address:
+    /// another joiner drew the same nonce, and welcoming it would make two nodes one.
+    pub joins_conflicting: u64,
     /// Commands applied.
     pub commands: u64,
     /// Syncs of a node (each compares what changed for it with what it was told).
@@ -188,6 +191,23 @@ struct Pending {
     item: Item,
     sent_at: Option<Time>,
     attempts: u32,
+}
+
+/// The service's record of one member ([`Gms::member_state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberState {
+    /// The member's requests taken so far (their numbers run from 1).
+    pub requests_taken: u64,
+    /// Update items sent or queued for it and not acknowledged.
+    pub updates_unacknowledged: usize,
+    /// The most times any of those was sent.
+    pub updates_sent_max_attempts: u32,
+    /// When it was last heard from.
+    pub last_heard: Time,
+    /// Topics it publishes on.
+    pub publishes: usize,
+    /// A ring neighbour's suspicion of it stands.
+    pub suspected: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -324,6 +344,21 @@ impl Gms {
     /// The members, sorted.
     pub fn members(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.nodes.keys().copied()
+    }
+
+    /// Where the service stands with `node`: its requests taken, its updates not yet
+    /// acknowledged, when it was last heard from. For diagnostics (a host's status report).
+    #[must_use]
+    pub fn member_state(&self, node: NodeId) -> Option<MemberState> {
+        let e = self.nodes.get(&node)?;
+        Some(MemberState {
+            requests_taken: e.req_upto,
+            updates_unacknowledged: e.queue.len(),
+            updates_sent_max_attempts: e.queue.iter().map(|p| p.attempts).max().unwrap_or(0),
+            last_heard: e.last_heard,
+            publishes: e.publishes.len(),
+            suspected: e.suspected.is_some(),
+        })
     }
 
     /// The id bound to a topic name.
@@ -669,6 +704,11 @@ impl Gms {
             }
             self.apply(now, Command::Join { nonce, addr });
         } else if let Some(&node) = self.joins.get(&nonce) {
+            let member_addr = self.nodes.get(&node).and_then(|e| e.addr);
+            if addr.is_some() && member_addr.is_some() && addr != member_addr {
+                self.stats.joins_conflicting += 1;
+                return;
+            }
             // A repeated Join whose Welcome was lost.
             self.outbox.push_back(GmsTransmit {
                 to: Peer::Joiner(nonce),

@@ -192,6 +192,31 @@ fn join_gives_an_id_and_an_empty_membership() {
 }
 
 #[test]
+fn a_join_with_a_members_nonce_from_another_address_is_not_welcomed() {
+    let mut gms = Gms::new(GmsConfig::default()).unwrap();
+    let welcomes = |gms: &mut Gms| {
+        std::iter::from_fn(|| gms.poll_transmit())
+            .filter(|t| matches!(t.msg, GmsMessage::Welcome { .. }))
+            .count()
+    };
+    let join = |i| GmsMessage::Join {
+        nonce: 42,
+        addr: Some(client_addr(i)),
+    };
+    gms.handle_message(Time::ZERO, Peer::Joiner(42), join(0));
+    assert_eq!(welcomes(&mut gms), 1);
+    // Another process drew the same nonce: welcoming it would give it the first one's id, and
+    // the two would share one node's update stream.
+    gms.handle_message(Time::ZERO, Peer::Joiner(42), join(1));
+    assert_eq!(welcomes(&mut gms), 0);
+    assert_eq!(gms.stats().joins_conflicting, 1);
+    assert_eq!(gms.members().count(), 1);
+    // The first joiner's own repeated join (its welcome lost) is still answered.
+    gms.handle_message(Time::ZERO, Peer::Joiner(42), join(0));
+    assert_eq!(welcomes(&mut gms), 1);
+}
+
+#[test]
 fn subscribers_form_a_region_with_partitions_and_an_address() {
     let mut w = World::new(3);
     for i in 0..3 {

@@ -206,7 +206,7 @@ impl GmsLinkConfig {
             // The join nonce must differ between nodes (the service tells joiners apart by it):
             // a random seed per link, unlike the sans-IO client's fixed default.
             client: tidings_gms::ClientConfig {
-                seed: fastrand::u64(..),
+                seed: join_seed(),
                 ..tidings_gms::ClientConfig::default()
             },
             join_timeout: Duration::from_secs(5),
@@ -354,6 +354,21 @@ impl RuntimeConfig {
         self.sched.validate()?;
         Ok(())
     }
+}
+
+/// A seed for the GMS join nonce, from the operating system's random source. fastrand's own
+/// seed hashes the clock and the thread id: processes started together (the demo's nodes)
+/// drew the same nonce about once in 2,000 pairs, and the service took the second joiner for
+/// the first one's repeated join. Where the OS source fails, the process id, the clock and
+/// std's randomly keyed hasher still make one.
+fn join_seed() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u64(crate::clock::now().as_nanos());
+        h.finish()
+    })
 }
 
 #[cfg(test)]

@@ -1883,6 +1883,16 @@ impl Core {
         let sockets = std::iter::once(&self.unicast.socket)
             .chain(self.groups.iter().flatten().map(|g| &g.net.socket));
         s.kernel_drops = net::kernel_drops(sockets);
+        if let Some(link) = self.gms.as_ref() {
+            s.gms_requests_unacknowledged = link.client.requests_unacknowledged();
+            s.gms_requests_retransmitted = link.client.stats().requests_retransmitted;
+            s.gms_updates_applied = link.client.stats().updates_applied;
+            s.gms_commits = link.client.commits();
+            s.gms_named_waiting = (
+                link.waiting.unbound.values().map(Vec::len).sum(),
+                link.waiting.bound.values().map(Vec::len).sum(),
+            );
+        }
         s
     }
 

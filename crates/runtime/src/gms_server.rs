@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tidings_gms::{ConfigError, Gms, GmsConfig, GmsEvent, GmsMessage, GmsStats, Peer, RemoveCause};
+use tidings_gms::{
+    ConfigError, Gms, GmsConfig, GmsEvent, GmsMessage, GmsStats, MemberState, Peer, RemoveCause,
+};
 use tidings_proto::{NodeId, Time, TopicId};
 
 use crate::clock;
@@ -70,6 +72,8 @@ pub struct GmsSnapshot {
     pub removed: Vec<(NodeId, RemoveCause)>,
     /// The service's counters.
     pub stats: GmsStats,
+    /// The service's record of each member, with how long ago it was last heard from.
+    pub member_states: BTreeMap<NodeId, (MemberState, Duration)>,
     /// GMS datagrams from addresses that are not members (and not joins), dropped.
     pub unknown_sources: u64,
     /// Datagrams without the GMS framing, dropped.
@@ -296,6 +300,16 @@ impl Host {
             topics: self.topics.clone(),
             removed: self.removed.clone(),
             stats: self.gms.stats().clone(),
+            member_states: {
+                let now = clock::now();
+                self.gms
+                    .members()
+                    .filter_map(|n| {
+                        let m = self.gms.member_state(n)?;
+                        Some((n, (m, now.saturating_duration_since(m.last_heard))))
+                    })
+                    .collect()
+            },
             unknown_sources: self.unknown_sources,
             invalid_datagrams: self.invalid_datagrams,
         }

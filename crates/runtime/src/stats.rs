@@ -191,6 +191,17 @@ pub struct RuntimeStats {
     pub suspicions_reported: u64,
     /// The GMS removed this node (it left, or was declared failed); it no longer takes part.
     pub gms_removed: bool,
+    /// Requests to the GMS not yet acknowledged by it, now.
+    pub gms_requests_unacknowledged: usize,
+    /// Requests to the GMS sent again (not acknowledged in time).
+    pub gms_requests_retransmitted: u64,
+    /// GMS update items applied.
+    pub gms_updates_applied: u64,
+    /// Committed batches of GMS updates applied.
+    pub gms_commits: u64,
+    /// Subscriptions and advertisements by name waiting for the GMS, now: for a name not yet
+    /// bound to a topic, and for a bound topic not yet in force at this node.
+    pub gms_named_waiting: (usize, usize),
 
     /// The protocol's own counters.
     pub proto: tidings_proto::Stats,

@@ -237,3 +237,32 @@ fn joining_without_a_service_fails_and_names_the_address() {
         .to_string()
         .contains(&silent.local_addr().unwrap().to_string()));
 }
+
+#[test]
+fn a_second_joiner_with_the_same_nonce_does_not_become_the_first_node() {
+    let server = GmsServer::start(gms_config(false), "127.0.0.1:0".parse().unwrap()).unwrap();
+    let first = join(server.local_addr(), false, 0.0, 7);
+    // The same seed, so the same join nonce, from another socket: the service must not take it
+    // for the first node's repeated join (the two would share one id and one update stream).
+    let mut link = GmsLinkConfig::new(server.local_addr());
+    link.client.seed = 7;
+    link.join_timeout = Duration::from_millis(600);
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let err =
+        NodeRuntime::join(RuntimeConfig::default(), Config::default(), link, socket).unwrap_err();
+    assert!(matches!(err, StartError::GmsUnreachable { .. }), "{err}");
+    let snapshot = server.snapshot().unwrap();
+    assert!(
+        snapshot.stats.joins_conflicting >= 1,
+        "{:?}",
+        snapshot.stats
+    );
+    assert_eq!(snapshot.members.len(), 1);
+    first.shutdown().unwrap();
+    // Without a seed of their own, links draw their nonces from the OS: no two alike.
+    let seeds: std::collections::BTreeSet<u64> = (0..1000)
+        .map(|_| GmsLinkConfig::new(server.local_addr()).client.seed)
+        .collect();
+    assert_eq!(seeds.len(), 1000);
+    server.shutdown();
+}
