@@ -64,6 +64,8 @@ pub struct ClientStats {
     pub updates_applied: u64,
     /// Requests sent again.
     pub requests_retransmitted: u64,
+    /// Probes of the service answered (a ring neighbour suspected this node).
+    pub probes_answered: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -396,6 +398,12 @@ impl GmsClient {
                     }
                     self.on_update(seq.saturating_add(i as u64), item);
                 }
+            }
+            (State::Member(_), GmsMessage::Probe) => {
+                // A ring neighbour suspects this node: the answer tells the service it lives.
+                self.stats.probes_answered += 1;
+                self.outbox.push_back(GmsMessage::Heartbeat);
+                self.last_heartbeat = Some(now);
             }
             (State::Member(_), GmsMessage::RequestAck { upto }) => {
                 while self.requests.front().is_some_and(|r| r.req <= upto) {

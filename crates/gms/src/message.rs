@@ -158,6 +158,10 @@ pub enum GmsMessage {
         /// Highest item received in order.
         upto: u64,
     },
+    /// GMS to client: a ring neighbour suspects you; answer at once (with a
+    /// [`Heartbeat`](GmsMessage::Heartbeat)). Sent a few times over the suspicion timeout, so
+    /// that a live node is not removed for two lost heartbeats.
+    Probe,
 }
 
 /// Why a message failed to decode.
@@ -290,6 +294,7 @@ const T_REQUEST_ACK: u8 = 4;
 const T_HEARTBEAT: u8 = 5;
 const T_UPDATE: u8 = 6;
 const T_ACK: u8 = 7;
+const T_PROBE: u8 = 8;
 
 const R_SUBSCRIBE: u8 = 1;
 const R_UNSUBSCRIBE: u8 = 2;
@@ -380,6 +385,7 @@ impl GmsMessage {
                 out.push(T_ACK);
                 put_u64(out, *upto);
             }
+            GmsMessage::Probe => out.push(T_PROBE),
         }
     }
 
@@ -442,6 +448,7 @@ impl GmsMessage {
                 GmsMessage::Update { seq, items }
             }
             T_ACK => GmsMessage::Ack { upto: r.u64()? },
+            T_PROBE => GmsMessage::Probe,
             t => return Err(DecodeError::Tag(t)),
         };
         if !r.buf.is_empty() {
@@ -646,6 +653,7 @@ mod tests {
             },
             GmsMessage::RequestAck { upto: 3 },
             GmsMessage::Heartbeat,
+            GmsMessage::Probe,
             GmsMessage::Ack { upto: 12 },
             GmsMessage::Update {
                 seq: 4,

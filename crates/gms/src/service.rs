@@ -170,6 +170,8 @@ pub struct GmsStats {
     pub suspicions_ignored: u64,
     /// Joins refused because `nodes_max` was reached.
     pub joins_refused: u64,
+    /// Probes sent to suspected nodes (`GmsConfig::suspicion_probes`).
+    pub probes_sent: u64,
     /// Joins ignored because their nonce is a member's and they came from another address:
     /// another joiner drew the same nonce, and welcoming it would make two nodes one.
     pub joins_conflicting: u64,
@@ -219,6 +221,8 @@ struct NodeEntry {
     /// from the suspicion, not from the last message, so a suspicion never removes a node that
     /// had no chance to speak).
     suspected: Option<Time>,
+    /// Probes sent since the suspicion (`GmsConfig::suspicion_probes`).
+    probes_sent: u32,
     publishes: BTreeSet<TopicId>,
     req_upto: u64,
     next_seq: u64,
@@ -414,6 +418,7 @@ impl Gms {
                 entry.last_heard = now;
                 // Heard from: whatever a neighbour suspected, it is alive.
                 entry.suspected = None;
+                entry.probes_sent = 0;
                 match msg {
                     GmsMessage::Heartbeat => {}
                     GmsMessage::Ack { upto } => self.on_ack(node, upto),
@@ -447,9 +452,48 @@ impl Gms {
             self.apply(now, Command::Remove { node, cause });
         }
         let nodes: Vec<NodeId> = self.nodes.keys().copied().collect();
-        for node in nodes {
+        for &node in &nodes {
             self.send_window(now, node);
         }
+        for node in nodes {
+            self.send_probes(now, node);
+        }
+    }
+
+    /// When the next probe of a node suspected since `at` is due, after `sent` probes; `None`
+    /// once all are sent. Probe `k` is due `k` `suspicion_timeout / suspicion_probes` after
+    /// the suspicion.
+    fn probe_due(&self, at: Time, sent: u32) -> Option<Time> {
+        let probes = self.config.suspicion_probes;
+        (sent < probes).then(|| at + self.config.suspicion_timeout * sent / probes)
+    }
+
+    /// Sends a suspected node the probe that is due, if any (one, even if several fell due
+    /// while the service was not called: they would arrive together).
+    fn send_probes(&mut self, now: Time, node: NodeId) {
+        let Some(e) = self.nodes.get(&node) else {
+            return;
+        };
+        let Some(at) = e.suspected else {
+            return;
+        };
+        let mut sent = e.probes_sent;
+        let mut due = false;
+        while self.probe_due(at, sent).is_some_and(|t| t <= now) {
+            sent += 1;
+            due = true;
+        }
+        if !due {
+            return;
+        }
+        if let Some(e) = self.nodes.get_mut(&node) {
+            e.probes_sent = sent;
+        }
+        self.stats.probes_sent += 1;
+        self.outbox.push_back(GmsTransmit {
+            to: Peer::Node(node),
+            msg: GmsMessage::Probe,
+        });
     }
 
     /// The next time [`handle_timeout`](Gms::handle_timeout) must be called: the earliest of every
@@ -461,7 +505,11 @@ impl Gms {
             .flat_map(|e| {
                 let heartbeat = e.last_heard + self.config.heartbeat_timeout;
                 let live = match e.suspected {
-                    Some(at) => heartbeat.min(at + self.config.suspicion_timeout),
+                    Some(at) => {
+                        let removal = heartbeat.min(at + self.config.suspicion_timeout);
+                        self.probe_due(at, e.probes_sent)
+                            .map_or(removal, |p| removal.min(p))
+                    }
                     None => heartbeat,
                 };
                 let resend = Self::in_window(e, &self.config)
@@ -511,6 +559,7 @@ impl Gms {
                         nonce,
                         last_heard: now,
                         suspected: None,
+                        probes_sent: 0,
                         publishes: BTreeSet::new(),
                         req_upto: 0,
                         next_seq: 1,
@@ -799,6 +848,8 @@ impl Gms {
             Some(e) if neighbour => {
                 e.suspected.get_or_insert(now);
                 self.stats.suspicions_accepted += 1;
+                // The first probe at once (the others from `handle_timeout`).
+                self.send_probes(now, suspect);
             }
             _ => self.stats.suspicions_ignored += 1,
         }

@@ -28,6 +28,8 @@ struct World {
     crashed: BTreeSet<usize>,
     /// Keep a message to client i if this returns true.
     keep_to: Filter,
+    /// Keep a message from client i if this returns true.
+    keep_from: Filter,
     events: Vec<(usize, ClientEvent)>,
     gms_events: Vec<GmsEvent>,
     /// Every update item delivered to each client (after the filter).
@@ -57,6 +59,7 @@ impl World {
             clients,
             crashed: BTreeSet::new(),
             keep_to: Box::new(|_, _| true),
+            keep_from: Box::new(|_, _| true),
             events: Vec::new(),
             gms_events: Vec::new(),
             delivered: vec![Vec::new(); n],
@@ -79,7 +82,7 @@ impl World {
             for i in 0..self.clients.len() {
                 while let Some(msg) = self.clients[i].poll_transmit() {
                     moved = true;
-                    if self.crashed.contains(&i) {
+                    if self.crashed.contains(&i) || !(self.keep_from)(i, &msg) {
                         continue;
                     }
                     let from = match self.clients[i].node() {
@@ -775,6 +778,51 @@ fn a_suspected_node_gets_the_whole_suspicion_timeout_to_speak() {
         node: dead,
         cause: RemoveCause::Suspected
     }));
+}
+
+/// A live node suspected by a ring neighbour whose heartbeats are lost (all of them, here) is
+/// probed, answers, and stays; the same node deaf to the probes is removed at the suspicion
+/// timeout, as a crashed one would be.
+#[test]
+fn a_suspected_node_that_answers_the_probes_stays() {
+    for answers in [true, false] {
+        let mut w = World::new(3);
+        for i in 0..3 {
+            w.clients[i].subscribe("t").unwrap();
+        }
+        w.run_for(Duration::from_millis(10));
+        let suspect = w.node(2);
+        // Its heartbeats are lost; what it sends in answer to a probe arrives (or not).
+        let probed = std::rc::Rc::new(std::cell::Cell::new(false));
+        let seen = probed.clone();
+        w.keep_to = Box::new(move |i, msg| {
+            if i == 2 && matches!(msg, GmsMessage::Probe) {
+                seen.set(true);
+            }
+            true
+        });
+        let answered = probed.clone();
+        w.keep_from = Box::new(move |i, msg| {
+            i != 2 || !matches!(msg, GmsMessage::Heartbeat) || (answers && answered.take())
+        });
+        w.clients[0].suspect(suspect).unwrap();
+        w.run_for(Duration::from_millis(1500));
+        let removed = w.gms_events.contains(&GmsEvent::Removed {
+            node: suspect,
+            cause: RemoveCause::Suspected,
+        });
+        assert_eq!(removed, !answers, "answers probes: {answers}");
+        assert!(w.gms.stats().probes_sent >= 1);
+        if answers {
+            assert!(w.clients[2].stats().probes_answered >= 1);
+        } else {
+            assert_eq!(
+                w.gms.stats().probes_sent,
+                4,
+                "one per quarter of the timeout"
+            );
+        }
+    }
 }
 
 #[test]
