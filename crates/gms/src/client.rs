@@ -66,6 +66,9 @@ pub struct ClientStats {
     pub requests_retransmitted: u64,
     /// Probes of the service answered (a ring neighbour suspected this node).
     pub probes_answered: u64,
+    /// Joins answered `NonceTaken` (another node holds the nonce), each followed by a join
+    /// with a fresh one.
+    pub nonces_taken: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +106,9 @@ enum Timer {
 pub struct GmsClient {
     config: ClientConfig,
     nonce: u64,
+    /// Draws the nonces from the config's seed: the first, and a fresh one whenever the service
+    /// says another node holds the current one.
+    nonce_rng: fastrand::Rng,
     state: State,
     next_req: u64,
     requests: VecDeque<PendingRequest>,
@@ -135,10 +141,12 @@ impl GmsClient {
     /// if the configuration is invalid.
     pub fn new(config: ClientConfig) -> Result<GmsClient, ConfigError> {
         config.validate()?;
-        let nonce = fastrand::Rng::with_seed(config.seed).u64(..);
+        let mut nonce_rng = fastrand::Rng::with_seed(config.seed);
+        let nonce = nonce_rng.u64(..);
         Ok(GmsClient {
             config,
             nonce,
+            nonce_rng,
             state: State::Joining { sent_at: None },
             next_req: 1,
             requests: VecDeque::new(),
@@ -379,6 +387,12 @@ impl GmsClient {
                 self.state = State::Member(node);
                 self.events.push_back(ClientEvent::Joined(node));
                 self.send_requests(now);
+            }
+            (State::Joining { .. }, GmsMessage::NonceTaken { nonce }) if nonce == self.nonce => {
+                // Another node joined with this nonce: join again with a fresh one, at once.
+                self.nonce = self.nonce_rng.u64(..);
+                self.stats.nonces_taken += 1;
+                self.state = State::Joining { sent_at: None };
             }
             (State::Member(_), GmsMessage::Welcome { nonce, .. }) if nonce == self.nonce => {
                 // A repeated answer to a resent Join.

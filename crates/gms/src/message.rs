@@ -158,6 +158,12 @@ pub enum GmsMessage {
         /// Highest item received in order.
         upto: u64,
     },
+    /// GMS to joiner: `nonce` is already a member's (the `Join` came from another address);
+    /// draw another and join again.
+    NonceTaken {
+        /// The joiner's nonce.
+        nonce: u64,
+    },
     /// GMS to client: a ring neighbour suspects you; answer at once (with a
     /// [`Heartbeat`](GmsMessage::Heartbeat)). Sent a few times over the suspicion timeout, so
     /// that a live node is not removed for two lost heartbeats.
@@ -295,6 +301,7 @@ const T_HEARTBEAT: u8 = 5;
 const T_UPDATE: u8 = 6;
 const T_ACK: u8 = 7;
 const T_PROBE: u8 = 8;
+const T_NONCE_TAKEN: u8 = 9;
 
 const R_SUBSCRIBE: u8 = 1;
 const R_UNSUBSCRIBE: u8 = 2;
@@ -386,6 +393,10 @@ impl GmsMessage {
                 put_u64(out, *upto);
             }
             GmsMessage::Probe => out.push(T_PROBE),
+            GmsMessage::NonceTaken { nonce } => {
+                out.push(T_NONCE_TAKEN);
+                put_u64(out, *nonce);
+            }
         }
     }
 
@@ -449,6 +460,7 @@ impl GmsMessage {
             }
             T_ACK => GmsMessage::Ack { upto: r.u64()? },
             T_PROBE => GmsMessage::Probe,
+            T_NONCE_TAKEN => GmsMessage::NonceTaken { nonce: r.u64()? },
             t => return Err(DecodeError::Tag(t)),
         };
         if !r.buf.is_empty() {
@@ -654,6 +666,7 @@ mod tests {
             GmsMessage::RequestAck { upto: 3 },
             GmsMessage::Heartbeat,
             GmsMessage::Probe,
+            GmsMessage::NonceTaken { nonce: 77 },
             GmsMessage::Ack { upto: 12 },
             GmsMessage::Update {
                 seq: 4,

@@ -172,8 +172,8 @@ pub struct GmsStats {
     pub joins_refused: u64,
     /// Probes sent to suspected nodes (`GmsConfig::suspicion_probes`).
     pub probes_sent: u64,
-    /// Joins ignored because their nonce is a member's and they came from another address:
-    /// another joiner drew the same nonce, and welcoming it would make two nodes one.
+    /// Joins with a member's nonce from another address: another joiner drew the same nonce.
+    /// Welcoming it would make two nodes one; it is told `NonceTaken` instead.
     pub joins_conflicting: u64,
     /// Commands applied.
     pub commands: u64,
@@ -756,6 +756,10 @@ impl Gms {
             let member_addr = self.nodes.get(&node).and_then(|e| e.addr);
             if addr.is_some() && member_addr.is_some() && addr != member_addr {
                 self.stats.joins_conflicting += 1;
+                self.outbox.push_back(GmsTransmit {
+                    to: Peer::Joiner(nonce),
+                    msg: GmsMessage::NonceTaken { nonce },
+                });
                 return;
             }
             // A repeated Join whose Welcome was lost.

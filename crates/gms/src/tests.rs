@@ -197,26 +197,58 @@ fn join_gives_an_id_and_an_empty_membership() {
 #[test]
 fn a_join_with_a_members_nonce_from_another_address_is_not_welcomed() {
     let mut gms = Gms::new(GmsConfig::default()).unwrap();
+    // The answers to joins: (welcomes, nonce-taken notices).
     let welcomes = |gms: &mut Gms| {
-        std::iter::from_fn(|| gms.poll_transmit())
-            .filter(|t| matches!(t.msg, GmsMessage::Welcome { .. }))
-            .count()
+        let sent: Vec<GmsMessage> = std::iter::from_fn(|| gms.poll_transmit())
+            .filter(|t| t.to == Peer::Joiner(42))
+            .map(|t| t.msg)
+            .collect();
+        let count = |f: fn(&GmsMessage) -> bool| sent.iter().filter(|m| f(m)).count();
+        (
+            count(|m| matches!(m, GmsMessage::Welcome { .. })),
+            count(|m| matches!(m, GmsMessage::NonceTaken { nonce: 42 })),
+        )
     };
     let join = |i| GmsMessage::Join {
         nonce: 42,
         addr: Some(client_addr(i)),
     };
     gms.handle_message(Time::ZERO, Peer::Joiner(42), join(0));
-    assert_eq!(welcomes(&mut gms), 1);
+    assert_eq!(welcomes(&mut gms), (1, 0));
     // Another process drew the same nonce: welcoming it would give it the first one's id, and
-    // the two would share one node's update stream.
+    // the two would share one node's update stream. It is told to draw another.
     gms.handle_message(Time::ZERO, Peer::Joiner(42), join(1));
-    assert_eq!(welcomes(&mut gms), 0);
+    assert_eq!(welcomes(&mut gms), (0, 1));
     assert_eq!(gms.stats().joins_conflicting, 1);
     assert_eq!(gms.members().count(), 1);
     // The first joiner's own repeated join (its welcome lost) is still answered.
     gms.handle_message(Time::ZERO, Peer::Joiner(42), join(0));
-    assert_eq!(welcomes(&mut gms), 1);
+    assert_eq!(welcomes(&mut gms), (1, 0));
+}
+
+#[test]
+fn a_joiner_told_its_nonce_is_taken_joins_again_with_another() {
+    let mut client = GmsClient::new(ClientConfig::default()).unwrap();
+    client.handle_timeout(Time::ZERO);
+    let first = client.nonce();
+    assert!(matches!(
+        client.poll_transmit(),
+        Some(GmsMessage::Join { nonce, .. }) if nonce == first
+    ));
+    // A notice about another nonce is not for this joiner.
+    client.handle_message(Time::ZERO, GmsMessage::NonceTaken { nonce: first ^ 1 });
+    assert_eq!(client.nonce(), first);
+    client.handle_message(Time::ZERO, GmsMessage::NonceTaken { nonce: first });
+    let second = client.nonce();
+    assert_ne!(second, first);
+    assert_eq!(client.stats().nonces_taken, 1);
+    // The new join goes at once, not after the retransmission interval.
+    assert_eq!(client.poll_timeout(), Some(Time::ZERO));
+    client.handle_timeout(Time::ZERO);
+    assert!(matches!(
+        client.poll_transmit(),
+        Some(GmsMessage::Join { nonce, .. }) if nonce == second
+    ));
 }
 
 #[test]

@@ -1886,6 +1886,7 @@ impl Core {
         if let Some(link) = self.gms.as_ref() {
             s.gms_requests_unacknowledged = link.client.requests_unacknowledged();
             s.gms_requests_retransmitted = link.client.stats().requests_retransmitted;
+            s.gms_nonces_taken = link.client.stats().nonces_taken;
             s.gms_updates_applied = link.client.stats().updates_applied;
             s.gms_commits = link.client.commits();
             s.gms_named_waiting = (

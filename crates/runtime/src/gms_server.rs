@@ -263,10 +263,17 @@ impl Host {
                 Peer::Node(n) => self.members.get(&n).copied(),
                 Peer::Joiner(nonce) => {
                     let addr = self.joiners.get(&nonce).copied();
-                    if let (GmsMessage::Welcome { node, .. }, Some(a)) = (&t.msg, addr) {
-                        self.members.insert(*node, a);
-                        self.by_addr.insert(a, *node);
-                        self.joiners.remove(&nonce);
+                    match (&t.msg, addr) {
+                        (GmsMessage::Welcome { node, .. }, Some(a)) => {
+                            self.members.insert(*node, a);
+                            self.by_addr.insert(a, *node);
+                            self.joiners.remove(&nonce);
+                        }
+                        // The joiner comes back with another nonce.
+                        (GmsMessage::NonceTaken { .. }, Some(_)) => {
+                            self.joiners.remove(&nonce);
+                        }
+                        _ => {}
                     }
                     addr
                 }

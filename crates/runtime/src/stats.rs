@@ -195,6 +195,9 @@ pub struct RuntimeStats {
     pub gms_requests_unacknowledged: usize,
     /// Requests to the GMS sent again (not acknowledged in time).
     pub gms_requests_retransmitted: u64,
+    /// Joins the GMS answered `NonceTaken` (another node held the nonce drawn), each followed
+    /// by a join with a fresh one.
+    pub gms_nonces_taken: u64,
     /// GMS update items applied.
     pub gms_updates_applied: u64,
     /// Committed batches of GMS updates applied.
