@@ -35,6 +35,18 @@ pub(crate) struct GmsArgs {
     #[arg(long, default_value_t = MulticastPool::GROUPS_MAX_DEFAULT,
           value_parser = clap::value_parser!(u32).range(1..))]
     multicast_groups: u32,
+    /// A node not heard from for this long is removed, in milliseconds (its heartbeats come
+    /// every 500 ms).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..))]
+    heartbeat_timeout_ms: u64,
+    /// A node suspected by a ring neighbour and silent for this long after the suspicion is
+    /// removed, in milliseconds (at most the heartbeat timeout).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    suspicion_timeout_ms: u64,
+    /// Probes sent to a suspected node over the suspicion timeout; each asks it to answer at
+    /// once (0: none).
+    #[arg(long, default_value_t = 4)]
+    suspicion_probes: u32,
     /// Print a status line every second.
     #[arg(long)]
     verbose: bool,
@@ -51,8 +63,15 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
                 ..p
             })
         },
+        heartbeat_timeout: Duration::from_millis(a.heartbeat_timeout_ms),
+        suspicion_timeout: Duration::from_millis(a.suspicion_timeout_ms),
+        suspicion_probes: a.suspicion_probes,
         ..GmsConfig::default()
     };
+    if let Err(e) = config.validate() {
+        eprintln!("error: {e} (--heartbeat-timeout-ms, --suspicion-timeout-ms)");
+        return ExitCode::from(2);
+    }
     let server = match GmsServer::start(config, a.bind) {
         Ok(s) => s,
         Err(e) => {
@@ -68,11 +87,13 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
         if a.verbose {
             if let Some(s) = server.snapshot() {
                 println!(
-                    "members {} topics {} removed {} views issued {}",
+                    "members {} topics {} removed {} views issued {} suspicions {} probes {}",
                     s.members.len(),
                     s.topics.len(),
                     s.removed.len(),
-                    s.stats.views_issued
+                    s.stats.views_issued,
+                    s.stats.suspicions_accepted,
+                    s.stats.probes_sent
                 );
             }
         }

@@ -82,6 +82,52 @@ fn demo_refuses_bad_options() {
 }
 
 #[test]
+fn gms_takes_its_failure_detection_settings_and_refuses_a_bad_pair() {
+    // A suspicion timeout longer than the heartbeat timeout would slow removal, not speed it.
+    let out = tidings(
+        &[
+            "gms",
+            "--bind",
+            "127.0.0.1:0",
+            "--heartbeat-timeout-ms",
+            "500",
+            "--suspicion-timeout-ms",
+            "800",
+            "--seconds",
+            "1",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("suspicion_timeout"), "{stderr}");
+    assert!(stderr.contains("--suspicion-timeout-ms"), "{stderr}");
+    let out = tidings(
+        &[
+            "gms",
+            "--bind",
+            "127.0.0.1:0",
+            "--heartbeat-timeout-ms",
+            "2000",
+            "--suspicion-timeout-ms",
+            "600",
+            "--suspicion-probes",
+            "3",
+            "--seconds",
+            "1",
+            "--verbose",
+        ],
+        "",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("probes 0"));
+}
+
+#[test]
 fn pub_and_sub_pass_lines_through_a_standalone_gms() {
     let (_gms, gms_addr) = standalone_gms();
     // The subscriber says on stderr when it is subscribed.

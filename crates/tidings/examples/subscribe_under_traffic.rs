@@ -99,19 +99,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         after.gms.map_or(0, |g| g.stats.regions_current)
     );
     println!("before the subscriptions: {before_rate:.0} msgs/s delivered");
-    println!(
-        "{added} subscriptions, one every {every:?}: {during_rate:.0} msgs/s delivered, slowest \
-         subscription {:.1} ms",
-        slowest.as_secs_f64() * 1e3
-    );
-    println!(
-        "publisher during them: {} view changes, {} messages re-sent into changed regions, \
-         {:.1} datagrams per sendmsg",
-        p.view_changes - before.proto.view_changes,
-        p.messages_rehomed - before.proto.messages_rehomed,
-        (rt.datagrams_sent - before.datagrams_sent) as f64
-            / (rt.send_calls - before.send_calls).max(1) as f64
-    );
+    // With `ADDED=0` (the traffic alone, to profile it) there is no time to take a rate over.
+    if added > 0 {
+        println!(
+            "{added} subscriptions, one every {every:?}: {during_rate:.0} msgs/s delivered, \
+             slowest subscription {:.1} ms",
+            slowest.as_secs_f64() * 1e3
+        );
+        println!(
+            "publisher during them: {} view changes, {} messages re-sent into changed regions, \
+             {:.1} datagrams per sendmsg",
+            p.view_changes - before.proto.view_changes,
+            p.messages_rehomed - before.proto.messages_rehomed,
+            (rt.datagrams_sent - before.datagrams_sent) as f64
+                / (rt.send_calls - before.send_calls).max(1) as f64
+        );
+    }
     drop(subscriptions);
     subscriber_node.shutdown()?;
     publisher_node.shutdown()?;
