@@ -210,26 +210,27 @@ fn runtime_config(a: &DemoNodeArgs, loss: f64, seed: u64) -> RuntimeConfig {
     }
 }
 
-/// What a failing demo node reports of itself: enough to tell a silent membership service from
-/// a stalled core thread or a lossy path.
+/// What a failing demo node reports of itself: its id (two processes holding one id was the
+/// demo test's failure of sessions 16 and 17), and enough to tell a silent membership service
+/// from a stalled core thread or a lossy path.
 fn node_state(node: &Node) -> String {
+    let id = node.id().map_or(u64::MAX, |n| n.0.into());
     match node.stats() {
         Ok(s) => {
             let r = &s.runtime;
             format!(
-                "node: {} GMS datagrams sent, {} received, {} memberships installed, {} \
+                "node {id}: {} GMS datagrams sent, {} received, {} memberships installed, {} \
                  datagrams dropped on purpose, {} core cycles, worst cycle {} us, worst alarm \
-                 lateness {} us",
+                 lateness {} us; GMS link: {} requests unacknowledged ({} resent), {} update \
+                 items applied, {} batches committed, named requests waiting {} unbound and {} \
+                 bound{}",
                 r.gms_datagrams_sent,
                 r.gms_datagrams_received,
                 r.memberships_installed,
                 r.injected_drops,
                 r.cycles,
                 r.cycle_time.max_us,
-                r.alarm_lateness.max_us
-            ) + &format!(
-                "; GMS link: {} requests unacknowledged ({} resent), {} update items applied, {} \
-                 batches committed, named requests waiting {} unbound and {} bound{}",
+                r.alarm_lateness.max_us,
                 r.gms_requests_unacknowledged,
                 r.gms_requests_retransmitted,
                 r.gms_updates_applied,
@@ -239,7 +240,7 @@ fn node_state(node: &Node) -> String {
                 if r.gms_removed { ", removed" } else { "" }
             )
         }
-        Err(e) => format!("node stats unavailable: {e}"),
+        Err(e) => format!("node {id}: stats unavailable: {e}"),
     }
 }
 
@@ -353,11 +354,10 @@ fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
             })
             .map_err(|e| {
                 format!(
-                    "subscribing to {} ({} of {wanted}) failed after {:.1} s: {e}; node {}; {}",
+                    "subscribing to {} ({} of {wanted}) failed after {:.1} s: {e}; {}",
                     topic_name(t),
                     topics + 1,
                     (shared_clock_ns() - asked) as f64 / 1e9,
-                    node.id().map_or(u64::MAX, |n| n.0.into()),
                     node_state(&node)
                 )
             })?;
@@ -434,12 +434,11 @@ fn run_publisher(a: &DemoNodeArgs) -> Result<(), String> {
         let asked = shared_clock_ns();
         publishers.push(node.publisher(&topic).map_err(|e| {
             format!(
-                "publishing on {} ({} of {}) failed after {:.1} s: {e}; node {}; {}",
+                "publishing on {} ({} of {}) failed after {:.1} s: {e}; {}",
                 topic_name(t),
                 t + 1,
                 a.topics,
                 (shared_clock_ns() - asked) as f64 / 1e9,
-                node.id().map_or(u64::MAX, |n| n.0.into()),
                 node_state(&node)
             )
         })?);
@@ -676,8 +675,8 @@ fn gms_state(server: &GmsServer) -> String {
     }
 }
 
-/// Each member's standing with the service, and the removals: which node stopped answering
-/// or acknowledging, or was never welcomed.
+/// Each member's standing with the service (requests taken, updates unacknowledged, when last
+/// heard from), and every removal with its cause.
 fn member_states(g: &tidings_runtime::GmsSnapshot) -> String {
     let mut out = String::new();
     for (node, (m, ago)) in &g.member_states {
