@@ -85,7 +85,7 @@ pub struct GmsConfig {
     pub suspicion_timeout: Duration,
     /// Probes sent to a suspected node over `suspicion_timeout`, evenly spaced, the first at
     /// once: each asks it to answer now. Without them a live node was removed whenever its
-    /// next two heartbeats were lost (1 suspicion in 400 at 5% loss); with the default 4, all
+    /// next two heartbeats were lost (0.05 squared: 1 suspicion in 400 at 5% loss); with the default 4, all
     /// four round trips must fail as well. 0 sends none.
     pub suspicion_probes: u32,
     /// An update not acknowledged within this time is sent again. Default 200 ms (a LAN round

@@ -5,7 +5,8 @@
 //!   region; incremental, it reports exactly which regions and topics each change touches.
 //!   [`regions_report`] is the `tidings sim regions` experiment.
 //! - [`Gms`]: the service. Joins, leaves, subscriptions by topic name, failure detection
-//!   (heartbeats, plus suspicions from ring neighbours), region views with partitions, a base
+//!   (heartbeats, plus suspicions from ring neighbours that it checks by probing the suspect:
+//!   ADR 31), joins told apart by nonce (a taken one is refused), region views with partitions, a base
 //!   (kept by views that only add topics, whose streams go on: ADR 30) and a
 //!   multicast group each (shared by several regions past the pool's `groups_max`), and one reliable, ordered update stream per node carrying only what
 //!   concerns that node. Its state changes are [`Command`]s.
