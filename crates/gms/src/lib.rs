@@ -7,7 +7,8 @@
 //! - [`Gms`]: the service. Joins, leaves, subscriptions by topic name, failure detection
 //!   (heartbeats, plus suspicions from ring neighbours that it checks by probing the suspect:
 //!   ADR 31), joins told apart by nonce (a taken one is refused), region views with partitions, a base
-//!   (kept by views that only add topics, whose streams go on: ADR 30) and a
+//!   (kept by views that only add topics or drop topics every member left, whose streams go
+//!   on: ADR 30) and a
 //!   multicast group each (shared by several regions past the pool's `groups_max`), and one reliable, ordered update stream per node carrying only what
 //!   concerns that node. Its state changes are [`Command`]s.
 //! - [`GmsClient`]: the node side; it turns the update stream into

@@ -159,7 +159,8 @@ pub struct GmsStats {
     pub updates_retransmitted: u64,
     /// Region views issued (new view epochs).
     pub views_issued: u64,
-    /// Of those, views that only added topics to their region: its streams go on (ADR 30).
+    /// Of those, views that only added topics to their region or dropped topics all its members
+    /// left: its streams go on (ADR 30).
     pub views_continued: u64,
     /// Regions in the plan now (a gauge): topics of the same subscribers share them, up to
     /// `PlannerConfig::subset_topics_max` topics each.

@@ -13,8 +13,9 @@ pub struct RegionView {
     /// The view epoch.
     pub view: ViewId,
     /// The epoch at which the region's streams and rings began (at most `view`). Views of one
-    /// region with the same base continue them: between them only topics were added, the
-    /// members and partitions are the same. A node installing such a view keeps its streams,
+    /// region with the same base continue them: between them only topics were added or dropped
+    /// by every member (none moved to another region of the same nodes), the members and
+    /// partitions are the same. A node installing such a view keeps its streams,
     /// their sequence numbers and unstable messages, and its rings (ADR 30); packets of any
     /// view from the base on belong to them. Any other change starts a new base.
     pub base: ViewId,

@@ -878,7 +878,9 @@ impl Node {
                 continue;
             };
             match old {
-                // Only topics were added: the streams, rings and caches go on (ADR 30).
+                // Only topics were added, or dropped by every member: the streams, rings and
+                // caches go on (ADR 30). A dropped topic's messages still in flight here are
+                // received and filtered, as any topic the view does not carry.
                 Some(mut state) if state.continues_into(view) => {
                     state.continue_into(view, floors);
                     self.regions.insert(region, state);
@@ -934,58 +936,75 @@ impl Node {
                 .get(&region)
                 .is_some_and(|t| t.binary_search(&topic).is_err())
         };
-        // By message id, the first copy of each (a list sorted once: there may be thousands).
-        let mut orphans: Vec<OutMsg> = Vec::new();
+        // By message id, the first copy of each and how many ended streams held it (a list
+        // sorted once: there may be thousands).
+        let mut drained: Vec<OutMsg> = Vec::new();
         touched.extend_from_slice(&ended);
         touched.extend_from_slice(&continued);
         for region in &ended {
             if let Some(mut stream) = self.outbound.remove(region) {
-                orphans.extend(stream.drain_all());
+                drained.extend(stream.drain_all());
             }
         }
-        orphans.sort_by_key(|m| m.msg_id);
-        orphans.dedup_by_key(|m| m.msg_id);
+        drained.sort_by_key(|m| m.msg_id);
+        let mut orphans: Vec<(OutMsg, u16)> = Vec::with_capacity(drained.len());
+        for m in drained {
+            match orphans.last_mut() {
+                Some((last, copies)) if last.msg_id == m.msg_id => {
+                    *copies = copies.saturating_add(1);
+                }
+                _ => orphans.push((m, 1)),
+            }
+        }
         // Re-homed messages for continued streams, appended after the loop below (which looks
         // up what those streams hold and needs them unchanged meanwhile).
         let mut rehomed_into_continued: Vec<(RegionId, OutMsg)> = Vec::new();
         // Streams created here, for regions new to this node: they take every re-homed message of
         // their topics, like the streams of changed regions.
         let mut created: Vec<RegionId> = Vec::new();
-        // Per unchanged stream, where the last look-up stopped: orphans come by increasing id
-        // and these streams do not change here, so each is walked once (a search per orphan and
-        // region was most of this function). A stream created in this loop holds only orphans
-        // already handled, so it never holds the current one.
+        // Per unchanged or continued stream, where the last look-up stopped: orphans come by
+        // increasing id and these streams do not change here, so each is walked once (a search
+        // per orphan and region was most of this function). A stream created in this loop holds
+        // only orphans already handled, so it never holds the current one.
         let mut cursors: Vec<(RegionId, usize)> = Vec::new();
-        for m in orphans {
+        fn cursor_of(cursors: &mut Vec<(RegionId, usize)>, region: RegionId) -> &mut usize {
+            let at = match cursors.iter().position(|(r, _)| *r == region) {
+                Some(at) => at,
+                None => {
+                    cursors.push((region, 0));
+                    cursors.len() - 1
+                }
+            };
+            &mut cursors[at].1
+        }
+        // The stability count of each orphan moves by what changed hands: minus the ended streams
+        // that held it, plus the streams it is pushed into. Streams that still hold it (unchanged
+        // ones, and continued ones whose region lost its topic, whose members dropped it) count
+        // as before and acknowledge it in their time.
+        for (m, copies) in orphans {
             let msg_id = m.msg_id;
             let regions = membership
                 .topic_regions
                 .get(&m.topic)
                 .map_or(&[][..], Vec::as_slice);
-            let mut pending = 0u16;
+            let mut added = 0u16;
             for &region in regions {
                 if let Some(stream) = self.outbound.get(&region) {
                     if gained(region, m.topic) {
+                        if stream.holds_after(cursor_of(&mut cursors, region), msg_id) {
+                            // The topic left this region (its members dropped it) and came back
+                            // while the message was still in flight here: not new to it.
+                            continue;
+                        }
                         // A topic this stream did not carry: the message is new to it.
                         rehomed_into_continued.push((region, m.clone()));
                         self.out.stats.messages_rehomed += 1;
-                        pending += 1;
+                        added += 1;
                         continue;
                     }
                     let new = ended.contains(&region) || created.contains(&region);
                     if !new {
-                        let at = match cursors.iter().position(|(r, _)| *r == region) {
-                            Some(at) => at,
-                            None => {
-                                cursors.push((region, 0));
-                                cursors.len() - 1
-                            }
-                        };
-                        if stream.holds_after(&mut cursors[at].1, msg_id) {
-                            // An unchanged region still has it in flight.
-                            pending += 1;
-                        }
-                        // Otherwise an unchanged region that already acknowledged it.
+                        // An unchanged region has it in flight or acknowledged it already.
                         continue;
                     }
                 }
@@ -1003,9 +1022,9 @@ impl Node {
                 });
                 stream.push(m.clone());
                 self.out.stats.messages_rehomed += 1;
-                pending += 1;
+                added += 1;
             }
-            if self.stability.reset(msg_id, pending) {
+            if self.stability.moved(msg_id, copies, added) {
                 self.out.stats.messages_stable += 1;
                 self.out.events.push_back(Event::Stable(msg_id));
             }

@@ -312,9 +312,10 @@ impl StabilityTracker {
         stable
     }
 
-    /// Sets how many regions must still acknowledge `msg_id` (after a view change re-homed it);
-    /// returns true if that makes it stable.
-    pub(crate) fn reset(&mut self, msg_id: MsgId, regions: u16) -> bool {
+    /// A view change took `msg_id` out of `removed` streams (theirs ended) and put it into
+    /// `added` others (re-homed); the streams that still hold it keep their share. Returns true
+    /// if that makes it stable.
+    pub(crate) fn moved(&mut self, msg_id: MsgId, removed: u16, added: u16) -> bool {
         let Some(idx) = msg_id.0.checked_sub(self.first) else {
             return false;
         };
@@ -324,9 +325,14 @@ impl StabilityTracker {
         if *count == 0 {
             return false;
         }
-        *count = regions;
+        debug_assert!(
+            *count >= removed,
+            "message taken out of more streams than held it"
+        );
+        *count = count.saturating_sub(removed).saturating_add(added);
+        let stable = *count == 0;
         self.trim();
-        regions == 0
+        stable
     }
 
     /// Whether `msg_id` (an id this node assigned) is stable.

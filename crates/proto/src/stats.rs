@@ -131,7 +131,8 @@ pub struct Stats {
     /// Memberships applied (view changes).
     pub view_changes: u64,
     /// Region views this node is a member of that continued its streams, rings and caches
-    /// into a new view of the same base (only topics were added; ADR 30).
+    /// into a new view of the same base (only topics were added, or dropped by every member;
+    /// ADR 30).
     pub views_continued: u64,
     /// Messages resent into a new view because they were unstable in the old one.
     pub messages_rehomed: u64,

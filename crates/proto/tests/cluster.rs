@@ -939,6 +939,40 @@ fn a_group_datagram_of_an_unknown_region_is_foreign() {
     assert_eq!((s.foreign_dropped, s.future_view_buffered), (0, 1));
 }
 
+/// Replaces the cluster's 7 nodes by fresh ones holding `first`, with `seed` (the view change
+/// tests start from memberships of their own).
+fn restart_nodes(c: &mut Cluster, seed: u64, first: &Membership) {
+    for i in 0..7 {
+        c.nodes[i] = Node::new(
+            Config {
+                rng_seed: seed,
+                ..Config::default()
+            },
+            NodeId(i as u32),
+            first.clone(),
+            Time::ZERO,
+        )
+        .unwrap();
+    }
+    c.membership = first.clone();
+}
+
+/// The view change tests' schedule, as (time, nodes, membership): nodes 0-3 install `second` at
+/// 20 ms and `third` at 50 ms, nodes 4 and 5 each 3 ms later, and node 6 only `third`.
+fn late_installs<'a>(
+    second: &'a Membership,
+    third: &'a Membership,
+) -> [(Duration, Vec<usize>, &'a Membership); 4] {
+    let ms = Duration::from_millis;
+    let early: Vec<usize> = vec![0, 1, 2, 3];
+    [
+        (ms(20), early.clone(), second),
+        (ms(23), vec![4, 5], second),
+        (ms(50), early, third),
+        (ms(53), vec![4, 5, 6], third),
+    ]
+}
+
 /// Receivers 1..=6 in region 1 (topic 1) and region 2 (topic 2), node 0 publishing on both.
 /// `continued`: views 2 and 3 move topic 2 into region 1 and add topic 3, with region 1's
 /// base kept (ADR 30); otherwise each starts a new base. Receivers 4..=6 install each view 3 ms
@@ -984,30 +1018,11 @@ fn topics_join_a_region(continued: bool) -> Cluster {
         view(1, 3, if continued { 1 } else { 3 }, &[1, 2, 3]),
     );
     third.topic_regions.insert(TopicId(3), vec![RegionId(1)]);
-    for i in 0..7 {
-        c.nodes[i] = Node::new(
-            Config {
-                rng_seed: 9,
-                ..Config::default()
-            },
-            NodeId(i as u32),
-            first.clone(),
-            Time::ZERO,
-        )
-        .unwrap();
-    }
-    c.membership = first.clone();
+    restart_nodes(&mut c, 9, &first);
     let total = 3000u64;
     let mut published: Vec<(TopicId, MsgId)> = Vec::new();
     let ms = Duration::from_millis;
-    // (time, nodes, membership): the early nodes, then the late ones 3 ms later.
-    let early: Vec<usize> = vec![0, 1, 2, 3];
-    let changes = [
-        (ms(20), early.clone(), &second),
-        (ms(23), vec![4, 5], &second),
-        (ms(50), early, &third),
-        (ms(53), vec![4, 5, 6], &third),
-    ];
+    let changes = late_installs(&second, &third);
     let mut next_change = 0;
     let limit = Time::ZERO + Duration::from_secs(30);
     while c.now < limit {
@@ -1079,6 +1094,163 @@ fn topics_join_a_region(continued: bool) -> Cluster {
         }
     }
     c
+}
+
+/// Receivers 1..=6 in region 1 of topics 1, 2 and 3, node 0 publishing on all three. View 2
+/// drops topic 3 from the region (every member unsubscribed from it: it has no region left);
+/// view 3 adds topic 4. `continued`: both keep region 1's base (ADR 30 and its addendum),
+/// otherwise each starts a new one. Receivers 4..=6 install each view 3 ms after the others, and
+/// receiver 6 never sees view 2. Returns the cluster after every message is stable, with what
+/// node 0 published and the last message it had published at each of the four installs.
+fn topics_leave_a_region(continued: bool) -> (Cluster, Vec<(TopicId, MsgId)>, Vec<MsgId>) {
+    let mut c = Cluster::new(7, |_| vec![], 3, 0.02, 11);
+    let members: Vec<NodeId> = (1..=6).map(NodeId).collect();
+    let view = |view: u32, base: u32, topics: &[u32]| RegionView {
+        region: RegionId(1),
+        view: ViewId(view),
+        base: ViewId(base),
+        topics: topics.iter().map(|&t| TopicId(t)).collect(),
+        partitions: RegionView::partitioned(&members, 3),
+    };
+    let membership = |v: RegionView| {
+        let mut m = Membership::default();
+        for &t in &v.topics {
+            m.topic_regions.insert(t, vec![RegionId(1)]);
+        }
+        m.regions.insert(RegionId(1), v);
+        m
+    };
+    let first = membership(view(1, 1, &[1, 2, 3]));
+    let second = membership(view(2, if continued { 1 } else { 2 }, &[1, 2]));
+    let third = membership(view(3, if continued { 1 } else { 3 }, &[1, 2, 4]));
+    restart_nodes(&mut c, 11, &first);
+    let total = 3000u64;
+    let mut published: Vec<(TopicId, MsgId)> = Vec::new();
+    let mut installs: Vec<MsgId> = Vec::new();
+    let ms = Duration::from_millis;
+    let changes = late_installs(&second, &third);
+    let mut next_change = 0;
+    let limit = Time::ZERO + Duration::from_secs(30);
+    // 20 messages a millisecond at most: 150 ms of traffic, across the views.
+    let mut next_batch = Time::ZERO;
+    while c.now < limit {
+        while (published.len() as u64) < total && c.now >= next_batch {
+            // Topics 1 to 4 in turn, a trickle while views change (3 and 4 go nowhere while
+            // they have no region).
+            let topic = TopicId(published.len() as u32 % 4 + 1);
+            if !c.nodes[0].can_publish(topic, 100) {
+                break;
+            }
+            let id = c.nodes[0]
+                .publish(c.now, topic, Bytes::from(vec![7u8; 100]))
+                .unwrap();
+            published.push((topic, id));
+            if published.len().is_multiple_of(20) {
+                next_batch = c.now + ms(1);
+            }
+        }
+        c.flush(0);
+        while let Some((at, nodes, membership)) = changes.get(next_change) {
+            if c.now < Time::ZERO + *at {
+                break;
+            }
+            c.membership = (*membership).clone();
+            installs.push(published.last().map_or(MsgId(0), |&(_, id)| id));
+            for &i in nodes {
+                c.nodes[i].set_membership(c.now, (*membership).clone());
+                c.flush(i);
+            }
+            next_change += 1;
+        }
+        if published.len() as u64 == total && c.stable[0].len() as u64 == total {
+            break;
+        }
+        if !c.step(c.now + ms(1)) {
+            c.now += ms(1);
+        }
+    }
+    assert_eq!(next_change, changes.len());
+    assert_eq!(c.stable[0].len() as u64, total, "every message stable");
+    (c, published, installs)
+}
+
+/// A view in which every member of a region dropped a topic keeps its streams (ADR 30,
+/// addendum): nothing is sent again, whereas a new base re-sends every unstable message. Either
+/// way the kept topics reach every receiver once and in order, and of the dropped topic each
+/// receiver gets, in order, a prefix of what node 0 published before it installed the view.
+#[test]
+fn views_that_drop_topics_continue_the_streams() {
+    for continued in [false, true] {
+        let (c, published, installs) = topics_leave_a_region(continued);
+        let of = |topic: TopicId, upto: MsgId| -> Vec<MsgId> {
+            published
+                .iter()
+                .filter(|&&(t, id)| t == topic && id <= upto)
+                .map(|&(_, id)| id)
+                .collect()
+        };
+        // Node 0 installed view 2 in the first change, and every node had view 3 after the last.
+        let (dropped_at, gained_at) = (installs[0], installs[3]);
+        for r in 1..=6 {
+            let got = |topic: TopicId| -> Vec<MsgId> {
+                c.delivered[r]
+                    .iter()
+                    .filter(|d| d.2 == topic)
+                    .map(|d| d.1)
+                    .collect()
+            };
+            for topic in [TopicId(1), TopicId(2)] {
+                assert!(
+                    got(topic) == of(topic, MsgId(u64::MAX)),
+                    "continued {continued}, receiver {r}, {topic:?}: {} delivered of {}",
+                    got(topic).len(),
+                    of(topic, MsgId(u64::MAX)).len()
+                );
+            }
+            let dropped = got(TopicId(3));
+            let before = of(TopicId(3), dropped_at);
+            assert!(!dropped.is_empty(), "receiver {r}: nothing of topic 3");
+            assert!(
+                before.starts_with(&dropped),
+                "continued {continued}, receiver {r}: topic 3 delivered {} of {} published \
+                 before the view, not a prefix",
+                dropped.len(),
+                before.len()
+            );
+            // Topic 4 came with view 3: every message published after the last install of it
+            // arrives, in order, and nothing twice.
+            let gained = got(TopicId(4));
+            assert!(gained.windows(2).all(|w| w[0] < w[1]), "receiver {r}");
+            let after: Vec<MsgId> = published
+                .iter()
+                .filter(|&&(t, id)| t == TopicId(4) && id > gained_at)
+                .map(|&(_, id)| id)
+                .collect();
+            assert!(!after.is_empty());
+            assert!(
+                gained.ends_with(&after),
+                "receiver {r}: topic 4 delivered {} of {} published after view 3",
+                gained.len(),
+                after.len()
+            );
+            let s = c.nodes[r].stats();
+            if continued {
+                assert_eq!(
+                    s.views_continued,
+                    if r == 6 { 1 } else { 2 },
+                    "receiver {r}"
+                );
+            } else {
+                assert_eq!(s.views_continued, 0, "receiver {r}");
+            }
+        }
+        let rehomed = c.nodes[0].stats().messages_rehomed;
+        if continued {
+            assert_eq!(rehomed, 0, "a continued region sent its messages again");
+        } else {
+            assert!(rehomed > 0, "a new base re-sent nothing");
+        }
+    }
 }
 
 /// A view that only adds topics to a region keeps its streams (ADR 30): nothing already in

@@ -401,3 +401,79 @@ fn a_second_subscription_and_publisher_of_a_topic_are_answered() {
     peer.shutdown().unwrap();
     node.shutdown().unwrap();
 }
+
+/// A subscriber alone in the region of its topics drops half of them while the publisher sends
+/// on all: the region loses topics its only member left, and its streams go on (ADR 30,
+/// addendum). The kept topics get every message once and in order, and the publisher sends
+/// nothing again.
+#[test]
+fn dropping_topics_under_traffic_sends_nothing_again() {
+    let publisher_node = Node::builder().start().unwrap();
+    let subscriber_node = Node::builder()
+        .gms(publisher_node.gms_addr())
+        .start()
+        .unwrap();
+    let topics: Vec<Topic<Bytes>> = (0..8)
+        .map(|t| Topic::raw(format!("dropped/{t}")).unwrap())
+        .collect();
+    let mut subs: Vec<_> = topics
+        .iter()
+        .map(|t| subscriber_node.subscribe(t).unwrap())
+        .collect();
+    const ROUNDS: u64 = 4000;
+    // Topics 0..4 are kept, each read by a thread of its own (one full queue would hold back
+    // the node's other deliveries); 4..8 are dropped one at a time while the traffic flows.
+    let readers: Vec<_> = subs
+        .drain(..4)
+        .enumerate()
+        .map(|(i, sub)| {
+            std::thread::spawn(move || {
+                for k in 0..ROUNDS {
+                    let m = sub
+                        .recv_timeout(Duration::from_secs(10))
+                        .unwrap_or_else(|e| panic!("topic {i}, message {k}: {e:?}"));
+                    assert_eq!(&m.value[..], &k.to_be_bytes()[..], "topic {i}");
+                }
+                assert!(sub.recv_timeout(Duration::from_millis(200)).is_err());
+                sub
+            })
+        })
+        .collect();
+    let mut publishers = publisher_node.publishers(&topics).unwrap();
+    let publishing = std::thread::spawn(move || {
+        for k in 0..ROUNDS {
+            for p in &mut publishers {
+                p.publish(&Bytes::copy_from_slice(&k.to_be_bytes()))
+                    .unwrap();
+            }
+            if k % 500 == 0 {
+                // Room for the unsubscriptions to land between bursts of traffic.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    });
+    let before = publisher_node.stats().unwrap();
+    for sub in subs.drain(..).rev() {
+        std::thread::sleep(Duration::from_millis(20));
+        drop(sub);
+    }
+    publishing.join().unwrap();
+    let kept: Vec<_> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let after = publisher_node.stats().unwrap();
+    let gms = after.gms.unwrap().stats;
+    assert_eq!(
+        gms.regions_current, 1,
+        "one region for the subscriber's topics"
+    );
+    assert!(
+        gms.views_continued > before.gms.unwrap().stats.views_continued,
+        "the drops did not continue the region's views"
+    );
+    assert_eq!(
+        after.runtime.proto.messages_rehomed, 0,
+        "the publisher sent messages again"
+    );
+    drop(kept);
+    subscriber_node.shutdown().unwrap();
+    publisher_node.shutdown().unwrap();
+}

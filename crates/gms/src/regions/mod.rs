@@ -162,8 +162,8 @@ pub struct Changes {
     /// Regions that existed before and after, whose members or topics changed.
     pub regions_changed: BTreeSet<RegionId>,
     /// Those of `regions_changed` whose streams must start anew (a new view base): members
-    /// changed, or topics left. The others only gained topics, and their streams go on
-    /// (ADR 30).
+    /// changed, or topics moved out to another subset. The others only gained topics or lost
+    /// topics their members dropped, and their streams go on (ADR 30).
     pub regions_restarted: BTreeSet<RegionId>,
     /// Regions that existed before and no longer do.
     pub regions_removed: BTreeSet<RegionId>,
@@ -215,14 +215,14 @@ impl Changes {
         self.regions_created.insert(r);
     }
 
-    /// Only topics were added to `r`: its streams go on.
+    /// Only topics were added to `r`, or dropped by all its members: its streams go on.
     fn changed(&mut self, r: RegionId) {
         if !self.regions_created.contains(&r) {
             self.regions_changed.insert(r);
         }
     }
 
-    /// `r`'s members changed or topics left it: its streams start anew.
+    /// `r`'s members changed or topics moved out of it: its streams start anew.
     fn restarted(&mut self, r: RegionId) {
         if !self.regions_created.contains(&r) {
             self.regions_changed.insert(r);
@@ -963,7 +963,19 @@ impl Planner {
             .copied()
             .filter(|t| sig.binary_search(t).is_err())
             .collect();
-        if !left.is_empty() {
+        // A topic that left while its members still subscribe to it moved to another subset:
+        // its next messages go to other regions of the same receivers, and only re-homing the
+        // unstable ones ahead of them (a new base) keeps them in sender order. A topic the
+        // members dropped has no receiver here any more, so nothing of it needs moving and the
+        // streams go on (ADR 30, addendum).
+        let members = self.regions.get(&r).map(|reg| &reg.members);
+        let moved = left.iter().any(|t| {
+            members.is_some_and(|m| {
+                m.iter()
+                    .any(|n| self.nodes.get(n).is_some_and(|ns| ns.topics.contains(t)))
+            })
+        });
+        if moved {
             ch.restarted(r);
         }
         for t in left {

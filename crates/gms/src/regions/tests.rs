@@ -484,3 +484,35 @@ fn a_second_subscriber_of_shared_topics_leaves_the_first_ones_region_alone_until
     assert_eq!(p.topic_regions(topics[1]).count(), 2);
     assert_eq!(p.node_regions(a).count(), 1);
 }
+
+/// A region whose members all drop a topic goes on (its view keeps its base: nothing of the
+/// topic has a receiver there, ADR 30 addendum); a region a topic moves out of while its members
+/// still subscribe to it starts anew, so that the topic's unstable messages are re-homed ahead of
+/// its next ones.
+#[test]
+fn a_region_goes_on_when_its_members_drop_a_topic_and_restarts_when_a_topic_moves_out() {
+    let mut p = Planner::new(PlannerConfig {
+        max_regions_per_topic: 1,
+        ..small_config()
+    })
+    .unwrap();
+    let (a, b) = (NodeId(1), NodeId(2));
+    for t in 1..=4 {
+        p.subscribe(a, TopicId(t));
+    }
+    assert_eq!(p.region_count(), 1);
+    let (_, shared) = p.node_regions(a).next().unwrap();
+    // a drops topic 4: the region follows it with one topic fewer and goes on.
+    let ch = p.unsubscribe(a, TopicId(4));
+    p.check_invariants().unwrap();
+    assert_eq!(p.region(shared).unwrap().topics.len(), 3);
+    assert!(ch.regions_changed.contains(&shared), "{ch:?}");
+    assert!(!ch.regions_restarted.contains(&shared), "{ch:?}");
+    // b takes topic 3, which may span one region only: it moves to a subset of its own, out of
+    // the region while a still subscribes to it, and the region restarts.
+    let ch = p.subscribe(b, TopicId(3));
+    p.check_invariants().unwrap();
+    assert_ne!(p.subset_of(TopicId(3)), p.subset_of(TopicId(1)));
+    assert_eq!(p.region(shared).unwrap().topics.len(), 2);
+    assert!(ch.regions_restarted.contains(&shared), "{ch:?}");
+}
