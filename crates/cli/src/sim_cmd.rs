@@ -243,6 +243,11 @@ struct ScenarioArgs {
     /// regions of exactly their subscribers (views that only add topics, ADR 30).
     #[arg(long, default_value_t = 0)]
     adopt: u32,
+    /// Abandonments during publishing (with --adopt): an adopter drops one of the extra topics
+    /// if it holds it, so a region alone with its node loses a topic (views that drop topics
+    /// their members left go on, ADR 30).
+    #[arg(long, default_value_t = 0)]
+    abandon: u32,
     /// Crash the largest region's leader and one of its partition leaders during publishing.
     #[arg(long)]
     crash_leaders: bool,
@@ -286,6 +291,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         proto,
         churn: a.churn,
         adopt: a.adopt,
+        abandon: a.abandon,
         churn_events: Vec::new(),
         crash_leaders: a.crash_leaders,
         detection: Duration::from_millis(a.detection_ms),

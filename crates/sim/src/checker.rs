@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use tidings_proto::{Delivery, MsgId, NodeId, Time, TopicId};
+use tidings_proto::{Delivery, MsgId, NodeId, RegionId, Time, TopicId, ViewId};
 
 /// Most violation descriptions kept (all are counted).
 const VIOLATIONS_KEPT: usize = 20;
@@ -52,6 +52,10 @@ fn payload_ok(d: &Delivery, expected_len: usize) -> bool {
     let fill = (d.msg_id.0 as u8) ^ (d.origin.0 as u8);
     p[PAYLOAD_ID_LEN..].iter().all(|&b| b == fill)
 }
+
+/// A sender's membership as the checker keeps it: per topic, the members of the regions it maps
+/// the topic to, sorted by node, each with the time the GMS issued its region's view.
+type SenderSnapshot = BTreeMap<TopicId, Vec<(NodeId, Time)>>;
 
 #[derive(Debug, Default)]
 struct SenderLog {
@@ -113,8 +117,12 @@ struct PendingPause {
 /// [`sender_view`](Ledger::sender_view), kept as one snapshot per change of the sender's
 /// membership and an index per message). A receiver must deliver a message if it was a member of a
 /// region the sender's membership mapped the topic to when it published, and the GMS kept it
-/// subscribed to the topic without a break from before the publish to the end (or to the
-/// stability report); it may deliver a topic only while its own membership says it subscribes.
+/// subscribed to the topic without a break from before the publish, and from before that region
+/// view was issued ([`view_issued`](Ledger::view_issued)), to the end (or to the stability
+/// report); it may deliver a topic only while its own membership says it subscribes. A sender
+/// whose membership is behind the GMS's publishes by a view older than the receiver's latest
+/// subscription: if the receiver dropped the topic and took it again since that view, the
+/// message belongs to the subscription that ended, in the order of views.
 #[derive(Debug)]
 pub struct Ledger {
     /// Per node, its topics and since when it subscribes to each (`None`: from the start).
@@ -136,9 +144,12 @@ pub struct Ledger {
     /// the membership it holds now (what it may deliver). `None`: memberships are installed
     /// everywhere at once and `since` says what a node may deliver.
     local: Option<Vec<BTreeSet<TopicId>>>,
-    /// Asynchronous membership: per sender, its view snapshots (per topic, the sorted members of
-    /// the regions its membership mapped the topic to); the last is in force.
-    sender_views: BTreeMap<NodeId, Vec<BTreeMap<TopicId, Vec<NodeId>>>>,
+    /// Asynchronous membership: per sender, its view snapshots (per topic, the members of the
+    /// regions its membership mapped the topic to, sorted, each with the time the GMS issued the
+    /// region view that put it there); the last is in force.
+    sender_views: BTreeMap<NodeId, Vec<SenderSnapshot>>,
+    /// Asynchronous membership: when the GMS issued each region view.
+    views_issued: BTreeMap<(RegionId, ViewId), Time>,
     /// Publish to stable, microseconds.
     pub time_to_stable_us: Histogram<u64>,
     /// Publish to delivery at each receiver, microseconds.
@@ -178,6 +189,7 @@ impl Ledger {
             pause: None,
             local: None,
             sender_views: BTreeMap::new(),
+            views_issued: BTreeMap::new(),
             time_to_stable_us: histogram(),
             latency_us: histogram(),
             token_rtt_us: histogram(),
@@ -215,14 +227,17 @@ impl Ledger {
         if self.local.is_none() {
             return since.is_some_and(|s| s.is_none_or(|s| s < at));
         }
-        let in_snapshot = self
+        let issued = self
             .senders
             .get(&origin)
             .and_then(|log| log.epochs.get(idx))
             .and_then(|&e| self.sender_views.get(&origin)?.get(e as usize))
             .and_then(|v| v.get(&topic))
-            .is_some_and(|members| members.binary_search(&node).is_ok());
-        in_snapshot && since.is_some_and(|s| s.is_none_or(|s| s <= at))
+            .and_then(|members| {
+                let at = members.binary_search_by_key(&node, |&(n, _)| n).ok()?;
+                Some(members[at].1)
+            });
+        issued.is_some_and(|issued| since.is_some_and(|s| s.is_none_or(|s| s <= at && s <= issued)))
     }
 
     /// Switches to asynchronous membership (the GMS): each node may deliver what its own
@@ -243,15 +258,39 @@ impl Ledger {
         }
     }
 
+    /// Asynchronous membership: the GMS issued view `view` of `region` at `now` (the first report
+    /// of a view counts).
+    pub fn view_issued(&mut self, region: RegionId, view: ViewId, now: Time) {
+        self.views_issued.entry((region, view)).or_insert(now);
+    }
+
     /// Asynchronous membership: from now on, `sender` publishes with this membership: per topic,
-    /// the members of the regions it maps the topic to.
-    pub fn sender_view(&mut self, sender: NodeId, view: BTreeMap<TopicId, Vec<NodeId>>) {
+    /// the members of the regions it maps the topic to, each with the region view. A view the
+    /// GMS was not seen to issue counts as issued at the end of time (only the publish time then
+    /// bounds the subscription).
+    pub fn sender_view(
+        &mut self,
+        sender: NodeId,
+        view: BTreeMap<TopicId, Vec<(NodeId, RegionId, ViewId)>>,
+    ) {
+        let issued =
+            |r: RegionId, v: ViewId| self.views_issued.get(&(r, v)).copied().unwrap_or(Time::MAX);
+        let view: SenderSnapshot = view
+            .into_iter()
+            .map(|(t, members)| {
+                let mut members: Vec<(NodeId, Time)> = members
+                    .into_iter()
+                    .map(|(n, r, v)| (n, issued(r, v)))
+                    .collect();
+                // A node is in one region per subset, so once per topic; the latest view if not.
+                members.sort_unstable();
+                members.reverse();
+                members.dedup_by_key(|&mut (n, _)| n);
+                members.reverse();
+                (t, members)
+            })
+            .collect();
         let views = self.sender_views.entry(sender).or_default();
-        let mut view = view;
-        for members in view.values_mut() {
-            members.sort_unstable();
-            members.dedup();
-        }
         if views.last() != Some(&view) {
             views.push(view);
         }
@@ -445,7 +484,13 @@ impl Ledger {
             return;
         };
         if log.stable[idx] {
-            self.violation(format!("{origin} reported #{} stable twice", msg_id.0));
+            let ms = |t: Time| t.as_nanos() as f64 / 1e6;
+            self.violation(format!(
+                "{origin} reported #{} ({topic}, published at {:.1} ms) stable twice, again at {:.1} ms",
+                msg_id.0,
+                ms(at),
+                ms(now)
+            ));
             return;
         }
         log.stable[idx] = true;
@@ -659,7 +704,7 @@ mod tests {
             l.local_topics(NodeId(n), [t1].into());
         }
         // The sender's view: only nodes 1 and 2 on topic 1.
-        l.sender_view(NodeId(0), [(t1, vec![NodeId(2), NodeId(1)])].into());
+        l.sender_view(NodeId(0), [(t1, members(&[2, 1]))].into());
         // Node 3 subscribes (the GMS applied it) but the sender does not know yet.
         l.set_subscriptions(NodeId(3), &[t1], ms(1));
         l.published(NodeId(0), MsgId(1), t1, 40, ms(2));
@@ -667,10 +712,7 @@ mod tests {
         l.delivered(NodeId(3), &delivery(0, 1, 1), ms(3));
         assert_eq!(l.violations().1, 1);
         l.local_topics(NodeId(3), [t1].into());
-        l.sender_view(
-            NodeId(0),
-            [(t1, vec![NodeId(1), NodeId(2), NodeId(3)])].into(),
-        );
+        l.sender_view(NodeId(0), [(t1, members(&[1, 2, 3]))].into());
         l.published(NodeId(0), MsgId(2), t1, 40, ms(4));
         for n in 1..=2 {
             l.delivered(NodeId(n), &delivery(0, 1, 1), ms(5));
@@ -693,7 +735,7 @@ mod tests {
         let mut l = Ledger::new(&[vec![], vec![t1]]);
         l.asynchronous();
         l.local_topics(NodeId(1), [t1].into());
-        l.sender_view(NodeId(0), [(t1, vec![NodeId(1)])].into());
+        l.sender_view(NodeId(0), [(t1, members(&[1]))].into());
         l.published(NodeId(0), MsgId(1), t1, 40, ms(1));
         // Node 1 leaves and comes back: message 1 is no longer owed to it.
         l.set_subscriptions(NodeId(1), &[], ms(2));
@@ -701,5 +743,42 @@ mod tests {
         l.stable(NodeId(0), MsgId(1), ms(4));
         l.finish(ms(5));
         assert_eq!(l.violations().1, 0, "{:?}", l.violations().0);
+    }
+
+    /// Members of region 1, view 1, for a sender's snapshot.
+    fn members(nodes: &[u32]) -> Vec<(NodeId, RegionId, ViewId)> {
+        nodes
+            .iter()
+            .map(|&n| (NodeId(n), RegionId(1), ViewId(1)))
+            .collect()
+    }
+
+    /// A sender whose membership is behind the GMS's publishes by a view issued before the
+    /// receiver dropped the topic and took it again: the message belongs to the subscription
+    /// that ended, even though it was published after the new one began. A receiver subscribed
+    /// without a break since the view was issued still owes it.
+    #[test]
+    fn a_stale_senders_view_does_not_require_a_subscription_taken_again_since() {
+        let ms = |m| Time::ZERO + Duration::from_millis(m);
+        let t1 = TopicId(1);
+        let mut l = Ledger::new(&[vec![], vec![t1], vec![t1]]);
+        l.asynchronous();
+        for n in 1..=2 {
+            l.local_topics(NodeId(n), [t1].into());
+        }
+        l.view_issued(RegionId(1), ViewId(1), ms(1));
+        // Node 2 drops topic 1 at 2 ms and takes it again at 3 ms; the sender still holds view
+        // 1 and publishes at 4 ms.
+        l.set_subscriptions(NodeId(2), &[], ms(2));
+        l.set_subscriptions(NodeId(2), &[t1], ms(3));
+        l.sender_view(NodeId(0), [(t1, members(&[1, 2]))].into());
+        l.published(NodeId(0), MsgId(1), t1, 40, ms(4));
+        l.delivered(NodeId(1), &delivery(0, 1, 1), ms(5));
+        l.stable(NodeId(0), MsgId(1), ms(5));
+        assert_eq!(l.violations().1, 0, "{:?}", l.violations().0);
+        // Node 1 kept its subscription since view 1: a message it misses is a violation.
+        l.published(NodeId(0), MsgId(2), t1, 40, ms(6));
+        l.stable(NodeId(0), MsgId(2), ms(7));
+        assert_eq!(l.violations().1, 1, "{:?}", l.violations().0);
     }
 }

@@ -118,6 +118,8 @@ pub enum ChurnKind {
     Resubscribe,
     /// The node subscribes to one more topic, one that no profile takes (`Scenario::adopt`).
     Adopt(TopicId),
+    /// The node drops such a topic, if it holds it (`Scenario::abandon`).
+    Abandon(TopicId),
 }
 
 /// One membership event of a run.
@@ -139,6 +141,7 @@ impl fmt::Display for ChurnEvent {
             ChurnKind::Join => "join",
             ChurnKind::Resubscribe => "resubscribe",
             ChurnKind::Adopt(_) => "adopt",
+            ChurnKind::Abandon(_) => "abandon",
         };
         write!(
             f,
@@ -146,7 +149,7 @@ impl fmt::Display for ChurnEvent {
             self.at.as_nanos() as f64 / 1e9,
             self.node
         )?;
-        if let ChurnKind::Adopt(t) = self.kind {
+        if let ChurnKind::Adopt(t) | ChurnKind::Abandon(t) = self.kind {
             write!(f, " topic {}", t.0)?;
         }
         Ok(())

@@ -49,7 +49,7 @@ use tidings_gms::{
     ClientConfig, ClientEvent, Command, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Peer,
     PlannerConfig, RemoveCause, NAMES_PER_REQUEST_MAX,
 };
-use tidings_proto::{Membership, NodeId, RegionId, RegionView, Time, TopicId};
+use tidings_proto::{Membership, NodeId, RegionId, RegionView, Time, TopicId, ViewId};
 
 use crate::checker::Ledger;
 
@@ -336,15 +336,15 @@ pub(crate) fn local_topics(m: &Membership, me: NodeId) -> BTreeSet<TopicId> {
         .collect()
 }
 
-/// Per topic, the members of the regions `m` maps it to. A publisher's membership maps each of
-/// its topics (a hundred in the churn sweep) to a few of the same regions, and this runs at every
-/// membership it installs: each region's members are listed once, and each topic's list is
-/// allocated at its size.
-pub(crate) fn sender_view(m: &Membership) -> BTreeMap<TopicId, Vec<NodeId>> {
-    let members: BTreeMap<RegionId, Vec<NodeId>> = m
+/// Per topic, the members of the regions `m` maps it to, each with its region and view. A
+/// publisher's membership maps each of its topics (a hundred in the churn sweep) to a few of the
+/// same regions, and this runs at every membership it installs: each region's members are listed
+/// once, and each topic's list is allocated at its size.
+pub(crate) fn sender_view(m: &Membership) -> BTreeMap<TopicId, Vec<(NodeId, RegionId, ViewId)>> {
+    let members: BTreeMap<RegionId, Vec<(NodeId, RegionId, ViewId)>> = m
         .regions
         .iter()
-        .map(|(&r, v)| (r, v.members().collect()))
+        .map(|(&r, v)| (r, v.members().map(|n| (n, r, v.view)).collect()))
         .collect();
     m.topic_regions
         .iter()
@@ -408,6 +408,12 @@ impl ServiceRole {
         let views = self.gms.stats().views_issued;
         if views != self.views_seen {
             self.views_seen = views;
+            // When each view was issued, for what a stale sender's membership still requires.
+            for (r, _) in self.gms.planner().regions() {
+                if let Some(v) = self.gms.view_of(r) {
+                    ledger.view_issued(r, v, now);
+                }
+            }
             self.log.borrow_mut().view_changes += 1;
             ledger.view_change(now);
         }
@@ -729,7 +735,10 @@ mod tests {
                 .filter(|&i| subs[i].contains(&TopicId(topic)))
                 .map(|i| NodeId(i as u32))
                 .collect();
-            let mut got = view.get(&TopicId(topic)).cloned().unwrap_or_default();
+            let mut got: Vec<NodeId> = view
+                .get(&TopicId(topic))
+                .map(|m| m.iter().map(|&(n, _, _)| n).collect())
+                .unwrap_or_default();
             got.sort_unstable();
             assert_eq!(got, want, "topic {topic}");
         }

@@ -30,7 +30,8 @@ pub struct Recovery {
     pub pulls_sent: u64,
     /// Messages senders sent again into the regions of their topics after a view change.
     pub messages_rehomed: u64,
-    /// Region states that went on into a view that only added topics (ADR 30), all nodes.
+    /// Region states that went on into a view that only added topics or dropped topics every
+    /// member left (ADR 30), all nodes.
     pub views_continued: u64,
     /// Pull requests to senders (after caching members did not answer).
     pub pulls_to_sender: u64,

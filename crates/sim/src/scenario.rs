@@ -77,6 +77,12 @@ pub struct Scenario {
     /// joins that node's region, which only adds a topic to it (its streams go on, ADR 30); a
     /// second subscriber moves the topic on. Default 0 (and no extra topics).
     pub adopt: u32,
+    /// Abandonments spread over the middle of the publishing phase, after adoptions began: one
+    /// of the adopters drops one of the [`FRESH_TOPICS`] if it holds it (else the event does
+    /// nothing). A node alone in the region of its fresh topics keeps that region with one topic
+    /// fewer, a view its streams go on through (ADR 30, addendum). Default 0; takes effect only
+    /// with `adopt`.
+    pub abandon: u32,
     /// Membership events at given times, besides the random ones.
     pub churn_events: Vec<ChurnEvent>,
     /// Crash the largest region's leader and one of its partition leaders during publishing.
@@ -164,6 +170,7 @@ impl Default for Scenario {
             proto: Config::default(),
             churn: 0,
             adopt: 0,
+            abandon: 0,
             churn_events: Vec::new(),
             crash_leaders: false,
             detection: DETECTION_DEFAULT,
@@ -469,6 +476,19 @@ impl Scenario {
                 node: adopters[rng.usize(..adopters.len())],
             });
         }
+        // Abandonments, from a generator of their own again, over 30%..80% of the phase (after
+        // the first adoptions, so that there is something to drop).
+        let mut rng = fastrand::Rng::with_seed(self.seed ^ 0x4142_414e_444f);
+        for k in 0..self.abandon.min(if self.adopt > 0 { u32::MAX } else { 0 }) {
+            if adopters.is_empty() {
+                break;
+            }
+            plan.push(ChurnEvent {
+                at: at(0.3 + 0.5 * (f64::from(k) + 0.5) / f64::from(self.abandon)),
+                kind: ChurnKind::Abandon(TopicId(self.topics + 1 + rng.u32(..FRESH_TOPICS))),
+                node: adopters[rng.usize(..adopters.len())],
+            });
+        }
         plan
     }
 
@@ -509,6 +529,9 @@ impl Scenario {
         }
         if self.adopt > 0 {
             cmd += &format!(" --adopt {}", self.adopt);
+        }
+        if self.abandon > 0 {
+            cmd += &format!(" --abandon {}", self.abandon);
         }
         if self.crash_leaders {
             cmd += " --crash-leaders";
@@ -790,6 +813,9 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             .map_err(|e| ScenarioError::Invalid(format!("gms bootstrap: {e}")))?;
             let mut l = ledger.borrow_mut();
             l.asynchronous();
+            for (&r, v) in &b.global.regions {
+                l.view_issued(r, v.view, Time::ZERO);
+            }
             for (i, m) in b.memberships.iter().enumerate() {
                 let me = NodeId(i as u32);
                 l.local_topics(me, crate::gms::local_topics(m, me));
@@ -1020,6 +1046,12 @@ pub fn run_observed(
             if crashed[e.node.0 as usize] {
                 continue;
             }
+            if let ChurnKind::Abandon(topic) = e.kind {
+                if subscribed[e.node.0 as usize].binary_search(&topic).is_err() {
+                    // Nothing to drop: the event does nothing (and is not logged).
+                    continue;
+                }
+            }
             churn_log.push(e.to_string());
             match e.kind {
                 ChurnKind::Crash => {
@@ -1037,7 +1069,8 @@ pub fn run_observed(
                 ChurnKind::Leave
                 | ChurnKind::Join
                 | ChurnKind::Resubscribe
-                | ChurnKind::Adopt(_) => {
+                | ChurnKind::Adopt(_)
+                | ChurnKind::Abandon(_) => {
                     let topics = match e.kind {
                         ChurnKind::Leave => Vec::new(),
                         ChurnKind::Adopt(topic) => {
@@ -1045,6 +1078,11 @@ pub fn run_observed(
                             if let Err(at) = topics.binary_search(&topic) {
                                 topics.insert(at, topic);
                             }
+                            topics
+                        }
+                        ChurnKind::Abandon(topic) => {
+                            let mut topics = subscribed[e.node.0 as usize].clone();
+                            topics.retain(|&t| t != topic);
                             topics
                         }
                         _ => s.profile_topics(e.node),

@@ -6,7 +6,10 @@
 //! robin, as fast as back pressure lets it. After a second, the subscriber subscribes to
 //! `ADDED` more topics (40), one every `EVERY_MS` milliseconds (50). The example prints the
 //! delivery rate before and during the subscriptions, what the publisher re-sent because a
-//! region it sends into changed view, and how many datagrams left per `sendmsg`.
+//! region it sends into changed view, and how many datagrams left per `sendmsg`. Then it drops
+//! `REMOVED` (0) of the busy topics' subscriptions, one every `EVERY_MS`, and prints the same for
+//! the unsubscriptions (the publisher goes on sending on the dropped topics, which then have no
+//! subscriber).
 //!
 //! `SUBSET_TOPICS_MAX=1` gives every topic its own region (ADR 29): then subscriptions change
 //! no busy region, but the publisher sends into `TOPICS` regions instead of one.
@@ -37,6 +40,7 @@ fn setting(name: &str, default: u64) -> Result<u64, String> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let busy = usize::try_from(setting("TOPICS", 100)?)?.max(1);
     let added = usize::try_from(setting("ADDED", 40)?)?;
+    let removed = usize::try_from(setting("REMOVED", 0)?)?.min(busy);
     let every = Duration::from_millis(setting("EVERY_MS", 50)?);
     let mut gms = GmsConfig::default();
     gms.planner.subset_topics_max = usize::try_from(setting(
@@ -88,6 +92,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds = started.elapsed().as_secs_f64();
     let during_rate = (delivered.load(Ordering::Relaxed) - base) as f64 / seconds;
     let after = publisher_node.stats()?;
+    // The unsubscriptions: the first `removed` busy topics, one at a time.
+    let base = delivered.load(Ordering::Relaxed);
+    let started = Instant::now();
+    for subscription in subscriptions.drain(..removed) {
+        drop(subscription);
+        std::thread::sleep(every);
+    }
+    let removing_seconds = started.elapsed().as_secs_f64();
+    let removing_rate = (delivered.load(Ordering::Relaxed) - base) as f64 / removing_seconds;
+    let end = publisher_node.stats()?;
     stop.store(true, Ordering::Relaxed);
     publishing
         .join()
@@ -113,6 +127,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             p.messages_rehomed - before.proto.messages_rehomed,
             (rt.datagrams_sent - before.datagrams_sent) as f64
                 / (rt.send_calls - before.send_calls).max(1) as f64
+        );
+    }
+    if removed > 0 {
+        let (before, p) = (&after.runtime, &end.runtime.proto);
+        // The dropped topics are still published on, so the delivered rate falls by their
+        // share whatever the protocol does; the published rate is the traffic's.
+        let published = p.messages_published - before.proto.messages_published;
+        println!(
+            "{removed} unsubscriptions, one every {every:?}: {:.0} msgs/s published, \
+             {removing_rate:.0} msgs/s delivered",
+            published as f64 / removing_seconds
+        );
+        println!(
+            "publisher during them: {} view changes, {} messages re-sent into changed regions",
+            p.view_changes - before.proto.view_changes,
+            p.messages_rehomed - before.proto.messages_rehomed,
         );
     }
     drop(subscriptions);
