@@ -431,6 +431,24 @@ mod tests {
         assert!(s.get(101).is_some());
     }
 
+    /// A re-homed message's count moves by what changed hands: it becomes stable only when
+    /// every stream that holds it, old or new, has acknowledged it.
+    #[test]
+    fn a_moved_message_waits_for_every_stream_that_holds_it() {
+        let mut t = StabilityTracker::new();
+        t.register(MsgId(1), 2);
+        t.register(MsgId(2), 1);
+        // Message 1 leaves one ended stream and goes into two new ones; one stream kept it.
+        assert!(!t.moved(MsgId(1), 1, 2));
+        assert!(!t.acked(MsgId(1)));
+        assert!(!t.acked(MsgId(1)));
+        assert!(t.acked(MsgId(1)), "the third holder's acknowledgement");
+        // Message 2 leaves its only stream for none: stable at once, and never again.
+        assert!(t.moved(MsgId(2), 1, 0));
+        assert!(t.is_stable(MsgId(2)));
+        assert!(!t.moved(MsgId(2), 0, 1));
+    }
+
     #[test]
     fn holds_after_answers_increasing_ids_as_a_search_would() {
         let mut s = OutboundStream::new(ViewId(1), ViewId(1), Time::ZERO);
