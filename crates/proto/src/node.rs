@@ -967,16 +967,6 @@ impl Node {
         // per orphan and region was most of this function). A stream created in this loop holds
         // only orphans already handled, so it never holds the current one.
         let mut cursors: Vec<(RegionId, usize)> = Vec::new();
-        fn cursor_of(cursors: &mut Vec<(RegionId, usize)>, region: RegionId) -> &mut usize {
-            let at = match cursors.iter().position(|(r, _)| *r == region) {
-                Some(at) => at,
-                None => {
-                    cursors.push((region, 0));
-                    cursors.len() - 1
-                }
-            };
-            &mut cursors[at].1
-        }
         // The stability count of each orphan moves by what changed hands: minus the ended streams
         // that held it, plus the streams it is pushed into. Streams that still hold it (unchanged
         // ones, and continued ones whose region lost its topic, whose members dropped it) count
@@ -2075,4 +2065,17 @@ fn silence_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
         config.silence_idle_interval
     };
     Some(stream.last_send + interval)
+}
+
+/// `region`'s look-up cursor in `cursors` (a few streams per install, so a list), starting at
+/// the stream's front the first time.
+fn cursor_of(cursors: &mut Vec<(RegionId, usize)>, region: RegionId) -> &mut usize {
+    let at = match cursors.iter().position(|(r, _)| *r == region) {
+        Some(at) => at,
+        None => {
+            cursors.push((region, 0));
+            cursors.len() - 1
+        }
+    };
+    &mut cursors[at].1
 }

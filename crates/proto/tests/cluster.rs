@@ -973,6 +973,27 @@ fn late_installs<'a>(
     ]
 }
 
+/// Installs every change of `changes` due by now, from `*next` on: `route` first sets the
+/// membership the wire routes by, then each listed node installs the change.
+fn install_due(
+    c: &mut Cluster,
+    changes: &[(Duration, Vec<usize>, &Membership)],
+    next: &mut usize,
+    mut route: impl FnMut(&mut Cluster, &Membership),
+) {
+    while let Some((at, nodes, membership)) = changes.get(*next) {
+        if c.now < Time::ZERO + *at {
+            break;
+        }
+        route(c, membership);
+        for &i in nodes {
+            c.nodes[i].set_membership(c.now, (*membership).clone());
+            c.flush(i);
+        }
+        *next += 1;
+    }
+}
+
 /// Receivers 1..=6 in region 1 (topic 1) and region 2 (topic 2), node 0 publishing on both.
 /// `continued`: views 2 and 3 move topic 2 into region 1 and add topic 3, with region 1's
 /// base kept (ADR 30); otherwise each starts a new base. Receivers 4..=6 install each view 3 ms
@@ -1042,22 +1063,14 @@ fn topics_join_a_region(continued: bool) -> Cluster {
             }
         }
         c.flush(0);
-        while let Some((at, nodes, membership)) = changes.get(next_change) {
-            if c.now < Time::ZERO + *at {
-                break;
-            }
+        install_due(&mut c, &changes, &mut next_change, |c, membership| {
             // The wire routes by the newest membership (region 2's datagrams still in flight
             // reach its old members through it: region 1 has the same ones).
-            c.membership = (*membership).clone();
+            c.membership = membership.clone();
             c.membership
                 .regions
                 .insert(RegionId(2), view(2, 1, 1, &[2]));
-            for &i in nodes {
-                c.nodes[i].set_membership(c.now, (*membership).clone());
-                c.flush(i);
-            }
-            next_change += 1;
-        }
+        });
         if published.len() as u64 == total && c.stable[0].len() as u64 == total {
             break;
         }
@@ -1150,18 +1163,10 @@ fn topics_leave_a_region(continued: bool) -> (Cluster, Vec<(TopicId, MsgId)>, Ve
             }
         }
         c.flush(0);
-        while let Some((at, nodes, membership)) = changes.get(next_change) {
-            if c.now < Time::ZERO + *at {
-                break;
-            }
-            c.membership = (*membership).clone();
+        install_due(&mut c, &changes, &mut next_change, |c, membership| {
+            c.membership = membership.clone();
             installs.push(published.last().map_or(MsgId(0), |&(_, id)| id));
-            for &i in nodes {
-                c.nodes[i].set_membership(c.now, (*membership).clone());
-                c.flush(i);
-            }
-            next_change += 1;
-        }
+        });
         if published.len() as u64 == total && c.stable[0].len() as u64 == total {
             break;
         }

@@ -283,10 +283,8 @@ impl Ledger {
                     .map(|(n, r, v)| (n, issued(r, v)))
                     .collect();
                 // A node is in one region per subset, so once per topic; the latest view if not.
-                members.sort_unstable();
-                members.reverse();
+                members.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
                 members.dedup_by_key(|&mut (n, _)| n);
-                members.reverse();
                 (t, members)
             })
             .collect();

@@ -479,7 +479,8 @@ impl Scenario {
         // Abandonments, from a generator of their own again, over 30%..80% of the phase (after
         // the first adoptions, so that there is something to drop).
         let mut rng = fastrand::Rng::with_seed(self.seed ^ 0x4142_414e_444f);
-        for k in 0..self.abandon.min(if self.adopt > 0 { u32::MAX } else { 0 }) {
+        let abandons = if self.adopt > 0 { self.abandon } else { 0 };
+        for k in 0..abandons {
             if adopters.is_empty() {
                 break;
             }
