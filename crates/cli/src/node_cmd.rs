@@ -185,6 +185,7 @@ fn publish_inner(a: &PubArgs) -> Result<u64, String> {
     let mut publisher = node.publisher(&topic).map_err(|e| e.to_string())?;
     let mut last = None;
     let mut count = 0u64;
+    let mut stalled = String::new();
     match a.generate {
         Some(n) => {
             let interval = a.rate.map(|r| Duration::from_secs_f64(1.0 / r));
@@ -193,11 +194,12 @@ fn publish_inner(a: &PubArgs) -> Result<u64, String> {
                 let text = format!("{i} ");
                 let k = text.len().min(payload.len());
                 payload[..k].copy_from_slice(&text.as_bytes()[..k]);
-                last = Some(
-                    publisher
-                        .publish(&Bytes::copy_from_slice(&payload))
-                        .map_err(|e| e.to_string())?,
-                );
+                last = Some(publish_watching(
+                    &node,
+                    &mut publisher,
+                    &Bytes::copy_from_slice(&payload),
+                    &mut stalled,
+                )?);
                 count += 1;
                 if let Some(d) = interval {
                     std::thread::sleep(d);
@@ -207,11 +209,12 @@ fn publish_inner(a: &PubArgs) -> Result<u64, String> {
         None => {
             for line in std::io::stdin().lock().lines() {
                 let line = line.map_err(|e| format!("reading stdin: {e}"))?;
-                last = Some(
-                    publisher
-                        .publish(&Bytes::from(line.into_bytes()))
-                        .map_err(|e| e.to_string())?,
-                );
+                last = Some(publish_watching(
+                    &node,
+                    &mut publisher,
+                    &Bytes::from(line.into_bytes()),
+                    &mut stalled,
+                )?);
                 count += 1;
             }
         }
@@ -224,6 +227,42 @@ fn publish_inner(a: &PubArgs) -> Result<u64, String> {
     drop(publisher);
     node.shutdown().map_err(|e| e.to_string())?;
     Ok(count)
+}
+
+/// How long `tidings pub` waits under back pressure before it looks whether the node's
+/// messages are stalled (and says so).
+const STALL_LOOK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Publishes `value`, waiting under back pressure as long as it takes; while it waits, says on
+/// stderr whom the node's unstable messages wait for when regions stall, and when they resume.
+/// `stalled` is what was said last.
+fn publish_watching(
+    node: &tidings::Node,
+    publisher: &mut tidings::Publisher<Bytes>,
+    value: &Bytes,
+    stalled: &mut String,
+) -> Result<tidings::PublishHandle, String> {
+    loop {
+        match publisher.publish_timeout(value, STALL_LOOK_INTERVAL) {
+            Ok(h) => {
+                if !stalled.is_empty() {
+                    eprintln!("resumed: the stalled regions acknowledged");
+                    stalled.clear();
+                }
+                return Ok(h);
+            }
+            Err(tidings::Error::Timeout(_)) => {
+                let stats = node.stats().map_err(|e| e.to_string())?;
+                let now: Vec<String> = stats.runtime.stalls.iter().map(|s| s.to_string()).collect();
+                let now = now.join("; ");
+                if !now.is_empty() && now != *stalled {
+                    eprintln!("stalled: {now}");
+                }
+                *stalled = now;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
 }
 
 /// Options of `tidings sub`.

@@ -13,6 +13,8 @@
 //!   concerns that node. Its state changes are [`Command`]s.
 //! - [`GmsClient`]: the node side; it turns the update stream into
 //!   [`tidings_proto::Membership`] values for the protocol node.
+//! - [`Member`]: a node's control plane, the protocol node and the client together; the
+//!   runtime and the simulator both drive it.
 //! - [`message`]: the messages between them and their checked encoding.
 //!
 //! Nothing here reads a clock, opens a socket or spawns a thread: time and seeds are inputs.
@@ -24,6 +26,7 @@
 mod client;
 mod config;
 mod groups;
+mod member;
 pub mod message;
 pub mod regions;
 mod service;
@@ -32,6 +35,10 @@ mod tests;
 
 pub use client::{ClientEvent, ClientStats, GmsClient, RequestError};
 pub use config::{ClientConfig, ConfigError, GmsConfig, MulticastPool};
+pub use member::{
+    frame, unframe, Member, MemberConfig, MemberError, MemberEvent, MemberStats, NamedRequest,
+    Stall, GMS_MAGIC,
+};
 pub use message::{
     DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request, NAMES_PER_REQUEST_MAX,
     TOPIC_NAME_BYTES_MAX,

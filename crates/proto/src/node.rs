@@ -2025,6 +2025,15 @@ impl Node {
             .collect()
     }
 
+    /// Per region this node sends to and that has not acknowledged everything sent: the oldest
+    /// message it has not acknowledged, and when that message was published (microseconds of
+    /// this node's clock). What a publisher waits for when its messages do not become stable.
+    pub fn oldest_unstable(&self) -> impl Iterator<Item = (RegionId, MsgId, u64)> + '_ {
+        self.outbound
+            .iter()
+            .filter_map(|(&r, s)| s.oldest_unstable().map(|m| (r, m.msg_id, m.timestamp_us)))
+    }
+
     /// Messages held unstable (sent, not yet acknowledged) per region this node sends to.
     #[must_use]
     pub fn unstable_by_region(&self) -> Vec<(RegionId, u64)> {

@@ -109,6 +109,13 @@ impl OutboundStream {
         self.sent_upto - self.stable_upto
     }
 
+    /// The oldest message sent and not yet stable in the region, if any.
+    pub(crate) fn oldest_unstable(&self) -> Option<&OutMsg> {
+        (self.unstable_msgs() > 0)
+            .then(|| self.msgs.front())
+            .flatten()
+    }
+
     pub(crate) fn unstable_bytes(&self) -> usize {
         self.unstable_bytes
     }

@@ -47,6 +47,10 @@ impl Default for MulticastConfig {
 /// [`tidings_proto::Config`]).
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
+    /// A region that has not acknowledged a message of this node for this long is reported
+    /// (`RuntimeStats::stalls`, and the error of a `wait_stable` that times out names whom it
+    /// waits for). Default 5 s (`tidings_gms::MemberConfig::stall_after`).
+    pub stall_after: Duration,
     /// Longest time the core thread spends on I/O (receiving, processing, sending) before it
     /// looks at alarms and requests again. Default 50 ms, paper 000's I/O quantum.
     pub io_quantum: Duration,
@@ -142,6 +146,7 @@ pub struct RuntimeConfig {
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
+            stall_after: Duration::from_secs(5),
             io_quantum: Duration::from_millis(50),
             alarm_quantum: Duration::from_millis(5),
             recv_batch_datagrams_max: 512,
@@ -292,6 +297,13 @@ impl RuntimeConfig {
             if d.is_zero() {
                 return Err(invalid(field, d, "must be positive"));
             }
+        }
+        if self.stall_after < Duration::from_millis(4) {
+            return Err(invalid(
+                "stall_after",
+                self.stall_after,
+                "must be at least 4 ms",
+            ));
         }
         for (field, v) in [
             ("recv_batch_datagrams_max", self.recv_batch_datagrams_max),

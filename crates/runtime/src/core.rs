@@ -19,16 +19,15 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use crossbeam_queue::SegQueue;
 use mio::{Events, Interest, Poll, Token, Waker};
-use tidings_gms::{ClientEvent, GmsClient, RegionAddress, NAMES_PER_REQUEST_MAX};
+use tidings_gms::{unframe, GmsClient, Member, MemberEvent, NamedRequest, RegionAddress, Stall};
 use tidings_proto::{
-    Delivery, Event, Membership, MembershipChange, MsgId, Node, NodeId, Priority, PublishError,
-    RegionId, RegionView, Time, TopicId,
+    Delivery, Event, Membership, MsgId, Priority, PublishError, RegionId, Time, TopicId,
 };
 use tidings_sched::handoff::{ReadyFlag, ReadyList};
 use tidings_sched::{TaskHandle, TaskId, TryPushError};
@@ -36,7 +35,6 @@ use tidings_sched::{TaskHandle, TaskId, TryPushError};
 use crate::addr::{AddressBook, Routes};
 use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
-use crate::gms_server::{frame, unframe};
 use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
 use crate::publish::{request_cost, PublishRequest, PublishRoom, PublisherCore};
 use crate::stats::RuntimeStats;
@@ -120,6 +118,9 @@ pub(crate) struct CoreShared {
     pub(crate) ready: ReadyList,
     /// The node-wide bound on queued publish requests.
     pub(crate) publish_room: PublishRoom,
+    /// What the node's unstable messages wait for, while a region is stalled: written by the
+    /// core thread when a stall starts or clears, read when a wait for stability times out.
+    stalls: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for CoreShared {
@@ -141,7 +142,22 @@ impl CoreShared {
             deliveries_until_wake: AtomicUsize::new(0),
             controls: SegQueue::new(),
             ready: ReadyList::with_capacity(READY_LIST_CAPACITY),
+            stalls: Mutex::new(None),
         }
+    }
+
+    /// Describes the stalled regions for publishers that time out waiting for stability.
+    fn set_stalls<'a>(&self, stalls: impl Iterator<Item = &'a Stall>) {
+        let text: Vec<String> = stalls.map(Stall::to_string).collect();
+        let text = (!text.is_empty()).then(|| text.join("; "));
+        if let Ok(mut s) = self.stalls.lock() {
+            *s = text;
+        }
+    }
+
+    /// What the node's unstable messages wait for, if a region is stalled now.
+    pub(crate) fn stalls(&self) -> Option<String> {
+        self.stalls.lock().ok().and_then(|s| s.clone())
     }
 
     pub(crate) fn is_running(&self) -> bool {
@@ -272,149 +288,39 @@ fn refuse(reply: NamedReply, why: &str) {
     let _ = reply.send(Err(why.to_owned()));
 }
 
-/// A named request waiting for the GMS.
-enum Waiting {
+/// A named request waiting for its answer from the member, by the token it was made with.
+enum Pending {
     Subscribe {
-        name: String,
         task: TaskHandle<Delivery>,
-        reply: SyncSender<Result<TopicId, String>>,
+        reply: NamedReply,
     },
     Advertise {
-        name: String,
-        reply: SyncSender<Result<TopicId, String>>,
+        reply: NamedReply,
     },
 }
 
-impl Waiting {
-    fn name(&self) -> &str {
+impl Pending {
+    fn reply(self) -> NamedReply {
         match self {
-            Waiting::Subscribe { name, .. } | Waiting::Advertise { name, .. } => name,
-        }
-    }
-
-    fn refuse(self, why: &str) {
-        match self {
-            Waiting::Subscribe { reply, .. } | Waiting::Advertise { reply, .. } => {
-                refuse(reply, why)
-            }
+            Pending::Subscribe { reply, .. } | Pending::Advertise { reply } => reply,
         }
     }
 }
 
-/// Named requests waiting for the GMS, indexed so that a change looks at the requests of the
-/// topics it touched, not at every request: `Node::publishers` over 100,000 topics queued
-/// 100,000 advertisements, and each of the ~800 installs that answered them looked every
-/// remaining name up again (a quarter of the core thread's time while creating them).
-#[derive(Default)]
-struct WaitingRequests {
-    /// By name, while the service has not bound the name to a topic id.
-    unbound: HashMap<String, Vec<Waiting>>,
-    /// By topic, bound but not yet in force at this node.
-    bound: FxHashMap<TopicId, Vec<Waiting>>,
-    /// Topics to look at at the next install besides those it changes: requests that were
-    /// bound when made or since (their topic may be in force already; answered at an install,
-    /// as every request is, so that the service has taken the request in first).
-    recheck: Vec<TopicId>,
-}
-
-impl WaitingRequests {
-    /// Keeps `w` until its topic is in force.
-    fn add(&mut self, w: Waiting, client: &GmsClient) {
-        match client.topic_id(w.name()) {
-            Some(topic) => {
-                self.bound.entry(topic).or_default().push(w);
-                self.recheck.push(topic);
-            }
-            None => self.unbound.entry(w.name().to_owned()).or_default().push(w),
-        }
-    }
-
-    /// The service bound `name` to `topic`: its requests now wait for the topic.
-    fn bind(&mut self, name: &str, topic: TopicId) {
-        if let Some(requests) = self.unbound.remove(name) {
-            self.bound.entry(topic).or_default().extend(requests);
-            self.recheck.push(topic);
-        }
-    }
-
-    /// Every waiting request, leaving none.
-    fn drain(&mut self) -> impl Iterator<Item = Waiting> + '_ {
-        self.unbound
-            .drain()
-            .flat_map(|(_, w)| w)
-            .chain(self.bound.drain().flat_map(|(_, w)| w))
-    }
-}
-
-/// The node's link to the membership service, when it joined through one: the client runs on
-/// the core thread and its datagrams share the unicast socket.
+/// The node's link to the membership service, when it joined through one: the member's client
+/// runs on the core thread and its datagrams share the unicast socket.
 pub(crate) struct GmsLink {
-    pub(crate) client: GmsClient,
+    /// The service's address: GMS datagrams go there, and only its are taken.
     pub(crate) server: SocketAddr,
-    /// How long a clean shutdown waits for the GMS to confirm the leave.
-    pub(crate) leave_timeout: Duration,
-    /// Between suspicion reports of one node.
-    pub(crate) suspect_interval: Duration,
-    waiting: WaitingRequests,
-    /// Names of the topics this node subscribed to by name, to unsubscribe.
-    names: HashMap<TopicId, String>,
-    /// Names of the topics whose last subscription was dropped in this round of control
-    /// requests: unsubscribed from the service together (one request and view change per
-    /// 128 names, not one per topic; see [`GmsLink::send_unsubscribes`]).
-    unsubscribing: Vec<String>,
-    /// The client's committed batches when its change was last taken: one install per pump,
-    /// however many batches the pump applied (ADR 23).
-    installed_commits: u64,
     /// GMS datagrams received in the current batch.
     inbox: Vec<Bytes>,
-    /// When the last suspicion of each node was reported.
-    suspected: BTreeMap<tidings_proto::NodeId, Time>,
-    /// The leave was sent at this time; the thread stops when it is confirmed or times out.
-    leaving_since: Option<Time>,
-    removed: bool,
 }
 
 impl GmsLink {
-    /// Sends the unsubscriptions gathered in this round of control requests, in requests of
-    /// up to [`NAMES_PER_REQUEST_MAX`] names.
-    fn send_unsubscribes(&mut self) {
-        for names in self.unsubscribing.chunks(NAMES_PER_REQUEST_MAX) {
-            let _ = self.client.unsubscribe_many(names);
-        }
-        self.unsubscribing.clear();
-    }
-
-    pub(crate) fn new(
-        mut client: GmsClient,
-        server: SocketAddr,
-        leave_timeout: Duration,
-        suspect_interval: Duration,
-    ) -> GmsLink {
-        // The membership is taken as changes (`take_change`), not whole copies per batch.
-        client.set_membership_events(false);
+    pub(crate) fn new(server: SocketAddr) -> GmsLink {
         GmsLink {
-            // Batches committed during the handshake are installed at the first pump.
-            installed_commits: 0,
-            client,
             server,
-            leave_timeout,
-            suspect_interval,
-            waiting: WaitingRequests::default(),
-            names: HashMap::new(),
-            unsubscribing: Vec::new(),
             inbox: Vec::new(),
-            suspected: BTreeMap::new(),
-            leaving_since: None,
-            removed: false,
-        }
-    }
-
-    /// The next time the link needs the core thread.
-    fn deadline(&self) -> Option<Time> {
-        let leave = self.leaving_since.map(|t| t + self.leave_timeout);
-        match (self.client.poll_timeout(), leave) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
         }
     }
 }
@@ -433,7 +339,8 @@ enum TxOutcome {
 /// Everything the core thread owns. Built on the caller's thread (so that setup errors return
 /// from `start`), then moved to the core thread by [`Core::run`].
 pub(crate) struct Core {
-    node: Node,
+    /// The protocol node and its control plane.
+    member: Member,
     config: RuntimeConfig,
     shared: Arc<CoreShared>,
     poll: Poll,
@@ -484,37 +391,24 @@ pub(crate) struct Core {
     shutdown: bool,
     gms: Option<GmsLink>,
     local_addr: SocketAddr,
-    /// The region of each topic of the regions this node is a member of (a node is in at most
-    /// one region per subset, and a topic in one subset).
-    topic_regions_in: FxHashMap<TopicId, RegionId>,
+    /// Named requests waiting for their answers, by token.
+    pending: HashMap<u64, Pending>,
+    next_token: u64,
+    /// The address book of the next whole install (`Control::SetMembership`).
+    addresses_next: Option<AddressBook>,
+    /// What went wrong at the last install (a multicast group not joined), if anything.
+    install_error: Option<String>,
     /// Regions whose multicast group could not be joined, with the reason.
     unjoined: BTreeMap<RegionId, String>,
+    /// The regions stalled now (`MemberEvent::Stalled`).
+    stalls: BTreeMap<RegionId, Stall>,
 }
 
 impl std::fmt::Debug for Core {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Core")
-            .field("node", &self.node.id())
+            .field("node", &self.member.id())
             .finish_non_exhaustive()
-    }
-}
-
-/// Enters (`add`) or takes out the topics of `view` in `index`, if `me` is a member of it.
-fn index_member_region(
-    index: &mut FxHashMap<TopicId, RegionId>,
-    me: NodeId,
-    view: &RegionView,
-    add: bool,
-) {
-    if view.partition_of(me).is_none() {
-        return;
-    }
-    for &t in &view.topics {
-        if add {
-            index.insert(t, view.region);
-        } else if index.get(&t) == Some(&view.region) {
-            index.remove(&t);
-        }
     }
 }
 
@@ -529,9 +423,8 @@ fn priority_class(p: Priority) -> usize {
 impl Core {
     /// Sets up sockets and the poller; `socket` is the node's bound unicast socket.
     pub(crate) fn new(
-        node: Node,
+        member: Member,
         config: RuntimeConfig,
-        membership: &Membership,
         addresses: AddressBook,
         socket: std::net::UdpSocket,
         gms: Option<GmsLink>,
@@ -546,7 +439,12 @@ impl Core {
             UNICAST,
             Interest::READABLE | Interest::WRITABLE,
         )?;
-        let routes = Routes::new(node.id(), membership, &addresses, &config.transport);
+        let routes = Routes::new(
+            member.id(),
+            member.node().membership(),
+            &addresses,
+            &config.transport,
+        );
         let gso_segments = if config.gso {
             unicast.state.max_gso_segments()
         } else {
@@ -564,14 +462,14 @@ impl Core {
         }
         let tx = TxBatch::new(
             config.send_batch_datagrams_max,
-            node.config().max_datagram_bytes,
+            member.node().config().max_datagram_bytes,
             gso_segments,
         );
         let batch = config.recv_batch_datagrams_max;
         let now = clock::now();
         let mut core = Core {
             loss_rng: fastrand::Rng::with_seed(config.receive_loss_seed),
-            node,
+            member,
             shared: Arc::clone(&shared),
             poll,
             unicast,
@@ -607,8 +505,12 @@ impl Core {
             config,
             gms,
             local_addr,
-            topic_regions_in: FxHashMap::default(),
+            pending: HashMap::new(),
+            next_token: 1,
+            addresses_next: None,
+            install_error: None,
             unjoined: BTreeMap::new(),
+            stalls: BTreeMap::new(),
         };
         core.sync_groups()?;
         core.look_at_deadline(now);
@@ -690,7 +592,7 @@ impl Core {
             p.retry_at.is_none_or(|t| now >= t)
                 && p.stalled
                     .as_ref()
-                    .is_some_and(|r| self.node.can_publish(r.topic, r.payload.len()))
+                    .is_some_and(|r| self.member.can_publish(r.topic, r.payload.len()))
         });
         if (reading && readable) || sending || stalled {
             return Some(Duration::ZERO);
@@ -700,9 +602,6 @@ impl Core {
             next = next.min(a.due);
         }
         for t in self.active_publishers().filter_map(|p| p.retry_at) {
-            next = next.min(t);
-        }
-        if let Some(t) = self.gms.as_ref().and_then(GmsLink::deadline) {
             next = next.min(t);
         }
         let mut sleep = next.saturating_duration_since(now);
@@ -715,7 +614,8 @@ impl Core {
     /// Whether the sockets are read: always while deliveries flow, and while a subscription's
     /// full queue holds them back only until the backlog reaches `delivery_backlog_msgs`.
     fn reading(&self) -> bool {
-        self.blocked.is_none() || self.node.events_pending() < self.config.delivery_backlog_msgs
+        self.blocked.is_none()
+            || self.member.node().events_pending() < self.config.delivery_backlog_msgs
     }
 
     /// Whether application threads queued work.
@@ -743,19 +643,13 @@ impl Core {
             let Some(control) = self.shared.controls.pop() else {
                 break;
             };
-            // Requests to the service keep their order: the gathered unsubscriptions go
-            // before any other control (a subscription to a topic just left, for one).
-            if !matches!(control, Control::Unsubscribe { .. }) {
-                if let Some(link) = self.gms.as_mut() {
-                    link.send_unsubscribes();
-                }
-            }
             self.handle_control(now, control);
             took = true;
         }
-        if let Some(link) = self.gms.as_mut() {
-            link.send_unsubscribes();
-        }
+        // The unsubscriptions of this round go together (the member gathers them until its
+        // outputs are drained), and the answers and installs the requests brought are taken.
+        self.drain_events();
+        self.send_gms();
         self.take_ready();
         // Each listed publisher once, in the order they became ready; those with messages
         // left go to the back of the list for the next turn.
@@ -790,11 +684,7 @@ impl Core {
                     tasks.retain(|t| t.id() != task);
                     if tasks.is_empty() {
                         self.subscriptions.remove(&topic);
-                        if let Some(link) = self.gms.as_mut() {
-                            if let Some(name) = link.names.remove(&topic) {
-                                link.unsubscribing.push(name);
-                            }
-                        }
+                        self.member.unsubscribe(topic);
                     }
                 }
                 if self
@@ -813,233 +703,175 @@ impl Core {
                 addresses,
                 reply,
             } => {
-                let result = self
-                    .install_membership(now, membership, addresses)
-                    .map_err(|e| e.to_string());
+                self.addresses_next = addresses;
+                self.install_error = None;
+                self.member.set_membership(now, membership);
+                // The install is made effective (routes, groups) as its event is taken.
+                self.drain_control_events();
+                let result = match self.install_error.take() {
+                    Some(why) => Err(why),
+                    None => Ok(()),
+                };
                 let _ = reply.send(result);
             }
-            Control::SubscribeNamed { name, task, reply } => self.request_named(
-                now,
-                vec![Waiting::Subscribe { name, task, reply }],
-                |client, names| names.iter().try_for_each(|n| client.subscribe(n)),
-            ),
-            Control::SubscribeNamedMany { entries } => self.request_named(
-                now,
-                entries
+            Control::SubscribeNamed { name, task, reply } => {
+                let token = self.pend(Pending::Subscribe { task, reply });
+                self.member
+                    .request_named(now, NamedRequest::Subscribe, vec![(token, name)]);
+            }
+            Control::SubscribeNamedMany { entries } => {
+                let names = entries
                     .into_iter()
-                    .map(|(name, task, reply)| Waiting::Subscribe { name, task, reply })
-                    .collect(),
-                GmsClient::subscribe_many,
-            ),
-            Control::Advertise { name, reply } => self.request_named(
-                now,
-                vec![Waiting::Advertise { name, reply }],
-                |client, names| names.iter().try_for_each(|n| client.advertise(n)),
-            ),
-            Control::AdvertiseMany { entries } => self.request_named(
-                now,
-                entries
+                    .map(|(name, task, reply)| {
+                        (self.pend(Pending::Subscribe { task, reply }), name)
+                    })
+                    .collect();
+                self.member
+                    .request_named(now, NamedRequest::Subscribe, names);
+            }
+            Control::Advertise { name, reply } => {
+                let token = self.pend(Pending::Advertise { reply });
+                self.member
+                    .request_named(now, NamedRequest::Advertise, vec![(token, name)]);
+            }
+            Control::AdvertiseMany { entries } => {
+                let names = entries
                     .into_iter()
-                    .map(|(name, reply)| Waiting::Advertise { name, reply })
-                    .collect(),
-                GmsClient::advertise_many,
-            ),
+                    .map(|(name, reply)| (self.pend(Pending::Advertise { reply }), name))
+                    .collect();
+                self.member
+                    .request_named(now, NamedRequest::Advertise, names);
+            }
             Control::Stats { reply } => {
                 let _ = reply.send(self.snapshot());
             }
-            Control::Shutdown => match self.gms.as_mut() {
-                // Leave the group first, so that the others' views drop this node at once
-                // rather than after a failure timeout.
-                Some(link) if !link.removed && link.leaving_since.is_none() => {
-                    if link.client.leave().is_ok() {
-                        link.leaving_since = Some(now);
-                        self.gms_pump(now);
-                    } else {
-                        self.shutdown = true;
-                    }
+            // Leave the group first, so that the others' views drop this node at once rather
+            // than after a failure timeout; the thread stops at `MemberEvent::Left`.
+            Control::Shutdown => self.member.leave(now),
+        }
+    }
+
+    /// Keeps a named request's reply until the member answers it; its token.
+    fn pend(&mut self, pending: Pending) -> u64 {
+        let token = self.next_token;
+        self.next_token += 1;
+        self.pending.insert(token, pending);
+        token
+    }
+
+    // ---- The control plane ------------------------------------------------------------
+
+    /// Acts on one of the member's own events.
+    fn on_member_event(&mut self, event: MemberEvent) {
+        match event {
+            MemberEvent::Protocol(e) => self.on_protocol_event(e),
+            MemberEvent::Installed { changed } => {
+                if let Err(e) = self.installed(changed) {
+                    self.install_error = Some(e.to_string());
                 }
-                Some(link) if link.leaving_since.is_some() => {}
-                _ => self.shutdown = true,
+            }
+            MemberEvent::Answered { token, result } => match self.pending.remove(&token) {
+                Some(Pending::Subscribe { task, reply }) => {
+                    if let Ok(topic) = result {
+                        self.subscriptions.entry(topic).or_default().push(task);
+                    }
+                    let _ = reply.send(result);
+                }
+                Some(Pending::Advertise { reply }) => {
+                    let _ = reply.send(result);
+                }
+                None => {}
             },
+            MemberEvent::TopicBound { .. } => {}
+            MemberEvent::Removed => self.stats.gms_removed = true,
+            MemberEvent::Left => self.shutdown = true,
+            MemberEvent::Stalled(stall) => {
+                self.stalls.insert(stall.region, stall);
+                self.shared.set_stalls(self.stalls.values());
+            }
+            MemberEvent::StallCleared { region, .. } => {
+                self.stalls.remove(&region);
+                self.shared.set_stalls(self.stalls.values());
+            }
         }
     }
 
-    /// Installs a membership (and address book), rebuilding the routes and the multicast groups.
-    fn install_membership(
-        &mut self,
-        now: Time,
-        membership: Membership,
-        addresses: Option<AddressBook>,
-    ) -> io::Result<()> {
-        if let Some(a) = addresses {
-            self.addresses = a;
+    /// Takes the member's own events (installs, answers) ahead of the protocol's: used where
+    /// a full subscription holds the protocol's events back.
+    fn drain_control_events(&mut self) {
+        while let Some(event) = self.member.poll_control_event() {
+            self.on_member_event(event);
         }
-        self.routes = Routes::new(
-            self.node.id(),
-            &membership,
-            &self.addresses,
-            &self.config.transport,
-        );
-        self.node.set_membership(now, membership);
-        let me = self.node.id();
-        self.topic_regions_in.clear();
-        for view in self.node.membership().regions.values() {
-            index_member_region(&mut self.topic_regions_in, me, view, true);
-        }
-        self.installed(now)
     }
 
-    /// Installs a change of the membership (and a new address book): the protocol, the routes
-    /// and the index of this node's regions take the changed regions only, so an update costs
-    /// what it changed, not a pass over every region of the node (ADR 23).
-    fn install_change(
-        &mut self,
-        now: Time,
-        change: MembershipChange,
-        addresses: AddressBook,
-    ) -> io::Result<()> {
-        self.addresses = addresses;
-        let me = self.node.id();
-        let changed: Vec<RegionId> = change.regions.iter().map(|&(r, _)| r).collect();
-        for r in &changed {
-            if let Some(old) = self.node.membership().regions.get(r) {
-                index_member_region(&mut self.topic_regions_in, me, old, false);
-            }
-        }
-        self.node.update_membership(now, change);
-        let membership = self.node.membership();
-        for r in &changed {
-            if let Some(view) = membership.regions.get(r) {
-                index_member_region(&mut self.topic_regions_in, me, view, true);
-            }
-        }
-        self.routes.update(
-            me,
-            membership,
-            &self.addresses,
-            &self.config.transport,
-            changed,
-        );
-        debug_assert_eq!(
-            self.routes,
-            Routes::new(me, membership, &self.addresses, &self.config.transport),
-            "routes updated by the change differ from routes built anew"
-        );
-        #[cfg(debug_assertions)]
-        {
-            let mut anew = FxHashMap::default();
-            for view in membership.regions.values() {
-                index_member_region(&mut anew, me, view, true);
-            }
-            debug_assert_eq!(
-                self.topic_regions_in, anew,
-                "the index of this node's regions"
-            );
-        }
-        self.installed(now)
-    }
-
-    /// What follows every install: counters, sending, events, timers and multicast groups.
-    fn installed(&mut self, now: Time) -> io::Result<()> {
+    /// Makes an install effective: the address book, the routes (of the `changed` regions, or
+    /// all), the multicast groups; the member learns which regions cannot be received.
+    fn installed(&mut self, changed: Option<Vec<RegionId>>) -> io::Result<()> {
         self.stats.memberships_installed += 1;
+        let me = self.member.id();
+        match changed {
+            None => {
+                if self.gms.is_some() {
+                    self.addresses = self.gms_address_book();
+                } else if let Some(book) = self.addresses_next.take() {
+                    self.addresses = book;
+                }
+                self.routes = Routes::new(
+                    me,
+                    self.member.node().membership(),
+                    &self.addresses,
+                    &self.config.transport,
+                );
+            }
+            Some(changed) => {
+                self.addresses = self.gms_address_book_after(&changed);
+                let membership = self.member.node().membership();
+                self.routes.update(
+                    me,
+                    membership,
+                    &self.addresses,
+                    &self.config.transport,
+                    changed,
+                );
+                debug_assert_eq!(
+                    self.routes,
+                    Routes::new(me, membership, &self.addresses, &self.config.transport),
+                    "routes updated by the change differ from routes built anew"
+                );
+            }
+        }
         self.tx_more = true;
-        self.drain_events();
-        self.look_at_deadline(now);
-        self.sync_groups()
+        let synced = self.sync_groups();
+        self.member.set_unreachable(self.unjoined.clone());
+        synced
     }
 
-    // ---- The membership service --------------------------------------------------------
-
-    /// Feeds the GMS datagrams of the last batch and its due timers to the client, sends what it
-    /// queued, and acts on its events.
-    fn gms_pump(&mut self, now: Time) {
+    /// Hands the GMS datagrams of the last batch to the member.
+    fn gms_input(&mut self, now: Time) {
         let Some(link) = self.gms.as_mut() else {
             return;
         };
-        for datagram in link.inbox.drain(..) {
-            if let Some(body) = unframe(&datagram) {
-                link.client.handle_datagram(now, body);
-            }
+        let mut inbox = std::mem::take(&mut link.inbox);
+        // One install for every batch the datagrams commit (ADR 23).
+        self.member
+            .handle_gms_datagrams(now, inbox.iter().map(|d| &d[..]));
+        inbox.clear();
+        if let Some(link) = self.gms.as_mut() {
+            link.inbox = inbox;
         }
-        if link.client.poll_timeout().is_some_and(|t| t <= now) {
-            link.client.handle_timeout(now);
-        }
-        while let Some(msg) = link.client.poll_transmit() {
+    }
+
+    /// Sends what the member has for the membership service.
+    fn send_gms(&mut self) {
+        let Some(link) = self.gms.as_ref() else {
+            return;
+        };
+        let server = link.server;
+        while let Some((_, datagram)) = self.member.poll_gms_transmit() {
             // A lost send is the client's to resend (requests and acks are retried).
-            match self.unicast.socket.send_to(&frame(&msg), link.server) {
+            match self.unicast.socket.send_to(&datagram, server) {
                 Ok(_) => self.stats.gms_datagrams_sent += 1,
                 Err(_) => self.stats.send_errors += 1,
-            }
-        }
-        let mut events = Vec::new();
-        let mut whole = None;
-        while let Some(e) = link.client.poll_event() {
-            match e {
-                // Only from batches committed before the link turned the events off (the
-                // handshake): the latest is installed whole, the changes after it below.
-                ClientEvent::Membership(m) => whole = Some(m),
-                ClientEvent::TopicBound { name, topic } => link.waiting.bind(&name, topic),
-                e => events.push(e),
-            }
-        }
-        let moved = link.client.commits() != link.installed_commits;
-        link.installed_commits = link.client.commits();
-        let change = if moved {
-            link.client.take_change()
-        } else {
-            MembershipChange::default()
-        };
-        // The topics whose waiting requests may be answerable after this install: those
-        // bound or requested since the last one, and those the install changes (a topic comes
-        // in force through its region list, for publishers, or a view of a region carrying it,
-        // for members); every one after a whole membership (the handshake).
-        if whole.is_some() || moved {
-            let mut touched = std::mem::take(&mut link.waiting.recheck);
-            touched.extend(change.topic_regions.iter().map(|&(t, _)| t));
-            for (_, view) in &change.regions {
-                touched.extend(view.iter().flat_map(|v| v.topics.iter().copied()));
-            }
-            if whole.is_some() {
-                touched.extend(link.waiting.bound.keys().copied());
-            }
-            let book = if whole.is_some() {
-                self.gms_address_book()
-            } else {
-                self.gms_address_book_after(&change)
-            };
-            // A group that could not be joined is recorded (`unjoined`), and the subscriptions
-            // it carries are refused with the reason just below.
-            if let Some(m) = whole {
-                let _ = self.install_membership(now, m, Some(book.clone()));
-            }
-            if moved {
-                // Also when no view changed: the batch may have brought a node's address (a
-                // new publisher's, told to the members of its topic's regions), which the
-                // routes take here; skipped, acknowledgements had nowhere to go (ADR 23).
-                let _ = self.install_change(now, change, book);
-                // The changes add up to the client's membership (a whole copy: debug only).
-                debug_assert!(self
-                    .gms
-                    .as_ref()
-                    .is_none_or(|l| &l.client.membership() == self.node.membership()));
-            }
-            self.answer_waiting(touched);
-        }
-        for event in events {
-            match event {
-                // Taken out above.
-                ClientEvent::Membership(_) => {}
-                ClientEvent::Removed => self.on_removed(now),
-                ClientEvent::Joined(_) | ClientEvent::TopicBound { .. } => {}
-            }
-        }
-        if let Some(link) = self.gms.as_ref() {
-            let left = link.removed
-                || link
-                    .leaving_since
-                    .is_some_and(|t| now >= t + link.leave_timeout);
-            if link.leaving_since.is_some() && left {
-                self.shutdown = true;
             }
         }
     }
@@ -1048,12 +880,12 @@ impl Core {
     /// multicast transport (the service hands them out whatever a node's transport).
     fn gms_address_book(&self) -> AddressBook {
         let mut book = AddressBook::default();
-        let Some(link) = self.gms.as_ref() else {
+        let Some(client) = self.member.client() else {
             return book;
         };
-        self.fill_node_addresses(&mut book, link);
+        self.fill_node_addresses(&mut book, client);
         if matches!(self.config.transport, Transport::Multicast(_)) {
-            for v in link.client.region_views() {
+            for v in client.region_views() {
                 if let RegionAddress::Multicast { group, port } = v.address {
                     book.groups
                         .insert(v.view.region, SocketAddrV4::new(group.into(), port));
@@ -1064,25 +896,25 @@ impl Core {
     }
 
     /// Puts the addresses of the nodes the service told of, and this node's own, in `book`.
-    fn fill_node_addresses(&self, book: &mut AddressBook, link: &GmsLink) {
+    fn fill_node_addresses(&self, book: &mut AddressBook, client: &GmsClient) {
         book.nodes.clear();
-        book.nodes.extend(link.client.node_addresses());
-        book.nodes.insert(self.node.id(), self.local_addr);
+        book.nodes.extend(client.node_addresses());
+        book.nodes.insert(self.member.id(), self.local_addr);
     }
 
-    /// [`Core::gms_address_book`] after `change`, from the book in force: the nodes anew (a few
-    /// hundred at most), the groups of the changed regions only. Built whole at every install,
-    /// the groups of 100,000 regions were a quarter of the core thread's time while a node
-    /// created 100,000 publishers (an install per batch of them).
-    fn gms_address_book_after(&mut self, change: &MembershipChange) -> AddressBook {
+    /// [`Core::gms_address_book`] after a change of the `changed` regions, from the book in
+    /// force: the nodes anew (a few hundred at most), the groups of the changed regions only.
+    /// Built whole at every install, the groups of 100,000 regions were a quarter of the core
+    /// thread's time while a node created 100,000 publishers (an install per batch of them).
+    fn gms_address_book_after(&mut self, changed: &[RegionId]) -> AddressBook {
         let mut book = std::mem::take(&mut self.addresses);
-        let Some(link) = self.gms.as_ref() else {
+        let Some(client) = self.member.client() else {
             return book;
         };
-        self.fill_node_addresses(&mut book, link);
+        self.fill_node_addresses(&mut book, client);
         if matches!(self.config.transport, Transport::Multicast(_)) {
-            for &(region, _) in &change.regions {
-                match link.client.region_address(region) {
+            for &region in changed {
+                match client.region_address(region) {
                     Some(RegionAddress::Multicast { group, port }) => {
                         book.groups
                             .insert(region, SocketAddrV4::new(group.into(), port));
@@ -1095,120 +927,6 @@ impl Core {
         }
         debug_assert_eq!(book, self.gms_address_book(), "address book after a change");
         book
-    }
-
-    /// Answers the named requests of the `touched` topics that are now in force.
-    fn answer_waiting(&mut self, mut touched: Vec<TopicId>) {
-        let Some(link) = self.gms.as_mut() else {
-            return;
-        };
-        let membership = self.node.membership();
-        // The region of each topic this node is in (kept up to date by each install: a pass
-        // over every region per install was most of subscribing to 100,000 topics).
-        let my_regions = &self.topic_regions_in;
-        touched.sort_unstable();
-        touched.dedup();
-        for topic in touched {
-            let Some(requests) = link.waiting.bound.remove(&topic) else {
-                continue;
-            };
-            let mut still = Vec::new();
-            for w in requests {
-                match w {
-                    Waiting::Subscribe { name, task, reply } => {
-                        let mine = my_regions.get(&topic).copied();
-                        if let Some(why) = mine.and_then(|r| self.unjoined.get(&r)) {
-                            // Its messages cannot reach this node: refused, and the membership
-                            // service is told (so nobody waits for this node's acknowledgements).
-                            let _ = link.client.unsubscribe(&name);
-                            let _ = reply.send(Err(format!("cannot subscribe to {name:?}: {why}")));
-                            continue;
-                        }
-                        if mine.is_some() {
-                            self.subscriptions.entry(topic).or_default().push(task);
-                            link.names.insert(topic, name);
-                            let _ = reply.send(Ok(topic));
-                        } else {
-                            still.push(Waiting::Subscribe { name, task, reply });
-                        }
-                    }
-                    Waiting::Advertise { name, reply } => {
-                        if membership.topic_regions.contains_key(&topic) {
-                            let _ = reply.send(Ok(topic));
-                        } else {
-                            still.push(Waiting::Advertise { name, reply });
-                        }
-                    }
-                }
-            }
-            if !still.is_empty() {
-                link.waiting.bound.insert(topic, still);
-            }
-        }
-    }
-
-    /// Sends named requests through the membership client (`send` gets their names) and keeps
-    /// them until their topics are in force (see `answer_waiting`); refuses them all, with the
-    /// reason, when that cannot be.
-    fn request_named(
-        &mut self,
-        now: Time,
-        requests: Vec<Waiting>,
-        send: impl FnOnce(&mut GmsClient, &[String]) -> Result<(), tidings_gms::RequestError>,
-    ) {
-        let why = match self.gms.as_mut() {
-            None => "this node did not join through a GMS",
-            Some(link) if link.removed => "the GMS removed this node",
-            Some(link) => {
-                let names: Vec<String> = requests.iter().map(|w| w.name().to_owned()).collect();
-                match send(&mut link.client, &names) {
-                    Ok(()) => {
-                        for w in requests {
-                            link.waiting.add(w, &link.client);
-                        }
-                    }
-                    Err(e) => requests.into_iter().for_each(|w| w.refuse(&e.to_string())),
-                }
-                self.gms_pump(now);
-                return;
-            }
-        };
-        requests.into_iter().for_each(|w| w.refuse(why));
-    }
-
-    /// The GMS removed this node (it left, or was declared failed).
-    fn on_removed(&mut self, now: Time) {
-        let Some(link) = self.gms.as_mut() else {
-            return;
-        };
-        link.removed = true;
-        self.stats.gms_removed = true;
-        for w in link.waiting.drain() {
-            w.refuse("the GMS removed this node");
-        }
-        if link.leaving_since.is_none() {
-            // Declared failed while alive: stop taking part rather than act on stale views.
-            let _ = self.install_membership(now, Membership::default(), None);
-        }
-    }
-
-    /// Reports a ring neighbour the protocol suspects, at most once per `suspect_interval`.
-    fn report_suspect(&mut self, node: tidings_proto::NodeId) {
-        let now = clock::now();
-        let Some(link) = self.gms.as_mut() else {
-            return;
-        };
-        if link
-            .suspected
-            .get(&node)
-            .is_some_and(|&t| now < t + link.suspect_interval)
-        {
-            return;
-        }
-        if link.client.suspect(node).is_ok() {
-            link.suspected.insert(node, now);
-            self.stats.suspicions_reported += 1;
-        }
     }
 
     /// Takes requests of the publisher in `slot` while the protocol admits them, at most a
@@ -1231,7 +949,9 @@ impl Core {
                 break;
             };
             if p.retry_at.is_some_and(|t| now < t)
-                || !self.node.can_publish(request.topic, request.payload.len())
+                || !self
+                    .member
+                    .can_publish(request.topic, request.payload.len())
             {
                 p.stalled = Some(request);
                 self.stats.publish_stalls += 1;
@@ -1240,7 +960,7 @@ impl Core {
             p.retry_at = None;
             let topic = request.topic;
             let cost = request_cost(request.payload.len());
-            match self.node.publish_or_return(now, topic, request.payload) {
+            match self.member.publish_or_return(now, topic, request.payload) {
                 Ok(msg_id) => {
                     p.pending.push_back((msg_id, false));
                     // Message ids are consecutive, so the owner table is indexed by id.
@@ -1374,26 +1094,32 @@ impl Core {
         }
     }
 
+    /// Takes the member's events: its own first (installs, answers: they must not wait behind
+    /// a full subscription), then the protocol's until a delivery finds its subscription full.
     fn hand_events_on(&mut self) {
+        self.drain_control_events();
         if self.blocked.is_some() {
             return;
         }
-        while let Some(event) = self.node.poll_event() {
-            match event {
-                Event::Deliver(d) => {
-                    if let Err(blocked) = self.deliver(d, 0) {
-                        self.blocked = Some(blocked);
-                        self.stats.delivery_stalls += 1;
-                        return;
-                    }
-                }
-                Event::Stable(msg_id) => self.on_stable(msg_id),
-                Event::Suspect { node, .. } => {
-                    self.stats.other_events += 1;
-                    self.report_suspect(node);
-                }
-                _ => self.stats.other_events += 1,
+        while let Some(event) = self.member.poll_event() {
+            self.on_member_event(event);
+            if self.blocked.is_some() {
+                return;
             }
+        }
+    }
+
+    fn on_protocol_event(&mut self, event: Event) {
+        match event {
+            Event::Deliver(d) => {
+                if let Err(blocked) = self.deliver(d, 0) {
+                    self.blocked = Some(blocked);
+                    self.stats.delivery_stalls += 1;
+                }
+            }
+            Event::Stable(msg_id) => self.on_stable(msg_id),
+            // Suspicions are the member's to report to the service.
+            Event::Suspect { .. } | Event::TokenRound { .. } => self.stats.other_events += 1,
         }
     }
 
@@ -1603,9 +1329,9 @@ impl Core {
             self.stats.received_by_priority[class] += batch.len() as u64;
             for (datagram, via_group) in batch.drain(..) {
                 if via_group {
-                    self.node.handle_group_datagram(now, datagram);
+                    self.member.handle_group_datagram(now, datagram);
                 } else {
-                    self.node.handle_datagram(now, datagram);
+                    self.member.handle_datagram(now, datagram);
                 }
                 // With a blocked delivery the events wait in the node (at most one batch's).
                 self.drain_events();
@@ -1614,7 +1340,9 @@ impl Core {
             self.classes[class] = batch;
         }
         if self.gms.as_ref().is_some_and(|l| !l.inbox.is_empty()) {
-            self.gms_pump(now);
+            self.gms_input(now);
+            self.drain_events();
+            self.send_gms();
         }
         self.tx_more = true;
         self.look_at_deadline(now);
@@ -1648,8 +1376,8 @@ impl Core {
             if now >= deadline {
                 return TxOutcome::Expired;
             }
-            let node = &mut self.node;
-            if self.tx.fill(|buf| node.poll_transmit(now, buf)) == 0 {
+            let member = &mut self.member;
+            if self.tx.fill(|buf| member.poll_transmit(now, buf)) == 0 {
                 self.tx_more = false;
                 return TxOutcome::Idle;
             }
@@ -1811,7 +1539,7 @@ impl Core {
         let known_since = self.last_look.max(self.woke_at);
         let before = self.alarm;
         self.alarm = self
-            .node
+            .member
             .poll_timeout()
             .map(|deadline| ProtocolAlarm::at(deadline, before, known_since));
         self.last_look = now;
@@ -1821,14 +1549,6 @@ impl Core {
         let start = clock::now();
         let deadline = start + self.config.alarm_quantum;
         let mut now = start;
-        if self
-            .gms
-            .as_ref()
-            .and_then(GmsLink::deadline)
-            .is_some_and(|t| t <= now)
-        {
-            self.gms_pump(now);
-        }
         loop {
             if now >= self.next_tick {
                 self.tick(now);
@@ -1840,9 +1560,10 @@ impl Core {
                 .alarm_lateness
                 .record(now.saturating_duration_since(alarm.due));
             self.stats.alarms_fired += 1;
-            self.node.handle_timeout(now);
+            self.member.handle_timeout(now);
             self.tx_more = true;
             self.drain_events();
+            self.send_gms();
             self.look_at_deadline(now);
             if self.alarm.is_some_and(|a| a.deadline <= alarm.deadline) {
                 // The protocol did not move its deadline; fire it again next round rather than
@@ -1879,26 +1600,26 @@ impl Core {
         s.publishers_stalled_current = publishers().filter(|p| p.stalled.is_some()).count() as u64;
         s.publishers_current = publishers().count() as u64;
         s.publish_queue_slots_current = publishers().map(|p| p.queue.slots() as u64).sum();
-        s.proto = self.node.stats().clone();
+        s.proto = self.member.node().stats().clone();
         let sockets = std::iter::once(&self.unicast.socket)
             .chain(self.groups.iter().flatten().map(|g| &g.net.socket));
         s.kernel_drops = net::kernel_drops(sockets);
-        if let Some(link) = self.gms.as_ref() {
-            s.gms_requests_unacknowledged = link.client.requests_unacknowledged();
-            s.gms_requests_retransmitted = link.client.stats().requests_retransmitted;
-            s.gms_nonces_taken = link.client.stats().nonces_taken;
-            s.gms_updates_applied = link.client.stats().updates_applied;
-            s.gms_commits = link.client.commits();
-            s.gms_named_waiting = (
-                link.waiting.unbound.values().map(Vec::len).sum(),
-                link.waiting.bound.values().map(Vec::len).sum(),
-            );
+        s.suspicions_reported = self.member.stats().suspicions_reported;
+        s.stalls_reported = self.member.stats().stalls_reported;
+        s.stalls = self.stalls.values().cloned().collect();
+        if let Some(client) = self.member.client() {
+            s.gms_requests_unacknowledged = client.requests_unacknowledged();
+            s.gms_requests_retransmitted = client.stats().requests_retransmitted;
+            s.gms_nonces_taken = client.stats().nonces_taken;
+            s.gms_updates_applied = client.stats().updates_applied;
+            s.gms_commits = client.commits();
+            s.gms_named_waiting = self.member.requests_waiting();
         }
         s
     }
 
     /// Leaves the loop: refuses further requests and wakes every waiting publisher.
-    fn stop(self) -> RuntimeStats {
+    fn stop(mut self) -> RuntimeStats {
         self.shared.running.store(false, Ordering::Release);
         fence(Ordering::SeqCst);
         // Answer requests that raced with the shutdown so no caller waits for its timeout.
@@ -1927,6 +1648,9 @@ impl Core {
                 }
                 Control::Unsubscribe { .. } | Control::Shutdown => {}
             }
+        }
+        for (_, pending) in self.pending.drain() {
+            refuse(pending.reply(), SHUTTING_DOWN);
         }
         for p in self.publishers.iter().flatten() {
             p.shared.waiting.store(true, Ordering::SeqCst);

@@ -24,10 +24,8 @@ use tidings_proto::{NodeId, Time, TopicId};
 
 use crate::clock;
 
-/// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
-/// header, so the node's socket can carry both. The last byte is the codec's version: 2 since
-/// region views carry their base (ADR 30); a node of another version is not understood.
-pub const GMS_MAGIC: [u8; 4] = *b"TGM\x02";
+pub use tidings_gms::GMS_MAGIC;
+pub(crate) use tidings_gms::{frame, unframe};
 
 /// Longest sleep of the server thread, so that shutdown and snapshot requests are served.
 const SERVER_TICK: Duration = Duration::from_millis(20);
@@ -36,19 +34,6 @@ const SERVER_TICK: Duration = Duration::from_millis(20);
 const JOINERS_MAX: usize = 65_536;
 /// Largest GMS datagram accepted.
 const GMS_DATAGRAM_BYTES_MAX: usize = 65_535;
-
-/// `msg` framed for the wire.
-pub(crate) fn frame(msg: &GmsMessage) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(&GMS_MAGIC);
-    msg.encode(&mut out);
-    out
-}
-
-/// The body of a GMS datagram, or `None` if it is not one.
-pub(crate) fn unframe(datagram: &[u8]) -> Option<&[u8]> {
-    datagram.strip_prefix(&GMS_MAGIC)
-}
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

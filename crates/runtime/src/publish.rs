@@ -190,11 +190,15 @@ pub enum PublishError {
 }
 
 /// Why waiting for stability ended without it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WaitError {
     /// The message was not stable within the timeout.
     #[error("timed out waiting for stability")]
     Timeout,
+    /// The message was not stable within the timeout, and regions of the node are stalled
+    /// (`RuntimeConfig::stall_after`): whom its unstable messages wait for.
+    #[error("timed out waiting for stability: {0}")]
+    Stalled(String),
     /// The runtime stopped first.
     #[error("the node runtime has stopped")]
     Closed,
@@ -486,7 +490,10 @@ impl Publisher {
                 return Err(WaitError::Closed);
             }
             if !self.park(Some(deadline)) {
-                return Err(WaitError::Timeout);
+                return Err(self
+                    .core
+                    .stalls()
+                    .map_or(WaitError::Timeout, WaitError::Stalled));
             }
         }
     }

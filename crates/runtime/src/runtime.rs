@@ -8,8 +8,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use tidings_gms::GmsClient;
-use tidings_proto::{Delivery, Membership, Node, NodeId, TopicId};
+use tidings_gms::{GmsClient, Member, MemberConfig, MemberError};
+use tidings_proto::{Delivery, Membership, NodeId, TopicId};
 use tidings_sched::{Scheduler, ShutdownMode, TaskHandle, TaskStats};
 
 use crate::addr::AddressBook;
@@ -181,8 +181,16 @@ impl NodeRuntime {
         socket: std::net::UdpSocket,
     ) -> Result<NodeRuntime, StartError> {
         config.validate()?;
-        let node = Node::new(protocol, me, membership.clone(), clock::now())?;
-        NodeRuntime::spawn(config, node, membership, addresses, socket, None)
+        let member_config = MemberConfig {
+            stall_after: config.stall_after,
+            ..MemberConfig::default()
+        };
+        let member = Member::with_membership(protocol, member_config, me, membership, clock::now())
+            .map_err(|e| match e {
+                MemberError::Protocol(e) => StartError::Protocol(e),
+                e => StartError::Config(ConfigError::Gms(e.to_string())),
+            })?;
+        NodeRuntime::spawn(config, member, addresses, socket, None)
     }
 
     /// Joins the group through the membership service: binds nothing itself (give it a bound
@@ -202,34 +210,45 @@ impl NodeRuntime {
         protocol.validate()?;
         let mut client =
             GmsClient::new(gms.client.clone()).map_err(|e| ConfigError::Gms(e.to_string()))?;
-        let me = handshake(&socket, &gms, &mut client)?;
-        let node = Node::new(protocol, me, Membership::default(), clock::now())?;
-        let link = GmsLink::new(client, gms.server, gms.leave_timeout, gms.suspect_interval);
+        handshake(&socket, &gms, &mut client)?;
+        let member_config = MemberConfig {
+            suspect_interval: gms.suspect_interval,
+            leave_timeout: gms.leave_timeout,
+            stall_after: config.stall_after,
+        };
+        let member =
+            Member::joined(protocol, member_config, client, clock::now()).map_err(|e| match e {
+                MemberError::Protocol(e) => StartError::Protocol(e),
+                MemberError::Config(why) => StartError::Config(ConfigError::Gms(why)),
+                // The handshake returns once the client has its id.
+                MemberError::NotJoined => StartError::GmsUnreachable {
+                    server: gms.server,
+                    waited: gms.join_timeout,
+                },
+            })?;
         NodeRuntime::spawn(
             config,
-            node,
-            Membership::default(),
+            member,
             AddressBook::default(),
             socket,
-            Some(link),
+            Some(GmsLink::new(gms.server)),
         )
     }
 
     fn spawn(
         config: RuntimeConfig,
-        node: Node,
-        membership: Membership,
+        member: Member,
         addresses: AddressBook,
         socket: std::net::UdpSocket,
         gms: Option<GmsLink>,
     ) -> Result<NodeRuntime, StartError> {
-        let me = node.id();
+        let me = member.id();
         let local_addr = socket.local_addr()?;
-        let max_payload = node.max_payload();
+        let max_payload = member.node().max_payload();
         if matches!(config.transport, Transport::Multicast(_)) {
             raise_open_file_limit();
         }
-        let (core, shared) = Core::new(node, config.clone(), &membership, addresses, socket, gms)?;
+        let (core, shared) = Core::new(member, config.clone(), addresses, socket, gms)?;
         let scheduler = Scheduler::new(config.sched.clone())?;
         let thread = std::thread::Builder::new()
             .name(config.thread_name.clone())
@@ -623,7 +642,7 @@ fn handshake(
     socket: &std::net::UdpSocket,
     gms: &GmsLinkConfig,
     client: &mut GmsClient,
-) -> Result<NodeId, StartError> {
+) -> Result<(), StartError> {
     socket.set_read_timeout(Some(std::time::Duration::from_millis(20)))?;
     let start = clock::now();
     let mut buf = vec![0u8; 65_536];
@@ -637,9 +656,9 @@ fn handshake(
             // timeout, the service may be starting.
             let _ = socket.send_to(&frame(&msg), gms.server);
         }
-        if let Some(me) = client.node() {
+        if client.node().is_some() {
             socket.set_read_timeout(None)?;
-            return Ok(me);
+            return Ok(());
         }
         let waited = now.saturating_duration_since(start);
         if waited >= gms.join_timeout {

@@ -189,6 +189,11 @@ pub struct RuntimeStats {
     pub memberships_installed: u64,
     /// Suspicions of ring neighbours reported to the GMS.
     pub suspicions_reported: u64,
+    /// Regions reported stalled: they did not acknowledge a message of this node for
+    /// `RuntimeConfig::stall_after`.
+    pub stalls_reported: u64,
+    /// The regions stalled now, with whom the messages wait for.
+    pub stalls: Vec<tidings_gms::Stall>,
     /// The GMS removed this node (it left, or was declared failed); it no longer takes part.
     pub gms_removed: bool,
     /// Requests to the GMS not yet acknowledged by it, now.

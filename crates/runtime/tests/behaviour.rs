@@ -588,3 +588,43 @@ fn receive_buffers_go_past_the_sysctl_cap_only_when_privileged() {
         n.shutdown().unwrap();
     }
 }
+
+#[test]
+fn a_publisher_whose_region_stops_acknowledging_is_told_whom_it_waits_for() {
+    let m = membership(&[(0, &[]), (1, &[1]), (2, &[1])]);
+    let stall_after = Duration::from_millis(300);
+    let nodes = start(
+        3,
+        &m,
+        |_| RuntimeConfig {
+            stall_after,
+            ..RuntimeConfig::default()
+        },
+        false,
+    );
+    let mut it = nodes.nodes.into_iter();
+    let sender = it.next().unwrap();
+    let receivers: Vec<NodeRuntime> = it.collect();
+    let mut publisher = sender.publisher();
+    let first = publish_one(&mut publisher, 0, 64);
+    publisher
+        .wait_stable(first, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(sender.stats().unwrap().stalls_reported, 0);
+    // One receiver goes away without telling anyone (no membership service to remove it): the
+    // region can no longer acknowledge.
+    let mut receivers = receivers.into_iter();
+    let gone = receivers.next().unwrap();
+    drop(gone.shutdown());
+    let second = publish_one(&mut publisher, 1, 64);
+    let err = publisher.wait_stable(second, stall_after * 4).unwrap_err();
+    let tidings_runtime::WaitError::Stalled(why) = err else {
+        panic!("not a stall: {err:?}");
+    };
+    assert!(why.contains("waiting for members 1, 2"), "{why}");
+    let stats = sender.stats().unwrap();
+    assert_eq!(stats.stalls_reported, 1);
+    assert_eq!(stats.stalls.len(), 1);
+    assert_eq!(stats.stalls[0].members, vec![NodeId(1), NodeId(2)]);
+    assert!(stats.stalls[0].waited >= stall_after);
+}

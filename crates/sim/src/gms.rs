@@ -1,14 +1,17 @@
 //! The real membership service in the simulator ([`MembershipKind::Gms`]).
 //!
 //! One extra simulated node (id `nodes`, after every protocol node) runs [`tidings_gms::Gms`];
-//! every protocol node's host runs a [`GmsClient`]. Their messages are datagrams on the simulated
-//! network (lost, queued and delayed like any other), framed as `"GM"`, the sender's node id
-//! (`u32`, little-endian), then [`GmsMessage::encode`]. Protocol datagrams start with `"TD"`
+//! every protocol node's host runs a [`Member`](tidings_gms::Member) that joined it, the same
+//! control plane as the runtime's. Their messages are datagrams on the simulated network (lost,
+//! queued and delayed like any other): the GMS framing of the runtime ([`tidings_gms::frame`])
+//! behind `"GM"` and the sender's node id (`u32`, little-endian), which stand for the UDP source
+//! address the simulated network does not carry. Protocol datagrams start with `"TD"`
 //! ([`tidings_wire::peek_kind`]), so a host tells the two apart by the first two bytes.
 //!
 //! **Ids.** The GMS numbers nodes from 1 in join order; the simulator's nodes are `0..nodes`.
 //! The bootstrap joins them in id order, so GMS id = simulator id + 1 ([`to_gms`],
-//! [`from_gms`]); memberships are translated at the host boundary. Topics: topic `t` is named
+//! [`from_gms`]). The protocol nodes run with their GMS ids; the host translates at its boundary
+//! (destinations, deliveries, and memberships for the checker). Topics: topic `t` is named
 //! `"t{t}"`; sender 0 advertises `t1..=tT` first, in order, so the GMS binds `"t{t}"` to
 //! `TopicId(t)`; every binding the GMS announces is checked against that rule (a mismatch is a
 //! violation of the run).
@@ -46,14 +49,14 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use tidings_gms::{
-    ClientConfig, ClientEvent, Command, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, Peer,
-    PlannerConfig, RemoveCause, NAMES_PER_REQUEST_MAX,
+    ClientConfig, Command, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, MemberConfig, Peer,
+    PlannerConfig, RemoveCause,
 };
 use tidings_proto::{Membership, NodeId, RegionId, RegionView, Time, TopicId, ViewId};
 
 use crate::checker::Ledger;
 
-/// First bytes of a GMS datagram in the simulator.
+/// First bytes of a GMS datagram in the simulator, before the sender's id.
 pub const GMS_MAGIC: [u8; 2] = *b"GM";
 
 /// Magic plus the sender's id.
@@ -61,6 +64,15 @@ const HEADER_LEN: usize = 6;
 
 /// A suspicion of the same node is reported to the GMS at most this often.
 const SUSPECT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The members' settings in the simulator.
+#[must_use]
+pub fn member_config() -> MemberConfig {
+    MemberConfig {
+        suspect_interval: SUSPECT_INTERVAL,
+        ..MemberConfig::default()
+    }
+}
 
 /// Which membership service a scenario runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -116,16 +128,17 @@ pub fn topic_name(t: TopicId) -> String {
     format!("t{}", t.0)
 }
 
-fn frame(from: NodeId, msg: &GmsMessage) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
+/// A GMS datagram (framed as the runtime frames it) from `from`, for the simulated network.
+pub(crate) fn wrap(from: NodeId, datagram: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + datagram.len());
     out.extend_from_slice(&GMS_MAGIC);
     out.extend_from_slice(&from.0.to_le_bytes());
-    msg.encode(&mut out);
+    out.extend_from_slice(datagram);
     out
 }
 
-/// The sender and body of a GMS datagram, or `None` if it is not one.
-fn unframe(bytes: &[u8]) -> Option<(NodeId, &[u8])> {
+/// The sender and the GMS datagram of a simulated one, or `None` if it is not one.
+pub(crate) fn unwrap(bytes: &[u8]) -> Option<(NodeId, &[u8])> {
     if bytes.len() < HEADER_LEN || bytes[..2] != GMS_MAGIC {
         return None;
     }
@@ -144,28 +157,7 @@ pub struct GmsLog {
     pub removed_alive: BTreeSet<NodeId>,
 }
 
-/// The GMS side of a host.
-#[derive(Debug)]
-pub(crate) enum Role {
-    /// A protocol node's client.
-    Client(Box<ClientRole>),
-    /// The node that runs the service.
-    Service(Box<ServiceRole>),
-}
-
-/// A protocol node's membership client.
-#[derive(Debug)]
-pub(crate) struct ClientRole {
-    client: GmsClient,
-    gms_node: NodeId,
-    /// Topics this node wants (what it asked the GMS for).
-    wanted: BTreeSet<TopicId>,
-    /// Last suspicion reported per node.
-    suspected: BTreeMap<NodeId, Time>,
-    log: Rc<RefCell<GmsLog>>,
-}
-
-/// The membership service.
+/// The membership service, on its own simulated node.
 #[derive(Debug)]
 pub(crate) struct ServiceRole {
     gms: Gms,
@@ -177,153 +169,54 @@ pub(crate) struct ServiceRole {
     regions: BTreeMap<RegionId, Vec<NodeId>>,
     regions_changed: bool,
     log: Rc<RefCell<GmsLog>>,
+    /// Datagrams to send: the destination and the simulated datagram.
+    pub(crate) outgoing: VecDeque<(NodeId, Vec<u8>)>,
 }
 
-/// GMS datagrams waiting to go out of a host, and what its role asks of the protocol node.
-#[derive(Debug, Default)]
-pub(crate) struct Outgoing {
-    pub(crate) datagrams: VecDeque<(NodeId, Vec<u8>)>,
-    /// Memberships to install on the protocol node, in commit order.
-    pub(crate) memberships: Vec<Membership>,
-}
-
-impl Role {
-    /// A datagram that may be a GMS message; `false` if it is not one (it is the node's).
-    pub(crate) fn handle_datagram(&mut self, now: Time, bytes: &[u8]) -> bool {
-        let Some((from, body)) = unframe(bytes) else {
-            return false;
+impl ServiceRole {
+    /// A GMS datagram (framed) from simulator node `from`.
+    pub(crate) fn handle_datagram(&mut self, now: Time, from: NodeId, datagram: &[u8]) {
+        let peer = Peer::Node(to_gms(from));
+        let Some(body) = tidings_gms::unframe(datagram) else {
+            // Counted by the service as malformed.
+            self.gms.handle_datagram(now, peer, datagram);
+            return;
         };
-        match self {
-            Role::Client(c) => {
-                if from == c.gms_node {
-                    c.client.handle_datagram(now, body);
+        match GmsMessage::decode(body) {
+            Ok(msg) => {
+                if let GmsMessage::Join { nonce, .. } = msg {
+                    self.nonces.insert(nonce, from);
                 }
+                self.gms.handle_message(now, peer, msg);
             }
-            Role::Service(s) => match GmsMessage::decode(body) {
-                Ok(msg) => {
-                    if let GmsMessage::Join { nonce, .. } = msg {
-                        s.nonces.insert(nonce, from);
-                    }
-                    s.gms.handle_message(now, Peer::Node(to_gms(from)), msg);
-                }
-                Err(_) => s.gms.handle_datagram(now, Peer::Node(to_gms(from)), body),
-            },
+            Err(_) => self.gms.handle_datagram(now, peer, body),
         }
-        true
     }
 
     /// Time has passed.
     pub(crate) fn handle_timeout(&mut self, now: Time) {
-        match self {
-            Role::Client(c) => c.client.handle_timeout(now),
-            Role::Service(s) => {
-                if s.gms.poll_timeout().is_some_and(|t| t <= now) {
-                    s.gms.handle_timeout(now);
-                }
-            }
+        if self.gms.poll_timeout().is_some_and(|t| t <= now) {
+            self.gms.handle_timeout(now);
         }
     }
 
     /// The next deadline.
     pub(crate) fn poll_timeout(&self) -> Option<Time> {
-        match self {
-            Role::Client(c) => c.client.poll_timeout(),
-            Role::Service(s) => s.gms.poll_timeout(),
-        }
+        self.gms.poll_timeout()
     }
 
     /// A new region map for the world, if the GMS issued views since the last call.
     pub(crate) fn poll_regions(&mut self) -> Option<BTreeMap<RegionId, Vec<NodeId>>> {
-        match self {
-            Role::Service(s) if s.regions_changed => {
-                s.regions_changed = false;
-                Some(s.regions.clone())
-            }
-            _ => None,
+        if !self.regions_changed {
+            return None;
         }
+        self.regions_changed = false;
+        Some(self.regions.clone())
     }
 
-    /// Drains outputs after an input: messages to send, memberships for the node to install,
-    /// and what the checker must learn. `me` is this host's id.
-    pub(crate) fn after_input(
-        &mut self,
-        now: Time,
-        me: NodeId,
-        ledger: &mut Ledger,
-        out: &mut Outgoing,
-    ) {
-        match self {
-            Role::Client(c) => c.after_input(me, ledger, out),
-            Role::Service(s) => s.after_input(now, me, ledger, out),
-        }
-    }
-
-    /// The protocol node suspects `node` (a ring member that did not confirm tokens).
-    pub(crate) fn suspect(&mut self, now: Time, node: NodeId) {
-        if let Role::Client(c) = self {
-            let recent = c
-                .suspected
-                .get(&node)
-                .is_some_and(|&t| now < t + SUSPECT_INTERVAL);
-            if !recent && c.client.suspect(to_gms(node)).is_ok() {
-                c.suspected.insert(node, now);
-                c.client.handle_timeout(now);
-            }
-        }
-    }
-
-    /// This node now wants exactly `topics` (a leave is the empty set).
-    pub(crate) fn set_topics(&mut self, now: Time, topics: &[TopicId]) {
-        if let Role::Client(c) = self {
-            let want: BTreeSet<TopicId> = topics.iter().copied().collect();
-            // In batches, as the runtime sends them: one request per topic would move the node
-            // through a region per topic, each a view change of the streams in it.
-            let gone: Vec<String> = c.wanted.difference(&want).map(|&t| topic_name(t)).collect();
-            for names in gone.chunks(NAMES_PER_REQUEST_MAX) {
-                let _ = c.client.unsubscribe_many(names);
-            }
-            let new: Vec<String> = want.difference(&c.wanted).map(|&t| topic_name(t)).collect();
-            for names in new.chunks(NAMES_PER_REQUEST_MAX) {
-                let _ = c.client.subscribe_many(names);
-            }
-            c.wanted = want;
-            c.client.handle_timeout(now);
-        }
-    }
-
-    /// The service, if this is the GMS node.
-    pub(crate) fn service(&self) -> Option<&Gms> {
-        match self {
-            Role::Service(s) => Some(&s.gms),
-            Role::Client(_) => None,
-        }
-    }
-}
-
-impl ClientRole {
-    fn after_input(&mut self, me: NodeId, ledger: &mut Ledger, out: &mut Outgoing) {
-        while let Some(ev) = self.client.poll_event() {
-            match ev {
-                // The ledger learns what the node may deliver when the host installs it, after
-                // the deliveries made under the membership before (`SimHost::gms_outputs`).
-                ClientEvent::Membership(m) => out.memberships.push(translate(m)),
-                ClientEvent::TopicBound { name, topic } => {
-                    if name != topic_name(topic) {
-                        ledger.external_violation(format!(
-                            "{me} was told topic {name:?} is {topic}, expected {}",
-                            topic_name(topic)
-                        ));
-                    }
-                }
-                ClientEvent::Removed => {
-                    self.log.borrow_mut().removed_alive.insert(me);
-                }
-                ClientEvent::Joined(_) => {}
-            }
-        }
-        while let Some(msg) = self.client.poll_transmit() {
-            out.datagrams.push_back((self.gms_node, frame(me, &msg)));
-        }
+    /// The service.
+    pub(crate) fn gms(&self) -> &Gms {
+        &self.gms
     }
 }
 
@@ -360,14 +253,17 @@ pub(crate) fn sender_view(m: &Membership) -> BTreeMap<TopicId, Vec<(NodeId, Regi
 }
 
 impl ServiceRole {
-    fn after_input(&mut self, now: Time, me: NodeId, ledger: &mut Ledger, out: &mut Outgoing) {
+    /// Drains the service's outputs after an input: datagrams to send, and what the checker
+    /// must learn. `me` is this host's id.
+    pub(crate) fn after_input(&mut self, now: Time, me: NodeId, ledger: &mut Ledger) {
         while let Some(tx) = self.gms.poll_transmit() {
             let to = match tx.to {
                 Peer::Node(n) => from_gms(n),
                 Peer::Joiner(nonce) => self.nonces.get(&nonce).copied(),
             };
             if let Some(to) = to.filter(|n| n.0 < self.nodes) {
-                out.datagrams.push_back((to, frame(me, &tx.msg)));
+                self.outgoing
+                    .push_back((to, wrap(me, &tidings_gms::frame(&tx.msg))));
             }
         }
         while let Some(ev) = self.gms.poll_event() {
@@ -490,8 +386,10 @@ pub fn configs(detection: Duration, partition_size: usize) -> (GmsConfig, Client
 
 /// The GMS and clients of a scenario at time zero.
 pub(crate) struct Bootstrap {
-    /// The roles, `[i]` for `NodeId(i)`, the last for the GMS node.
-    pub(crate) roles: Vec<Role>,
+    /// The joined clients, `[i]` for `NodeId(i)`.
+    pub(crate) clients: Vec<GmsClient>,
+    /// The service, for the GMS node.
+    pub(crate) service: ServiceRole,
     /// Each protocol node's initial membership (simulator ids).
     pub(crate) memberships: Vec<Membership>,
     /// The whole initial membership.
@@ -599,7 +497,7 @@ pub(crate) fn bootstrap(
     let mut memberships = Vec::with_capacity(n as usize);
     for (i, c) in clients.iter_mut().enumerate() {
         let me = NodeId(i as u32);
-        while c.poll_event().is_some() {}
+        // The events (the names bound) stay for the member the client goes to.
         if c.node() != Some(to_gms(me)) {
             return Err(format!("node {i} joined as {:?}", c.node()));
         }
@@ -611,7 +509,6 @@ pub(crate) fn bootstrap(
             return Err(format!("node {i} subscribes to {got:?}, not {want:?}"));
         }
         memberships.push(translate(c.membership()));
-        c.set_membership_events(true);
     }
     for t in &all {
         if gms.topic_id(&topic_name(*t)) != Some(*t) {
@@ -621,21 +518,8 @@ pub(crate) fn bootstrap(
     let log = Rc::new(RefCell::new(GmsLog::default()));
     let global = global_membership(&gms);
     let regions = world_regions(&gms);
-    let mut roles: Vec<Role> = clients
-        .into_iter()
-        .zip(subscriptions)
-        .map(|(client, subs)| {
-            Role::Client(Box::new(ClientRole {
-                client,
-                gms_node: NodeId(n),
-                wanted: subs.iter().copied().collect(),
-                suspected: BTreeMap::new(),
-                log: log.clone(),
-            }))
-        })
-        .collect();
     let stats = gms.stats().clone();
-    roles.push(Role::Service(Box::new(ServiceRole {
+    let service = ServiceRole {
         gms,
         nodes: n,
         nonces,
@@ -653,9 +537,11 @@ pub(crate) fn bootstrap(
         regions,
         regions_changed: false,
         log: log.clone(),
-    })));
+        outgoing: VecDeque::new(),
+    };
     Ok(Bootstrap {
-        roles,
+        clients,
+        service,
         memberships,
         global,
         log,
@@ -699,13 +585,14 @@ mod tests {
     #[test]
     fn frames_are_told_apart_from_protocol_datagrams() {
         let msg = GmsMessage::Heartbeat;
-        let bytes = frame(NodeId(7), &msg);
-        let (from, body) = unframe(&bytes).unwrap();
+        let bytes = wrap(NodeId(7), &tidings_gms::frame(&msg));
+        let (from, datagram) = unwrap(&bytes).unwrap();
         assert_eq!(from, NodeId(7));
+        let body = tidings_gms::unframe(datagram).unwrap();
         assert_eq!(GmsMessage::decode(body).unwrap(), msg);
         // Protocol datagrams start with "TD"; short or foreign bytes are not GMS frames.
-        assert!(unframe(b"TD\x01\x00\x00\x00\x00\x00").is_none());
-        assert!(unframe(b"GM\x01").is_none());
+        assert!(unwrap(b"TD\x01\x00\x00\x00\x00\x00").is_none());
+        assert!(unwrap(b"GM\x01").is_none());
         assert_eq!(to_gms(NodeId(0)), NodeId(1));
         assert_eq!(from_gms(NodeId(1)), Some(NodeId(0)));
         assert_eq!(from_gms(NodeId(0)), None);
@@ -723,8 +610,8 @@ mod tests {
             vec![t(1), t(2), t(3)],
         ];
         let b = bootstrap(9, &subs, 1, 4, Duration::from_millis(300), 2).unwrap();
-        assert_eq!(b.roles.len(), subs.len() + 1);
-        let gms = b.roles.last().and_then(Role::service).unwrap();
+        assert_eq!(b.clients.len(), subs.len());
+        let gms = b.service.gms();
         for i in 1..=4 {
             assert_eq!(gms.topic_id(&format!("t{i}")), Some(TopicId(i)));
         }

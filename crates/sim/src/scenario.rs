@@ -2,19 +2,21 @@
 //! simulated network while the [`Ledger`] checks the delivery promise.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tidings_gms::{Member, MemberConfig, MemberEvent, NamedRequest};
 use tidings_proto::{
-    Config, ConfigError, Destination, Event, Membership, Node, NodeId, RegionId, Time, TopicId,
+    Config, ConfigError, Delivery, Destination, Event, Membership, Node, NodeId, RegionId, Time,
+    TopicId,
 };
 
 use crate::checker::{payload_for, Ledger, PAYLOAD_ID_LEN};
 use crate::churn::{ChurnEvent, ChurnKind, Install, MembershipOracle, DETECTION_DEFAULT};
 use crate::fault::{FaultError, FaultSpec};
-use crate::gms::{GmsLog, MembershipKind, Outgoing, Role};
+use crate::gms::{from_gms, to_gms, GmsLog, MembershipKind, ServiceRole};
 use crate::net::LinkConfig;
 use crate::report::{Percentiles, Recovery, RunReport};
 use crate::world::{Host, NodeNetConfig, World, WorldConfig, WorldError};
@@ -577,19 +579,27 @@ struct Publisher {
     len: usize,
 }
 
-/// A simulated node: the real protocol node, its publisher, and the shared checker; with the GMS,
-/// also its membership client (or, on the extra node, the service itself).
+/// A simulated node: the real control plane ([`Member`]: the protocol node, and with the GMS its
+/// client), its publisher, and the shared checker; or, on the extra node, the membership service.
 #[derive(Debug)]
 pub struct SimHost {
-    node: Node,
+    member: Member,
+    /// This host's simulator id (with the GMS, the protocol node's id is [`to_gms`] of it).
+    me: NodeId,
     ledger: Rc<RefCell<Ledger>>,
     publisher: Option<Publisher>,
-    gms: Option<Role>,
-    gms_out: Outgoing,
+    /// With the GMS: the node that runs it (simulator id).
+    gms_node: Option<NodeId>,
+    /// With the GMS, on its node: the service.
+    service: Option<Box<ServiceRole>>,
+    gms_log: Option<Rc<RefCell<GmsLog>>>,
+    /// Topics this node wants (with the GMS: what it asked the service for).
+    wanted: BTreeSet<TopicId>,
+    /// Subscriptions asked for and not yet answered, by token.
+    asked: BTreeMap<u64, TopicId>,
+    next_token: u64,
     /// GMS datagrams larger than the world's datagram limit (dropped).
     gms_oversize: u64,
-    /// Suspicions the node reported, for the GMS client at the end of the input.
-    suspects: Vec<NodeId>,
     /// CPU time per accepted publish ([`Scenario::publish_cost`]).
     publish_cost: Duration,
     /// CPU time spent publishing and not yet charged by the world.
@@ -600,19 +610,19 @@ impl SimHost {
     /// The protocol node.
     #[must_use]
     pub fn node(&self) -> &Node {
-        &self.node
+        self.member.node()
     }
 
-    /// Installs a new membership (a view change) on the node.
+    /// Installs a new membership (a view change of the oracle) on the node.
     pub fn apply_membership(&mut self, now: Time, membership: Membership) {
-        self.node.set_membership(now, membership);
+        self.member.set_membership(now, membership);
         self.after_input(now);
     }
 
     /// The membership service, if this host runs it.
     #[must_use]
     pub fn gms_service(&self) -> Option<&tidings_gms::Gms> {
-        self.gms.as_ref().and_then(Role::service)
+        self.service.as_ref().map(|s| s.gms())
     }
 
     /// GMS datagrams dropped for exceeding the world's datagram limit.
@@ -621,66 +631,125 @@ impl SimHost {
         self.gms_oversize
     }
 
-    /// With the GMS: from now on this node wants exactly `topics` (its client subscribes and
-    /// unsubscribes by name; the view changes arrive later, over the network). The caller wakes
-    /// the node so its requests go out.
+    /// Whether this node's ids are the GMS's (the node joined through it).
+    fn gms_ids(&self) -> bool {
+        self.gms_node.is_some()
+    }
+
+    /// A protocol node id in simulator ids.
+    fn sim_id(&self, node: NodeId) -> NodeId {
+        if self.gms_ids() {
+            from_gms(node).unwrap_or(node)
+        } else {
+            node
+        }
+    }
+
+    /// With the GMS: from now on this node wants exactly `topics`. The member subscribes and
+    /// unsubscribes by name, as an application would through the library: a topic it no longer
+    /// wants is dropped once its subscription is answered; the view changes arrive later, over
+    /// the network. The caller wakes the node so its requests go out.
     pub fn gms_set_topics(&mut self, now: Time, topics: &[TopicId]) {
-        if let Some(role) = self.gms.as_mut() {
-            role.set_topics(now, topics);
+        if self.member.client().is_none() {
+            return;
+        }
+        let want: BTreeSet<TopicId> = topics.iter().copied().collect();
+        for &t in self.wanted.difference(&want) {
+            self.member.unsubscribe(t);
+        }
+        let mut names = Vec::new();
+        for &t in want.difference(&self.wanted) {
+            let token = self.next_token;
+            self.next_token += 1;
+            self.asked.insert(token, t);
+            names.push((token, crate::gms::topic_name(t)));
+        }
+        self.wanted = want;
+        if !names.is_empty() {
+            self.member
+                .request_named(now, NamedRequest::Subscribe, names);
         }
         self.after_input(now);
     }
 
-    fn gms_outputs(&mut self, now: Time) {
-        let me = self.node.id();
-        if let Some(role) = self.gms.as_mut() {
-            role.after_input(now, me, &mut self.ledger.borrow_mut(), &mut self.gms_out);
-        }
-        for m in std::mem::take(&mut self.gms_out.memberships) {
-            // What the node delivered under the membership before goes to the checker first:
-            // one input can bring several committed batches, and a delivery made while the
-            // first was installed is judged by the first, not by the last.
-            self.take_events(now);
-            {
-                let mut ledger = self.ledger.borrow_mut();
-                ledger.local_topics(me, crate::gms::local_topics(&m, me));
-                if self.publisher.is_some() {
-                    ledger.sender_view(me, crate::gms::sender_view(&m));
-                }
-            }
-            self.node.set_membership(now, m);
-        }
-    }
-
-    /// Hands the node's events to the checker; suspicions wait in `suspects` for the GMS.
+    /// Hands the member's events to the checker, in the order they happened: what the node
+    /// delivered under a membership is judged by that membership, not by the next.
     fn take_events(&mut self, now: Time) {
-        let me = self.node.id();
-        let mut ledger = self.ledger.borrow_mut();
-        while let Some(ev) = self.node.poll_event() {
+        let me = self.me;
+        while let Some(ev) = self.member.poll_event() {
             match ev {
-                Event::Deliver(d) => ledger.delivered(me, &d, now),
-                Event::Stable(m) => ledger.stable(me, m, now),
-                Event::TokenRound { top, rtt, .. } => ledger.token_round(top, rtt),
-                // The membership oracle learns of crashes by its own detection delay; the
-                // GMS takes suspicions as an input.
-                Event::Suspect { node, .. } => self.suspects.push(node),
+                MemberEvent::Protocol(Event::Deliver(d)) => {
+                    let d = Delivery {
+                        origin: self.sim_id(d.origin),
+                        ..d
+                    };
+                    self.ledger.borrow_mut().delivered(me, &d, now);
+                }
+                MemberEvent::Protocol(Event::Stable(m)) => {
+                    self.ledger.borrow_mut().stable(me, m, now)
+                }
+                MemberEvent::Protocol(Event::TokenRound { top, rtt, .. }) => {
+                    self.ledger.borrow_mut().token_round(top, rtt);
+                }
+                // The member reports suspicions to the GMS; the oracle learns of crashes by
+                // its own detection delay.
+                MemberEvent::Protocol(Event::Suspect { .. }) => {}
+                MemberEvent::Installed { .. } => {
+                    // With the oracle the scenario tells the checker; with the GMS, each node's
+                    // install is what it may deliver from now on.
+                    if self.gms_ids() {
+                        let m = crate::gms::translate(self.member.node().membership().clone());
+                        let mut ledger = self.ledger.borrow_mut();
+                        ledger.local_topics(me, crate::gms::local_topics(&m, me));
+                        if self.publisher.is_some() {
+                            ledger.sender_view(me, crate::gms::sender_view(&m));
+                        }
+                    }
+                }
+                MemberEvent::Answered { token, result } => {
+                    let asked = self.asked.remove(&token);
+                    if let (Some(topic), Ok(_)) = (asked, result) {
+                        if !self.wanted.contains(&topic) {
+                            self.member.unsubscribe(topic);
+                        }
+                    }
+                }
+                MemberEvent::TopicBound { name, topic } => {
+                    if name != crate::gms::topic_name(topic) {
+                        self.ledger.borrow_mut().external_violation(format!(
+                            "{me} was told topic {name:?} is {topic}, expected {}",
+                            crate::gms::topic_name(topic)
+                        ));
+                    }
+                }
+                MemberEvent::Removed => {
+                    if let Some(log) = &self.gms_log {
+                        log.borrow_mut().removed_alive.insert(me);
+                    }
+                }
+                // The checker judges delivery and stability itself; the member's own reports
+                // of stalls are for applications.
+                MemberEvent::Left | MemberEvent::Stalled(_) | MemberEvent::StallCleared { .. } => {}
             }
         }
     }
 
     fn after_input(&mut self, now: Time) {
-        let me = self.node.id();
-        self.gms_outputs(now);
+        let me = self.me;
+        if let Some(service) = self.service.as_mut() {
+            service.after_input(now, me, &mut self.ledger.borrow_mut());
+        }
+        self.take_events(now);
         if let Some(p) = self.publisher.as_mut() {
             p.blocked = false;
             while now < p.until && now >= p.next_at {
-                if !self.node.can_publish(p.next_topic, p.len) {
+                if !self.member.can_publish(p.next_topic, p.len) {
                     p.blocked = true;
                     break;
                 }
-                let id = self.node.stats().messages_published + 1;
+                let id = self.member.node().stats().messages_published + 1;
                 let payload = Bytes::from(payload_for(me, id, p.len));
-                match self.node.publish(now, p.next_topic, payload) {
+                match self.member.publish(now, p.next_topic, payload) {
                     Ok(msg_id) => {
                         self.cpu_charge += self.publish_cost;
                         self.ledger
@@ -703,55 +772,60 @@ impl SimHost {
             }
         }
         self.take_events(now);
-        let suspects = std::mem::take(&mut self.suspects);
-        if let Some(role) = self.gms.as_mut() {
-            for node in suspects {
-                role.suspect(now, node);
-            }
-            self.gms_outputs(now);
-        }
     }
 }
 
 impl Host for SimHost {
     fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
-        let gms = self
-            .gms
-            .as_mut()
-            .is_some_and(|role| role.handle_datagram(now, &datagram));
-        if !gms {
-            self.node.handle_datagram(now, datagram);
+        match crate::gms::unwrap(&datagram) {
+            Some((from, body)) => {
+                if let Some(service) = self.service.as_mut() {
+                    service.handle_datagram(now, from, body);
+                } else if Some(from) == self.gms_node {
+                    self.member.handle_gms_datagram(now, body);
+                }
+            }
+            None => self.member.handle_datagram(now, datagram),
         }
         self.after_input(now);
     }
 
     fn handle_timeout(&mut self, now: Time) {
-        if self.node.poll_timeout().is_some_and(|t| t <= now) {
-            self.node.handle_timeout(now);
-        }
-        if let Some(role) = self.gms.as_mut() {
-            if role.poll_timeout().is_some_and(|t| t <= now) {
-                role.handle_timeout(now);
-            }
+        self.member.handle_timeout(now);
+        if let Some(service) = self.service.as_mut() {
+            service.handle_timeout(now);
         }
         self.after_input(now);
     }
 
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Destination, usize)> {
-        while let Some((to, bytes)) = self.gms_out.datagrams.pop_front() {
+        loop {
+            let next = match self.service.as_mut() {
+                Some(service) => service.outgoing.pop_front(),
+                None => match (self.gms_node, self.member.poll_gms_transmit()) {
+                    (Some(to), Some((_, datagram))) => {
+                        Some((to, crate::gms::wrap(self.me, &datagram)))
+                    }
+                    _ => None,
+                },
+            };
+            let Some((to, bytes)) = next else { break };
             if let Some(slot) = buf.get_mut(..bytes.len()) {
                 slot.copy_from_slice(&bytes);
                 return Some((Destination::Node(to), bytes.len()));
             }
             self.gms_oversize += 1;
         }
-        self.node
-            .poll_transmit(now, buf)
-            .map(|t| (t.destination, t.len))
+        let t = self.member.poll_transmit(now, buf)?;
+        let destination = match t.destination {
+            Destination::Node(n) => Destination::Node(self.sim_id(n)),
+            region => region,
+        };
+        Some((destination, t.len))
     }
 
     fn poll_regions(&mut self) -> Option<BTreeMap<RegionId, Vec<NodeId>>> {
-        self.gms.as_mut().and_then(Role::poll_regions)
+        self.service.as_mut().and_then(|s| s.poll_regions())
     }
 
     fn take_cpu_charge(&mut self) -> Duration {
@@ -764,13 +838,13 @@ impl Host for SimHost {
             .as_ref()
             .filter(|p| !p.blocked && p.next_at < p.until)
             .map(|p| p.next_at);
-        let gms = self.gms.as_ref().and_then(Role::poll_timeout);
+        let gms = self.service.as_ref().and_then(|s| s.poll_timeout());
         // Asked twice in every turn of every node: pairwise, without an iterator.
         let earliest = |a: Option<Time>, b: Option<Time>| match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        earliest(earliest(self.node.poll_timeout(), publish), gms)
+        earliest(earliest(self.member.poll_timeout(), publish), gms)
     }
 }
 
@@ -800,8 +874,8 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     let mut oracle = MembershipOracle::new(&subs, s.replication);
     let oracle_membership = oracle.membership();
     let ledger = Rc::new(RefCell::new(Ledger::new(&subs)));
-    let (membership, mut roles, own, gms_log) = match s.membership {
-        MembershipKind::Oracle => (oracle_membership, Vec::new(), None, None),
+    let (membership, mut clients, service, own, gms_log) = match s.membership {
+        MembershipKind::Oracle => (oracle_membership, Vec::new(), None, None, None),
         MembershipKind::Gms => {
             let b = crate::gms::bootstrap(
                 s.seed,
@@ -824,8 +898,15 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                     l.sender_view(me, crate::gms::sender_view(m));
                 }
             }
-            let roles: Vec<Option<Role>> = b.roles.into_iter().map(Some).collect();
-            (b.global, roles, Some(b.memberships), Some(b.log))
+            let clients: Vec<Option<tidings_gms::GmsClient>> =
+                b.clients.into_iter().map(Some).collect();
+            (
+                b.global,
+                clients,
+                Some(b.service),
+                Some(b.memberships),
+                Some(b.log),
+            )
         }
     };
     let all_topics: Vec<TopicId> = (1..=s.topics + s.fresh_topics()).map(TopicId).collect();
@@ -835,12 +916,27 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             rng_seed: s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(i),
             ..s.proto.clone()
         };
-        let initial = own
-            .as_ref()
-            .and_then(|o| o.get(i as usize))
-            .unwrap_or(&membership)
-            .clone();
-        let node = Node::new(config, NodeId(i), initial, Time::ZERO)?;
+        let member = match clients.get_mut(i as usize).and_then(Option::take) {
+            Some(client) => Member::joined(config, crate::gms::member_config(), client, Time::ZERO)
+                .map_err(|e| ScenarioError::Invalid(format!("node {i}: {e}")))?,
+            None => Member::with_membership(
+                config,
+                MemberConfig::default(),
+                NodeId(i),
+                membership.clone(),
+                Time::ZERO,
+            )
+            .map_err(|e| ScenarioError::Invalid(format!("node {i}: {e}")))?,
+        };
+        if gms_log.is_some() {
+            debug_assert_eq!(member.id(), to_gms(NodeId(i)));
+            debug_assert!(own
+                .as_ref()
+                .and_then(|o| o.get(i as usize))
+                .is_some_and(|m| {
+                    m == &crate::gms::translate(member.node().membership().clone())
+                }));
+        }
         let publisher = (i < s.senders).then(|| {
             let mut rng = fastrand::Rng::with_seed(s.seed ^ (u64::from(i) << 40) ^ 0x0050_5542);
             let k = s.profile_count().max(1);
@@ -872,33 +968,43 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             }
         });
         hosts.push(SimHost {
-            node,
+            member,
+            me: NodeId(i),
             ledger: ledger.clone(),
             publisher,
-            gms: roles.get_mut(i as usize).and_then(Option::take),
-            gms_out: Outgoing::default(),
+            gms_node: gms_log.is_some().then_some(NodeId(s.nodes)),
+            service: None,
+            gms_log: gms_log.clone(),
+            wanted: subs[i as usize].iter().copied().collect(),
+            asked: BTreeMap::new(),
+            next_token: 1,
             gms_oversize: 0,
-            suspects: Vec::new(),
             publish_cost: s.publish_cost,
             cpu_charge: Duration::ZERO,
         });
     }
-    if let Some(service) = roles.get_mut(s.nodes as usize).and_then(Option::take) {
+    if let Some(service) = service {
         // The GMS node: an idle protocol node (no regions) beside the service.
-        let node = Node::new(
+        let member = Member::with_membership(
             s.proto.clone(),
+            MemberConfig::default(),
             NodeId(s.nodes),
             Membership::default(),
             Time::ZERO,
-        )?;
+        )
+        .map_err(|e| ScenarioError::Invalid(format!("the GMS node: {e}")))?;
         hosts.push(SimHost {
-            node,
+            member,
+            me: NodeId(s.nodes),
             ledger: ledger.clone(),
             publisher: None,
-            gms: Some(service),
-            gms_out: Outgoing::default(),
+            gms_node: None,
+            service: Some(Box::new(service)),
+            gms_log: gms_log.clone(),
+            wanted: BTreeSet::new(),
+            asked: BTreeMap::new(),
+            next_token: 1,
             gms_oversize: 0,
-            suspects: Vec::new(),
             publish_cost: s.publish_cost,
             cpu_charge: Duration::ZERO,
         });

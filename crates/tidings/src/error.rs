@@ -28,6 +28,10 @@ pub enum Error {
     /// A wait ran out of time.
     #[error("timed out: {0}")]
     Timeout(&'static str),
+    /// A wait for stability ran out of time while regions of the node did not acknowledge its
+    /// messages: the text names them, the message they hold back and their members.
+    #[error("timed out: the message did not become stable: {0}")]
+    NotStable(String),
     /// The encoded message does not fit one datagram.
     #[error(
         "message of {len} bytes exceeds the largest of {max} bytes: split it, or raise \
@@ -107,6 +111,7 @@ impl From<WaitError> for Error {
     fn from(e: WaitError) -> Error {
         match e {
             WaitError::Timeout => Error::Timeout("the message did not become stable"),
+            WaitError::Stalled(why) => Error::NotStable(why),
             WaitError::Closed => Error::Closed,
             WaitError::ForeignHandle => {
                 Error::Refused("the handle belongs to another publisher".to_owned())

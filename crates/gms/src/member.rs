@@ -1,0 +1,1611 @@
+//! A node's control plane as one sans-IO state machine: the protocol node and, when the node
+//! joined through the membership service, its client and everything between the two (install
+//! by difference, named requests, suspicion reports, removal, leaving).
+//!
+//! The runtime's core thread and the simulator both drive exactly this type, so the install path
+//! the seeded simulator checks is the one that ships.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tidings_proto::{
+    Config, ConfigError as ProtoConfigError, Event, Membership, MembershipChange, MsgId, Node,
+    PublishError, RegionView, Time, Transmit,
+};
+use tidings_wire::{NodeId, RegionId, TopicId};
+
+use crate::client::{ClientEvent, GmsClient, RequestError};
+use crate::message::{GmsMessage, NAMES_PER_REQUEST_MAX};
+
+/// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
+/// header, so one socket can carry both. The last byte is the codec's version (2: region views
+/// carry their base, ADR 30); a node of another version is not understood.
+pub const GMS_MAGIC: [u8; 4] = *b"TGM\x02";
+
+/// `msg` framed for the wire.
+#[must_use]
+pub fn frame(msg: &GmsMessage) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&GMS_MAGIC);
+    msg.encode(&mut out);
+    out
+}
+
+/// The body of a GMS datagram, or `None` if it is not one.
+#[must_use]
+pub fn unframe(datagram: &[u8]) -> Option<&[u8]> {
+    datagram.strip_prefix(&GMS_MAGIC)
+}
+
+/// Settings of a [`Member`] beyond the protocol's and the client's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberConfig {
+    /// Least time between two reports of one suspected node to the service: a ring keeps
+    /// suspecting a dead neighbour every token timeout until the view drops it. Default 500 ms.
+    pub suspect_interval: Duration,
+    /// How long a leave waits for the service's confirmation before the member counts itself
+    /// gone. Default 1 s.
+    pub leave_timeout: Duration,
+    /// A region that has not acknowledged a message of this node for this long is reported
+    /// stalled ([`MemberEvent::Stalled`]): the publisher learns whom it waits for instead of
+    /// waiting silently. Checked four times per period while messages are unstable. Default
+    /// 5 s, longer than a failure detection and a view change (3 s and a few token rounds by
+    /// default), so a crash the service handles is not reported.
+    pub stall_after: Duration,
+}
+
+impl Default for MemberConfig {
+    fn default() -> MemberConfig {
+        MemberConfig {
+            suspect_interval: Duration::from_millis(500),
+            leave_timeout: Duration::from_secs(1),
+            stall_after: Duration::from_secs(5),
+        }
+    }
+}
+
+impl MemberConfig {
+    /// Checks the settings; the error names the field.
+    pub fn validate(&self) -> Result<(), MemberError> {
+        if self.stall_after < Duration::from_millis(4) {
+            return Err(MemberError::Config(
+                "stall_after must be at least 4 ms".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A region that has not acknowledged a message of this node for longer than
+/// [`MemberConfig::stall_after`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// The region.
+    pub region: RegionId,
+    /// The oldest message it has not acknowledged.
+    pub oldest: MsgId,
+    /// How long that message has waited (since it was published).
+    pub waited: Duration,
+    /// The region's members in this node's view. Acknowledgements come for the region as a
+    /// whole (its token ring gathers them), so these are whom the message waits for: one of
+    /// them has not received it, or has not passed the token on.
+    pub members: Vec<NodeId>,
+}
+
+impl std::fmt::Display for Stall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "region {} has not acknowledged message {} for {:.1} s (waiting for members",
+            self.region.0,
+            self.oldest.0,
+            self.waited.as_secs_f64()
+        )?;
+        for (i, n) in self.members.iter().enumerate() {
+            write!(f, "{}{}", if i == 0 { " " } else { ", " }, n.0)?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// What a named request asks of the service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamedRequest {
+    /// Receive the topic: answered once this node is in a region that carries it.
+    Subscribe,
+    /// Publish on the topic: answered once this node knows the topic's regions.
+    Advertise,
+}
+
+/// An output of a [`Member`] other than datagrams.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberEvent {
+    /// An event of the protocol node (deliveries, stability, token rounds, suspicions). A
+    /// suspicion has already been reported to the service.
+    Protocol(Event),
+    /// A membership was installed in the protocol node: the views of the `changed` regions
+    /// (every region when `None`) and the node addresses may have changed. The host makes the
+    /// install effective (routes, multicast groups) and reports any region it cannot receive
+    /// with [`Member::set_unreachable`] before it polls the next event: the answers to waiting
+    /// requests follow and take it into account.
+    Installed {
+        /// The regions whose views changed, or `None` for a whole new membership.
+        changed: Option<Vec<RegionId>>,
+    },
+    /// The answer to a named request: the topic's id, or why it cannot be done.
+    Answered {
+        /// The token the host gave with the request.
+        token: u64,
+        /// The topic, or the reason for the refusal.
+        result: Result<TopicId, String>,
+    },
+    /// The service bound a topic name this node asked for to an id.
+    TopicBound {
+        /// The name.
+        name: String,
+        /// Its id.
+        topic: TopicId,
+    },
+    /// The service removed this node (declared failed while alive, or after a leave). Its
+    /// waiting requests were refused; a node declared failed installs an empty membership.
+    Removed,
+    /// A leave is complete (confirmed by the service, or its timeout passed, or there was no
+    /// service to leave): the host may stop.
+    Left,
+    /// A region has not acknowledged a message of this node for longer than
+    /// [`MemberConfig::stall_after`]; reported once until it clears.
+    Stalled(Stall),
+    /// A region reported stalled has acknowledged what it waited for (or left this node's
+    /// view).
+    StallCleared {
+        /// The region.
+        region: RegionId,
+        /// How long the oldest message it held back had waited when it cleared.
+        waited: Duration,
+    },
+}
+
+/// Counters of a [`Member`]'s control plane.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberStats {
+    /// GMS datagrams handed to the member.
+    pub gms_datagrams_received: u64,
+    /// GMS datagrams without the GMS framing (dropped).
+    pub gms_unframed: u64,
+    /// GMS datagrams produced.
+    pub gms_datagrams_sent: u64,
+    /// Memberships installed in the protocol node (whole or by difference).
+    pub installs: u64,
+    /// Suspicions reported to the service (after throttling).
+    pub suspicions_reported: u64,
+    /// Stalls reported ([`MemberEvent::Stalled`]).
+    pub stalls_reported: u64,
+}
+
+/// A named request waiting for the service.
+#[derive(Debug)]
+struct Waiting {
+    kind: NamedRequest,
+    name: String,
+    token: u64,
+}
+
+/// Named requests waiting for the service, indexed so that a change looks at the requests of the
+/// topics it touched, not at every request (a node advertising 100,000 topics has as many
+/// waiting, and every install would otherwise look each name up again).
+#[derive(Debug, Default)]
+struct WaitingRequests {
+    /// By name, while the service has not bound the name to a topic id.
+    unbound: HashMap<String, Vec<Waiting>>,
+    /// By topic, bound but not yet in force at this node.
+    bound: HashMap<TopicId, Vec<Waiting>>,
+    /// Topics to look at at the next install besides those it changes: requests bound when
+    /// made or since (answered at an install, as every request is, so that the service has
+    /// taken the request in first).
+    recheck: Vec<TopicId>,
+}
+
+impl WaitingRequests {
+    fn add(&mut self, w: Waiting, client: &GmsClient) {
+        match client.topic_id(&w.name) {
+            Some(topic) => {
+                self.bound.entry(topic).or_default().push(w);
+                self.recheck.push(topic);
+            }
+            None => self.unbound.entry(w.name.clone()).or_default().push(w),
+        }
+    }
+
+    fn bind(&mut self, name: &str, topic: TopicId) {
+        if let Some(requests) = self.unbound.remove(name) {
+            self.bound.entry(topic).or_default().extend(requests);
+            self.recheck.push(topic);
+        }
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = Waiting> + '_ {
+        self.unbound
+            .drain()
+            .flat_map(|(_, w)| w)
+            .chain(self.bound.drain().flat_map(|(_, w)| w))
+    }
+}
+
+/// The client and what the member keeps about the service.
+#[derive(Debug)]
+struct Link {
+    client: GmsClient,
+    waiting: WaitingRequests,
+    /// Names of the topics this node subscribed to by name, to unsubscribe.
+    names: HashMap<TopicId, String>,
+    /// Names whose last local subscription was dropped since the outputs were last drained:
+    /// unsubscribed together (one request and view change per 128 names, not one per topic).
+    unsubscribing: Vec<String>,
+    /// The client's committed batches when its change was last installed: one install per
+    /// input, however many batches the input applied (ADR 23).
+    installed_commits: u64,
+    /// When each node was last reported.
+    suspected: BTreeMap<NodeId, Time>,
+    /// The leave was sent at this time.
+    leaving_since: Option<Time>,
+    removed: bool,
+}
+
+impl Link {
+    /// Sends the gathered unsubscriptions, in requests of up to [`NAMES_PER_REQUEST_MAX`] names.
+    fn send_unsubscribes(&mut self) {
+        for names in self.unsubscribing.chunks(NAMES_PER_REQUEST_MAX) {
+            let _ = self.client.unsubscribe_many(names);
+        }
+        self.unsubscribing.clear();
+    }
+
+    fn deadline(&self, leave_timeout: Duration) -> Option<Time> {
+        let leave = self
+            .leaving_since
+            .filter(|_| !self.removed)
+            .map(|t| t + leave_timeout);
+        match (self.client.poll_timeout(), leave) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// An event of the member's own, with its place among the protocol node's events.
+#[derive(Debug)]
+struct Queued {
+    /// Comes after this many protocol events were taken (in total): those the node had
+    /// produced when the event was made.
+    after: u64,
+    event: MemberEvent,
+}
+
+/// A node's control plane, sans-IO: the [`Node`] and, for a node that joined through the
+/// membership service, its [`GmsClient`].
+///
+/// **Inputs:** [`handle_datagram`](Member::handle_datagram) and
+/// [`handle_group_datagram`](Member::handle_group_datagram) (protocol datagrams),
+/// [`handle_gms_datagram`](Member::handle_gms_datagram) (from the service; the host checks the
+/// source), [`handle_timeout`](Member::handle_timeout), and commands: publishing, named requests,
+/// [`unsubscribe`](Member::unsubscribe), [`leave`](Member::leave),
+/// [`set_membership`](Member::set_membership) for a node without a service.
+///
+/// **Drain contract:** after any input, the host takes [`poll_event`](Member::poll_event) until
+/// `None` (acting on [`MemberEvent::Installed`] before the next poll), then
+/// [`poll_gms_transmit`](Member::poll_gms_transmit) and
+/// [`poll_transmit`](Member::poll_transmit) until `None` (or its socket is full), then reads
+/// [`poll_timeout`](Member::poll_timeout) and calls `handle_timeout` when it passes. Events come
+/// in the order they happened: a delivery made before an install comes before its
+/// [`MemberEvent::Installed`], one the install made (packets its views let in) after it. A host that cannot take a protocol event now (a full
+/// subscription) may take the member's own events ahead of it with
+/// [`poll_control_event`](Member::poll_control_event).
+#[derive(Debug)]
+pub struct Member {
+    node: Node,
+    config: MemberConfig,
+    link: Option<Link>,
+    /// The time of the latest input (suspicions found while events are polled are reported
+    /// with it).
+    now: Time,
+    events: VecDeque<Queued>,
+    /// Protocol events taken so far.
+    node_events_taken: u64,
+    /// `Installed` events queued and not yet taken: answers wait for the host to act on them.
+    installs_queued: usize,
+    /// Topics whose waiting requests may be answerable after the last install.
+    touched: Vec<TopicId>,
+    /// The region of each topic of the regions this node is a member of (a node is in at most
+    /// one region per subset, and a topic in one subset).
+    topic_regions_in: HashMap<TopicId, RegionId>,
+    /// Regions the host cannot receive, with the reason.
+    unreachable: BTreeMap<RegionId, String>,
+    left: bool,
+    /// The regions reported stalled, with their oldest unacknowledged message and its publish
+    /// time (microseconds).
+    stalls: BTreeMap<RegionId, (MsgId, u64)>,
+    /// When stalls were last looked for.
+    stalls_checked: Time,
+    stats: MemberStats,
+}
+
+/// Enters (`add`) or takes out the topics of `view` in `index`, if `me` is a member of it.
+fn index_member_region(
+    index: &mut HashMap<TopicId, RegionId>,
+    me: NodeId,
+    view: &RegionView,
+    add: bool,
+) {
+    if view.partition_of(me).is_none() {
+        return;
+    }
+    for &t in &view.topics {
+        if add {
+            index.insert(t, view.region);
+        } else if index.get(&t) == Some(&view.region) {
+            index.remove(&t);
+        }
+    }
+}
+
+/// Why named requests of a node without a service are refused.
+const NO_SERVICE: &str = "this node did not join through a GMS";
+/// Why named requests of a removed node are refused.
+const REMOVED: &str = "the GMS removed this node";
+
+impl Member {
+    /// A member with a fixed membership and no service (memberships come from
+    /// [`set_membership`](Member::set_membership)). Its first event is the
+    /// [`MemberEvent::Installed`] of `membership`.
+    pub fn with_membership(
+        protocol: Config,
+        config: MemberConfig,
+        id: NodeId,
+        membership: Membership,
+        now: Time,
+    ) -> Result<Member, MemberError> {
+        config.validate()?;
+        let node = Node::new(protocol, id, membership, now)?;
+        let mut member = Member::around(node, config, None, now);
+        member.reindex();
+        member.queue_installed(0, None);
+        Ok(member)
+    }
+
+    /// A member of the service `client` joined (it has its id). What the client learned so far
+    /// (the handshake's batches) is the initial membership; the topics of the regions this node
+    /// is in are its subscriptions by name. Its first event is the [`MemberEvent::Installed`] of
+    /// that membership. Fails with [`MemberError::NotJoined`] if the client
+    /// has no id yet.
+    pub fn joined(
+        protocol: Config,
+        config: MemberConfig,
+        mut client: GmsClient,
+        now: Time,
+    ) -> Result<Member, MemberError> {
+        config.validate()?;
+        let id = client.node().ok_or(MemberError::NotJoined)?;
+        // Changes are taken from the client as differences from here on, not whole copies.
+        client.set_membership_events(false);
+        let mut bound = Vec::new();
+        while let Some(e) = client.poll_event() {
+            if let ClientEvent::TopicBound { name, topic } = e {
+                bound.push((name, topic));
+            }
+        }
+        let _ = client.take_change();
+        let membership = client.membership();
+        let node = Node::new(protocol, id, membership, now).map_err(MemberError::Protocol)?;
+        let installed_commits = client.commits();
+        let link = Link {
+            client,
+            waiting: WaitingRequests::default(),
+            names: HashMap::new(),
+            unsubscribing: Vec::new(),
+            installed_commits,
+            suspected: BTreeMap::new(),
+            leaving_since: None,
+            removed: false,
+        };
+        let mut member = Member::around(node, config, Some(link), now);
+        member.reindex();
+        if let Some(link) = member.link.as_mut() {
+            for (name, topic) in bound {
+                if member.topic_regions_in.contains_key(&topic) {
+                    link.names.insert(topic, name);
+                }
+            }
+        }
+        member.queue_installed(0, None);
+        Ok(member)
+    }
+
+    fn around(node: Node, config: MemberConfig, link: Option<Link>, now: Time) -> Member {
+        Member {
+            node,
+            config,
+            link,
+            now,
+            events: VecDeque::new(),
+            node_events_taken: 0,
+            installs_queued: 0,
+            touched: Vec::new(),
+            topic_regions_in: HashMap::new(),
+            unreachable: BTreeMap::new(),
+            left: false,
+            stalls: BTreeMap::new(),
+            stalls_checked: now,
+            stats: MemberStats::default(),
+        }
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn id(&self) -> NodeId {
+        self.node.id()
+    }
+
+    /// The protocol node (its membership, counters and configuration).
+    #[must_use]
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// The membership client, for a node that joined through the service.
+    #[must_use]
+    pub fn client(&self) -> Option<&GmsClient> {
+        self.link.as_ref().map(|l| &l.client)
+    }
+
+    /// The control plane's counters.
+    #[must_use]
+    pub fn stats(&self) -> &MemberStats {
+        &self.stats
+    }
+
+    /// Named requests waiting for the service: (not yet bound to an id, bound and not yet in
+    /// force).
+    #[must_use]
+    pub fn requests_waiting(&self) -> (usize, usize) {
+        self.link.as_ref().map_or((0, 0), |l| {
+            (
+                l.waiting.unbound.values().map(Vec::len).sum(),
+                l.waiting.bound.values().map(Vec::len).sum(),
+            )
+        })
+    }
+
+    /// Whether the service removed this node.
+    #[must_use]
+    pub fn is_removed(&self) -> bool {
+        self.link.as_ref().is_some_and(|l| l.removed)
+    }
+
+    /// Whether a leave is under way or complete.
+    #[must_use]
+    pub fn is_leaving(&self) -> bool {
+        self.left
+            || self
+                .link
+                .as_ref()
+                .is_some_and(|l| l.leaving_since.is_some())
+    }
+
+    // ---- Inputs --------------------------------------------------------------------------
+
+    /// A protocol datagram from a peer.
+    pub fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
+        self.now = now;
+        self.node.handle_datagram(now, datagram);
+    }
+
+    /// A protocol datagram received on a multicast group (where regions may share the group).
+    pub fn handle_group_datagram(&mut self, now: Time, datagram: Bytes) {
+        self.now = now;
+        self.node.handle_group_datagram(now, datagram);
+    }
+
+    /// A datagram from the membership service, framed ([`frame`]); the host has checked that it
+    /// comes from the service. Datagrams without the framing, or for a node without a service,
+    /// are counted and dropped.
+    pub fn handle_gms_datagram(&mut self, now: Time, datagram: &[u8]) {
+        self.handle_gms_datagrams(now, [datagram]);
+    }
+
+    /// Several datagrams from the membership service, as
+    /// [`handle_gms_datagram`](Member::handle_gms_datagram) but with one install for all the
+    /// batches they commit.
+    pub fn handle_gms_datagrams<'a>(
+        &mut self,
+        now: Time,
+        datagrams: impl IntoIterator<Item = &'a [u8]>,
+    ) {
+        self.now = now;
+        for datagram in datagrams {
+            self.stats.gms_datagrams_received += 1;
+            match (self.link.as_mut(), unframe(datagram)) {
+                (Some(link), Some(body)) => link.client.handle_datagram(now, body),
+                _ => self.stats.gms_unframed += 1,
+            }
+        }
+        self.pump(now);
+    }
+
+    /// Time has passed: the protocol's timers, the client's (joins, heartbeats, resends) and a
+    /// leave's timeout, whichever are due.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.now = now;
+        if self.node.poll_timeout().is_some_and(|t| t <= now) {
+            self.node.handle_timeout(now);
+        }
+        if self.stall_check_at().is_some_and(|t| t <= now) {
+            self.check_stalls(now);
+        }
+        let leave_timeout = self.config.leave_timeout;
+        if self
+            .link
+            .as_ref()
+            .and_then(|l| l.deadline(leave_timeout))
+            .is_some_and(|t| t <= now)
+        {
+            self.pump(now);
+        }
+    }
+
+    /// Whether the protocol would take a message of `len` bytes on `topic` now.
+    #[must_use]
+    pub fn can_publish(&self, topic: TopicId, len: usize) -> bool {
+        self.node.can_publish(topic, len)
+    }
+
+    /// Publishes on `topic` ([`Node::publish`]).
+    pub fn publish(
+        &mut self,
+        now: Time,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<MsgId, PublishError> {
+        self.now = now;
+        self.node.publish(now, topic, payload)
+    }
+
+    /// Publishes on `topic`, giving the payload back when refused
+    /// ([`Node::publish_or_return`]).
+    pub fn publish_or_return(
+        &mut self,
+        now: Time,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<MsgId, (PublishError, Bytes)> {
+        self.now = now;
+        self.node.publish_or_return(now, topic, payload)
+    }
+
+    /// Installs a whole membership, for a node without a service (a node that has one takes its
+    /// memberships from it).
+    pub fn set_membership(&mut self, now: Time, membership: Membership) {
+        self.now = now;
+        let after = self.events_made();
+        self.node.set_membership(now, membership);
+        self.reindex();
+        self.queue_installed(after, None);
+    }
+
+    /// Asks the service for the topics of `names`, each with a token that its
+    /// [`MemberEvent::Answered`] carries back. Requests are sent in batches of up to
+    /// [`NAMES_PER_REQUEST_MAX`] names; each is answered once its topic is in force (or refused
+    /// with the reason).
+    pub fn request_named(&mut self, now: Time, kind: NamedRequest, names: Vec<(u64, String)>) {
+        self.now = now;
+        let why = match self.link.as_mut() {
+            None => NO_SERVICE,
+            Some(link) if link.removed => REMOVED,
+            Some(link) => {
+                // Requests keep their order: unsubscriptions gathered before go first (a
+                // subscription to a topic just left, for one).
+                link.send_unsubscribes();
+                let mut names = names.into_iter().peekable();
+                while names.peek().is_some() {
+                    let batch: Vec<(u64, String)> =
+                        names.by_ref().take(NAMES_PER_REQUEST_MAX).collect();
+                    let sent = Self::send_named(&mut link.client, kind, &batch);
+                    for (token, name) in batch {
+                        match &sent {
+                            Ok(()) => link
+                                .waiting
+                                .add(Waiting { kind, name, token }, &link.client),
+                            Err(e) => self.events.push_back(Queued {
+                                after: self.node_events_taken + self.node.events_pending() as u64,
+                                event: MemberEvent::Answered {
+                                    token,
+                                    result: Err(e.to_string()),
+                                },
+                            }),
+                        }
+                    }
+                }
+                self.pump(now);
+                return;
+            }
+        };
+        for (token, _) in names {
+            self.push_event(MemberEvent::Answered {
+                token,
+                result: Err(why.to_owned()),
+            });
+        }
+    }
+
+    fn send_named(
+        client: &mut GmsClient,
+        kind: NamedRequest,
+        batch: &[(u64, String)],
+    ) -> Result<(), RequestError> {
+        match (kind, batch) {
+            (NamedRequest::Subscribe, [(_, name)]) => client.subscribe(name),
+            (NamedRequest::Advertise, [(_, name)]) => client.advertise(name),
+            _ => {
+                let names: Vec<String> = batch.iter().map(|(_, n)| n.clone()).collect();
+                match kind {
+                    NamedRequest::Subscribe => client.subscribe_many(&names),
+                    NamedRequest::Advertise => client.advertise_many(&names),
+                }
+            }
+        }
+    }
+
+    /// The last local subscription of `topic` is gone: the service is told, together with the
+    /// other unsubscriptions made before the outputs are next drained. Topics not subscribed
+    /// by name are ignored.
+    pub fn unsubscribe(&mut self, topic: TopicId) {
+        if let Some(link) = self.link.as_mut() {
+            if let Some(name) = link.names.remove(&topic) {
+                link.unsubscribing.push(name);
+            }
+        }
+    }
+
+    /// Leaves the group: the service is told, so that the others' views drop this node at once
+    /// rather than after a failure timeout. [`MemberEvent::Left`] follows when the service
+    /// confirms, when [`MemberConfig::leave_timeout`] passes, or at once without a service.
+    pub fn leave(&mut self, now: Time) {
+        self.now = now;
+        match self.link.as_mut() {
+            Some(link) if !link.removed && link.leaving_since.is_none() => {
+                link.send_unsubscribes();
+                if link.client.leave().is_ok() {
+                    link.leaving_since = Some(now);
+                    self.pump(now);
+                } else {
+                    self.push_left();
+                }
+            }
+            Some(link) if link.leaving_since.is_some() => {}
+            _ => self.push_left(),
+        }
+    }
+
+    /// Regions the host cannot receive (a multicast group it could not join), with the reason:
+    /// subscriptions their topics would answer are refused with it (and withdrawn from the
+    /// service, so that nobody waits for this node's acknowledgements). Replaces the set before.
+    pub fn set_unreachable(&mut self, regions: BTreeMap<RegionId, String>) {
+        self.unreachable = regions;
+    }
+
+    // ---- Outputs -------------------------------------------------------------------------
+
+    /// The next event, in the order they happened (see the drain contract).
+    pub fn poll_event(&mut self) -> Option<MemberEvent> {
+        if self.installs_queued == 0 && !self.touched.is_empty() {
+            self.answer_waiting();
+        }
+        if let Some(q) = self.events.front() {
+            if q.after <= self.node_events_taken {
+                return self.pop_own();
+            }
+        }
+        match self.node.poll_event() {
+            Some(e) => {
+                self.node_events_taken += 1;
+                if let Event::Suspect { node, .. } = e {
+                    self.report_suspect(node);
+                }
+                Some(MemberEvent::Protocol(e))
+            }
+            // Counted ahead of protocol events that were never taken: nothing is behind it.
+            None => self.pop_own(),
+        }
+    }
+
+    /// The member's own next event (installs, answers, removal), ahead of protocol events made
+    /// before it that the host has not taken.
+    pub fn poll_control_event(&mut self) -> Option<MemberEvent> {
+        if self.installs_queued == 0 && !self.touched.is_empty() {
+            self.answer_waiting();
+        }
+        self.pop_own()
+    }
+
+    fn pop_own(&mut self) -> Option<MemberEvent> {
+        let q = self.events.pop_front()?;
+        if matches!(q.event, MemberEvent::Installed { .. }) {
+            self.installs_queued -= 1;
+        }
+        Some(q.event)
+    }
+
+    /// The next datagram for the membership service, framed, with the index of the replica it
+    /// goes to (0: the only one).
+    pub fn poll_gms_transmit(&mut self) -> Option<(usize, Vec<u8>)> {
+        let link = self.link.as_mut()?;
+        if !link.unsubscribing.is_empty() {
+            link.send_unsubscribes();
+        }
+        if link.client.poll_timeout().is_some_and(|t| t <= self.now) {
+            link.client.handle_timeout(self.now);
+        }
+        let msg = link.client.poll_transmit()?;
+        self.stats.gms_datagrams_sent += 1;
+        Some((0, frame(&msg)))
+    }
+
+    /// The next protocol datagram, written into `buf` ([`Node::poll_transmit`]).
+    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        self.node.poll_transmit(now, buf)
+    }
+
+    /// The next time [`handle_timeout`](Member::handle_timeout) must be called.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let earliest = |a: Option<Time>, b: Option<Time>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let link = self
+            .link
+            .as_ref()
+            .and_then(|l| l.deadline(self.config.leave_timeout));
+        earliest(
+            earliest(self.node.poll_timeout(), link),
+            self.stall_check_at(),
+        )
+    }
+
+    /// The stall check's next time, while messages are unstable or a stall is reported.
+    fn stall_check_at(&self) -> Option<Time> {
+        (self.node.stats().unstable_msgs_current > 0 || !self.stalls.is_empty())
+            .then(|| self.stalls_checked + self.config.stall_after / 4)
+    }
+
+    /// Reports the regions whose oldest unacknowledged message has waited `stall_after`, and
+    /// the reported ones that cleared.
+    fn check_stalls(&mut self, now: Time) {
+        self.stalls_checked = now;
+        let now_us = now.as_micros();
+        let bound_us = self.config.stall_after.as_micros() as u64;
+        let stalled: BTreeMap<RegionId, (MsgId, u64)> = self
+            .node
+            .oldest_unstable()
+            .filter(|&(_, _, at)| now_us.saturating_sub(at) >= bound_us)
+            .map(|(r, m, at)| (r, (m, at)))
+            .collect();
+        let cleared: Vec<(RegionId, u64)> = self
+            .stalls
+            .iter()
+            .filter(|(r, _)| !stalled.contains_key(r))
+            .map(|(&r, &(_, at))| (r, at))
+            .collect();
+        for (region, at) in cleared {
+            self.stalls.remove(&region);
+            self.push_event(MemberEvent::StallCleared {
+                region,
+                waited: Duration::from_micros(now_us.saturating_sub(at)),
+            });
+        }
+        for (region, (oldest, at)) in stalled {
+            if self.stalls.insert(region, (oldest, at)).is_some() {
+                continue;
+            }
+            let members = self
+                .node
+                .membership()
+                .regions
+                .get(&region)
+                .map(|v| v.members().collect())
+                .unwrap_or_default();
+            self.stats.stalls_reported += 1;
+            self.push_event(MemberEvent::Stalled(Stall {
+                region,
+                oldest,
+                waited: Duration::from_micros(now_us.saturating_sub(at)),
+                members,
+            }));
+        }
+    }
+
+    // ---- The service ---------------------------------------------------------------------
+
+    /// Runs the client's due timers and acts on what it learned: installs the batches it
+    /// committed (one install for however many), binds names, handles removal and the end of a
+    /// leave.
+    fn pump(&mut self, now: Time) {
+        let leave_timeout = self.config.leave_timeout;
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        if link.client.poll_timeout().is_some_and(|t| t <= now) {
+            link.client.handle_timeout(now);
+        }
+        let mut whole = None;
+        let mut removed = false;
+        let mut bound = Vec::new();
+        while let Some(e) = link.client.poll_event() {
+            match e {
+                // Only if a host turned the events back on: installed whole.
+                ClientEvent::Membership(m) => whole = Some(m),
+                ClientEvent::TopicBound { name, topic } => {
+                    link.waiting.bind(&name, topic);
+                    bound.push((name, topic));
+                }
+                ClientEvent::Removed => removed = true,
+                ClientEvent::Joined(_) => {}
+            }
+        }
+        let moved = link.client.commits() != link.installed_commits;
+        link.installed_commits = link.client.commits();
+        let change = moved.then(|| link.client.take_change());
+        for (name, topic) in bound {
+            self.push_event(MemberEvent::TopicBound { name, topic });
+        }
+        if let Some(m) = whole {
+            self.install_whole(now, m);
+        }
+        if let Some(change) = change {
+            // Also when no view changed: the batch may have brought a node's address (a new
+            // publisher's), which the host's routes take at the install (ADR 23).
+            self.install_change(now, change);
+        }
+        if removed {
+            self.on_removed(now);
+        }
+        let Some(link) = self.link.as_ref() else {
+            return;
+        };
+        let done = link.removed || link.leaving_since.is_some_and(|t| now >= t + leave_timeout);
+        if link.leaving_since.is_some() && done && !self.left {
+            self.push_left();
+        }
+    }
+
+    fn install_whole(&mut self, now: Time, membership: Membership) {
+        let after = self.events_made();
+        self.node.set_membership(now, membership);
+        self.reindex();
+        if let Some(link) = self.link.as_mut() {
+            self.touched.append(&mut link.waiting.recheck);
+            self.touched.extend(link.waiting.bound.keys().copied());
+        }
+        self.queue_installed(after, None);
+    }
+
+    /// Installs a change: the protocol and the index of this node's regions take the changed
+    /// regions only, so an update costs what it changed, not a pass over every region (ADR 23).
+    fn install_change(&mut self, now: Time, change: MembershipChange) {
+        let me = self.node.id();
+        let changed: Vec<RegionId> = change.regions.iter().map(|&(r, _)| r).collect();
+        if let Some(link) = self.link.as_mut() {
+            // The topics whose waiting requests may be answerable after this install: those
+            // bound or requested since the last one, and those the install changes (a topic
+            // comes in force through its region list, for publishers, or a view of a region
+            // carrying it, for members).
+            self.touched.append(&mut link.waiting.recheck);
+        }
+        self.touched
+            .extend(change.topic_regions.iter().map(|&(t, _)| t));
+        for (_, view) in &change.regions {
+            self.touched
+                .extend(view.iter().flat_map(|v| v.topics.iter().copied()));
+        }
+        for r in &changed {
+            if let Some(old) = self.node.membership().regions.get(r) {
+                index_member_region(&mut self.topic_regions_in, me, old, false);
+            }
+        }
+        let after = self.events_made();
+        self.node.update_membership(now, change);
+        for r in &changed {
+            if let Some(view) = self.node.membership().regions.get(r) {
+                index_member_region(&mut self.topic_regions_in, me, view, true);
+            }
+        }
+        #[cfg(debug_assertions)]
+        {
+            let mut anew = HashMap::new();
+            for view in self.node.membership().regions.values() {
+                index_member_region(&mut anew, me, view, true);
+            }
+            debug_assert_eq!(
+                self.topic_regions_in, anew,
+                "the index of this node's regions"
+            );
+            debug_assert!(self
+                .link
+                .as_ref()
+                .is_none_or(|l| &l.client.membership() == self.node.membership()));
+        }
+        self.queue_installed(after, Some(changed));
+    }
+
+    fn reindex(&mut self) {
+        let me = self.node.id();
+        self.topic_regions_in.clear();
+        for view in self.node.membership().regions.values() {
+            index_member_region(&mut self.topic_regions_in, me, view, true);
+        }
+    }
+
+    /// Protocol events made so far (taken or not): an event queued with this comes after them.
+    fn events_made(&self) -> u64 {
+        self.node_events_taken + self.node.events_pending() as u64
+    }
+
+    /// Queues the [`MemberEvent::Installed`] of an install, after the protocol events made
+    /// before the install began (`after`; those the install itself makes, such as deliveries of
+    /// packets the new views let in, come after it); or, while one is queued and not taken, adds
+    /// the regions to it: the host makes effective what changed since it last acted, at the
+    /// membership the node holds then.
+    fn queue_installed(&mut self, after: u64, changed: Option<Vec<RegionId>>) {
+        self.stats.installs += 1;
+        if self.installs_queued > 0 {
+            let queued = self
+                .events
+                .iter_mut()
+                .rev()
+                .find_map(|q| match &mut q.event {
+                    MemberEvent::Installed { changed } => Some(changed),
+                    _ => None,
+                });
+            if let Some(queued) = queued {
+                match (queued.as_mut(), changed) {
+                    (Some(regions), Some(more)) => {
+                        regions.extend(more);
+                        regions.sort_unstable();
+                        regions.dedup();
+                    }
+                    (_, None) => *queued = None,
+                    (None, Some(_)) => {}
+                }
+                return;
+            }
+        }
+        self.installs_queued += 1;
+        self.events.push_back(Queued {
+            after,
+            event: MemberEvent::Installed { changed },
+        });
+    }
+
+    /// Queues an event behind the protocol events made so far.
+    fn push_event(&mut self, event: MemberEvent) {
+        let after = self.events_made();
+        self.events.push_back(Queued { after, event });
+    }
+
+    fn push_left(&mut self) {
+        if !self.left {
+            self.left = true;
+            self.push_event(MemberEvent::Left);
+        }
+    }
+
+    /// Answers the waiting requests of the touched topics that are now in force. Due at once:
+    /// the answers go ahead of everything queued.
+    fn answer_waiting(&mut self) {
+        let mut touched = std::mem::take(&mut self.touched);
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        touched.sort_unstable();
+        touched.dedup();
+        let mut answers = Vec::new();
+        for topic in touched {
+            let Some(requests) = link.waiting.bound.remove(&topic) else {
+                continue;
+            };
+            let mut still = Vec::new();
+            for w in requests {
+                match w.kind {
+                    NamedRequest::Subscribe => {
+                        let mine = self.topic_regions_in.get(&topic).copied();
+                        if let Some(why) = mine.and_then(|r| self.unreachable.get(&r)) {
+                            // Its messages cannot reach this node: refused, and the service is
+                            // told (so nobody waits for this node's acknowledgements).
+                            let _ = link.client.unsubscribe(&w.name);
+                            answers.push(MemberEvent::Answered {
+                                token: w.token,
+                                result: Err(format!("cannot subscribe to {:?}: {why}", w.name)),
+                            });
+                        } else if mine.is_some() {
+                            answers.push(MemberEvent::Answered {
+                                token: w.token,
+                                result: Ok(topic),
+                            });
+                            link.names.insert(topic, w.name);
+                        } else {
+                            still.push(w);
+                        }
+                    }
+                    NamedRequest::Advertise => {
+                        if self.node.membership().topic_regions.contains_key(&topic) {
+                            answers.push(MemberEvent::Answered {
+                                token: w.token,
+                                result: Ok(topic),
+                            });
+                        } else {
+                            still.push(w);
+                        }
+                    }
+                }
+            }
+            if !still.is_empty() {
+                link.waiting.bound.insert(topic, still);
+            }
+        }
+        let after = self.node_events_taken;
+        for event in answers.into_iter().rev() {
+            self.events.push_front(Queued { after, event });
+        }
+    }
+
+    /// The service removed this node: its waiting requests are refused; a node declared failed
+    /// while alive stops taking part rather than act on stale views.
+    fn on_removed(&mut self, now: Time) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        link.removed = true;
+        let refused: Vec<u64> = link.waiting.drain().map(|w| w.token).collect();
+        let leaving = link.leaving_since.is_some();
+        for token in refused {
+            self.push_event(MemberEvent::Answered {
+                token,
+                result: Err(REMOVED.to_owned()),
+            });
+        }
+        if !leaving {
+            let after = self.events_made();
+            self.node.set_membership(now, Membership::default());
+            self.reindex();
+            self.queue_installed(after, None);
+        }
+        self.push_event(MemberEvent::Removed);
+    }
+
+    /// Reports a ring neighbour the protocol suspects, at most once per `suspect_interval`.
+    fn report_suspect(&mut self, node: NodeId) {
+        let now = self.now;
+        let interval = self.config.suspect_interval;
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        if link.removed
+            || link
+                .suspected
+                .get(&node)
+                .is_some_and(|&t| now < t + interval)
+        {
+            return;
+        }
+        if link.client.suspect(node).is_ok() {
+            link.suspected.insert(node, now);
+            self.stats.suspicions_reported += 1;
+        }
+    }
+}
+
+/// Why a [`Member`] could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum MemberError {
+    /// The client has not been welcomed by the service (it has no node id).
+    #[error("the membership client has not joined yet")]
+    NotJoined,
+    /// The protocol's configuration is invalid.
+    #[error(transparent)]
+    Protocol(#[from] ProtoConfigError),
+    /// A [`MemberConfig`] setting is invalid (the message names it).
+    #[error("invalid member configuration: {0}")]
+    Config(String),
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeSet;
+
+    use tidings_proto::Destination;
+
+    use super::*;
+    use crate::{ClientConfig, Gms, GmsConfig, Peer, RemoveCause};
+
+    const T0: Time = Time::ZERO;
+
+    /// A service and members on a network that delivers at once, except to and from the members
+    /// in `cut_from` / `cut_to` (by index).
+    struct Group {
+        now: Time,
+        gms: Gms,
+        members: Vec<Member>,
+        events: Vec<Vec<MemberEvent>>,
+        /// Messages from these members to the service are lost.
+        cut_from: BTreeSet<usize>,
+        /// Messages from the service to these members are lost.
+        cut_to: BTreeSet<usize>,
+        /// Requests the service applied (its command count) when last read.
+        commands: u64,
+    }
+
+    impl Group {
+        fn new(n: usize) -> Group {
+            let mut gms = Gms::new(GmsConfig::default()).unwrap();
+            let mut clients: Vec<GmsClient> = (0..n)
+                .map(|i| {
+                    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16));
+                    GmsClient::new(ClientConfig {
+                        seed: 40 + i as u64,
+                        data_addr: Some(addr),
+                        ..ClientConfig::default()
+                    })
+                    .unwrap()
+                })
+                .collect();
+            // The handshake, as the runtime's: the clients join before their members exist.
+            for _ in 0..10 {
+                for c in &mut clients {
+                    c.handle_timeout(T0);
+                    while let Some(msg) = c.poll_transmit() {
+                        let from = match c.node() {
+                            Some(n) => Peer::Node(n),
+                            None => Peer::Joiner(c.nonce()),
+                        };
+                        gms.handle_message(T0, from, msg);
+                    }
+                }
+                while let Some(t) = gms.poll_transmit() {
+                    let to = clients.iter_mut().find(|c| match t.to {
+                        Peer::Node(n) => c.node() == Some(n),
+                        Peer::Joiner(nonce) => c.nonce() == nonce,
+                    });
+                    if let Some(c) = to {
+                        c.handle_message(T0, t.msg);
+                    }
+                }
+            }
+            let members: Vec<Member> = clients
+                .into_iter()
+                .map(|c| Member::joined(Config::default(), MemberConfig::default(), c, T0).unwrap())
+                .collect();
+            let mut g = Group {
+                now: T0,
+                gms,
+                events: vec![Vec::new(); members.len()],
+                members,
+                cut_from: BTreeSet::new(),
+                cut_to: BTreeSet::new(),
+                commands: 0,
+            };
+            g.pump();
+            g.commands = g.gms.stats().commands;
+            g
+        }
+
+        fn index_of(&self, node: NodeId) -> Option<usize> {
+            self.members.iter().position(|m| m.id() == node)
+        }
+
+        /// Exchanges messages until nothing moves.
+        fn pump(&mut self) {
+            for _ in 0..1_000 {
+                let mut moved = false;
+                for i in 0..self.members.len() {
+                    while let Some(e) = self.members[i].poll_event() {
+                        self.events[i].push(e);
+                    }
+                    while let Some((replica, datagram)) = self.members[i].poll_gms_transmit() {
+                        assert_eq!(replica, 0);
+                        moved = true;
+                        if !self.cut_from.contains(&i) {
+                            let body = unframe(&datagram).unwrap();
+                            let from = Peer::Node(self.members[i].id());
+                            self.gms.handle_datagram(self.now, from, body);
+                        }
+                    }
+                }
+                while let Some(t) = self.gms.poll_transmit() {
+                    moved = true;
+                    let Peer::Node(node) = t.to else { continue };
+                    let Some(i) = self.index_of(node) else {
+                        continue;
+                    };
+                    if !self.cut_to.contains(&i) {
+                        self.members[i].handle_gms_datagram(self.now, &frame(&t.msg));
+                    }
+                }
+                while self.gms.poll_event().is_some() {}
+                if !moved {
+                    return;
+                }
+            }
+            panic!("livelock");
+        }
+
+        fn advance(&mut self, by: Duration) {
+            let end = self.now + by;
+            while self.now < end {
+                self.now = (self.now + Duration::from_millis(10)).min(end);
+                for m in &mut self.members {
+                    if m.poll_timeout().is_some_and(|t| t <= self.now) {
+                        m.handle_timeout(self.now);
+                    }
+                }
+                if self.gms.poll_timeout().is_some_and(|t| t <= self.now) {
+                    self.gms.handle_timeout(self.now);
+                }
+                self.pump();
+            }
+        }
+
+        /// Commands the service applied since the last call.
+        fn new_commands(&mut self) -> u64 {
+            let now = self.gms.stats().commands;
+            std::mem::replace(&mut self.commands, now).abs_diff(now)
+        }
+
+        fn take_events(&mut self, i: usize) -> Vec<MemberEvent> {
+            std::mem::take(&mut self.events[i])
+        }
+    }
+
+    fn answers(events: &[MemberEvent]) -> Vec<(u64, Result<TopicId, String>)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                MemberEvent::Answered { token, result } => Some((*token, result.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn names(list: &[&str]) -> Vec<(u64, String)> {
+        list.iter()
+            .enumerate()
+            .map(|(i, n)| (i as u64 + 1, (*n).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn named_requests_are_answered_once_in_force_after_the_install() {
+        let mut g = Group::new(2);
+        assert!(matches!(
+            g.take_events(0).first(),
+            Some(MemberEvent::Installed { changed: None })
+        ));
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["a", "b"]));
+        g.pump();
+        assert_eq!(g.new_commands(), 1, "two names, one request");
+        let events = g.take_events(0);
+        let got = answers(&events);
+        assert_eq!(got.len(), 2, "{events:?}");
+        let a = g.members[0].client().unwrap().topic_id("a").unwrap();
+        let b = g.members[0].client().unwrap().topic_id("b").unwrap();
+        assert_eq!(got, vec![(1, Ok(a)), (2, Ok(b))]);
+        // Answered after the install that put the node in the topics' region.
+        let installed = events
+            .iter()
+            .position(|e| matches!(e, MemberEvent::Installed { .. }))
+            .unwrap();
+        let answered = events
+            .iter()
+            .position(|e| matches!(e, MemberEvent::Answered { .. }))
+            .unwrap();
+        assert!(installed < answered, "{events:?}");
+        let region = g.members[0]
+            .node()
+            .membership()
+            .region_of(g.members[0].id());
+        assert!(region.is_some_and(|r| r.topics.contains(&a) && r.topics.contains(&b)));
+        // A publisher is answered once it knows the topic's regions.
+        g.members[1].request_named(g.now, NamedRequest::Advertise, vec![(7, "a".to_owned())]);
+        g.pump();
+        assert_eq!(answers(&g.take_events(1)), vec![(7, Ok(a))]);
+        assert!(g.members[1]
+            .node()
+            .membership()
+            .topic_regions
+            .contains_key(&a));
+    }
+
+    #[test]
+    fn unsubscriptions_are_gathered_into_one_request() {
+        let mut g = Group::new(1);
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["a", "b", "c"]));
+        g.pump();
+        let topic = |g: &Group, n: &str| g.members[0].client().unwrap().topic_id(n).unwrap();
+        let (a, b, c) = (topic(&g, "a"), topic(&g, "b"), topic(&g, "c"));
+        g.new_commands();
+        g.members[0].unsubscribe(a);
+        g.members[0].unsubscribe(b);
+        // Not subscribed by name: ignored.
+        g.members[0].unsubscribe(TopicId(999));
+        g.pump();
+        assert_eq!(g.new_commands(), 1, "two unsubscriptions, one request");
+        let me = g.members[0].id();
+        let subscribed: Vec<TopicId> = g.gms.planner().subscriptions(me).collect();
+        assert_eq!(subscribed, vec![c]);
+        let region = g.members[0].node().membership().region_of(me).unwrap();
+        assert_eq!(region.topics, vec![c]);
+    }
+
+    #[test]
+    fn a_subscription_whose_region_cannot_be_received_is_refused_and_withdrawn() {
+        let mut g = Group::new(1);
+        // The host could not join any group: every region is unreachable.
+        let reach: BTreeMap<RegionId, String> = (1..50)
+            .map(|r| (RegionId(r), "no socket left".to_owned()))
+            .collect();
+        g.members[0].set_unreachable(reach);
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["a"]));
+        g.pump();
+        let got = answers(&g.take_events(0));
+        assert_eq!(got.len(), 1);
+        let why = got[0].1.clone().unwrap_err();
+        assert!(
+            why.contains("\"a\"") && why.contains("no socket left"),
+            "{why}"
+        );
+        let me = g.members[0].id();
+        assert_eq!(g.gms.planner().subscriptions(me).count(), 0, "withdrawn");
+    }
+
+    #[test]
+    fn a_removed_member_refuses_what_waits_and_empties_its_membership() {
+        let mut g = Group::new(2);
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["a"]));
+        g.pump();
+        g.take_events(0);
+        // Cut off towards the service: its heartbeats and the next request are lost.
+        g.cut_from.insert(0);
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, vec![(9, "b".to_owned())]);
+        g.advance(GmsConfig::default().heartbeat_timeout + Duration::from_millis(500));
+        let events = g.take_events(0);
+        assert!(events.contains(&MemberEvent::Removed), "{events:?}");
+        assert_eq!(
+            answers(&events),
+            vec![(9, Err("the GMS removed this node".to_owned()))]
+        );
+        assert!(events.contains(&MemberEvent::Installed { changed: None }));
+        assert!(g.members[0].is_removed());
+        assert!(g.members[0].node().membership().regions.is_empty());
+        // Further requests are refused at once.
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, vec![(10, "c".to_owned())]);
+        assert_eq!(
+            answers(&g.take_events_now(0)),
+            vec![(10, Err("the GMS removed this node".to_owned()))]
+        );
+        // The other member is still in.
+        assert!(!g.members[1].is_removed());
+        assert!(!g.events[1].contains(&MemberEvent::Removed));
+    }
+
+    impl Group {
+        /// Polls member `i`'s events now.
+        fn take_events_now(&mut self, i: usize) -> Vec<MemberEvent> {
+            std::iter::from_fn(|| self.members[i].poll_event()).collect()
+        }
+    }
+
+    #[test]
+    fn a_leave_ends_when_confirmed_or_when_its_timeout_passes() {
+        let mut g = Group::new(3);
+        let gone = g.members[0].id();
+        g.members[0].leave(g.now);
+        g.pump();
+        assert!(g.take_events(0).contains(&MemberEvent::Left));
+        assert!(g.gms.members().all(|n| n != gone));
+        // A member whose leave gets no answer counts itself gone after the timeout.
+        g.cut_to.insert(1);
+        g.members[1].leave(g.now);
+        g.pump();
+        assert!(!g.take_events(1).contains(&MemberEvent::Left));
+        g.advance(MemberConfig::default().leave_timeout + Duration::from_millis(20));
+        assert_eq!(
+            g.take_events(1)
+                .iter()
+                .filter(|e| **e == MemberEvent::Left)
+                .count(),
+            1
+        );
+        // Without a service, a leave ends at once.
+        let mut alone = Member::with_membership(
+            Config::default(),
+            MemberConfig::default(),
+            NodeId(1),
+            Membership::default(),
+            T0,
+        )
+        .unwrap();
+        alone.leave(T0);
+        let events: Vec<MemberEvent> = std::iter::from_fn(|| alone.poll_event()).collect();
+        assert_eq!(
+            events,
+            vec![MemberEvent::Installed { changed: None }, MemberEvent::Left]
+        );
+        let _ = RemoveCause::Left;
+    }
+
+    #[test]
+    fn a_delivery_made_before_an_install_comes_before_its_event() {
+        let t1 = TopicId(1);
+        let subs: BTreeMap<NodeId, Vec<TopicId>> =
+            [(NodeId(1), vec![t1]), (NodeId(2), vec![t1])].into();
+        let m = Membership::from_subscriptions(&subs, 8);
+        let new = |id| {
+            Member::with_membership(
+                Config::default(),
+                MemberConfig::default(),
+                id,
+                m.clone(),
+                T0,
+            )
+            .unwrap()
+        };
+        let (mut sender, mut receiver) = (new(NodeId(1)), new(NodeId(2)));
+        while sender.poll_event().is_some() {}
+        while receiver.poll_event().is_some() {}
+        let mut now = T0;
+        sender
+            .publish(now, t1, Bytes::from_static(b"hello"))
+            .unwrap();
+        let mut buf = vec![0; 1472];
+        for _ in 0..5 {
+            now += Duration::from_millis(1);
+            sender.handle_timeout(now);
+            while let Some(t) = sender.poll_transmit(now, &mut buf) {
+                if matches!(
+                    t.destination,
+                    Destination::Region(_) | Destination::Node(NodeId(2))
+                ) {
+                    receiver.handle_datagram(now, Bytes::copy_from_slice(&buf[..t.len]));
+                }
+            }
+        }
+        // The delivery waits in the receiver; then a new membership arrives.
+        assert!(receiver.node().events_pending() > 0);
+        receiver.set_membership(now, m.clone());
+        let events: Vec<MemberEvent> = std::iter::from_fn(|| receiver.poll_event()).collect();
+        let delivered = events
+            .iter()
+            .position(|e| matches!(e, MemberEvent::Protocol(Event::Deliver(_))))
+            .unwrap();
+        let installed = events
+            .iter()
+            .position(|e| matches!(e, MemberEvent::Installed { .. }))
+            .unwrap();
+        assert!(delivered < installed, "{events:?}");
+        // A host that cannot take deliveries now takes the install ahead of them.
+        receiver.set_membership(now, m);
+        assert_eq!(
+            receiver.poll_control_event(),
+            Some(MemberEvent::Installed { changed: None })
+        );
+    }
+
+    #[test]
+    fn a_region_that_does_not_acknowledge_is_reported_stalled_until_it_does() {
+        let t1 = TopicId(1);
+        let subs: BTreeMap<NodeId, Vec<TopicId>> =
+            [(NodeId(1), vec![t1]), (NodeId(2), vec![t1])].into();
+        let m = Membership::from_subscriptions(&subs, 8);
+        let config = MemberConfig {
+            stall_after: Duration::from_millis(400),
+            ..MemberConfig::default()
+        };
+        let new = |id| {
+            Member::with_membership(Config::default(), config.clone(), id, m.clone(), T0).unwrap()
+        };
+        let (mut sender, mut receiver) = (new(NodeId(1)), new(NodeId(2)));
+        let mut buf = vec![0; 1472];
+        let mut now = T0;
+        sender
+            .publish(now, t1, Bytes::from_static(b"hello"))
+            .unwrap();
+        // The receiver hears nothing for a second: the sender's message stays unstable.
+        let mut events = Vec::new();
+        while now < T0 + Duration::from_secs(1) {
+            now = sender.poll_timeout().unwrap().max(now);
+            sender.handle_timeout(now);
+            while sender.poll_transmit(now, &mut buf).is_some() {}
+            events.extend(std::iter::from_fn(|| sender.poll_event()));
+        }
+        let stalls: Vec<&Stall> = events
+            .iter()
+            .filter_map(|e| match e {
+                MemberEvent::Stalled(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stalls.len(), 1, "reported once: {events:?}");
+        let stall = stalls[0];
+        assert_eq!(stall.oldest, MsgId(1));
+        assert_eq!(stall.members, vec![NodeId(1), NodeId(2)]);
+        assert!(stall.waited >= Duration::from_millis(400));
+        assert!(stall.waited < Duration::from_millis(600), "{stall:?}");
+        assert!(
+            stall.to_string().contains("waiting for members 1, 2"),
+            "{stall}"
+        );
+        assert_eq!(sender.stats().stalls_reported, 1);
+        // The network heals: the receiver gets everything and acknowledges; the stall clears.
+        let end = now + Duration::from_secs(2);
+        let mut cleared = false;
+        while now < end && !cleared {
+            now += Duration::from_millis(1);
+            let mut pair = [&mut sender, &mut receiver];
+            for i in 0..2 {
+                let [a, b] = &mut pair;
+                let (from, to) = if i == 0 { (a, b) } else { (b, a) };
+                if from.poll_timeout().is_some_and(|t| t <= now) {
+                    from.handle_timeout(now);
+                }
+                while let Some(t) = from.poll_transmit(now, &mut buf) {
+                    to.handle_datagram(now, Bytes::copy_from_slice(&buf[..t.len]));
+                }
+            }
+            while receiver.poll_event().is_some() {}
+            while let Some(e) = sender.poll_event() {
+                if let MemberEvent::StallCleared { region, waited } = e {
+                    assert_eq!(region, stall.region);
+                    assert!(waited >= stall.waited);
+                    cleared = true;
+                }
+            }
+        }
+        assert!(cleared, "the stall did not clear");
+        assert!(sender.node().is_stable(MsgId(1)));
+        // Nothing unstable, nothing stalled: no stall check is due.
+        assert!(sender.stall_check_at().is_none());
+    }
+
+    #[test]
+    fn installs_not_yet_taken_are_merged() {
+        let mut g = Group::new(1);
+        g.take_events(0);
+        let before = g.members[0].stats().installs;
+        // Each request exchanged without taking events: two installs, one event.
+        for (token, name) in [(1, "a"), (2, "b")] {
+            g.members[0].request_named(
+                g.now,
+                NamedRequest::Subscribe,
+                vec![(token, name.to_owned())],
+            );
+            for _ in 0..3 {
+                while let Some((_, d)) = g.members[0].poll_gms_transmit() {
+                    let from = Peer::Node(g.members[0].id());
+                    g.gms.handle_datagram(g.now, from, unframe(&d).unwrap());
+                }
+                while let Some(t) = g.gms.poll_transmit() {
+                    g.members[0].handle_gms_datagram(g.now, &frame(&t.msg));
+                }
+            }
+        }
+        assert!(g.members[0].stats().installs >= before + 2);
+        let events = g.take_events_now(0);
+        let installs = events
+            .iter()
+            .filter(|e| matches!(e, MemberEvent::Installed { .. }))
+            .count();
+        assert_eq!(installs, 1, "{events:?}");
+        assert_eq!(answers(&events).len(), 2, "{events:?}");
+    }
+}
