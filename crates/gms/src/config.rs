@@ -148,6 +148,9 @@ pub enum ConfigError {
     /// A field that must be positive is zero.
     #[error("gms config: {0} must be positive")]
     Zero(&'static str),
+    /// More replicas than [`REPLICAS_MAX`](crate::REPLICAS_MAX).
+    #[error("{0} replicas: at most REPLICAS_MAX")]
+    Replicas(usize),
     /// `suspicion_timeout` exceeds `heartbeat_timeout` (suspicion must speed removal up).
     #[error("gms config: suspicion_timeout must not exceed heartbeat_timeout")]
     SuspicionSlower,
@@ -226,6 +229,19 @@ pub struct ClientConfig {
     /// the nodes that talk to it). `None` lets the GMS's host use the address the `Join` came
     /// from, which is right when the client shares the node's unicast socket. Default `None`.
     pub data_addr: Option<std::net::SocketAddr>,
+    /// How many replicas the service has (1..=[`REPLICAS_MAX`](crate::REPLICAS_MAX)), known
+    /// by index `0..replicas`; the host maps indices to addresses. Default 1 (one process).
+    pub replicas: usize,
+    /// With several replicas: the replica the client talks to is left for the next one after
+    /// this long without a message from it (a serving leader answers every heartbeat).
+    /// Default 1.5 s (three heartbeats).
+    pub failover_timeout: Duration,
+    /// When the service says it does not know this node (it was removed, or the service lost
+    /// its state), join again under a new id and send the subscriptions and advertisements
+    /// again ([`ClientEvent::Rejoining`](crate::ClientEvent::Rejoining)) instead of stopping
+    /// ([`ClientEvent::Removed`](crate::ClientEvent::Removed)). Default `false`: the host
+    /// decides whether its protocol node can follow a change of node id.
+    pub rejoin: bool,
 }
 
 impl Default for ClientConfig {
@@ -238,6 +254,9 @@ impl Default for ClientConfig {
             reorder_max: 1024,
             seed: 1,
             data_addr: None,
+            replicas: 1,
+            failover_timeout: Duration::from_millis(1500),
+            rejoin: false,
         }
     }
 }
@@ -251,10 +270,15 @@ impl ClientConfig {
             ("requests_inflight_max", self.requests_inflight_max == 0),
             ("requests_queued_max", self.requests_queued_max == 0),
             ("reorder_max", self.reorder_max == 0),
+            ("replicas", self.replicas == 0),
+            ("failover_timeout", self.failover_timeout.is_zero()),
         ] {
             if zero {
                 return Err(ConfigError::Zero(name));
             }
+        }
+        if self.replicas > crate::REPLICAS_MAX {
+            return Err(ConfigError::Replicas(self.replicas));
         }
         Ok(())
     }

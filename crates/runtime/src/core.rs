@@ -958,13 +958,14 @@ impl Core {
         };
         for datagram in link.inbox.drain(..) {
             if let Some(body) = unframe(&datagram) {
-                link.client.handle_datagram(now, body);
+                // The link knows one service address: replica 0 of the client's.
+                link.client.handle_datagram(now, 0, body);
             }
         }
         if link.client.poll_timeout().is_some_and(|t| t <= now) {
             link.client.handle_timeout(now);
         }
-        while let Some(msg) = link.client.poll_transmit() {
+        while let Some((_replica, msg)) = link.client.poll_transmit() {
             // A lost send is the client's to resend (requests and acks are retried).
             match self.unicast.socket.send_to(&frame(&msg), link.server) {
                 Ok(_) => self.stats.gms_datagrams_sent += 1,
@@ -1030,7 +1031,10 @@ impl Core {
                 // Taken out above.
                 ClientEvent::Membership(_) => {}
                 ClientEvent::Removed => self.on_removed(now),
-                ClientEvent::Joined(_) | ClientEvent::TopicBound { .. } => {}
+                // The link's client does not rejoin (`ClientConfig::rejoin` is off).
+                ClientEvent::Joined(_)
+                | ClientEvent::TopicBound { .. }
+                | ClientEvent::Rejoining { .. } => {}
             }
         }
         if let Some(link) = self.gms.as_ref() {

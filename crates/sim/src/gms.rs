@@ -196,7 +196,8 @@ impl Role {
         match self {
             Role::Client(c) => {
                 if from == c.gms_node {
-                    c.client.handle_datagram(now, body);
+                    // One service node: replica 0 of the client's.
+                    c.client.handle_datagram(now, 0, body);
                 }
             }
             Role::Service(s) => match GmsMessage::decode(body) {
@@ -318,10 +319,11 @@ impl ClientRole {
                 ClientEvent::Removed => {
                     self.log.borrow_mut().removed_alive.insert(me);
                 }
-                ClientEvent::Joined(_) => {}
+                // The simulated clients do not rejoin (`ClientConfig::rejoin` is off).
+                ClientEvent::Joined(_) | ClientEvent::Rejoining { .. } => {}
             }
         }
-        while let Some(msg) = self.client.poll_transmit() {
+        while let Some((_replica, msg)) = self.client.poll_transmit() {
             out.datagrams.push_back((self.gms_node, frame(me, &msg)));
         }
     }
@@ -675,11 +677,11 @@ fn exchange(gms: &mut Gms, clients: &mut [GmsClient], nonces: &BTreeMap<u64, Nod
                 Peer::Joiner(nonce) => nonces.get(&nonce).copied(),
             };
             if let Some(c) = to.and_then(|to| clients.get_mut(to.0 as usize)) {
-                c.handle_message(t0, tx.msg);
+                c.handle_message(t0, 0, tx.msg);
             }
         }
         for (i, c) in clients.iter_mut().enumerate() {
-            while let Some(msg) = c.poll_transmit() {
+            while let Some((_replica, msg)) = c.poll_transmit() {
                 progressed = true;
                 gms.handle_message(t0, Peer::Node(to_gms(NodeId(i as u32))), msg);
             }

@@ -478,6 +478,16 @@ impl Replica {
             }
         };
         if self.serving {
+            if let (Peer::Node(_), GmsMessage::Heartbeat) = (from, &msg) {
+                // The answer tells the client its leader lives (it fails over otherwise).
+                self.outbox.push_back(ReplicaTransmit::Client(GmsTransmit {
+                    to: from,
+                    msg: GmsMessage::Stamped {
+                        term: self.term(),
+                        msg: Box::new(GmsMessage::Heartbeat),
+                    },
+                }));
+            }
             self.gms.handle_message(now, from, msg);
         } else {
             self.stats.redirects += 1;
