@@ -717,10 +717,7 @@ impl GmsClient {
                 }
             }
             State::Member(_) => {
-                if self
-                    .last_heartbeat
-                    .is_none_or(|t| now >= t + self.config.heartbeat_interval)
-                {
+                if self.heartbeat_due().is_none_or(|t| now >= t) {
                     self.outbox.push_back(GmsMessage::Heartbeat);
                     self.last_heartbeat = Some(now);
                 }
@@ -759,15 +756,28 @@ impl GmsClient {
         }
     }
 
+    /// When the next heartbeat is due (`None`: at once). With several replicas a heartbeat
+    /// not answered within `retransmit_interval` is sent again: the serving leader answers
+    /// each one, so a few lost datagrams do not look like a dead leader.
+    fn heartbeat_due(&self) -> Option<Time> {
+        let last = self.last_heartbeat?;
+        let regular = last + self.config.heartbeat_interval;
+        let unanswered = self.config.replicas > 1 && self.heard_at.is_some_and(|h| h < last);
+        Some(if unanswered {
+            regular.min(last + self.config.retransmit_interval)
+        } else {
+            regular
+        })
+    }
+
     fn timer(&self, timer: Timer) -> Option<Time> {
         match (timer, self.state) {
             (Timer::Join, State::Joining { sent_at }) => {
                 Some(sent_at.map_or(Time::ZERO, |t| t + self.config.retransmit_interval))
             }
-            (Timer::Heartbeat, State::Member(_)) => Some(
-                self.last_heartbeat
-                    .map_or(Time::ZERO, |t| t + self.config.heartbeat_interval),
-            ),
+            (Timer::Heartbeat, State::Member(_)) => {
+                Some(self.heartbeat_due().unwrap_or(Time::ZERO))
+            }
             (Timer::Failover, State::Joining { .. } | State::Member(_))
                 if self.config.replicas > 1 =>
             {

@@ -348,7 +348,15 @@ impl Replica {
                 let voters: Vec<u64> = (0..config.replicas).map(raft_id).collect();
                 core.set_conf_state(ConfState::from((voters, vec![])));
             }
-            core.append(&durable.entries)
+            // The entry at the snapshot's index is kept beside it (see `compact`): the log
+            // resumes after it.
+            let after: Vec<Entry> = durable
+                .entries
+                .iter()
+                .filter(|e| e.index > applied)
+                .cloned()
+                .collect();
+            core.append(&after)
                 .map_err(|e| ReplicaError::Raft(e.to_string()))?;
             core.set_hardstate(durable.hard_state.clone());
         }
@@ -449,7 +457,8 @@ impl Replica {
     #[must_use]
     pub fn durable(&self) -> Durable {
         let store = self.raw.store();
-        let core = store.mem.rl();
+        // Read and released before `entries`, which takes the storage's write lock.
+        let hard_state = store.mem.rl().hard_state().clone();
         let first = self.raw.store().first_index().unwrap_or(1);
         let last = self.raw.store().last_index().unwrap_or(0);
         let entries = if last >= first {
@@ -461,7 +470,7 @@ impl Replica {
             Vec::new()
         };
         Durable {
-            hard_state: core.hard_state().clone(),
+            hard_state,
             snapshot: store.snapshot.clone(),
             entries,
         }
@@ -724,7 +733,8 @@ impl Replica {
     /// the last one.
     fn compact(&mut self) {
         let last = self.raw.store().snapshot.get_metadata().index;
-        if self.applied < last + self.config.snapshot_entries {
+        let persisted = self.raw.store().last_index().unwrap_or(0);
+        if self.applied < last + self.config.snapshot_entries || self.applied > persisted {
             return;
         }
         let Ok(term) = self.raw.store().term(self.applied) else {
@@ -745,3 +755,6 @@ impl Replica {
         self.stats.snapshots_taken += 1;
     }
 }
+
+#[cfg(test)]
+mod tests;
