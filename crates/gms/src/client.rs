@@ -167,6 +167,8 @@ pub struct GmsClient {
     advertised: BTreeSet<String>,
     /// A `Leave` was requested: a removal then ends the client, never a rejoin.
     leaving: bool,
+    /// Failovers since a message was last taken from the replica talked to.
+    silent_failovers: usize,
 }
 
 impl GmsClient {
@@ -205,6 +207,7 @@ impl GmsClient {
             subscribed: BTreeSet::new(),
             advertised: BTreeSet::new(),
             leaving: false,
+            silent_failovers: 0,
         })
     }
 
@@ -465,7 +468,9 @@ impl GmsClient {
         }
         let msg = match msg {
             GmsMessage::Stamped { term, msg } => {
-                if term < self.term {
+                // With one replica there is no other leader to refuse: a service restarted
+                // without its state starts its terms again.
+                if term < self.term && self.config.replicas > 1 {
                     self.stats.stale_term += 1;
                     return;
                 }
@@ -476,7 +481,7 @@ impl GmsClient {
                 *msg
             }
             GmsMessage::Redirect { term, leader } => {
-                if term < self.term {
+                if term < self.term && self.config.replicas > 1 {
                     self.stats.stale_term += 1;
                     return;
                 }
@@ -497,6 +502,7 @@ impl GmsClient {
             return;
         }
         self.heard_at = Some(now);
+        self.silent_failovers = 0;
         match (self.state, msg) {
             (State::Removed, _) => self.stats.unexpected += 1,
             (State::Joining { .. }, GmsMessage::Welcome { nonce, node }) if nonce == self.nonce => {
@@ -702,6 +708,13 @@ impl GmsClient {
             && now >= heard + self.config.failover_timeout
         {
             self.stats.failovers += 1;
+            self.silent_failovers += 1;
+            if self.silent_failovers > self.config.replicas {
+                // No replica answered for a whole round: if the service lost its majority's
+                // state and started its terms again, the newest term seen would refuse its
+                // leader for ever.
+                self.term = 0;
+            }
             self.move_to((self.target + 1) % self.config.replicas);
             self.heard_at = Some(now);
         }

@@ -111,6 +111,11 @@ pub struct GmsConfig {
     /// from port 7400 (the organisation-local scope), of which the first
     /// [`MulticastPool::GROUPS_MAX_DEFAULT`] groups are used, shared by regions past that many.
     pub multicast_pool: Option<MulticastPool>,
+    /// The first node id given. A host that restarts a service without its state gives a
+    /// value above any id the old one can have given (from its clock, say), so that a member
+    /// of the old service is never taken for a member of the new one before it rejoins.
+    /// Default 1.
+    pub first_node: u32,
 }
 
 impl Default for GmsConfig {
@@ -135,6 +140,7 @@ impl Default for GmsConfig {
                 ports: MulticastPool::PORTS_DEFAULT,
                 groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
             }),
+            first_node: 1,
         }
     }
 }
@@ -182,6 +188,7 @@ impl GmsConfig {
             ("updates_queued_max", self.updates_queued_max == 0),
             ("nodes_max", self.nodes_max == 0),
             ("topics_max", self.topics_max == 0),
+            ("first_node", self.first_node == 0),
         ] {
             if zero {
                 return Err(ConfigError::Zero(name));

@@ -404,13 +404,14 @@ impl Gms {
     pub fn new(config: GmsConfig) -> Result<Gms, ConfigError> {
         config.validate()?;
         let planner = Planner::new(config.planner.clone())?;
+        let first_node = config.first_node;
         Ok(Gms {
             config,
             planner,
             nodes: BTreeMap::new(),
             addressed_members: 0,
             joins: BTreeMap::new(),
-            next_node: 1,
+            next_node: first_node,
             topic_ids: BTreeMap::new(),
             next_topic: 1,
             views: BTreeMap::new(),

@@ -632,22 +632,23 @@ fn log_entries_round_trip_and_refuse_truncation() {
     }
 }
 
-/// Replica memory with compaction: one replica applies 100,000 subscription requests of 50
-/// members over 200 topics; prints the encoded state, the log it holds and its entries. About
-/// a minute in the test profile: run with
-/// `cargo test --release -p tidings-gms replica_memory -- --ignored --nocapture`.
+/// Replica memory with compaction: a 3-replica service applies 100,000 subscription requests
+/// (subscribe or unsubscribe, at random) of 10 members over 1,000 topics; prints the leader's
+/// encoded state, the log it holds after its last snapshot, and both in bytes. Several minutes
+/// in the test profile: run with
+/// `cargo test -p tidings-gms replica_memory -- --ignored --nocapture`.
 #[test]
-#[ignore = "about a minute; prints the memory figure of ADR 32"]
+#[ignore = "several minutes; prints the memory figure of ADR 32"]
 fn replica_memory_after_100000_commands_with_compaction() {
-    let mut c = Cluster::new(31, 1, 50, 0.0);
-    c.run_until(at(500), &mut |_| {});
+    let mut c = Cluster::new(31, 3, 10, 0.0);
+    c.run_until(at(1000), &mut |_| {});
     let mut rng = fastrand::Rng::with_seed(31);
     let mut requests = 0u64;
-    let mut t = 500;
+    let mut t = 1000;
     let mut subscribed = vec![BTreeSet::new(); c.clients.len()];
     while requests < 100_000 {
         for (client, subs) in c.clients.iter_mut().zip(&mut subscribed) {
-            let k = rng.u32(..200);
+            let k = rng.u32(..1000);
             let topic = format!("t{k}");
             let r = if subs.remove(&k) {
                 client.unsubscribe(&topic)
@@ -657,14 +658,18 @@ fn replica_memory_after_100000_commands_with_compaction() {
             };
             requests += u64::from(r.is_ok());
         }
-        t += 5;
+        t += 2;
         c.run_until(at(t), &mut |_| {});
+        if requests % 10_000 < 10 {
+            eprintln!("{requests} requests");
+        }
     }
-    c.run_until(at(t + 2000), &mut |_| {});
-    let r = c.replicas[0].as_ref().expect("live");
+    c.run_until(at(t + 3000), &mut |_| {});
+    let leader = c.leader().expect("a leader");
+    let r = c.replicas[leader].as_ref().expect("live");
     let d = r.durable();
     println!(
-        "replica after {requests} requests ({} decisions applied, {} snapshots): state {} bytes, log {} entries, snapshot + log {} bytes",
+        "replica after {requests} requests ({} decisions applied, {} snapshots): state {} bytes, log {} entries after the snapshot, snapshot + log {} bytes",
         r.stats().applied,
         r.stats().snapshots_taken,
         r.gms().snapshot().len(),
@@ -673,4 +678,54 @@ fn replica_memory_after_100000_commands_with_compaction() {
     );
     assert!(d.entries() as u64 <= r.config().snapshot_entries + 1);
     assert!(r.stats().applied >= 100_000);
+}
+
+/// A single replica restarts without its state (a new service that knows nobody, giving ids
+/// above the old ones): every client notices, joins again under a new id and gets its
+/// subscriptions back.
+#[test]
+fn clients_rejoin_a_service_restarted_without_its_state() {
+    let mut c = Cluster::new(41, 1, 4, 0.0);
+    c.clients = (0..4)
+        .map(|i| {
+            GmsClient::new(ClientConfig {
+                rejoin: true,
+                seed: 4100 + i,
+                ..ClientConfig::default()
+            })
+            .unwrap()
+        })
+        .collect();
+    c.run_until(at(1000), &mut |_| {});
+    for (i, client) in c.clients.iter_mut().enumerate() {
+        client.subscribe(&format!("t{}", i % 2)).unwrap();
+        client.advertise("t0").unwrap();
+    }
+    c.run_until(at(2000), &mut |_| {});
+    let old: Vec<NodeId> = c.clients.iter().filter_map(GmsClient::node).collect();
+    assert_eq!(old.len(), 4);
+    // The service restarts empty.
+    c.replicas[0] = None;
+    let config = ReplicaConfig {
+        gms: GmsConfig {
+            first_node: 1000,
+            ..GmsConfig::default()
+        },
+        ..c.replica_config(0)
+    };
+    c.replicas[0] = Some(Replica::new(config).unwrap());
+    c.run_until(at(5000), &mut |_| {});
+    let rejoined = c.trace.iter().filter(|l| l.contains("Rejoining")).count();
+    assert_eq!(rejoined, 4);
+    let gms = c.replicas[0].as_ref().expect("live").gms();
+    assert_eq!(gms.members().count(), 4);
+    for (i, client) in c.clients.iter().enumerate() {
+        let node = client.node().expect("a member again");
+        assert!(node.0 >= 1000, "{node:?}");
+        assert_eq!(client.stats().rejoins, 1);
+        let topic = format!("t{}", i % 2);
+        let id = gms.topic_id(&topic).expect("bound again");
+        assert!(gms.planner().subscribers(id).any(|n| n == node));
+        assert!(client.topic_id("t0").is_some());
+    }
 }
