@@ -108,3 +108,48 @@ pub fn check(bytes: &[u8]) {
         );
     }
 }
+
+/// The allocation budget of decoding `len` input bytes.
+fn budget(len: usize) -> usize {
+    DECODE_ALLOC_BYTES_PER_INPUT_BYTE * len + DECODE_ALLOC_BYTES_BASE
+}
+
+/// Runs `decode` on `bytes`, asserting the allocation budget; returns what it gave.
+fn counted<T>(bytes: &[u8], decode: impl FnOnce(&[u8]) -> T) -> T {
+    let before = BYTES_REQUESTED.load(Ordering::Relaxed);
+    let decoded = decode(bytes);
+    let requested = BYTES_REQUESTED.load(Ordering::Relaxed) - before;
+    assert!(
+        requested <= budget(bytes.len()),
+        "decoding {} bytes asked for {requested} bytes of memory (budget {})",
+        bytes.len(),
+        budget(bytes.len())
+    );
+    decoded
+}
+
+/// A replicated log entry (`decode_decision`): the same budget, and an accepted entry
+/// re-encodes to exactly the input.
+pub fn check_decision(bytes: &[u8]) {
+    let Ok((at, decision)) = counted(bytes, tidings_gms::replica::decode_decision) else {
+        return;
+    };
+    let mut encoded = Vec::new();
+    tidings_gms::replica::encode_decision(at, &decision, &mut encoded);
+    assert_eq!(encoded, bytes, "an accepted entry re-encodes differently");
+}
+
+/// A replica-to-replica Raft message (`decode_raft`, at the default bounds): the same budget,
+/// and an accepted message re-encodes to exactly the input.
+pub fn check_raft(bytes: &[u8]) {
+    let limits = tidings_gms::replica::RaftLimits {
+        message_bytes_max: 1 << 20,
+        entries_max: 1024,
+    };
+    let Ok(message) = counted(bytes, |b| tidings_gms::replica::decode_raft(b, limits)) else {
+        return;
+    };
+    let mut encoded = Vec::new();
+    tidings_gms::replica::encode_raft(&message, &mut encoded);
+    assert_eq!(encoded, bytes, "an accepted Raft message re-encodes differently");
+}

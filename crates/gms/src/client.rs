@@ -28,6 +28,16 @@ pub enum ClientEvent {
     Membership(Membership),
     /// The GMS removed this node; it must stop and may join again with a new client.
     Removed,
+    /// The service no longer knows this node (it was removed, or the service lost its state:
+    /// a single replica restarted without its log) and the client joins again by itself
+    /// (`ClientConfig::rejoin`): it draws a new nonce, forgets its membership and update
+    /// stream, and once welcomed ([`Joined`](ClientEvent::Joined) with the new id) sends its
+    /// subscriptions and advertisements again. The node id changes: the host decides what to
+    /// do with the protocol node that ran under `old`.
+    Rejoining {
+        /// The id the node had.
+        old: NodeId,
+    },
 }
 
 /// Why a request was not queued.
@@ -69,6 +79,17 @@ pub struct ClientStats {
     /// Joins answered `NonceTaken` (another node holds the nonce), each followed by a join
     /// with a fresh one.
     pub nonces_taken: u64,
+    /// Messages from a replicated service's leader of an older term than one already seen
+    /// (a deposed leader's late updates): dropped.
+    pub stale_term: u64,
+    /// Messages from a replica index outside `0..replicas`: dropped.
+    pub unknown_replica: u64,
+    /// Moves to another replica because the one talked to was silent.
+    pub failovers: u64,
+    /// Moves to the leader a follower named.
+    pub redirects: u64,
+    /// Joins again after the service forgot this node ([`ClientEvent::Rejoining`]).
+    pub rejoins: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +112,7 @@ enum Timer {
     Join,
     Heartbeat,
     Retransmit,
+    Failover,
 }
 
 /// A node's view of the membership service, sans-IO.
@@ -134,6 +156,19 @@ pub struct GmsClient {
     changed_regions: BTreeSet<RegionId>,
     changed_topics: BTreeSet<TopicId>,
     stats: ClientStats,
+    /// The replica messages go to: the leader as far as the client knows.
+    target: usize,
+    /// The highest term of a replicated service's leader seen.
+    term: u64,
+    /// When the target was last heard from (or became the target).
+    heard_at: Option<Time>,
+    /// The topics subscribed to and advertised, as requested: what a rejoin asks for again.
+    subscribed: BTreeSet<String>,
+    advertised: BTreeSet<String>,
+    /// A `Leave` was requested: a removal then ends the client, never a rejoin.
+    leaving: bool,
+    /// Failovers since a message was last taken from the replica talked to.
+    silent_failovers: usize,
 }
 
 impl GmsClient {
@@ -166,6 +201,13 @@ impl GmsClient {
             changed_regions: BTreeSet::new(),
             changed_topics: BTreeSet::new(),
             stats: ClientStats::default(),
+            target: 0,
+            term: 0,
+            heard_at: None,
+            subscribed: BTreeSet::new(),
+            advertised: BTreeSet::new(),
+            leaving: false,
+            silent_failovers: 0,
         })
     }
 
@@ -188,6 +230,18 @@ impl GmsClient {
     #[must_use]
     pub fn is_removed(&self) -> bool {
         self.state == State::Removed
+    }
+
+    /// The index of the replica the client talks to (0 with one replica).
+    #[must_use]
+    pub fn replica(&self) -> usize {
+        self.target
+    }
+
+    /// The highest leader term seen (0 with a single-process service).
+    #[must_use]
+    pub fn term(&self) -> u64 {
+        self.term
     }
 
     /// The counters.
@@ -362,6 +416,29 @@ impl GmsClient {
         if self.requests.len() >= self.config.requests_queued_max {
             return Err(RequestError::QueueFull);
         }
+        match &body {
+            Request::Subscribe(n) => {
+                self.subscribed.insert(n.clone());
+            }
+            Request::SubscribeMany(names) => self.subscribed.extend(names.iter().cloned()),
+            Request::Unsubscribe(n) => {
+                self.subscribed.remove(n);
+            }
+            Request::UnsubscribeMany(names) => {
+                for n in names {
+                    self.subscribed.remove(n);
+                }
+            }
+            Request::Advertise(n) => {
+                self.advertised.insert(n.clone());
+            }
+            Request::AdvertiseMany(names) => self.advertised.extend(names.iter().cloned()),
+            Request::Unadvertise(n) => {
+                self.advertised.remove(n);
+            }
+            Request::Leave => self.leaving = true,
+            Request::Suspect(_) => {}
+        }
         self.requests.push_back(PendingRequest {
             req: self.next_req,
             body,
@@ -371,16 +448,61 @@ impl GmsClient {
         Ok(())
     }
 
-    /// A datagram from the GMS. Malformed ones are counted and dropped.
-    pub fn handle_datagram(&mut self, now: Time, bytes: &[u8]) {
+    /// A datagram from replica `from` of the GMS (0 with one replica). Malformed ones are
+    /// counted and dropped.
+    pub fn handle_datagram(&mut self, now: Time, from: usize, bytes: &[u8]) {
         match GmsMessage::decode(bytes) {
-            Ok(msg) => self.handle_message(now, msg),
+            Ok(msg) => self.handle_message(now, from, msg),
             Err(_) => self.stats.malformed += 1,
         }
     }
 
-    /// A decoded message from the GMS.
-    pub fn handle_message(&mut self, now: Time, msg: GmsMessage) {
+    /// A decoded message from replica `from` of the GMS. A leader's message is stamped with
+    /// its term: one of an older term than seen is refused; a newer term makes its sender the
+    /// replica the client talks to. A follower's redirect moves the client to the leader it
+    /// names.
+    pub fn handle_message(&mut self, now: Time, from: usize, msg: GmsMessage) {
+        if from >= self.config.replicas {
+            self.stats.unknown_replica += 1;
+            return;
+        }
+        let msg = match msg {
+            GmsMessage::Stamped { term, msg } => {
+                // With one replica there is no other leader to refuse: a service restarted
+                // without its state starts its terms again.
+                if term < self.term && self.config.replicas > 1 {
+                    self.stats.stale_term += 1;
+                    return;
+                }
+                self.term = term;
+                if from != self.target {
+                    self.move_to(from);
+                }
+                *msg
+            }
+            GmsMessage::Redirect { term, leader } => {
+                if term < self.term && self.config.replicas > 1 {
+                    self.stats.stale_term += 1;
+                    return;
+                }
+                self.term = term;
+                let leader = leader.and_then(|l| usize::try_from(l).ok());
+                if let Some(l) = leader.filter(|&l| l < self.config.replicas && l != self.target) {
+                    self.stats.redirects += 1;
+                    self.move_to(l);
+                    self.heard_at = Some(now);
+                }
+                return;
+            }
+            msg => msg,
+        };
+        if from != self.target {
+            // An unstamped message comes from a single-process service, whose index is 0.
+            self.stats.unexpected += 1;
+            return;
+        }
+        self.heard_at = Some(now);
+        self.silent_failovers = 0;
         match (self.state, msg) {
             (State::Removed, _) => self.stats.unexpected += 1,
             (State::Joining { .. }, GmsMessage::Welcome { nonce, node }) if nonce == self.nonce => {
@@ -397,6 +519,8 @@ impl GmsClient {
             (State::Member(_), GmsMessage::Welcome { nonce, .. }) if nonce == self.nonce => {
                 // A repeated answer to a resent Join.
             }
+            // A serving leader's answer to a heartbeat: only a sign of life.
+            (_, GmsMessage::Heartbeat) => {}
             (State::Member(_), GmsMessage::Update { seq: 0, items }) => {
                 // Outside the stream: only a removal notice is expected here.
                 if items.contains(&Item::Removed) {
@@ -429,11 +553,74 @@ impl GmsClient {
         }
     }
 
+    /// The replica messages go to from now on: unacknowledged requests, the join, the
+    /// heartbeat and the acknowledgement of the update stream go there at once (a new leader
+    /// resends the stream from the last acknowledgement it knows).
+    fn move_to(&mut self, replica: usize) {
+        self.target = replica;
+        for r in &mut self.requests {
+            r.sent_at = None;
+        }
+        match self.state {
+            State::Joining { .. } => self.state = State::Joining { sent_at: None },
+            State::Member(_) => {
+                self.last_heartbeat = None;
+                self.ack_due = true;
+            }
+            State::Removed => {}
+        }
+    }
+
     fn removed(&mut self) {
+        if let (true, false, State::Member(old)) = (self.config.rejoin, self.leaving, self.state) {
+            self.rejoin(old);
+            return;
+        }
         self.state = State::Removed;
         self.requests.clear();
         self.reorder.clear();
         self.events.push_back(ClientEvent::Removed);
+    }
+
+    /// Joins again under a new nonce, with the subscriptions and advertisements queued as the
+    /// first requests of the new id ([`ClientEvent::Rejoining`]).
+    fn rejoin(&mut self, old: NodeId) {
+        self.stats.rejoins += 1;
+        self.events.push_back(ClientEvent::Rejoining { old });
+        self.nonce = self.nonce_rng.u64(..);
+        self.state = State::Joining { sent_at: None };
+        self.next_update = 1;
+        self.reorder.clear();
+        self.uncommitted.clear();
+        self.ack_due = false;
+        self.regions.clear();
+        self.topic_regions.clear();
+        self.topics.clear();
+        self.addresses.clear();
+        self.changed_regions.clear();
+        self.changed_topics.clear();
+        self.last_heartbeat = None;
+        self.requests.clear();
+        self.next_req = 1;
+        let subscribed: Vec<String> = self.subscribed.iter().cloned().collect();
+        let advertised: Vec<String> = self.advertised.iter().cloned().collect();
+        for names in subscribed.chunks(NAMES_PER_REQUEST_MAX) {
+            self.queue_again(Request::SubscribeMany(names.to_vec()));
+        }
+        for names in advertised.chunks(NAMES_PER_REQUEST_MAX) {
+            self.queue_again(Request::AdvertiseMany(names.to_vec()));
+        }
+    }
+
+    /// Queues a request of a rejoin (not counted against `requests_queued_max`: it restores
+    /// what was already granted).
+    fn queue_again(&mut self, body: Request) {
+        self.requests.push_back(PendingRequest {
+            req: self.next_req,
+            body,
+            sent_at: None,
+        });
+        self.next_req += 1;
     }
 
     fn on_update(&mut self, seq: u64, item: Item) {
@@ -512,8 +699,25 @@ impl GmsClient {
         }
     }
 
-    /// Time has passed: join retries, heartbeats, request retransmission.
+    /// Time has passed: join retries, heartbeats, request retransmission, and with several
+    /// replicas the move to the next one when the one talked to is silent.
     pub fn handle_timeout(&mut self, now: Time) {
+        let heard = *self.heard_at.get_or_insert(now);
+        if self.config.replicas > 1
+            && self.state != State::Removed
+            && now >= heard + self.config.failover_timeout
+        {
+            self.stats.failovers += 1;
+            self.silent_failovers += 1;
+            if self.silent_failovers > self.config.replicas {
+                // No replica answered for a whole round: if the service lost its majority's
+                // state and started its terms again, the newest term seen would refuse its
+                // leader for ever.
+                self.term = 0;
+            }
+            self.move_to((self.target + 1) % self.config.replicas);
+            self.heard_at = Some(now);
+        }
         match self.state {
             State::Removed => {}
             State::Joining { sent_at } => {
@@ -526,10 +730,7 @@ impl GmsClient {
                 }
             }
             State::Member(_) => {
-                if self
-                    .last_heartbeat
-                    .is_none_or(|t| now >= t + self.config.heartbeat_interval)
-                {
+                if self.heartbeat_due().is_none_or(|t| now >= t) {
                     self.outbox.push_back(GmsMessage::Heartbeat);
                     self.last_heartbeat = Some(now);
                 }
@@ -568,15 +769,36 @@ impl GmsClient {
         }
     }
 
+    /// When the next heartbeat is due (`None`: at once). With several replicas a heartbeat
+    /// not answered within `retransmit_interval` is sent again: the serving leader answers
+    /// each one, so a few lost datagrams do not look like a dead leader.
+    fn heartbeat_due(&self) -> Option<Time> {
+        let last = self.last_heartbeat?;
+        let regular = last + self.config.heartbeat_interval;
+        let unanswered = self.config.replicas > 1 && self.heard_at.is_some_and(|h| h < last);
+        Some(if unanswered {
+            regular.min(last + self.config.retransmit_interval)
+        } else {
+            regular
+        })
+    }
+
     fn timer(&self, timer: Timer) -> Option<Time> {
         match (timer, self.state) {
             (Timer::Join, State::Joining { sent_at }) => {
                 Some(sent_at.map_or(Time::ZERO, |t| t + self.config.retransmit_interval))
             }
-            (Timer::Heartbeat, State::Member(_)) => Some(
-                self.last_heartbeat
-                    .map_or(Time::ZERO, |t| t + self.config.heartbeat_interval),
-            ),
+            (Timer::Heartbeat, State::Member(_)) => {
+                Some(self.heartbeat_due().unwrap_or(Time::ZERO))
+            }
+            (Timer::Failover, State::Joining { .. } | State::Member(_))
+                if self.config.replicas > 1 =>
+            {
+                Some(
+                    self.heard_at
+                        .map_or(Time::ZERO, |t| t + self.config.failover_timeout),
+                )
+            }
             (Timer::Retransmit, State::Member(_)) => {
                 // A request queued and not yet sent (within the window) is due at once.
                 let unsent = self
@@ -603,7 +825,7 @@ impl GmsClient {
     pub fn poll_timeout(&self) -> Option<Time> {
         // Only the timers of the current state can be set (a host asks this after every input,
         // so it goes straight to them).
-        match self.state {
+        let due = match self.state {
             State::Joining { .. } => self.timer(Timer::Join),
             State::Member(_) => {
                 let heartbeat = self.timer(Timer::Heartbeat);
@@ -613,18 +835,28 @@ impl GmsClient {
                 }
             }
             State::Removed => None,
+        };
+        match (due, self.timer(Timer::Failover)) {
+            (Some(d), Some(f)) => Some(d.min(f)),
+            (d, f) => d.or(f),
         }
     }
 
-    /// The next message to the GMS (an acknowledgement of received updates comes first).
-    pub fn poll_transmit(&mut self) -> Option<GmsMessage> {
+    /// The next message to the GMS, with the index of the replica it goes to (always 0 with
+    /// one replica). An acknowledgement of received updates comes first.
+    pub fn poll_transmit(&mut self) -> Option<(usize, GmsMessage)> {
         if self.ack_due {
             self.ack_due = false;
-            return Some(GmsMessage::Ack {
-                upto: self.next_update - 1,
-            });
+            if self.node().is_some() {
+                return Some((
+                    self.target,
+                    GmsMessage::Ack {
+                        upto: self.next_update - 1,
+                    },
+                ));
+            }
         }
-        self.outbox.pop_front()
+        self.outbox.pop_front().map(|m| (self.target, m))
     }
 
     /// The next event.

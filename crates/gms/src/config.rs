@@ -111,6 +111,11 @@ pub struct GmsConfig {
     /// from port 7400 (the organisation-local scope), of which the first
     /// [`MulticastPool::GROUPS_MAX_DEFAULT`] groups are used, shared by regions past that many.
     pub multicast_pool: Option<MulticastPool>,
+    /// The first node id given. A host that restarts a service without its state gives a
+    /// value above any id the old one can have given (from its clock, say), so that a member
+    /// of the old service is never taken for a member of the new one before it rejoins.
+    /// Default 1.
+    pub first_node: u32,
 }
 
 impl Default for GmsConfig {
@@ -135,6 +140,7 @@ impl Default for GmsConfig {
                 ports: MulticastPool::PORTS_DEFAULT,
                 groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
             }),
+            first_node: 1,
         }
     }
 }
@@ -148,6 +154,9 @@ pub enum ConfigError {
     /// A field that must be positive is zero.
     #[error("gms config: {0} must be positive")]
     Zero(&'static str),
+    /// More replicas than [`REPLICAS_MAX`](crate::REPLICAS_MAX).
+    #[error("{0} replicas: at most REPLICAS_MAX")]
+    Replicas(usize),
     /// `suspicion_timeout` exceeds `heartbeat_timeout` (suspicion must speed removal up).
     #[error("gms config: suspicion_timeout must not exceed heartbeat_timeout")]
     SuspicionSlower,
@@ -179,6 +188,7 @@ impl GmsConfig {
             ("updates_queued_max", self.updates_queued_max == 0),
             ("nodes_max", self.nodes_max == 0),
             ("topics_max", self.topics_max == 0),
+            ("first_node", self.first_node == 0),
         ] {
             if zero {
                 return Err(ConfigError::Zero(name));
@@ -226,6 +236,19 @@ pub struct ClientConfig {
     /// the nodes that talk to it). `None` lets the GMS's host use the address the `Join` came
     /// from, which is right when the client shares the node's unicast socket. Default `None`.
     pub data_addr: Option<std::net::SocketAddr>,
+    /// How many replicas the service has (1..=[`REPLICAS_MAX`](crate::REPLICAS_MAX)), known
+    /// by index `0..replicas`; the host maps indices to addresses. Default 1 (one process).
+    pub replicas: usize,
+    /// With several replicas: the replica the client talks to is left for the next one after
+    /// this long without a message from it (a serving leader answers every heartbeat).
+    /// Default 1.5 s (three heartbeats).
+    pub failover_timeout: Duration,
+    /// When the service says it does not know this node (it was removed, or the service lost
+    /// its state), join again under a new id and send the subscriptions and advertisements
+    /// again ([`ClientEvent::Rejoining`](crate::ClientEvent::Rejoining)) instead of stopping
+    /// ([`ClientEvent::Removed`](crate::ClientEvent::Removed)). Default `false`: the host
+    /// decides whether its protocol node can follow a change of node id.
+    pub rejoin: bool,
 }
 
 impl Default for ClientConfig {
@@ -238,6 +261,9 @@ impl Default for ClientConfig {
             reorder_max: 1024,
             seed: 1,
             data_addr: None,
+            replicas: 1,
+            failover_timeout: Duration::from_millis(1500),
+            rejoin: false,
         }
     }
 }
@@ -251,10 +277,15 @@ impl ClientConfig {
             ("requests_inflight_max", self.requests_inflight_max == 0),
             ("requests_queued_max", self.requests_queued_max == 0),
             ("reorder_max", self.reorder_max == 0),
+            ("replicas", self.replicas == 0),
+            ("failover_timeout", self.failover_timeout.is_zero()),
         ] {
             if zero {
                 return Err(ConfigError::Zero(name));
             }
+        }
+        if self.replicas > crate::REPLICAS_MAX {
+            return Err(ConfigError::Replicas(self.replicas));
         }
         Ok(())
     }

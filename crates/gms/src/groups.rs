@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 /// region uses (the lowest such index) while fewer than `groups` are in use; after that, the
 /// group carrying the fewest regions (ties: the lowest index), so regions spread evenly over the
 /// groups they share and a freed group is used again first.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct GroupLoads {
     /// Regions per group handed out so far (index: the group's index in the pool).
     load: Vec<u32>,

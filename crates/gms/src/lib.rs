@@ -29,6 +29,7 @@ mod groups;
 mod member;
 pub mod message;
 pub mod regions;
+pub mod replica;
 mod service;
 #[cfg(test)]
 mod tests;
@@ -47,4 +48,11 @@ pub use regions::{
     regions_report, Changes, Planner, PlannerConfig, PlannerConfigError, PlannerStats, Region,
     RegionsParams, RegionsReport, SubsetId,
 };
-pub use service::{Command, Gms, GmsEvent, GmsStats, GmsTransmit, MemberState, Peer, RemoveCause};
+pub use replica::{
+    Durable, Replica, ReplicaConfig, ReplicaError, ReplicaEvent, ReplicaStats, ReplicaTransmit,
+    REPLICAS_MAX,
+};
+pub use service::{
+    Command, Decision, Gms, GmsEvent, GmsStats, GmsTransmit, MemberState, Peer, RemoveCause,
+    SnapshotError,
+};

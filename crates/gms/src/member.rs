@@ -506,11 +506,11 @@ impl Member {
         self.node.handle_group_datagram(now, datagram);
     }
 
-    /// A datagram from the membership service, framed ([`frame`]); the host has checked that it
-    /// comes from the service. Datagrams without the framing, or for a node without a service,
-    /// are counted and dropped.
-    pub fn handle_gms_datagram(&mut self, now: Time, datagram: &[u8]) {
-        self.handle_gms_datagrams(now, [datagram]);
+    /// A datagram from replica `replica` of the membership service (0 when it has one),
+    /// framed ([`frame`]); the host has checked that it comes from that replica's address.
+    /// Datagrams without the framing, or for a node without a service, are counted and dropped.
+    pub fn handle_gms_datagram(&mut self, now: Time, replica: usize, datagram: &[u8]) {
+        self.handle_gms_datagrams(now, [(replica, datagram)]);
     }
 
     /// Several datagrams from the membership service, as
@@ -519,13 +519,13 @@ impl Member {
     pub fn handle_gms_datagrams<'a>(
         &mut self,
         now: Time,
-        datagrams: impl IntoIterator<Item = &'a [u8]>,
+        datagrams: impl IntoIterator<Item = (usize, &'a [u8])>,
     ) {
         self.now = now;
-        for datagram in datagrams {
+        for (replica, datagram) in datagrams {
             self.stats.gms_datagrams_received += 1;
             match (self.link.as_mut(), unframe(datagram)) {
-                (Some(link), Some(body)) => link.client.handle_datagram(now, body),
+                (Some(link), Some(body)) => link.client.handle_datagram(now, replica, body),
                 _ => self.stats.gms_unframed += 1,
             }
         }
@@ -745,9 +745,9 @@ impl Member {
         if link.client.poll_timeout().is_some_and(|t| t <= self.now) {
             link.client.handle_timeout(self.now);
         }
-        let msg = link.client.poll_transmit()?;
+        let (replica, msg) = link.client.poll_transmit()?;
         self.stats.gms_datagrams_sent += 1;
-        Some((0, frame(&msg)))
+        Some((replica, frame(&msg)))
     }
 
     /// The next protocol datagram, written into `buf` ([`Node::poll_transmit`]).
@@ -848,13 +848,20 @@ impl Member {
                     link.waiting.bind(&name, topic);
                     bound.push((name, topic));
                 }
-                ClientEvent::Removed => removed = true,
+                // The member does not follow a change of node id (its protocol node, streams
+                // and message ids are the old id's): a client that joins again under a new id
+                // (`ClientConfig::rejoin`) leaves this member removed.
+                ClientEvent::Removed | ClientEvent::Rejoining { .. } => removed = true,
                 ClientEvent::Joined(_) => {}
             }
         }
         let moved = link.client.commits() != link.installed_commits;
         link.installed_commits = link.client.commits();
-        let change = moved.then(|| link.client.take_change());
+        // A removed member installs nothing more (a rejoining client's batches are for another
+        // node id).
+        let change = moved
+            .then(|| link.client.take_change())
+            .filter(|_| !link.removed);
         for (name, topic) in bound {
             self.push_event(MemberEvent::TopicBound { name, topic });
         }
@@ -1164,7 +1171,7 @@ mod tests {
             for _ in 0..10 {
                 for c in &mut clients {
                     c.handle_timeout(T0);
-                    while let Some(msg) = c.poll_transmit() {
+                    while let Some((_, msg)) = c.poll_transmit() {
                         let from = match c.node() {
                             Some(n) => Peer::Node(n),
                             None => Peer::Joiner(c.nonce()),
@@ -1178,7 +1185,7 @@ mod tests {
                         Peer::Joiner(nonce) => c.nonce() == nonce,
                     });
                     if let Some(c) = to {
-                        c.handle_message(T0, t.msg);
+                        c.handle_message(T0, 0, t.msg);
                     }
                 }
             }
@@ -1229,7 +1236,7 @@ mod tests {
                         continue;
                     };
                     if !self.cut_to.contains(&i) {
-                        self.members[i].handle_gms_datagram(self.now, &frame(&t.msg));
+                        self.members[i].handle_gms_datagram(self.now, 0, &frame(&t.msg));
                     }
                 }
                 while self.gms.poll_event().is_some() {}
@@ -1595,7 +1602,7 @@ mod tests {
                     g.gms.handle_datagram(g.now, from, unframe(&d).unwrap());
                 }
                 while let Some(t) = g.gms.poll_transmit() {
-                    g.members[0].handle_gms_datagram(g.now, &frame(&t.msg));
+                    g.members[0].handle_gms_datagram(g.now, 0, &frame(&t.msg));
                 }
             }
         }

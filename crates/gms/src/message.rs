@@ -23,7 +23,7 @@ pub const ITEMS_PER_UPDATE_MAX: usize = 4096;
 pub const NAMES_PER_REQUEST_MAX: usize = 128;
 
 /// How the members of a region are reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RegionAddress {
     /// One IP multicast group (IPv4 address and UDP port) from the configured pool.
     Multicast {
@@ -37,7 +37,7 @@ pub enum RegionAddress {
 }
 
 /// A region view as the GMS issues it: the protocol's view plus how to reach the region.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GmsRegionView {
     /// The view (members in partitions, ring order, epoch, topics).
     pub view: RegionView,
@@ -75,7 +75,7 @@ pub enum Request {
 }
 
 /// One element of a node's update stream. A [`Commit`](Item::Commit) ends each consistent batch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Item {
     /// The id the GMS gave a topic this node subscribed to or advertised.
     TopicBound {
@@ -168,6 +168,23 @@ pub enum GmsMessage {
     /// [`Heartbeat`](GmsMessage::Heartbeat)). Sent a few times over the suspicion timeout, so
     /// that a live node is not removed for two lost heartbeats.
     Probe,
+    /// Replicated GMS leader to client: `msg`, sent by the leader of Raft term `term` (ADR 32).
+    /// A client refuses what comes stamped with a term older than one it has seen, so a
+    /// deposed leader's late updates and views are never used. `msg` is never itself stamped.
+    Stamped {
+        /// The term of the leader that sent it.
+        term: u64,
+        /// The message.
+        msg: Box<GmsMessage>,
+    },
+    /// Replicated GMS follower to client: I do not serve clients; the leader of term `term` is
+    /// replica `leader`, if known.
+    Redirect {
+        /// The latest term this replica knows.
+        term: u64,
+        /// The index of the leader replica (`0..replicas`), if known.
+        leader: Option<u32>,
+    },
 }
 
 /// Why a message failed to decode.
@@ -193,12 +210,13 @@ pub enum DecodeError {
     Invalid,
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
+/// A checked cursor over untrusted bytes (shared with the replica codec).
+pub(crate) struct Reader<'a> {
+    pub(crate) buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.buf.len() < n {
             return Err(DecodeError::Truncated);
         }
@@ -206,18 +224,18 @@ impl<'a> Reader<'a> {
         self.buf = b;
         Ok(a)
     }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16, DecodeError> {
+    pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
         let b = self.take(2)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         let b = self.take(8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
@@ -225,14 +243,14 @@ impl<'a> Reader<'a> {
     }
     /// A list length, checked against `max` and against the bytes left (each element takes at
     /// least `elem_bytes_min`), so a forged length cannot make us allocate.
-    fn len(&mut self, max: usize, elem_bytes_min: usize) -> Result<usize, DecodeError> {
+    pub(crate) fn len(&mut self, max: usize, elem_bytes_min: usize) -> Result<usize, DecodeError> {
         let n = self.u32()? as usize;
         if n > max || n.saturating_mul(elem_bytes_min) > self.buf.len() {
             return Err(DecodeError::TooLong);
         }
         Ok(n)
     }
-    fn string(&mut self) -> Result<String, DecodeError> {
+    pub(crate) fn string(&mut self) -> Result<String, DecodeError> {
         let n = usize::from(self.u16()?);
         if n > TOPIC_NAME_BYTES_MAX {
             return Err(DecodeError::TooLong);
@@ -240,7 +258,7 @@ impl<'a> Reader<'a> {
         let b = self.take(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| DecodeError::Utf8)
     }
-    fn addr(&mut self) -> Result<Option<SocketAddr>, DecodeError> {
+    pub(crate) fn addr(&mut self) -> Result<Option<SocketAddr>, DecodeError> {
         let ip = match self.u8()? {
             ADDR_NONE => return Ok(None),
             ADDR_V4 => {
@@ -262,21 +280,21 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn put_u16(out: &mut Vec<u8>, v: u16) {
+pub(crate) fn put_u16(out: &mut Vec<u8>, v: u16) {
     out.extend_from_slice(&v.to_le_bytes());
 }
-fn put_u32(out: &mut Vec<u8>, v: u32) {
+pub(crate) fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
-fn put_u64(out: &mut Vec<u8>, v: u64) {
+pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
-fn put_len(out: &mut Vec<u8>, n: usize) {
+pub(crate) fn put_len(out: &mut Vec<u8>, n: usize) {
     put_u32(out, u32::try_from(n).unwrap_or(u32::MAX));
 }
 /// A request's tag and its list of names (at most [`NAMES_PER_REQUEST_MAX`]: validated at the
 /// API, cut here so that the encoder stays total).
-fn put_names(out: &mut Vec<u8>, tag: u8, names: &[String]) {
+pub(crate) fn put_names(out: &mut Vec<u8>, tag: u8, names: &[String]) {
     out.push(tag);
     let names = &names[..names.len().min(NAMES_PER_REQUEST_MAX)];
     put_len(out, names.len());
@@ -285,7 +303,7 @@ fn put_names(out: &mut Vec<u8>, tag: u8, names: &[String]) {
     }
 }
 
-fn put_string(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_string(out: &mut Vec<u8>, s: &str) {
     // Names are validated at the API (`TOPIC_NAME_BYTES_MAX`); truncating here keeps the encoder
     // total. A truncated multi-byte character would fail decoding, which is counted, not a panic.
     let b = &s.as_bytes()[..s.len().min(TOPIC_NAME_BYTES_MAX)];
@@ -302,6 +320,8 @@ const T_UPDATE: u8 = 6;
 const T_ACK: u8 = 7;
 const T_PROBE: u8 = 8;
 const T_NONCE_TAKEN: u8 = 9;
+const T_STAMPED: u8 = 10;
+const T_REDIRECT: u8 = 11;
 
 const R_SUBSCRIBE: u8 = 1;
 const R_UNSUBSCRIBE: u8 = 2;
@@ -397,6 +417,22 @@ impl GmsMessage {
                 out.push(T_NONCE_TAKEN);
                 put_u64(out, *nonce);
             }
+            GmsMessage::Stamped { term, msg } => {
+                out.push(T_STAMPED);
+                put_u64(out, *term);
+                msg.encode(out);
+            }
+            GmsMessage::Redirect { term, leader } => {
+                out.push(T_REDIRECT);
+                put_u64(out, *term);
+                match leader {
+                    None => out.push(0),
+                    Some(i) => {
+                        out.push(1);
+                        put_u32(out, *i);
+                    }
+                }
+            }
         }
     }
 
@@ -411,6 +447,16 @@ impl GmsMessage {
     /// Decodes one message that must fill `buf` exactly.
     pub fn decode(buf: &[u8]) -> Result<GmsMessage, DecodeError> {
         let mut r = Reader { buf };
+        if r.buf.first() == Some(&T_STAMPED) {
+            r.u8()?;
+            let term = r.u64()?;
+            // One level only: a stamped message inside is refused, so decoding never recurses.
+            if r.buf.first() == Some(&T_STAMPED) {
+                return Err(DecodeError::Invalid);
+            }
+            let msg = Box::new(GmsMessage::decode(r.buf)?);
+            return Ok(GmsMessage::Stamped { term, msg });
+        }
         let msg = match r.u8()? {
             T_JOIN => GmsMessage::Join {
                 nonce: r.u64()?,
@@ -461,6 +507,15 @@ impl GmsMessage {
             T_ACK => GmsMessage::Ack { upto: r.u64()? },
             T_PROBE => GmsMessage::Probe,
             T_NONCE_TAKEN => GmsMessage::NonceTaken { nonce: r.u64()? },
+            T_REDIRECT => {
+                let term = r.u64()?;
+                let leader = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.u32()?),
+                    t => return Err(DecodeError::Tag(t)),
+                };
+                GmsMessage::Redirect { term, leader }
+            }
             t => return Err(DecodeError::Tag(t)),
         };
         if !r.buf.is_empty() {
@@ -536,7 +591,7 @@ pub fn item_len(item: &Item) -> usize {
     v.len()
 }
 
-fn put_addr(out: &mut Vec<u8>, addr: Option<SocketAddr>) {
+pub(crate) fn put_addr(out: &mut Vec<u8>, addr: Option<SocketAddr>) {
     match addr {
         None => out.push(ADDR_NONE),
         Some(SocketAddr::V4(a)) => {

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 
+use serde::{Deserialize, Serialize};
 use tidings_proto::Time;
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
@@ -37,7 +38,7 @@ pub struct GmsTransmit {
 }
 
 /// Why a node was removed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RemoveCause {
     /// It asked to leave.
     Left,
@@ -51,8 +52,8 @@ pub enum RemoveCause {
 }
 
 /// A state change of the service: the only way its membership state changes, so a log of these
-/// (with their times) replays it exactly, and a consensus layer could replicate it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// (with their times) replays it exactly, and a consensus layer replicates it ([`Decision`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     /// A joiner (by nonce) becomes a member.
     Join {
@@ -116,6 +117,35 @@ pub enum Command {
         node: NodeId,
         /// Why.
         cause: RemoveCause,
+    },
+}
+
+/// What a replicated service's leader decided: one entry of the replicated log (ADR 32). Every
+/// replica applies the committed ones in log order with [`Gms::apply_decision`], so all hold
+/// the same state; a single-process service applies each as it decides it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// A state change not asked for by a numbered request (a join, a removal by failure
+    /// detection).
+    Command(Command),
+    /// A member's request `req`, taken if it is the next one of that member (a request decided
+    /// twice before its first commit is taken once), with the command it asks for (none for a
+    /// suspicion, which only the leader acts on).
+    Request {
+        /// The member.
+        node: NodeId,
+        /// The request's number.
+        req: u64,
+        /// What it changes, if anything.
+        command: Option<Command>,
+    },
+    /// A member acknowledged its update stream up to `upto`: every replica drops those items,
+    /// so a new leader resends only from here.
+    Acked {
+        /// The member.
+        node: NodeId,
+        /// Highest item received in order.
+        upto: u64,
     },
 }
 
@@ -188,7 +218,7 @@ pub struct GmsStats {
     pub group_shares: u64,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Pending {
     seq: u64,
     item: Item,
@@ -213,7 +243,7 @@ pub struct MemberState {
     pub suspected: bool,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct NodeEntry {
     nonce: u64,
     last_heard: Time,
@@ -297,6 +327,76 @@ pub struct Gms {
     last_now: Time,
     events: VecDeque<GmsEvent>,
     stats: GmsStats,
+    /// `None` for a single-process service, which applies what it decides at once; a replica's
+    /// role otherwise, where decisions wait for the log (ADR 32).
+    replicated: Option<Role>,
+    /// Decisions of a replicated leader not yet taken by [`Gms::poll_decision`].
+    decisions: VecDeque<Decision>,
+    /// Members a replicated leader decided to remove, until the removal is applied: failure
+    /// detection neither decides it again nor counts their deadlines.
+    removing: BTreeSet<NodeId>,
+    /// The highest request of each member a replicated leader decided (soft state): the
+    /// next one is taken while earlier ones wait for their commit.
+    requests_decided: BTreeMap<NodeId, u64>,
+    /// The highest acknowledgement of each member a replicated leader decided (soft state).
+    acks_decided: BTreeMap<NodeId, u64>,
+}
+
+/// A replica's role in a replicated service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Decides, detects failures and sends the update streams.
+    Leader,
+    /// Only applies what the log commits; sends nothing.
+    Follower,
+}
+
+/// The replicated part of the service's state, as a snapshot encodes it (ADR 32): everything
+/// the committed log determines. Soft state (heartbeat times, suspicions, sends of updates) is
+/// rebuilt by a new leader ([`Gms::lead`]).
+#[derive(Serialize)]
+struct StateRef<'a> {
+    planner: &'a Planner,
+    nodes: &'a BTreeMap<NodeId, NodeEntry>,
+    addressed_members: usize,
+    joins: &'a BTreeMap<u64, NodeId>,
+    next_node: u32,
+    topic_ids: &'a BTreeMap<String, TopicId>,
+    next_topic: u32,
+    views: &'a BTreeMap<RegionId, ViewId>,
+    bases: &'a BTreeMap<RegionId, ViewId>,
+    addresses: &'a BTreeMap<RegionId, RegionAddress>,
+    groups: &'a GroupLoads,
+    publishers: &'a BTreeMap<TopicId, BTreeSet<NodeId>>,
+    known_by: &'a BTreeMap<RegionId, BTreeSet<NodeId>>,
+    last_now: Time,
+}
+
+/// [`StateRef`] decoded.
+#[derive(Deserialize)]
+struct State {
+    planner: Planner,
+    nodes: BTreeMap<NodeId, NodeEntry>,
+    addressed_members: usize,
+    joins: BTreeMap<u64, NodeId>,
+    next_node: u32,
+    topic_ids: BTreeMap<String, TopicId>,
+    next_topic: u32,
+    views: BTreeMap<RegionId, ViewId>,
+    bases: BTreeMap<RegionId, ViewId>,
+    addresses: BTreeMap<RegionId, RegionAddress>,
+    groups: GroupLoads,
+    publishers: BTreeMap<TopicId, BTreeSet<NodeId>>,
+    known_by: BTreeMap<RegionId, BTreeSet<NodeId>>,
+    last_now: Time,
+}
+
+/// Why a snapshot was not restored.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// The bytes are not a snapshot of this version of the service.
+    #[error("snapshot does not decode: {0}")]
+    Decode(String),
 }
 
 impl Gms {
@@ -304,13 +404,14 @@ impl Gms {
     pub fn new(config: GmsConfig) -> Result<Gms, ConfigError> {
         config.validate()?;
         let planner = Planner::new(config.planner.clone())?;
+        let first_node = config.first_node;
         Ok(Gms {
             config,
             planner,
             nodes: BTreeMap::new(),
             addressed_members: 0,
             joins: BTreeMap::new(),
-            next_node: 1,
+            next_node: first_node,
             topic_ids: BTreeMap::new(),
             next_topic: 1,
             views: BTreeMap::new(),
@@ -325,7 +426,156 @@ impl Gms {
             last_now: Time::ZERO,
             events: VecDeque::new(),
             stats: GmsStats::default(),
+            replicated: None,
+            decisions: VecDeque::new(),
+            removing: BTreeSet::new(),
+            requests_decided: BTreeMap::new(),
+            acks_decided: BTreeMap::new(),
         })
+    }
+
+    /// A service run as one replica of a replicated log (ADR 32), starting as a follower: it
+    /// changes its state only in [`apply_decision`](Gms::apply_decision), and sends nothing
+    /// until [`lead`](Gms::lead). As leader, what it decides from its inputs comes out of
+    /// [`poll_decision`](Gms::poll_decision) for the log instead of being applied.
+    pub fn new_replicated(config: GmsConfig) -> Result<Gms, ConfigError> {
+        let mut gms = Gms::new(config)?;
+        gms.replicated = Some(Role::Follower);
+        Ok(gms)
+    }
+
+    /// Whether this is a replica that leads (always true of a single-process service).
+    #[must_use]
+    pub fn is_leading(&self) -> bool {
+        self.replicated != Some(Role::Follower)
+    }
+
+    /// A replica becomes the leader at `now`, having applied every committed decision. What
+    /// was not replicated is rebuilt: every member gets a fresh heartbeat deadline (nobody is
+    /// removed for the silence of the election), and every unacknowledged update is sent
+    /// again from the last replicated acknowledgement (clients drop the duplicates by sequence
+    /// number).
+    pub fn lead(&mut self, now: Time) {
+        if self.replicated.is_none() {
+            return;
+        }
+        self.replicated = Some(Role::Leader);
+        self.last_now = self.last_now.max(now);
+        self.clear_decided();
+        for e in self.nodes.values_mut() {
+            e.last_heard = now;
+            e.suspected = None;
+            e.probes_sent = 0;
+            for p in &mut e.queue {
+                p.sent_at = None;
+                p.attempts = 0;
+            }
+        }
+        self.unsent = self.nodes.keys().copied().collect();
+    }
+
+    /// A replica stops leading: what it decided and did not apply is dropped (the new leader
+    /// decides again from what it hears), and it sends nothing more.
+    pub fn follow(&mut self) {
+        if self.replicated.is_none() {
+            return;
+        }
+        self.replicated = Some(Role::Follower);
+        self.clear_decided();
+        self.outbox.clear();
+        self.unsent.clear();
+    }
+
+    fn clear_decided(&mut self) {
+        self.decisions.clear();
+        self.removing.clear();
+        self.requests_decided.clear();
+        self.acks_decided.clear();
+    }
+
+    /// The next decision a replicated leader made, to append to the log.
+    pub fn poll_decision(&mut self) -> Option<Decision> {
+        self.decisions.pop_front()
+    }
+
+    /// Applies a decision: at once in a single-process service, and on every replica for each
+    /// committed one in log order, at the time the leader stamped on it. A replica then
+    /// computes at once what every member must be told (identically on every replica, so a
+    /// member's update stream is numbered alike by each).
+    pub fn apply_decision(&mut self, now: Time, decision: Decision) {
+        self.last_now = self.last_now.max(now);
+        match decision {
+            Decision::Command(cmd) => {
+                if let Command::Remove { node, .. } = cmd {
+                    self.removing.remove(&node);
+                }
+                self.apply(now, cmd);
+            }
+            Decision::Request { node, req, command } => self.take_request(now, node, req, command),
+            Decision::Acked { node, upto } => self.on_ack(node, upto),
+        }
+        if self.replicated.is_some() {
+            self.run_syncs();
+        }
+    }
+
+    /// Encodes the replicated state (postcard): with the log index it was taken at, all a
+    /// replica needs to catch up without the log before it.
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<u8> {
+        let state = StateRef {
+            planner: &self.planner,
+            nodes: &self.nodes,
+            addressed_members: self.addressed_members,
+            joins: &self.joins,
+            next_node: self.next_node,
+            topic_ids: &self.topic_ids,
+            next_topic: self.next_topic,
+            views: &self.views,
+            bases: &self.bases,
+            addresses: &self.addresses,
+            groups: &self.groups,
+            publishers: &self.publishers,
+            known_by: &self.known_by,
+            last_now: self.last_now,
+        };
+        postcard::to_allocvec(&state).unwrap_or_default()
+    }
+
+    /// Replaces the replicated state with a [`snapshot`](Gms::snapshot)'s. Soft state starts
+    /// afresh (a replica restores as a follower; [`lead`](Gms::lead) rebuilds the rest).
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), SnapshotError> {
+        let state: State =
+            postcard::from_bytes(bytes).map_err(|e| SnapshotError::Decode(e.to_string()))?;
+        self.planner = state.planner;
+        self.planner.set_config(self.config.planner.clone());
+        self.nodes = state.nodes;
+        self.addressed_members = state.addressed_members;
+        self.joins = state.joins;
+        self.next_node = state.next_node;
+        self.topic_ids = state.topic_ids;
+        self.next_topic = state.next_topic;
+        self.views = state.views;
+        self.bases = state.bases;
+        self.addresses = state.addresses;
+        self.groups = state.groups;
+        self.publishers = state.publishers;
+        self.known_by = state.known_by;
+        self.last_now = state.last_now;
+        self.syncs_pending.clear();
+        self.unsent.clear();
+        self.outbox.clear();
+        self.clear_decided();
+        Ok(())
+    }
+
+    /// In a single-process service applies `decision` at once; in a replicated leader queues
+    /// it for the log.
+    fn decide(&mut self, now: Time, decision: Decision) {
+        match self.replicated {
+            None => self.apply_decision(now, decision),
+            Some(_) => self.decisions.push_back(decision),
+        }
     }
 
     /// The configuration in force.
@@ -400,6 +650,11 @@ impl Gms {
 
     /// A decoded message from `from`.
     pub fn handle_message(&mut self, now: Time, from: Peer, msg: GmsMessage) {
+        if !self.is_leading() {
+            // A follower replica serves no client (its host redirects them).
+            self.stats.unexpected += 1;
+            return;
+        }
         self.last_now = self.last_now.max(now);
         match (from, msg) {
             (_, GmsMessage::Join { nonce, addr }) => self.on_join(now, nonce, addr),
@@ -422,7 +677,7 @@ impl Gms {
                 entry.probes_sent = 0;
                 match msg {
                     GmsMessage::Heartbeat => {}
-                    GmsMessage::Ack { upto } => self.on_ack(node, upto),
+                    GmsMessage::Ack { upto } => self.on_ack_received(now, node, upto),
                     GmsMessage::Request { req, body } => self.on_request(now, node, req, body),
                     _ => self.stats.unexpected += 1,
                 }
@@ -433,9 +688,15 @@ impl Gms {
 
     /// Time has passed: failure detection and retransmission.
     pub fn handle_timeout(&mut self, now: Time) {
+        if !self.is_leading() {
+            return;
+        }
         self.last_now = self.last_now.max(now);
         let mut failed: Vec<(NodeId, RemoveCause)> = Vec::new();
         for (&node, e) in &self.nodes {
+            if self.removing.contains(&node) {
+                continue;
+            }
             if now >= e.last_heard + self.config.heartbeat_timeout {
                 failed.push((node, RemoveCause::HeartbeatTimeout));
             } else if e
@@ -447,10 +708,16 @@ impl Gms {
                 .any(|p| p.attempts >= self.config.retransmit_attempts_max && self.due(p, now))
             {
                 failed.push((node, RemoveCause::Unresponsive));
+            } else if self.replicated.is_some() && e.queue.len() > self.config.updates_queued_max {
+                // A replica applying a command does not decide removals: the leader does here.
+                failed.push((node, RemoveCause::Unresponsive));
             }
         }
         for (node, cause) in failed {
-            self.apply(now, Command::Remove { node, cause });
+            if self.replicated.is_some() {
+                self.removing.insert(node);
+            }
+            self.decide(now, Decision::Command(Command::Remove { node, cause }));
         }
         let nodes: Vec<NodeId> = self.nodes.keys().copied().collect();
         for &node in &nodes {
@@ -501,9 +768,13 @@ impl Gms {
     /// member's liveness deadline and retransmission deadline.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
+        if !self.is_leading() {
+            return None;
+        }
         self.nodes
-            .values()
-            .flat_map(|e| {
+            .iter()
+            .filter(|(node, _)| !self.removing.contains(node))
+            .flat_map(|(_, e)| {
                 let heartbeat = e.last_heard + self.config.heartbeat_timeout;
                 let live = match e.suspected {
                     Some(at) => {
@@ -524,14 +795,24 @@ impl Gms {
 
     /// The next message to send.
     pub fn poll_transmit(&mut self) -> Option<GmsTransmit> {
-        // A sync may remove an unresponsive node, which queues more syncs: until none is left.
-        while let Some((node, scope)) = self.syncs_pending.pop_first() {
-            self.sync(self.last_now, node, scope);
+        self.run_syncs();
+        if !self.is_leading() {
+            self.unsent.clear();
+            self.outbox.clear();
+            return None;
         }
         while let Some(node) = self.unsent.pop_first() {
             self.send_window(self.last_now, node);
         }
         self.outbox.pop_front()
+    }
+
+    /// Runs the pending syncs. A sync may remove an unresponsive node, which queues more
+    /// syncs: until none is left.
+    fn run_syncs(&mut self) {
+        while let Some((node, scope)) = self.syncs_pending.pop_first() {
+            self.sync(self.last_now, node, scope);
+        }
     }
 
     /// The next event.
@@ -752,7 +1033,7 @@ impl Gms {
                 self.stats.joins_refused += 1;
                 return;
             }
-            self.apply(now, Command::Join { nonce, addr });
+            self.decide(now, Decision::Command(Command::Join { nonce, addr }));
         } else if let Some(&node) = self.joins.get(&nonce) {
             let member_addr = self.nodes.get(&node).and_then(|e| e.addr);
             if addr.is_some() && member_addr.is_some() && addr != member_addr {
@@ -772,50 +1053,74 @@ impl Gms {
     }
 
     fn on_request(&mut self, now: Time, node: NodeId, req: u64, body: Request) {
+        let Some(e) = self.nodes.get(&node) else {
+            return;
+        };
+        let upto = e.req_upto;
+        // A replicated leader takes the next request while earlier ones wait for their commit.
+        let decided = self.requests_decided.get(&node).copied().unwrap_or(0);
+        if req <= upto {
+            self.stats.requests_duplicate += 1;
+        } else if req <= decided {
+            // Decided, not yet committed: its commit acknowledges it.
+            self.stats.requests_duplicate += 1;
+            return;
+        } else if req > upto.max(decided) + 1 {
+            self.stats.requests_out_of_order += 1;
+        } else {
+            let command = match body {
+                Request::Subscribe(name) => Some(Command::Subscribe { node, name }),
+                Request::SubscribeMany(names) => Some(Command::SubscribeMany { node, names }),
+                Request::Unsubscribe(name) => Some(Command::Unsubscribe { node, name }),
+                Request::UnsubscribeMany(names) => Some(Command::UnsubscribeMany { node, names }),
+                Request::Advertise(name) => Some(Command::Advertise { node, name }),
+                Request::AdvertiseMany(names) => Some(Command::AdvertiseMany { node, names }),
+                Request::Unadvertise(name) => Some(Command::Unadvertise { node, name }),
+                Request::Suspect(suspect) => {
+                    self.on_suspect(now, node, suspect);
+                    None
+                }
+                Request::Leave => Some(Command::Remove {
+                    node,
+                    cause: RemoveCause::Left,
+                }),
+            };
+            if self.replicated.is_some() {
+                self.requests_decided.insert(node, req);
+            }
+            // Its application acknowledges it.
+            self.decide(now, Decision::Request { node, req, command });
+            return;
+        }
+        self.outbox.push_back(GmsTransmit {
+            to: Peer::Node(node),
+            msg: GmsMessage::RequestAck { upto },
+        });
+    }
+
+    /// Takes request `req` of `node` if it is the next one, applying its command, and
+    /// acknowledges it.
+    fn take_request(&mut self, now: Time, node: NodeId, req: u64, command: Option<Command>) {
         let Some(e) = self.nodes.get_mut(&node) else {
             return;
         };
-        if req <= e.req_upto {
+        if req != e.req_upto + 1 {
             self.stats.requests_duplicate += 1;
-        } else if req > e.req_upto + 1 {
-            self.stats.requests_out_of_order += 1;
-        } else {
-            e.req_upto = req;
-            match body {
-                Request::Subscribe(name) => self.apply(now, Command::Subscribe { node, name }),
-                Request::SubscribeMany(names) => {
-                    self.apply(now, Command::SubscribeMany { node, names });
-                }
-                Request::Unsubscribe(name) => {
-                    self.apply(now, Command::Unsubscribe { node, name });
-                }
-                Request::UnsubscribeMany(names) => {
-                    self.apply(now, Command::UnsubscribeMany { node, names });
-                }
-                Request::Advertise(name) => self.apply(now, Command::Advertise { node, name }),
-                Request::AdvertiseMany(names) => {
-                    self.apply(now, Command::AdvertiseMany { node, names });
-                }
-                Request::Unadvertise(name) => {
-                    self.apply(now, Command::Unadvertise { node, name });
-                }
-                Request::Suspect(suspect) => self.on_suspect(now, node, suspect),
-                Request::Leave => {
-                    // Acknowledge before the entry is gone, so the client can stop resending.
-                    self.outbox.push_back(GmsTransmit {
-                        to: Peer::Node(node),
-                        msg: GmsMessage::RequestAck { upto: req },
-                    });
-                    self.apply(
-                        now,
-                        Command::Remove {
-                            node,
-                            cause: RemoveCause::Left,
-                        },
-                    );
-                    return;
-                }
+            return;
+        }
+        e.req_upto = req;
+        match command {
+            Some(Command::Remove { node, cause }) => {
+                // Acknowledge before the entry is gone, so the client can stop resending.
+                self.outbox.push_back(GmsTransmit {
+                    to: Peer::Node(node),
+                    msg: GmsMessage::RequestAck { upto: req },
+                });
+                self.apply(now, Command::Remove { node, cause });
+                return;
             }
+            Some(cmd) => self.apply(now, cmd),
+            None => {}
         }
         if let Some(e) = self.nodes.get(&node) {
             self.outbox.push_back(GmsTransmit {
@@ -857,6 +1162,24 @@ impl Gms {
                 self.send_probes(now, suspect);
             }
             _ => self.stats.suspicions_ignored += 1,
+        }
+    }
+
+    /// An acknowledgement from a member: applied at once by a single-process service, decided
+    /// (once per advance) by a replicated leader.
+    fn on_ack_received(&mut self, now: Time, node: NodeId, upto: u64) {
+        if self.replicated.is_none() {
+            self.on_ack(node, upto);
+            return;
+        }
+        let front = self
+            .nodes
+            .get(&node)
+            .and_then(|e| e.queue.front().map(|p| p.seq));
+        let decided = self.acks_decided.get(&node).copied().unwrap_or(0);
+        if upto > decided && front.is_some_and(|s| s <= upto) {
+            self.acks_decided.insert(node, upto);
+            self.decide(now, Decision::Acked { node, upto });
         }
     }
 
@@ -953,7 +1276,7 @@ impl Gms {
             });
             e.next_seq += 1;
         }
-        if e.queue.len() > self.config.updates_queued_max {
+        if e.queue.len() > self.config.updates_queued_max && self.replicated.is_none() {
             self.apply(
                 now,
                 Command::Remove {

@@ -80,7 +80,7 @@ impl World {
         for _ in 0..10_000 {
             let mut moved = false;
             for i in 0..self.clients.len() {
-                while let Some(msg) = self.clients[i].poll_transmit() {
+                while let Some((_, msg)) = self.clients[i].poll_transmit() {
                     moved = true;
                     if self.crashed.contains(&i) || !(self.keep_from)(i, &msg) {
                         continue;
@@ -104,7 +104,7 @@ impl World {
                     continue;
                 }
                 self.delivered[i].push(t.msg.clone());
-                self.clients[i].handle_datagram(self.now, &t.msg.to_bytes());
+                self.clients[i].handle_datagram(self.now, 0, &t.msg.to_bytes());
             }
             while let Some(e) = self.gms.poll_event() {
                 self.gms_events.push(e);
@@ -233,12 +233,12 @@ fn a_joiner_told_its_nonce_is_taken_joins_again_with_another() {
     let first = client.nonce();
     assert!(matches!(
         client.poll_transmit(),
-        Some(GmsMessage::Join { nonce, .. }) if nonce == first
+        Some((0, GmsMessage::Join { nonce, .. })) if nonce == first
     ));
     // A notice about another nonce is not for this joiner.
-    client.handle_message(Time::ZERO, GmsMessage::NonceTaken { nonce: first ^ 1 });
+    client.handle_message(Time::ZERO, 0, GmsMessage::NonceTaken { nonce: first ^ 1 });
     assert_eq!(client.nonce(), first);
-    client.handle_message(Time::ZERO, GmsMessage::NonceTaken { nonce: first });
+    client.handle_message(Time::ZERO, 0, GmsMessage::NonceTaken { nonce: first });
     let second = client.nonce();
     assert_ne!(second, first);
     assert_eq!(client.stats().nonces_taken, 1);
@@ -247,7 +247,7 @@ fn a_joiner_told_its_nonce_is_taken_joins_again_with_another() {
     client.handle_timeout(Time::ZERO);
     assert!(matches!(
         client.poll_transmit(),
-        Some(GmsMessage::Join { nonce, .. }) if nonce == second
+        Some((0, GmsMessage::Join { nonce, .. })) if nonce == second
     ));
 }
 
@@ -596,7 +596,7 @@ fn malformed_messages_are_counted_and_dropped() {
         &[3, 1, 0, 0, 0, 0, 0, 0, 0, 1, 255, 255],
     );
     assert_eq!(w.gms.stats().malformed, 3);
-    w.clients[0].handle_datagram(w.now, &[6, 1]);
+    w.clients[0].handle_datagram(w.now, 0, &[6, 1]);
     assert_eq!(w.clients[0].stats().malformed, 1);
     assert_eq!(w.gms.members().count(), 1);
 }
@@ -743,7 +743,8 @@ fn a_queued_request_is_due_at_once() {
     // The host learns that the request must go now, not at the next heartbeat.
     assert!(w.clients[0].poll_timeout().is_some_and(|t| t <= now));
     w.clients[0].handle_timeout(now);
-    let sent: Vec<GmsMessage> = std::iter::from_fn(|| w.clients[0].poll_transmit()).collect();
+    let sent: Vec<GmsMessage> =
+        std::iter::from_fn(|| w.clients[0].poll_transmit().map(|(_, m)| m)).collect();
     assert!(
         sent.iter().any(|m| matches!(m, GmsMessage::Request { .. })),
         "{sent:?}"

@@ -7,6 +7,7 @@ use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
 /// One region view: the members (nodes with identical subscription sets) and their partitions.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RegionView {
     /// The region.
     pub region: RegionId,

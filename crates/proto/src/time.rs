@@ -6,6 +6,7 @@ use std::time::Duration;
 /// A point in time, in nanoseconds since an epoch chosen by whoever drives the protocol (the
 /// runtime's start, or zero in the simulator). Only differences are meaningful.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Time(u64);
 
 impl Time {

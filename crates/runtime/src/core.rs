@@ -853,8 +853,9 @@ impl Core {
         };
         let mut inbox = std::mem::take(&mut link.inbox);
         // One install for every batch the datagrams commit (ADR 23).
+        // The link knows one service address: replica 0 of the client's.
         self.member
-            .handle_gms_datagrams(now, inbox.iter().map(|d| &d[..]));
+            .handle_gms_datagrams(now, inbox.iter().map(|d| (0, &d[..])));
         inbox.clear();
         if let Some(link) = self.gms.as_mut() {
             link.inbox = inbox;

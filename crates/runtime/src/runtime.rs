@@ -651,7 +651,7 @@ fn handshake(
         if client.poll_timeout().is_some_and(|t| t <= now) {
             client.handle_timeout(now);
         }
-        while let Some(msg) = client.poll_transmit() {
+        while let Some((_replica, msg)) = client.poll_transmit() {
             // An unreachable service shows as a refused send (ICMP): keep trying until the
             // timeout, the service may be starting.
             let _ = socket.send_to(&frame(&msg), gms.server);
@@ -670,7 +670,7 @@ fn handshake(
         if let Ok((len, from)) = socket.recv_from(&mut buf) {
             if from == gms.server {
                 if let Some(body) = buf.get(..len).and_then(unframe) {
-                    client.handle_datagram(clock::now(), body);
+                    client.handle_datagram(clock::now(), 0, body);
                 }
             }
         }

@@ -561,11 +561,11 @@ fn exchange(gms: &mut Gms, clients: &mut [GmsClient], nonces: &BTreeMap<u64, Nod
                 Peer::Joiner(nonce) => nonces.get(&nonce).copied(),
             };
             if let Some(c) = to.and_then(|to| clients.get_mut(to.0 as usize)) {
-                c.handle_message(t0, tx.msg);
+                c.handle_message(t0, 0, tx.msg);
             }
         }
         for (i, c) in clients.iter_mut().enumerate() {
-            while let Some(msg) = c.poll_transmit() {
+            while let Some((_replica, msg)) = c.poll_transmit() {
                 progressed = true;
                 gms.handle_message(t0, Peer::Node(to_gms(NodeId(i as u32))), msg);
             }

@@ -782,7 +782,8 @@ impl Host for SimHost {
                 if let Some(service) = self.service.as_mut() {
                     service.handle_datagram(now, from, body);
                 } else if Some(from) == self.gms_node {
-                    self.member.handle_gms_datagram(now, body);
+                    // One service node: replica 0 of the member's.
+                    self.member.handle_gms_datagram(now, 0, body);
                 }
             }
             None => self.member.handle_datagram(now, datagram),

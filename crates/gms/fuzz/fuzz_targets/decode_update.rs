@@ -10,6 +10,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
+#[allow(dead_code)] // not every target uses every helper
 #[path = "../oracle.rs"]
 mod oracle;
 

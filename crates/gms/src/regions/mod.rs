@@ -62,13 +62,16 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde::{Deserialize, Serialize};
 use tidings_proto::{Membership, RegionView};
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
 pub use report::{regions_report, RegionsParams, RegionsReport};
 
 /// A subset of topics whose memberships overlap regularly; each has its own regions.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct SubsetId(pub u32);
 
 /// Tuning of the region planner. Every field has a documented default; check with
@@ -242,7 +245,7 @@ impl Changes {
 
 /// One region: the nodes whose subscriptions, restricted to the topics of `subset`, are exactly
 /// `topics`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Region {
     /// The subset the region belongs to.
     pub subset: SubsetId,
@@ -255,7 +258,7 @@ pub struct Region {
 }
 
 /// Counters of the planner's work.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannerStats {
     /// Placements attempted (a topic looking for a subset to join).
     pub placements_tried: u64,
@@ -271,7 +274,7 @@ pub struct PlannerStats {
     pub node_moves: u64,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct TopicState {
     subscribers: BTreeSet<NodeId>,
     /// [`set_hash`] of `subscribers`.
@@ -282,13 +285,13 @@ struct TopicState {
     next_placement_at: usize,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct NodeState {
     topics: BTreeSet<TopicId>,
     regions: BTreeMap<SubsetId, RegionId>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Subset {
     topics: BTreeSet<TopicId>,
     /// The regions of the subset by their topic set (their "signature").
@@ -305,8 +308,11 @@ struct Fit {
 }
 
 /// The incremental region planner. See the module docs for the rule it keeps.
-#[derive(Clone, Debug)]
+/// Serialized (for a replica's snapshot, ADR 32) without its configuration, which the
+/// restoring side supplies, and without its scratch counters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Planner {
+    #[serde(skip)]
     config: PlannerConfig,
     topics: BTreeMap<TopicId, TopicState>,
     nodes: BTreeMap<NodeId, NodeState>,
@@ -318,6 +324,7 @@ pub struct Planner {
     /// one (subset ids are internal: nothing outside the planner holds them across operations).
     free_subsets: Vec<u32>,
     /// Scratch counters indexed by subset id, all zero between calls of `best_subset`.
+    #[serde(skip)]
     candidate_counts: Vec<u32>,
     /// The regions of subsets with room for another topic (fewer than `subset_topics_max`), by
     /// the [`set_hash`] of their members: where a topic finds a region of exactly its
@@ -348,6 +355,11 @@ impl Planner {
     pub fn new(config: PlannerConfig) -> Result<Planner, PlannerConfigError> {
         config.validate()?;
         Ok(Planner::with_valid(config))
+    }
+
+    /// Puts back the configuration a deserialized planner was snapshotted without.
+    pub(crate) fn set_config(&mut self, config: PlannerConfig) {
+        self.config = config;
     }
 
     /// An empty planner with a configuration already validated.

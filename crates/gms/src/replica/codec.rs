@@ -1,0 +1,327 @@
+//! The checked encodings of the replicated service: log entries ([`Decision`]s with their time)
+//! and the Raft messages between replicas (ADR 32).
+//!
+//! Same layout rules as [`crate::message`]: a tag byte, fields in order, integers
+//! little-endian, every length checked against its bound and against the bytes left before
+//! anything is allocated, so any input decodes to a value or an `Err`, never a panic.
+
+use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
+use tidings_proto::Time;
+use tidings_wire::NodeId;
+
+use crate::message::{
+    put_addr, put_len, put_names, put_string, put_u32, put_u64, DecodeError, Reader,
+    NAMES_PER_REQUEST_MAX,
+};
+use crate::service::{Command, Decision, RemoveCause};
+
+/// Version tag that starts every log entry.
+const ENTRY_V1: u8 = 1;
+/// Version tag that starts every replica-to-replica datagram.
+const RAFT_V1: u8 = 0x52;
+
+const D_COMMAND: u8 = 1;
+const D_REQUEST_NONE: u8 = 2;
+const D_REQUEST: u8 = 3;
+const D_ACKED: u8 = 4;
+
+const C_JOIN: u8 = 1;
+const C_SUBSCRIBE: u8 = 2;
+const C_SUBSCRIBE_MANY: u8 = 3;
+const C_UNSUBSCRIBE: u8 = 4;
+const C_UNSUBSCRIBE_MANY: u8 = 5;
+const C_ADVERTISE: u8 = 6;
+const C_ADVERTISE_MANY: u8 = 7;
+const C_UNADVERTISE: u8 = 8;
+const C_REMOVE: u8 = 9;
+
+/// Most voters (or learners) a snapshot's configuration lists.
+const VOTERS_MAX: usize = 64;
+
+/// Appends the encoding of a log entry: the leader's time and its decision.
+pub fn encode_decision(at: Time, decision: &Decision, out: &mut Vec<u8>) {
+    out.push(ENTRY_V1);
+    put_u64(out, at.as_nanos());
+    match decision {
+        Decision::Command(cmd) => {
+            out.push(D_COMMAND);
+            encode_command(cmd, out);
+        }
+        Decision::Request {
+            node,
+            req,
+            command: None,
+        } => {
+            out.push(D_REQUEST_NONE);
+            put_u32(out, node.0);
+            put_u64(out, *req);
+        }
+        Decision::Request {
+            node,
+            req,
+            command: Some(cmd),
+        } => {
+            out.push(D_REQUEST);
+            put_u32(out, node.0);
+            put_u64(out, *req);
+            encode_command(cmd, out);
+        }
+        Decision::Acked { node, upto } => {
+            out.push(D_ACKED);
+            put_u32(out, node.0);
+            put_u64(out, *upto);
+        }
+    }
+}
+
+/// Decodes one log entry that must fill `buf` exactly.
+pub fn decode_decision(buf: &[u8]) -> Result<(Time, Decision), DecodeError> {
+    let mut r = Reader { buf };
+    if r.u8()? != ENTRY_V1 {
+        return Err(DecodeError::Invalid);
+    }
+    let at = Time::from_nanos(r.u64()?);
+    let decision = match r.u8()? {
+        D_COMMAND => Decision::Command(decode_command(&mut r)?),
+        D_REQUEST_NONE => Decision::Request {
+            node: NodeId(r.u32()?),
+            req: r.u64()?,
+            command: None,
+        },
+        D_REQUEST => Decision::Request {
+            node: NodeId(r.u32()?),
+            req: r.u64()?,
+            command: Some(decode_command(&mut r)?),
+        },
+        D_ACKED => Decision::Acked {
+            node: NodeId(r.u32()?),
+            upto: r.u64()?,
+        },
+        t => return Err(DecodeError::Tag(t)),
+    };
+    if !r.buf.is_empty() {
+        return Err(DecodeError::Trailing);
+    }
+    Ok((at, decision))
+}
+
+fn encode_command(cmd: &Command, out: &mut Vec<u8>) {
+    let named = |out: &mut Vec<u8>, tag: u8, node: NodeId, name: &str| {
+        out.push(tag);
+        put_u32(out, node.0);
+        put_string(out, name);
+    };
+    let many = |out: &mut Vec<u8>, tag: u8, node: NodeId, names: &[String]| {
+        put_names(out, tag, names);
+        put_u32(out, node.0);
+    };
+    match cmd {
+        Command::Join { nonce, addr } => {
+            out.push(C_JOIN);
+            put_u64(out, *nonce);
+            put_addr(out, *addr);
+        }
+        Command::Subscribe { node, name } => named(out, C_SUBSCRIBE, *node, name),
+        Command::Unsubscribe { node, name } => named(out, C_UNSUBSCRIBE, *node, name),
+        Command::Advertise { node, name } => named(out, C_ADVERTISE, *node, name),
+        Command::Unadvertise { node, name } => named(out, C_UNADVERTISE, *node, name),
+        Command::SubscribeMany { node, names } => many(out, C_SUBSCRIBE_MANY, *node, names),
+        Command::UnsubscribeMany { node, names } => many(out, C_UNSUBSCRIBE_MANY, *node, names),
+        Command::AdvertiseMany { node, names } => many(out, C_ADVERTISE_MANY, *node, names),
+        Command::Remove { node, cause } => {
+            out.push(C_REMOVE);
+            put_u32(out, node.0);
+            out.push(match cause {
+                RemoveCause::Left => 0,
+                RemoveCause::HeartbeatTimeout => 1,
+                RemoveCause::Suspected => 2,
+                RemoveCause::Unresponsive => 3,
+            });
+        }
+    }
+}
+
+fn decode_command(r: &mut Reader<'_>) -> Result<Command, DecodeError> {
+    Ok(match r.u8()? {
+        C_JOIN => Command::Join {
+            nonce: r.u64()?,
+            addr: r.addr()?,
+        },
+        tag @ (C_SUBSCRIBE | C_UNSUBSCRIBE | C_ADVERTISE | C_UNADVERTISE) => {
+            let node = NodeId(r.u32()?);
+            let name = r.string()?;
+            match tag {
+                C_SUBSCRIBE => Command::Subscribe { node, name },
+                C_UNSUBSCRIBE => Command::Unsubscribe { node, name },
+                C_ADVERTISE => Command::Advertise { node, name },
+                _ => Command::Unadvertise { node, name },
+            }
+        }
+        tag @ (C_SUBSCRIBE_MANY | C_UNSUBSCRIBE_MANY | C_ADVERTISE_MANY) => {
+            // Each name takes at least its 2-byte length.
+            let n = r.len(NAMES_PER_REQUEST_MAX, 2)?;
+            let names: Vec<String> = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
+            let node = NodeId(r.u32()?);
+            match tag {
+                C_SUBSCRIBE_MANY => Command::SubscribeMany { node, names },
+                C_UNSUBSCRIBE_MANY => Command::UnsubscribeMany { node, names },
+                _ => Command::AdvertiseMany { node, names },
+            }
+        }
+        C_REMOVE => Command::Remove {
+            node: NodeId(r.u32()?),
+            cause: match r.u8()? {
+                0 => RemoveCause::Left,
+                1 => RemoveCause::HeartbeatTimeout,
+                2 => RemoveCause::Suspected,
+                3 => RemoveCause::Unresponsive,
+                t => return Err(DecodeError::Tag(t)),
+            },
+        },
+        t => return Err(DecodeError::Tag(t)),
+    })
+}
+
+/// The Raft message types that travel between replicas. The others are a node's own inputs
+/// (`MsgHup` starts an election, `MsgBeat` a heartbeat round ...): one arriving from the
+/// network is refused, never stepped.
+const REMOTE_TYPES: [MessageType; 10] = [
+    MessageType::MsgAppend,
+    MessageType::MsgAppendResponse,
+    MessageType::MsgRequestVote,
+    MessageType::MsgRequestVoteResponse,
+    MessageType::MsgSnapshot,
+    MessageType::MsgHeartbeat,
+    MessageType::MsgHeartbeatResponse,
+    MessageType::MsgTimeoutNow,
+    MessageType::MsgRequestPreVote,
+    MessageType::MsgRequestPreVoteResponse,
+];
+
+/// Bounds of a replica-to-replica message on decoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaftLimits {
+    /// Largest datagram accepted, in bytes (the snapshot included).
+    pub message_bytes_max: usize,
+    /// Most log entries in one message.
+    pub entries_max: usize,
+}
+
+/// Appends the encoding of a Raft message (only the fields raft-rs uses between replicas of a
+/// fixed configuration; priorities and conf changes are not used).
+pub fn encode_raft(m: &Message, out: &mut Vec<u8>) {
+    out.push(RAFT_V1);
+    out.push(m.get_msg_type() as u8);
+    for v in [
+        m.to,
+        m.from,
+        m.term,
+        m.log_term,
+        m.index,
+        m.commit,
+        m.commit_term,
+        m.request_snapshot,
+        m.reject_hint,
+    ] {
+        put_u64(out, v);
+    }
+    out.push(u8::from(m.reject));
+    put_len(out, m.entries.len());
+    for e in m.get_entries() {
+        put_u64(out, e.term);
+        put_u64(out, e.index);
+        put_bytes(out, e.get_data());
+    }
+    put_bytes(out, m.get_context());
+    if m.has_snapshot() {
+        out.push(1);
+        let s = m.get_snapshot();
+        let md = s.get_metadata();
+        put_u64(out, md.index);
+        put_u64(out, md.term);
+        let cs = md.get_conf_state();
+        put_len(out, cs.voters.len());
+        for v in &cs.voters {
+            put_u64(out, *v);
+        }
+        put_bytes(out, s.get_data());
+    } else {
+        out.push(0);
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_len(out, b.len());
+    out.extend_from_slice(b);
+}
+
+fn bytes_field(r: &mut Reader<'_>, max: usize) -> Result<bytes::Bytes, DecodeError> {
+    let n = r.len(max, 1)?;
+    Ok(bytes::Bytes::copy_from_slice(r.take(n)?))
+}
+
+/// Decodes one replica-to-replica message that must fill `buf` exactly, within `limits`.
+pub fn decode_raft(buf: &[u8], limits: RaftLimits) -> Result<Message, DecodeError> {
+    if buf.len() > limits.message_bytes_max {
+        return Err(DecodeError::TooLong);
+    }
+    let mut r = Reader { buf };
+    if r.u8()? != RAFT_V1 {
+        return Err(DecodeError::Invalid);
+    }
+    let tag = r.u8()?;
+    let Some(&msg_type) = REMOTE_TYPES.iter().find(|t| **t as u8 == tag) else {
+        return Err(DecodeError::Tag(tag));
+    };
+    let mut m = Message::default();
+    m.set_msg_type(msg_type);
+    m.to = r.u64()?;
+    m.from = r.u64()?;
+    m.term = r.u64()?;
+    m.log_term = r.u64()?;
+    m.index = r.u64()?;
+    m.commit = r.u64()?;
+    m.commit_term = r.u64()?;
+    m.request_snapshot = r.u64()?;
+    m.reject_hint = r.u64()?;
+    m.reject = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(DecodeError::Invalid),
+    };
+    // Each entry takes at least its term, index and data length.
+    let n = r.len(limits.entries_max, 20)?;
+    let mut entries = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut e = Entry::default();
+        e.set_entry_type(EntryType::EntryNormal);
+        e.term = r.u64()?;
+        e.index = r.u64()?;
+        e.data = bytes_field(&mut r, limits.message_bytes_max)?;
+        entries.push(e);
+    }
+    m.set_entries(entries.into());
+    m.context = bytes_field(&mut r, limits.message_bytes_max)?;
+    match r.u8()? {
+        0 => {}
+        1 => {
+            let mut s = Snapshot::default();
+            let md = s.mut_metadata();
+            md.index = r.u64()?;
+            md.term = r.u64()?;
+            let voters = r.len(VOTERS_MAX, 8)?;
+            let mut cs = ConfState::default();
+            for _ in 0..voters {
+                cs.voters.push(r.u64()?);
+            }
+            md.set_conf_state(cs);
+            s.data = bytes_field(&mut r, limits.message_bytes_max)?;
+            m.set_snapshot(s);
+        }
+        _ => return Err(DecodeError::Invalid),
+    }
+    if !r.buf.is_empty() {
+        return Err(DecodeError::Trailing);
+    }
+    Ok(m)
+}
