@@ -719,6 +719,8 @@ fn clients_rejoin_a_service_restarted_without_its_state() {
     assert_eq!(rejoined, 4);
     let gms = c.replicas[0].as_ref().expect("live").gms();
     assert_eq!(gms.members().count(), 4);
+    // The harness's joins carry no address.
+    assert!(gms.members().all(|n| gms.member_addr(n).is_none()));
     for (i, client) in c.clients.iter().enumerate() {
         let node = client.node().expect("a member again");
         assert!(node.0 >= 1000, "{node:?}");
