@@ -616,6 +616,13 @@ impl Gms {
         })
     }
 
+    /// Where a member receives datagrams, as its `Join` said (replicated: every replica knows
+    /// it, so a new leader's host can reach the members another replica welcomed).
+    #[must_use]
+    pub fn member_addr(&self, node: NodeId) -> Option<SocketAddr> {
+        self.nodes.get(&node).and_then(|e| e.addr)
+    }
+
     /// The id bound to a topic name.
     #[must_use]
     pub fn topic_id(&self, name: &str) -> Option<TopicId> {

@@ -9,7 +9,7 @@ use tidings_proto::{RegionView, Time};
 use tidings_wire::{NodeId, RegionId, ViewId};
 
 use super::*;
-use crate::{ClientConfig, ClientEvent, Command, Decision, GmsClient, RemoveCause};
+use crate::{ClientConfig, ClientEvent, Command, Decision, GmsClient, Item, RemoveCause};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum To {
@@ -719,6 +719,8 @@ fn clients_rejoin_a_service_restarted_without_its_state() {
     assert_eq!(rejoined, 4);
     let gms = c.replicas[0].as_ref().expect("live").gms();
     assert_eq!(gms.members().count(), 4);
+    // The harness's joins carry no address.
+    assert!(gms.members().all(|n| gms.member_addr(n).is_none()));
     for (i, client) in c.clients.iter().enumerate() {
         let node = client.node().expect("a member again");
         assert!(node.0 >= 1000, "{node:?}");
@@ -818,4 +820,76 @@ fn random_and_mutated_replica_bytes_never_panic() {
             assert_eq!(again, b);
         }
     }
+}
+
+/// A client of three replicas follows the newest term: a deposed leader's late update (older
+/// term) is refused, the newer leader's is applied, and a follower's redirect moves it.
+#[test]
+fn a_client_refuses_updates_of_an_older_term() {
+    let mut client = GmsClient::new(ClientConfig {
+        replicas: 3,
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    client.handle_timeout(at(0));
+    let nonce = client.nonce();
+    let stamped = |term, msg| GmsMessage::Stamped {
+        term,
+        msg: Box::new(msg),
+    };
+    // Replica 1 leads term 5 and welcomes the client there.
+    client.handle_message(
+        at(1),
+        1,
+        stamped(
+            5,
+            GmsMessage::Welcome {
+                nonce,
+                node: NodeId(7),
+            },
+        ),
+    );
+    assert_eq!(
+        (client.node(), client.replica(), client.term()),
+        (Some(NodeId(7)), 1, 5)
+    );
+    // A deposed leader of term 4 sends the first update late: refused.
+    let update = GmsMessage::Update {
+        seq: 1,
+        items: vec![Item::Commit],
+    };
+    client.handle_message(at(2), 0, stamped(4, update.clone()));
+    assert_eq!(client.stats().stale_term, 1);
+    assert_eq!(client.commits(), 0);
+    assert_eq!(client.replica(), 1);
+    // The leader of term 5 sends it: applied.
+    client.handle_message(at(3), 1, stamped(5, update));
+    assert_eq!(client.commits(), 1);
+    // A follower names the leader of term 6: the client moves there, and refuses term 5 now.
+    client.handle_message(
+        at(4),
+        2,
+        GmsMessage::Redirect {
+            term: 6,
+            leader: Some(0),
+        },
+    );
+    assert_eq!((client.replica(), client.term()), (0, 6));
+    client.handle_message(
+        at(5),
+        1,
+        stamped(
+            5,
+            GmsMessage::Update {
+                seq: 2,
+                items: vec![Item::Removed],
+            },
+        ),
+    );
+    assert_eq!(client.stats().stale_term, 2);
+    assert!(!client.is_removed());
+    // Everything goes to replica 0 now.
+    client.handle_timeout(at(600));
+    let sent: Vec<usize> = std::iter::from_fn(|| client.poll_transmit().map(|(r, _)| r)).collect();
+    assert!(!sent.is_empty() && sent.iter().all(|&r| r == 0), "{sent:?}");
 }
