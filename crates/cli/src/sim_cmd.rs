@@ -258,6 +258,15 @@ struct ScenarioArgs {
     /// node, instead of the oracle that installs every view everywhere at once.
     #[arg(long)]
     gms: bool,
+    /// With --gms: run the service as this many replicas on Raft (3 or 5), each on its own
+    /// simulated node.
+    #[arg(long, default_value_t = 1)]
+    gms_replicas: u32,
+    /// With --gms-replicas 3 or more: a fault of the service at 40% of the publishing time:
+    /// crash-leader, isolate-leader (cut off from the other replicas for a second) or
+    /// restart-replica (a follower restarts from its snapshot and log).
+    #[arg(long, value_parser = parse_gms_fault)]
+    gms_fault: Option<tidings_sim::gms::GmsFault>,
 }
 
 fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
@@ -300,6 +309,8 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         } else {
             MembershipKind::Oracle
         },
+        gms_replicas: a.gms_replicas,
+        gms_fault: a.gms_fault,
         link_events: Vec::new(),
         ..Scenario::default()
     }
@@ -504,6 +515,27 @@ fn sim_sweep(a: &SweepArgs) -> ExitCode {
             worst_p99,
             mean(&|r| r.recovery.repairs_received as f64),
         );
+        // With a fault of the replicated GMS: its failover over the seeds.
+        let failover = |f: &dyn Fn(&tidings_sim::RunReport) -> Option<f64>| {
+            let mut v: Vec<f64> = reports.iter().filter_map(|r| f(r)).collect();
+            v.sort_by(f64::total_cmp);
+            let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+            (!v.is_empty()).then(|| {
+                format!(
+                    "p50 {:.0} ms, p99 {:.0} ms ({} runs)",
+                    at(0.5),
+                    at(0.99),
+                    v.len()
+                )
+            })
+        };
+        if let Some(leader) = failover(&|r| r.gms_fault_to_leader_ms) {
+            let view = failover(&|r| r.gms_fault_to_view_ms).unwrap_or_else(|| "none".to_owned());
+            println!(
+                "{:<28} GMS fault to a new leader {leader}; to the first view after it {view}",
+                ""
+            );
+        }
         for r in of_fault.iter().filter(|r| !r.passed()) {
             failed += 1;
             let why = match &r.result {
@@ -552,4 +584,15 @@ fn sim_horus(a: &RunArgs, figure: tidings_sim::horus::Figure) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A `--gms-fault` name.
+fn parse_gms_fault(name: &str) -> Result<tidings_sim::gms::GmsFault, String> {
+    tidings_sim::gms::GmsFault::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = tidings_sim::gms::GmsFault::ALL
+            .iter()
+            .map(|f| f.name())
+            .collect();
+        format!("unknown GMS fault {name:?}; one of {}", names.join(", "))
+    })
 }

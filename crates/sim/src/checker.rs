@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use tidings_proto::{Delivery, MsgId, NodeId, RegionId, Time, TopicId, ViewId};
+use tidings_proto::{Delivery, MsgId, NodeId, RegionId, RegionView, Time, TopicId, ViewId};
 
 /// Most violation descriptions kept (all are counted).
 const VIOLATIONS_KEPT: usize = 20;
@@ -150,6 +150,8 @@ pub struct Ledger {
     sender_views: BTreeMap<NodeId, Vec<SenderSnapshot>>,
     /// Asynchronous membership: when the GMS issued each region view.
     views_issued: BTreeMap<(RegionId, ViewId), Time>,
+    /// The first installed copy of each region view (asynchronous membership).
+    views_installed: BTreeMap<(RegionId, ViewId), RegionView>,
     /// Publish to stable, microseconds.
     pub time_to_stable_us: Histogram<u64>,
     /// Publish to delivery at each receiver, microseconds.
@@ -190,6 +192,7 @@ impl Ledger {
             local: None,
             sender_views: BTreeMap::new(),
             views_issued: BTreeMap::new(),
+            views_installed: BTreeMap::new(),
             time_to_stable_us: histogram(),
             latency_us: histogram(),
             token_rtt_us: histogram(),
@@ -255,6 +258,26 @@ impl Ledger {
     pub fn local_topics(&mut self, node: NodeId, topics: BTreeSet<TopicId>) {
         if let Some(slot) = self.local.as_mut().and_then(|l| l.get_mut(node.0 as usize)) {
             *slot = topics;
+        }
+    }
+
+    /// `node` installed `view` (simulator ids): every member must install the same view of a
+    /// region under one number, whichever replica of the service issued it. A second, different
+    /// view of the same region and number is a violation.
+    pub fn installed_view(&mut self, node: NodeId, view: &RegionView) {
+        let key = (view.region, view.view);
+        match self.views_installed.get(&key) {
+            None => {
+                self.views_installed.insert(key, view.clone());
+            }
+            Some(first) if first == view => {}
+            Some(first) => {
+                let what = format!(
+                    "{node} installed view {} of region {} as {:?}, another member as {:?}",
+                    view.view.0, view.region.0, view, first
+                );
+                self.violation(what);
+            }
         }
     }
 

@@ -49,8 +49,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use tidings_gms::{
-    ClientConfig, Command, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, MemberConfig, Peer,
-    PlannerConfig, RemoveCause,
+    ClientConfig, Command, Durable, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, MemberConfig,
+    Peer, PlannerConfig, RemoveCause, Replica, ReplicaConfig, ReplicaEvent, ReplicaTransmit,
 };
 use tidings_proto::{Membership, NodeId, RegionId, RegionView, Time, TopicId, ViewId};
 
@@ -58,6 +58,10 @@ use crate::checker::Ledger;
 
 /// First bytes of a GMS datagram in the simulator, before the sender's id.
 pub const GMS_MAGIC: [u8; 2] = *b"GM";
+
+/// First bytes of a datagram between the replicas of the GMS in the simulator, before the
+/// sender's id.
+pub const REPLICA_MAGIC: [u8; 2] = *b"GR";
 
 /// Magic plus the sender's id.
 const HEADER_LEN: usize = 6;
@@ -84,6 +88,43 @@ pub enum MembershipKind {
     /// The real GMS on an extra simulated node, clients in every host, messages on the network;
     /// views reach nodes at different times. `Scenario::detection` is its heartbeat timeout.
     Gms,
+}
+
+/// A fault of the replicated service (`--gms-fault`), at 40% of the publishing time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GmsFault {
+    /// The leader replica crashes for good.
+    CrashLeader,
+    /// The leader is cut off from the other replicas for a second (clients still reach it):
+    /// they elect another, and what it sends meanwhile must not be obeyed.
+    IsolateLeader,
+    /// A follower crashes and restarts at once from what it kept (its snapshot and log).
+    RestartReplica,
+}
+
+impl GmsFault {
+    /// Every fault, for sweeps and help texts.
+    pub const ALL: [GmsFault; 3] = [
+        GmsFault::CrashLeader,
+        GmsFault::IsolateLeader,
+        GmsFault::RestartReplica,
+    ];
+
+    /// The name on the command line.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            GmsFault::CrashLeader => "crash-leader",
+            GmsFault::IsolateLeader => "isolate-leader",
+            GmsFault::RestartReplica => "restart-replica",
+        }
+    }
+
+    /// The fault of a command-line name.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<GmsFault> {
+        GmsFault::ALL.into_iter().find(|f| f.name() == name)
+    }
 }
 
 /// The GMS's id of simulator node `node`.
@@ -137,6 +178,114 @@ pub(crate) fn wrap(from: NodeId, datagram: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A datagram between replicas from `from`, for the simulated network.
+fn wrap_replica(from: NodeId, datagram: &[u8]) -> Vec<u8> {
+    let mut out = wrap(from, datagram);
+    out[..2].copy_from_slice(&REPLICA_MAGIC);
+    out
+}
+
+/// First bytes of a fragment of a GMS datagram larger than the simulated network's datagram
+/// limit: `"GF"`, the sender's id (`u32`), the datagram's number at the sender (`u32`), the
+/// fragment's index and the fragment count (`u16` each), all little-endian, then the bytes.
+/// Such datagrams (Raft appends and snapshots, a region view of hundreds of members) travel in
+/// fragments as IP would carry them: one fragment lost loses the datagram.
+pub const FRAGMENT_MAGIC: [u8; 2] = *b"GF";
+
+/// Bytes of a fragment's header.
+const FRAGMENT_HEADER_LEN: usize = 14;
+
+/// Fragments of one datagram at most (a 16 MiB snapshot in 1472-byte datagrams).
+const FRAGMENTS_MAX: usize = 16_384;
+
+/// Datagrams in reassembly at a host at most; the oldest is dropped past it.
+const REASSEMBLY_MAX: usize = 64;
+
+/// Cuts `datagram` (from `from`, its `number`-th) into fragments of at most `limit` bytes.
+pub(crate) fn fragments(from: NodeId, number: u32, datagram: &[u8], limit: usize) -> Vec<Vec<u8>> {
+    let room = limit.saturating_sub(FRAGMENT_HEADER_LEN).max(1);
+    let count = datagram.len().div_ceil(room);
+    if count > FRAGMENTS_MAX {
+        return Vec::new();
+    }
+    datagram
+        .chunks(room)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let mut f = Vec::with_capacity(FRAGMENT_HEADER_LEN + chunk.len());
+            f.extend_from_slice(&FRAGMENT_MAGIC);
+            f.extend_from_slice(&from.0.to_le_bytes());
+            f.extend_from_slice(&number.to_le_bytes());
+            f.extend_from_slice(&(i as u16).to_le_bytes());
+            f.extend_from_slice(&(count as u16).to_le_bytes());
+            f.extend_from_slice(chunk);
+            f
+        })
+        .collect()
+}
+
+/// The fragments of one datagram received so far, and how many those are.
+type Partial = (Vec<Option<Vec<u8>>>, usize);
+
+/// Datagrams being put together from their fragments, at one host.
+#[derive(Debug, Default)]
+pub(crate) struct Reassembly {
+    /// By (sender, number): the fragments so far and how many there are.
+    partial: BTreeMap<(NodeId, u32), Partial>,
+    /// Arrival order of the partial datagrams, oldest first.
+    order: VecDeque<(NodeId, u32)>,
+}
+
+impl Reassembly {
+    /// Takes a fragment; the whole datagram once its last fragment is in. `None` for anything
+    /// else (including bytes that are not a well-formed fragment).
+    pub(crate) fn take(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
+        if bytes.len() < FRAGMENT_HEADER_LEN || bytes[..2] != FRAGMENT_MAGIC {
+            return None;
+        }
+        let u32_at =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let u16_at = |i: usize| usize::from(u16::from_le_bytes([bytes[i], bytes[i + 1]]));
+        let key = (NodeId(u32_at(2)), u32_at(6));
+        let (index, count) = (u16_at(10), u16_at(12));
+        if count == 0 || index >= count {
+            return None;
+        }
+        if !self.partial.contains_key(&key) {
+            if self.order.len() >= REASSEMBLY_MAX {
+                if let Some(old) = self.order.pop_front() {
+                    self.partial.remove(&old);
+                }
+            }
+            self.order.push_back(key);
+            self.partial.insert(key, (vec![None; count], 0));
+        }
+        let (parts, have) = self.partial.get_mut(&key)?;
+        if parts.len() != count {
+            return None;
+        }
+        if parts[index].is_none() {
+            parts[index] = Some(bytes[FRAGMENT_HEADER_LEN..].to_vec());
+            *have += 1;
+        }
+        if *have < count {
+            return None;
+        }
+        let (parts, _) = self.partial.remove(&key)?;
+        self.order.retain(|k| *k != key);
+        Some(parts.into_iter().flatten().flatten().collect())
+    }
+}
+
+/// The sender and body of a simulated datagram between replicas, or `None` if it is not one.
+pub(crate) fn unwrap_replica(bytes: &[u8]) -> Option<(NodeId, &[u8])> {
+    if bytes.len() < HEADER_LEN || bytes[..2] != REPLICA_MAGIC {
+        return None;
+    }
+    let id = u32::from_le_bytes([bytes[2], bytes[3], bytes[4], bytes[5]]);
+    Some((NodeId(id), &bytes[HEADER_LEN..]))
+}
+
 /// The sender and the GMS datagram of a simulated one, or `None` if it is not one.
 pub(crate) fn unwrap(bytes: &[u8]) -> Option<(NodeId, &[u8])> {
     if bytes.len() < HEADER_LEN || bytes[..2] != GMS_MAGIC {
@@ -155,12 +304,40 @@ pub struct GmsLog {
     pub view_changes: u64,
     /// Live nodes told they were removed.
     pub removed_alive: BTreeSet<NodeId>,
+    /// With replicas: when a replica began to lead, and which (simulator id).
+    pub leaderships: Vec<(Time, NodeId)>,
+    /// When the GMS fault of the run struck, if it did.
+    pub fault_at: Option<Time>,
+    /// The first view issued after the fault (by the leader then).
+    pub first_view_after_fault: Option<Time>,
 }
 
-/// The membership service, on its own simulated node.
+/// The service on one simulated node: the whole service, or one replica of it.
+#[derive(Debug)]
+enum Service {
+    Single(Box<Gms>),
+    Replicated(Box<ReplicaRole>),
+}
+
+/// One replica of the service, and the faults the scenario puts on it.
+#[derive(Debug)]
+struct ReplicaRole {
+    replica: Replica,
+    config: ReplicaConfig,
+    /// The sim ids of every replica, by index.
+    peers: Vec<NodeId>,
+    /// Until then, what this replica sends to or receives from the other replicas is lost (it
+    /// still hears and answers clients).
+    isolated_until: Time,
+}
+
+/// The membership service (or one replica of it), on its own simulated node.
 #[derive(Debug)]
 pub(crate) struct ServiceRole {
-    gms: Gms,
+    service: Service,
+    /// The service was serving clients at the end of the last input (the leader, with
+    /// replicas): it then tells the checker and the world what it applied.
+    was_serving: bool,
     nodes: u32,
     nonces: BTreeMap<u64, NodeId>,
     commands_seen: u64,
@@ -177,32 +354,76 @@ impl ServiceRole {
     /// A GMS datagram (framed) from simulator node `from`.
     pub(crate) fn handle_datagram(&mut self, now: Time, from: NodeId, datagram: &[u8]) {
         let peer = Peer::Node(to_gms(from));
-        let Some(body) = tidings_gms::unframe(datagram) else {
+        let body = tidings_gms::unframe(datagram);
+        if let Some(Ok(GmsMessage::Join { nonce, .. })) = body.map(GmsMessage::decode) {
+            self.nonces.insert(nonce, from);
+        }
+        match (&mut self.service, body) {
             // Counted by the service as malformed.
-            self.gms.handle_datagram(now, peer, datagram);
-            return;
-        };
-        match GmsMessage::decode(body) {
-            Ok(msg) => {
-                if let GmsMessage::Join { nonce, .. } = msg {
-                    self.nonces.insert(nonce, from);
-                }
-                self.gms.handle_message(now, peer, msg);
+            (Service::Single(gms), None) => gms.handle_datagram(now, peer, datagram),
+            (Service::Single(gms), Some(body)) => gms.handle_datagram(now, peer, body),
+            (Service::Replicated(r), body) => {
+                r.replica.handle_client(now, peer, body.unwrap_or(datagram))
             }
-            Err(_) => self.gms.handle_datagram(now, peer, body),
+        }
+    }
+
+    /// A datagram from another replica (simulator node `from`).
+    pub(crate) fn handle_replica(&mut self, now: Time, from: NodeId, bytes: &[u8]) {
+        if let Service::Replicated(r) = &mut self.service {
+            if now < r.isolated_until {
+                return;
+            }
+            // A node that is not a replica is the replica's to count (an impostor).
+            let index = r
+                .peers
+                .iter()
+                .position(|&p| p == from)
+                .unwrap_or(usize::MAX);
+            r.replica.handle_replica(now, index, bytes);
         }
     }
 
     /// Time has passed.
     pub(crate) fn handle_timeout(&mut self, now: Time) {
-        if self.gms.poll_timeout().is_some_and(|t| t <= now) {
-            self.gms.handle_timeout(now);
+        if self.poll_timeout().is_some_and(|t| t <= now) {
+            match &mut self.service {
+                Service::Single(gms) => gms.handle_timeout(now),
+                Service::Replicated(r) => r.replica.handle_timeout(now),
+            }
         }
     }
 
     /// The next deadline.
     pub(crate) fn poll_timeout(&self) -> Option<Time> {
-        self.gms.poll_timeout()
+        match &self.service {
+            Service::Single(gms) => gms.poll_timeout(),
+            Service::Replicated(r) => r.replica.poll_timeout(),
+        }
+    }
+
+    /// Whether this replica serves clients (always, without replicas).
+    pub(crate) fn is_serving(&self) -> bool {
+        match &self.service {
+            Service::Single(_) => true,
+            Service::Replicated(r) => r.replica.is_serving(),
+        }
+    }
+
+    /// The replica crashes and restarts at once from what it kept ([`Replica::durable`]).
+    pub(crate) fn restart(&mut self) -> Result<(), String> {
+        if let Service::Replicated(r) = &mut self.service {
+            r.replica = Replica::restart(r.config.clone(), r.replica.durable())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the replica off from the other replicas until `until` (clients still reach it).
+    pub(crate) fn isolate(&mut self, until: Time) {
+        if let Service::Replicated(r) = &mut self.service {
+            r.isolated_until = until;
+        }
     }
 
     /// A new region map for the world, if the GMS issued views since the last call.
@@ -214,9 +435,12 @@ impl ServiceRole {
         Some(self.regions.clone())
     }
 
-    /// The service.
+    /// The service (this replica's state of it).
     pub(crate) fn gms(&self) -> &Gms {
-        &self.gms
+        match &self.service {
+            Service::Single(gms) => gms,
+            Service::Replicated(r) => r.replica.gms(),
+        }
     }
 }
 
@@ -256,7 +480,24 @@ impl ServiceRole {
     /// Drains the service's outputs after an input: datagrams to send, and what the checker
     /// must learn. `me` is this host's id.
     pub(crate) fn after_input(&mut self, now: Time, me: NodeId, ledger: &mut Ledger) {
-        while let Some(tx) = self.gms.poll_transmit() {
+        let mut events = Vec::new();
+        loop {
+            let tx = match &mut self.service {
+                Service::Single(gms) => gms.poll_transmit(),
+                Service::Replicated(r) => match r.replica.poll_transmit() {
+                    Some(ReplicaTransmit::Client(tx)) => Some(tx),
+                    Some(ReplicaTransmit::Replica { to, bytes }) => {
+                        if now >= r.isolated_until {
+                            if let Some(&peer) = r.peers.get(to) {
+                                self.outgoing.push_back((peer, wrap_replica(me, &bytes)));
+                            }
+                        }
+                        continue;
+                    }
+                    None => None,
+                },
+            };
+            let Some(tx) = tx else { break };
             let to = match tx.to {
                 Peer::Node(n) => from_gms(n),
                 Peer::Joiner(nonce) => self.nonces.get(&nonce).copied(),
@@ -266,11 +507,37 @@ impl ServiceRole {
                     .push_back((to, wrap(me, &tidings_gms::frame(&tx.msg))));
             }
         }
-        while let Some(ev) = self.gms.poll_event() {
+        match &mut self.service {
+            Service::Single(gms) => events.extend(std::iter::from_fn(|| gms.poll_event())),
+            Service::Replicated(r) => {
+                while let Some(e) = r.replica.poll_event() {
+                    match e {
+                        ReplicaEvent::Gms(e) => events.push(e),
+                        ReplicaEvent::Leading { .. } => {
+                            self.log.borrow_mut().leaderships.push((now, me));
+                        }
+                        ReplicaEvent::Following { .. } => {}
+                    }
+                }
+            }
+        }
+        // Every replica applies (and reports) what was committed; the checker hears it from
+        // the one serving.
+        let serving = self.is_serving();
+        let became = serving && !self.was_serving;
+        self.was_serving = serving;
+        if !serving {
+            return;
+        }
+        for ev in events {
             match ev {
                 GmsEvent::Removed { node, cause } => {
                     if let Some(n) = from_gms(node) {
-                        self.log.borrow_mut().removed.insert(n, (now, cause));
+                        self.log
+                            .borrow_mut()
+                            .removed
+                            .entry(n)
+                            .or_insert((now, cause));
                     }
                 }
                 GmsEvent::TopicCreated { name, topic } => {
@@ -284,34 +551,52 @@ impl ServiceRole {
                 GmsEvent::Joined(_) => {}
             }
         }
-        let stats = self.gms.stats();
-        if stats.commands != self.commands_seen {
+        let gms = match &self.service {
+            Service::Single(gms) => gms,
+            Service::Replicated(r) => r.replica.gms(),
+        };
+        let stats = gms.stats();
+        if became {
+            // A new leader: what it applied as a follower is the old leader's news, told to
+            // the checker then; only the subscriptions and regions are checked against it.
+            self.views_seen = stats.views_issued;
+        }
+        if stats.commands != self.commands_seen || became {
             self.commands_seen = stats.commands;
             for i in 0..self.nodes {
                 let node = NodeId(i);
-                let topics: Vec<TopicId> = self.gms.planner().subscriptions(to_gms(node)).collect();
+                let topics: Vec<TopicId> = gms.planner().subscriptions(to_gms(node)).collect();
                 if self.subscriptions[i as usize] != topics {
                     ledger.set_subscriptions(node, &topics, now);
                     self.subscriptions[i as usize] = topics;
                 }
             }
-            let regions = world_regions(&self.gms);
+            let regions = world_regions(gms);
             if regions != self.regions {
                 self.regions = regions;
                 self.regions_changed = true;
             }
         }
-        let views = self.gms.stats().views_issued;
-        if views != self.views_seen {
+        let views = gms.stats().views_issued;
+        if views != self.views_seen || became {
+            let issued = views != self.views_seen;
             self.views_seen = views;
-            // When each view was issued, for what a stale sender's membership still requires.
-            for (r, _) in self.gms.planner().regions() {
-                if let Some(v) = self.gms.view_of(r) {
+            // When each view was issued, for what a stale sender's membership still requires
+            // (a view already known keeps its first time).
+            for (r, _) in gms.planner().regions() {
+                if let Some(v) = gms.view_of(r) {
                     ledger.view_issued(r, v, now);
                 }
             }
-            self.log.borrow_mut().view_changes += 1;
-            ledger.view_change(now);
+            if issued {
+                let mut log = self.log.borrow_mut();
+                log.view_changes += 1;
+                if log.fault_at.is_some_and(|t| now >= t) && log.first_view_after_fault.is_none() {
+                    log.first_view_after_fault = Some(now);
+                }
+                drop(log);
+                ledger.view_change(now);
+            }
         }
     }
 }
@@ -388,8 +673,8 @@ pub fn configs(detection: Duration, partition_size: usize) -> (GmsConfig, Client
 pub(crate) struct Bootstrap {
     /// The joined clients, `[i]` for `NodeId(i)`.
     pub(crate) clients: Vec<GmsClient>,
-    /// The service, for the GMS node.
-    pub(crate) service: ServiceRole,
+    /// The service for the GMS node, or one replica each for the GMS nodes.
+    pub(crate) services: Vec<ServiceRole>,
     /// Each protocol node's initial membership (simulator ids).
     pub(crate) memberships: Vec<Membership>,
     /// The whole initial membership.
@@ -408,9 +693,14 @@ pub(crate) fn bootstrap(
     topics: u32,
     detection: Duration,
     partition_size: usize,
+    replicas: u32,
 ) -> Result<Bootstrap, String> {
-    let (gms_config, client_config) = configs(detection, partition_size);
-    let mut gms = Gms::new(gms_config).map_err(|e| e.to_string())?;
+    let (gms_config, mut client_config) = configs(detection, partition_size);
+    let replicas = replicas.max(1);
+    client_config.replicas = replicas as usize;
+    // A client moves to the next replica after three of its heartbeats unanswered.
+    client_config.failover_timeout = client_config.heartbeat_interval * 3;
+    let mut gms = Gms::new(gms_config.clone()).map_err(|e| e.to_string())?;
     let n = u32::try_from(subscriptions.len()).map_err(|_| "too many nodes".to_string())?;
     let mut clients = Vec::with_capacity(n as usize);
     let mut nonces = BTreeMap::new();
@@ -519,29 +809,59 @@ pub(crate) fn bootstrap(
     let global = global_membership(&gms);
     let regions = world_regions(&gms);
     let stats = gms.stats().clone();
-    let service = ServiceRole {
-        gms,
-        nodes: n,
-        nonces,
-        commands_seen: stats.commands,
-        views_seen: stats.views_issued,
-        subscriptions: subscriptions
-            .iter()
-            .map(|s| {
-                let mut s = s.clone();
-                s.sort_unstable();
-                s.dedup();
-                s
-            })
-            .collect(),
-        regions,
-        regions_changed: false,
-        log: log.clone(),
-        outgoing: VecDeque::new(),
-    };
+    let sorted_subscriptions: Vec<Vec<TopicId>> = subscriptions
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            s.sort_unstable();
+            s.dedup();
+            s
+        })
+        .collect();
+    // Replicas start from the bootstrapped state, each restarted from the same snapshot of it.
+    let mut replicated = Vec::new();
+    if replicas > 1 {
+        let durable = Durable::seeded(gms.snapshot(), replicas as usize);
+        let peers: Vec<NodeId> = (0..replicas).map(|k| NodeId(n + k)).collect();
+        for k in 0..replicas as usize {
+            let config = ReplicaConfig {
+                index: k,
+                replicas: replicas as usize,
+                seed: seed ^ 0x5245_504c ^ ((k as u64) << 32),
+                gms: gms_config.clone(),
+                ..ReplicaConfig::default()
+            };
+            let replica =
+                Replica::restart(config.clone(), durable.clone()).map_err(|e| e.to_string())?;
+            replicated.push(Service::Replicated(Box::new(ReplicaRole {
+                replica,
+                config,
+                peers: peers.clone(),
+                isolated_until: Time::ZERO,
+            })));
+        }
+    } else {
+        replicated.push(Service::Single(Box::new(gms)));
+    }
+    let services = replicated
+        .into_iter()
+        .map(|service| ServiceRole {
+            was_serving: matches!(service, Service::Single(_)),
+            service,
+            nodes: n,
+            commands_seen: stats.commands,
+            views_seen: stats.views_issued,
+            regions: regions.clone(),
+            regions_changed: false,
+            log: log.clone(),
+            outgoing: VecDeque::new(),
+            nonces: nonces.clone(),
+            subscriptions: sorted_subscriptions.clone(),
+        })
+        .collect();
     Ok(Bootstrap {
         clients,
-        service,
+        services,
         memberships,
         global,
         log,
@@ -599,6 +919,41 @@ mod tests {
     }
 
     #[test]
+    fn large_datagrams_travel_in_fragments_and_one_lost_fragment_loses_the_datagram() {
+        let datagram: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let pieces = fragments(NodeId(3), 7, &datagram, 1472);
+        assert_eq!(pieces.len(), 7);
+        assert!(pieces.iter().all(|p| p.len() <= 1472));
+        // In any order, once each (a repeated fragment changes nothing).
+        let mut r = Reassembly::default();
+        let mut order: Vec<usize> = (0..pieces.len()).rev().collect();
+        order.insert(2, 5);
+        let mut whole = None;
+        for i in order {
+            if let Some(d) = r.take(&pieces[i]) {
+                whole = Some(d);
+            }
+        }
+        assert_eq!(whole, Some(datagram.clone()));
+        // One missing: nothing comes out, and the partial datagram is dropped in time.
+        let mut r = Reassembly::default();
+        for p in &pieces[1..] {
+            assert_eq!(r.take(p), None);
+        }
+        for n in 0..REASSEMBLY_MAX as u32 {
+            let other = fragments(NodeId(4), n, &datagram, 1472);
+            assert_eq!(r.take(&other[0]), None);
+        }
+        assert!(r.partial.len() <= REASSEMBLY_MAX);
+        // Malformed fragments are ignored.
+        assert_eq!(r.take(b"GF"), None);
+        let mut bad = pieces[0].clone();
+        bad[10] = 9; // index past the count
+        bad[12] = 2;
+        assert_eq!(r.take(&bad), None);
+    }
+
+    #[test]
     fn bootstrap_matches_names_ids_and_subscriptions() {
         let t = TopicId;
         let subs = vec![
@@ -609,9 +964,9 @@ mod tests {
             vec![t(2)],
             vec![t(1), t(2), t(3)],
         ];
-        let b = bootstrap(9, &subs, 1, 4, Duration::from_millis(300), 2).unwrap();
+        let b = bootstrap(9, &subs, 1, 4, Duration::from_millis(300), 2, 1).unwrap();
         assert_eq!(b.clients.len(), subs.len());
-        let gms = b.service.gms();
+        let gms = b.services[0].gms();
         for i in 1..=4 {
             assert_eq!(gms.topic_id(&format!("t{i}")), Some(TopicId(i)));
         }

@@ -145,6 +145,12 @@ pub struct RunReport {
     /// With the GMS: per crash, the time until the GMS removed the node (zero samples with the
     /// oracle, whose delay is the scenario's `detection`).
     pub crash_detection_ms: Percentiles,
+    /// With a fault of the replicated GMS: from the fault to the next replica that began to
+    /// lead (ms), if one did after it.
+    pub gms_fault_to_leader_ms: Option<f64>,
+    /// With a fault of the replicated GMS: from the fault to the first view issued after it
+    /// (ms), if one was.
+    pub gms_fault_to_view_ms: Option<f64>,
     /// The membership events of the run.
     pub churn: Vec<String>,
 }
@@ -279,6 +285,8 @@ impl RunReport {
             view_change_pause_ms: percentiles_ms(&ledger.view_change_pause_us),
             membership: "oracle",
             crash_detection_ms: Percentiles::default(),
+            gms_fault_to_leader_ms: None,
+            gms_fault_to_view_ms: None,
             churn: Vec::new(),
         }
     }
@@ -373,6 +381,15 @@ impl RunReport {
                     "membership    ({}) crash to removal {}",
                     self.membership,
                     p(&self.crash_detection_ms)
+                );
+            }
+            if let Some(ms) = self.gms_fault_to_leader_ms {
+                let view = self
+                    .gms_fault_to_view_ms
+                    .map_or("none".to_owned(), |v| format!("{v:.1} ms"));
+                let _ = writeln!(
+                    o,
+                    "membership    GMS fault to a new leader {ms:.1} ms, to the first view after it {view}"
                 );
             }
             for c in &self.churn {

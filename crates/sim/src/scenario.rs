@@ -2,7 +2,7 @@
 //! simulated network while the [`Ledger`] checks the delivery promise.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use tidings_proto::{
 use crate::checker::{payload_for, Ledger, PAYLOAD_ID_LEN};
 use crate::churn::{ChurnEvent, ChurnKind, Install, MembershipOracle, DETECTION_DEFAULT};
 use crate::fault::{FaultError, FaultSpec};
-use crate::gms::{from_gms, to_gms, GmsLog, MembershipKind, ServiceRole};
+use crate::gms::{from_gms, to_gms, GmsFault, GmsLog, MembershipKind, ServiceRole};
 use crate::net::LinkConfig;
 use crate::report::{Percentiles, Recovery, RunReport};
 use crate::world::{Host, NodeNetConfig, World, WorldConfig, WorldError};
@@ -94,6 +94,12 @@ pub struct Scenario {
     pub detection: Duration,
     /// Which membership service runs: the oracle (default) or the real GMS on an extra node.
     pub membership: MembershipKind,
+    /// With the GMS: how many replicas run it, on as many extra nodes (1: the one-process
+    /// service; 3 or 5: replicated on Raft). Default 1.
+    pub gms_replicas: u32,
+    /// With replicas: the fault the service suffers, at 40% of the publishing time. Default
+    /// none.
+    pub gms_fault: Option<GmsFault>,
     /// Changes to links at given times (a throttled link, a link that fails and comes back):
     /// the congestion experiments. Default none.
     pub link_events: Vec<LinkEvent>,
@@ -177,6 +183,8 @@ impl Default for Scenario {
             crash_leaders: false,
             detection: DETECTION_DEFAULT,
             membership: MembershipKind::Oracle,
+            gms_replicas: 1,
+            gms_fault: None,
             link_events: Vec::new(),
             publish_cost: Duration::ZERO,
             proc_cost_per_packet: NodeNetConfig::PROC_COST_PER_PACKET_DEFAULT,
@@ -218,6 +226,19 @@ pub struct Progress {
 impl Scenario {
     /// Checks the scenario.
     pub fn validate(&self) -> Result<(), ScenarioError> {
+        if !(1..=tidings_gms::REPLICAS_MAX as u32).contains(&self.gms_replicas) {
+            return Err(ScenarioError::Invalid(format!(
+                "gms_replicas must be 1..={}",
+                tidings_gms::REPLICAS_MAX
+            )));
+        }
+        if self.gms_fault.is_some()
+            && (self.gms_replicas < 3 || self.membership != MembershipKind::Gms)
+        {
+            return Err(ScenarioError::Invalid(
+                "a GMS fault needs the GMS with 3 or more replicas (--gms --gms-replicas 3)".into(),
+            ));
+        }
         let bad = |s: String| Err(ScenarioError::Invalid(s));
         if self.nodes == 0 || self.nodes > 100_000 {
             return bad(format!("--nodes {} must be within 1..=100000", self.nodes));
@@ -560,6 +581,12 @@ impl Scenario {
         }
         if self.membership == MembershipKind::Gms {
             cmd += " --gms";
+            if self.gms_replicas > 1 {
+                cmd += &format!(" --gms-replicas {}", self.gms_replicas);
+            }
+            if let Some(f) = self.gms_fault {
+                cmd += &format!(" --gms-fault {}", f.name());
+            }
         }
         cmd
     }
@@ -588,8 +615,8 @@ pub struct SimHost {
     me: NodeId,
     ledger: Rc<RefCell<Ledger>>,
     publisher: Option<Publisher>,
-    /// With the GMS: the node that runs it (simulator id).
-    gms_node: Option<NodeId>,
+    /// With the GMS: the nodes that run it (simulator ids), by replica index.
+    gms_nodes: Vec<NodeId>,
     /// With the GMS, on its node: the service.
     service: Option<Box<ServiceRole>>,
     gms_log: Option<Rc<RefCell<GmsLog>>>,
@@ -598,8 +625,14 @@ pub struct SimHost {
     /// Subscriptions asked for and not yet answered, by token.
     asked: BTreeMap<u64, TopicId>,
     next_token: u64,
-    /// GMS datagrams larger than the world's datagram limit (dropped).
+    /// GMS datagrams too large even for fragments (dropped).
     gms_oversize: u64,
+    /// Fragments of GMS datagrams larger than the world's datagram limit, waiting to go.
+    fragments: VecDeque<(NodeId, Vec<u8>)>,
+    /// GMS datagrams fragmented so far (numbers them).
+    fragmented: u32,
+    /// Fragments received, being put together.
+    reassembly: crate::gms::Reassembly,
     /// CPU time per accepted publish ([`Scenario::publish_cost`]).
     publish_cost: Duration,
     /// CPU time spent publishing and not yet charged by the world.
@@ -633,7 +666,18 @@ impl SimHost {
 
     /// Whether this node's ids are the GMS's (the node joined through it).
     fn gms_ids(&self) -> bool {
-        self.gms_node.is_some()
+        !self.gms_nodes.is_empty()
+    }
+
+    /// The service (or replica) this host runs, for the scenario's faults.
+    pub(crate) fn service_mut(&mut self) -> Option<&mut ServiceRole> {
+        self.service.as_deref_mut()
+    }
+
+    /// Whether this host runs the replica that serves clients now (the leader).
+    #[must_use]
+    pub fn gms_serving(&self) -> bool {
+        self.service.as_ref().is_some_and(|s| s.is_serving())
     }
 
     /// A protocol node id in simulator ids.
@@ -694,12 +738,23 @@ impl SimHost {
                 // The member reports suspicions to the GMS; the oracle learns of crashes by
                 // its own detection delay.
                 MemberEvent::Protocol(Event::Suspect { .. }) => {}
-                MemberEvent::Installed { .. } => {
+                MemberEvent::Installed { changed } => {
                     // With the oracle the scenario tells the checker; with the GMS, each node's
-                    // install is what it may deliver from now on.
+                    // install is what it may deliver from now on, and the views it installed
+                    // must be the same at every member.
                     if self.gms_ids() {
                         let m = crate::gms::translate(self.member.node().membership().clone());
                         let mut ledger = self.ledger.borrow_mut();
+                        match &changed {
+                            Some(regions) => regions
+                                .iter()
+                                .filter_map(|r| m.regions.get(r))
+                                .for_each(|v| ledger.installed_view(me, v)),
+                            None => m
+                                .regions
+                                .values()
+                                .for_each(|v| ledger.installed_view(me, v)),
+                        }
                         ledger.local_topics(me, crate::gms::local_topics(&m, me));
                         if self.publisher.is_some() {
                             ledger.sender_view(me, crate::gms::sender_view(&m));
@@ -777,16 +832,30 @@ impl SimHost {
 
 impl Host for SimHost {
     fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
-        match crate::gms::unwrap(&datagram) {
-            Some((from, body)) => {
-                if let Some(service) = self.service.as_mut() {
-                    service.handle_datagram(now, from, body);
-                } else if Some(from) == self.gms_node {
-                    // One service node: replica 0 of the member's.
-                    self.member.handle_gms_datagram(now, 0, body);
-                }
+        let whole;
+        let datagram = match self.reassembly.take(&datagram) {
+            Some(d) => {
+                whole = Bytes::from(d);
+                whole
             }
-            None => self.member.handle_datagram(now, datagram),
+            None if datagram.starts_with(&crate::gms::FRAGMENT_MAGIC) => {
+                self.after_input(now);
+                return;
+            }
+            None => datagram,
+        };
+        if let Some((from, body)) = crate::gms::unwrap_replica(&datagram) {
+            if let Some(service) = self.service.as_mut() {
+                service.handle_replica(now, from, body);
+            }
+        } else if let Some((from, body)) = crate::gms::unwrap(&datagram) {
+            if let Some(service) = self.service.as_mut() {
+                service.handle_datagram(now, from, body);
+            } else if let Some(replica) = self.gms_nodes.iter().position(|&n| n == from) {
+                self.member.handle_gms_datagram(now, replica, body);
+            }
+        } else {
+            self.member.handle_datagram(now, datagram);
         }
         self.after_input(now);
     }
@@ -801,21 +870,35 @@ impl Host for SimHost {
 
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Destination, usize)> {
         loop {
+            if let Some((to, bytes)) = self.fragments.pop_front() {
+                if let Some(slot) = buf.get_mut(..bytes.len()) {
+                    slot.copy_from_slice(&bytes);
+                    return Some((Destination::Node(to), bytes.len()));
+                }
+                continue;
+            }
             let next = match self.service.as_mut() {
                 Some(service) => service.outgoing.pop_front(),
-                None => match (self.gms_node, self.member.poll_gms_transmit()) {
-                    (Some(to), Some((_, datagram))) => {
+                None => self
+                    .member
+                    .poll_gms_transmit()
+                    .and_then(|(replica, datagram)| {
+                        let to = *self.gms_nodes.get(replica)?;
                         Some((to, crate::gms::wrap(self.me, &datagram)))
-                    }
-                    _ => None,
-                },
+                    }),
             };
             let Some((to, bytes)) = next else { break };
             if let Some(slot) = buf.get_mut(..bytes.len()) {
                 slot.copy_from_slice(&bytes);
                 return Some((Destination::Node(to), bytes.len()));
             }
-            self.gms_oversize += 1;
+            // Larger than a datagram: in fragments, as IP would send it.
+            self.fragmented = self.fragmented.wrapping_add(1);
+            let pieces = crate::gms::fragments(self.me, self.fragmented, &bytes, buf.len());
+            if pieces.is_empty() {
+                self.gms_oversize += 1;
+            }
+            self.fragments.extend(pieces.into_iter().map(|f| (to, f)));
         }
         let t = self.member.poll_transmit(now, buf)?;
         let destination = match t.destination {
@@ -875,8 +958,8 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     let mut oracle = MembershipOracle::new(&subs, s.replication);
     let oracle_membership = oracle.membership();
     let ledger = Rc::new(RefCell::new(Ledger::new(&subs)));
-    let (membership, mut clients, service, own, gms_log) = match s.membership {
-        MembershipKind::Oracle => (oracle_membership, Vec::new(), None, None, None),
+    let (membership, mut clients, services, own, gms_log) = match s.membership {
+        MembershipKind::Oracle => (oracle_membership, Vec::new(), Vec::new(), None, None),
         MembershipKind::Gms => {
             let b = crate::gms::bootstrap(
                 s.seed,
@@ -885,6 +968,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                 s.topics + s.fresh_topics(),
                 s.detection,
                 s.replication,
+                s.gms_replicas,
             )
             .map_err(|e| ScenarioError::Invalid(format!("gms bootstrap: {e}")))?;
             let mut l = ledger.borrow_mut();
@@ -904,7 +988,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             (
                 b.global,
                 clients,
-                Some(b.service),
+                b.services,
                 Some(b.memberships),
                 Some(b.log),
             )
@@ -973,39 +1057,48 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             me: NodeId(i),
             ledger: ledger.clone(),
             publisher,
-            gms_node: gms_log.is_some().then_some(NodeId(s.nodes)),
+            gms_nodes: (0..services.len() as u32)
+                .map(|k| NodeId(s.nodes + k))
+                .collect(),
             service: None,
             gms_log: gms_log.clone(),
             wanted: subs[i as usize].iter().copied().collect(),
             asked: BTreeMap::new(),
             next_token: 1,
             gms_oversize: 0,
+            fragments: VecDeque::new(),
+            fragmented: 0,
+            reassembly: crate::gms::Reassembly::default(),
             publish_cost: s.publish_cost,
             cpu_charge: Duration::ZERO,
         });
     }
-    if let Some(service) = service {
-        // The GMS node: an idle protocol node (no regions) beside the service.
+    for (k, service) in services.into_iter().enumerate() {
+        let me = NodeId(s.nodes + k as u32);
+        // A GMS node: an idle protocol node (no regions) beside the service or its replica.
         let member = Member::with_membership(
             s.proto.clone(),
             MemberConfig::default(),
-            NodeId(s.nodes),
+            me,
             Membership::default(),
             Time::ZERO,
         )
         .map_err(|e| ScenarioError::Invalid(format!("the GMS node: {e}")))?;
         hosts.push(SimHost {
             member,
-            me: NodeId(s.nodes),
+            me,
             ledger: ledger.clone(),
             publisher: None,
-            gms_node: None,
+            gms_nodes: Vec::new(),
             service: Some(Box::new(service)),
             gms_log: gms_log.clone(),
             wanted: BTreeSet::new(),
             asked: BTreeMap::new(),
             next_token: 1,
             gms_oversize: 0,
+            fragments: VecDeque::new(),
+            fragmented: 0,
+            reassembly: crate::gms::Reassembly::default(),
             publish_cost: s.publish_cost,
             cpu_charge: Duration::ZERO,
         });
@@ -1105,6 +1198,9 @@ pub fn run_observed(
     let publish_end = Time::ZERO + secs(s.seconds);
     let hard_end = publish_end + secs(s.drain_seconds);
     let mut t = Time::ZERO;
+    // The GMS fault, due at 40% of the publishing time (and again at each step until a leader
+    // is there to strike).
+    let mut gms_fault = s.gms_fault.map(|f| (f, Time::ZERO + secs(s.seconds * 0.4)));
     let mut next_sample = Time::ZERO;
     let mut pending_samples: Vec<u64> = Vec::new();
     let mut next_progress = Time::ZERO + Duration::from_secs(1);
@@ -1117,6 +1213,7 @@ pub fn run_observed(
             next_event,
             next_install,
             next_link,
+            gms_fault.map(|(_, at)| at.max(t)),
         ]
         .into_iter()
         .flatten()
@@ -1146,6 +1243,17 @@ pub fn run_observed(
                     };
                     world.set_blackout(e.node, Some(window))?;
                 }
+            }
+        }
+        if let Some((fault, at)) = gms_fault.filter(|&(_, at)| at <= t) {
+            if strike_gms(&mut world, s, fault, t)? {
+                gms_fault = None;
+                if let Some(log) = &gms_log {
+                    log.borrow_mut().fault_at = Some(t);
+                }
+            } else {
+                // No leader yet: try again a little later.
+                gms_fault = Some((fault, at.max(t) + Duration::from_millis(10)));
             }
         }
         // Membership events due now.
@@ -1293,11 +1401,12 @@ pub fn run_observed(
         }
     }
     ledger.borrow_mut().finish(world.now());
-    let final_membership = match world
-        .hosts()
-        .get(s.nodes as usize)
-        .and_then(SimHost::gms_service)
-    {
+    // The serving replica's (or the one service's) membership; any replica's without one.
+    let service_hosts = || world.hosts().iter().skip(s.nodes as usize);
+    let final_host = service_hosts()
+        .find(|h| h.gms_serving())
+        .or_else(|| service_hosts().next());
+    let final_membership = match final_host.and_then(SimHost::gms_service) {
         Some(gms) => crate::gms::global_membership(gms),
         None => oracle.membership(),
     };
@@ -1323,8 +1432,48 @@ pub fn run_observed(
             }
         }
         report.crash_detection_ms = percentiles_ms(&h);
+        if let Some(at) = l.fault_at {
+            let ms = |t: Time| (t - at).as_secs_f64() * 1e3;
+            report.gms_fault_to_leader_ms = l
+                .leaderships
+                .iter()
+                .find(|&&(when, _)| when >= at)
+                .map(|&(when, _)| ms(when));
+            report.gms_fault_to_view_ms = l.first_view_after_fault.map(ms);
+        }
     }
     Ok(report)
+}
+
+/// Strikes the replicated GMS with `fault` at `now`; false if no replica leads yet.
+fn strike_gms(
+    world: &mut World<SimHost>,
+    s: &Scenario,
+    fault: GmsFault,
+    now: Time,
+) -> Result<bool, ScenarioError> {
+    let replicas = s.gms_replicas;
+    let node = |k: u32| NodeId(s.nodes + k);
+    let Some(leader) = (0..replicas).find(|&k| world.host(node(k)).gms_serving()) else {
+        return Ok(false);
+    };
+    match fault {
+        GmsFault::CrashLeader => world.crash(node(leader), now)?,
+        GmsFault::IsolateLeader => {
+            if let Some(r) = world.host_mut(node(leader)).service_mut() {
+                r.isolate(now + Duration::from_secs(1));
+            }
+            world.wake(node(leader))?;
+        }
+        GmsFault::RestartReplica => {
+            let follower = node((leader + 1) % replicas);
+            if let Some(r) = world.host_mut(follower).service_mut() {
+                r.restart().map_err(ScenarioError::Invalid)?;
+            }
+            world.wake(follower)?;
+        }
+    }
+    Ok(true)
 }
 
 /// Per-node and summed protocol counters (helpers for the report).

@@ -344,6 +344,45 @@ fn gms_same_seed_same_bytes() {
 /// the same call for an "unchanged region that already acknowledged" every re-homed message but
 /// the first, so a receiver that moved into a new region missed messages that became stable
 /// without it. The GMS's one-request-per-topic resubscribe (a chain of new regions) exposed it.
+/// The service on three replicas: each fault of the service during churn (its leader crashes,
+/// is cut off from the other replicas, a follower restarts from its snapshot) keeps the
+/// promise; a leader crash is followed by a new leader, and by views it issues.
+#[test]
+fn replicated_gms_faults_keep_the_promise() {
+    use tidings_sim::gms::GmsFault;
+    for fault in GmsFault::ALL {
+        for seed in 1..=2 {
+            let s = Scenario {
+                seed,
+                gms_replicas: 3,
+                gms_fault: Some(fault),
+                ..gms_churn()
+            };
+            let r = run(&s, &mut |_| {}).unwrap();
+            assert!(
+                r.passed(),
+                "{fault:?} seed {seed}: {:?}\nreplay: {}",
+                r.violations,
+                r.replay
+            );
+            assert!(r.replay.contains(&format!("--gms-fault {}", fault.name())));
+            if fault == GmsFault::CrashLeader {
+                let to_leader = r.gms_fault_to_leader_ms.expect("no new leader");
+                assert!(
+                    to_leader < 1_000.0,
+                    "seed {seed}: {to_leader} ms to a new leader"
+                );
+            }
+        }
+    }
+    // A fault needs replicas.
+    let one = Scenario {
+        gms_fault: Some(GmsFault::CrashLeader),
+        ..gms_churn()
+    };
+    assert!(run(&one, &mut |_| {}).is_err());
+}
+
 #[test]
 fn gms_churn_rehomes_into_new_regions() {
     for seed in [6, 14] {

@@ -209,6 +209,34 @@ pub struct Durable {
 }
 
 impl Durable {
+    /// What every replica of a service that starts from a given state keeps: a snapshot of
+    /// `state` ([`Gms::snapshot`]) as the first entry of term 1, committed. Replicas
+    /// [`restart`](Replica::restart)ed from it hold that state and elect a leader as any
+    /// restarted service does (the simulator's bootstrap, applied to one service before time
+    /// zero, is handed to its replicas this way).
+    #[must_use]
+    pub fn seeded(state: Vec<u8>, replicas: usize) -> Durable {
+        let mut snapshot = Snapshot {
+            data: state.into(),
+            ..Snapshot::default()
+        };
+        let md = snapshot.mut_metadata();
+        md.index = 1;
+        md.term = 1;
+        let voters: Vec<u64> = (0..replicas).map(raft_id).collect();
+        md.set_conf_state(ConfState::from((voters, vec![])));
+        let hard_state = HardState {
+            term: 1,
+            commit: 1,
+            ..HardState::default()
+        };
+        Durable {
+            hard_state,
+            snapshot,
+            entries: Vec::new(),
+        }
+    }
+
     /// Bytes of the snapshot and the log entries held: what a replica's memory grows with.
     #[must_use]
     pub fn bytes(&self) -> usize {
