@@ -157,13 +157,16 @@ impl FromStr for Figure {
     }
 }
 
-/// A paper experiment named on the command line: Gryphon's (paper 002) or Horus' (paper 004).
+/// A paper experiment named on the command line: Gryphon's (paper 002), Horus' (paper 004) or
+/// QSM's (paper 000).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PaperScenario {
     /// A congestion experiment of [`crate::experiment`].
     Gryphon(Experiment),
     /// A flow-control figure of this module.
     Horus(Figure),
+    /// A scaling figure of [`crate::qsm`].
+    Qsm(crate::qsm::Figure),
 }
 
 impl FromStr for PaperScenario {
@@ -172,10 +175,17 @@ impl FromStr for PaperScenario {
         if let Ok(f) = Figure::from_str(s) {
             return Ok(PaperScenario::Horus(f));
         }
+        if let Ok(f) = crate::qsm::Figure::from_str(s) {
+            return Ok(PaperScenario::Qsm(f));
+        }
         Experiment::from_str(s)
             .map(PaperScenario::Gryphon)
             .map_err(|e| {
-                let names: Vec<&str> = Figure::ALL.iter().map(|f| f.name()).collect();
+                let names: Vec<&str> = Figure::ALL
+                    .iter()
+                    .map(|f| f.name())
+                    .chain(crate::qsm::Figure::ALL.iter().map(|f| f.name()))
+                    .collect();
                 format!("{e}, {}", names.join(", "))
             })
     }
