@@ -137,7 +137,12 @@ pub fn render(title: &str, columns: &[(String, Vec<Panel>)], x: XAxis) -> Vec<u8
     register_font();
     let rows = columns.iter().map(|c| c.1.len()).max().unwrap_or(0).max(1) as u32;
     let cols = columns.len().max(1) as u32;
-    let (width, height) = (cols * PANEL_W, TITLE_H + COLUMN_TITLE_H + rows * PANEL_H);
+    // Wide enough for the title (about 15 px a character at its size).
+    let title_w = 15 * title.chars().count() as u32 + 40;
+    let (width, height) = (
+        (cols * PANEL_W).max(title_w),
+        TITLE_H + COLUMN_TITLE_H + rows * PANEL_H,
+    );
     let mut rgb_pixels = vec![255u8; (width * height * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut rgb_pixels, (width, height)).into_drawing_area();

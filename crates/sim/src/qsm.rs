@@ -174,10 +174,13 @@ pub struct Point {
     /// Share of the messages the perturbed (last) node received that came by repair (the loss
     /// it saw and had repaired).
     pub perturbed_repaired_share: f64,
-    /// Region-level token round trip, median and 99th percentile, ms.
+    /// Region-level (top ring) token round trip, median, ms.
     pub token_rtt_p50_ms: f64,
     /// Region-level token round trip, 99th percentile, ms.
     pub token_rtt_p99_ms: f64,
+    /// Partition (and intermediate) ring round trip, median, ms: a region's state aggregates
+    /// over these and the top ring.
+    pub partition_rtt_p50_ms: f64,
     /// Publish to stable (the sender may drop it), median, ms.
     pub stable_p50_ms: f64,
     /// Publish to delivery, median, ms.
@@ -375,6 +378,7 @@ impl Setup {
             perturbed_repaired_share: repaired_share,
             token_rtt_p50_ms: report.token_rtt_ms.p50,
             token_rtt_p99_ms: report.token_rtt_ms.p99,
+            partition_rtt_p50_ms: report.partition_token_rtt_ms.p50,
             stable_p50_ms: report.time_to_stable_ms.p50,
             latency_p50_ms: report.latency_ms.p50,
             latency_p99_ms: report.latency_ms.p99,
@@ -399,7 +403,7 @@ impl Setup {
 }
 
 /// The header of [`to_csv`].
-pub const CSV_HEADER: &str = "x,variant,nodes,throughput_msgs,pending_ack_mean,pending_ack_max,sender_bytes_max,receiver_cache_bytes_max,perturbed_cache_bytes_max,perturbed_repaired_share,token_rtt_p50_ms,token_rtt_p99_ms,stable_p50_ms,latency_p50_ms,latency_p99_ms,regions,verdict";
+pub const CSV_HEADER: &str = "x,variant,nodes,throughput_msgs,pending_ack_mean,pending_ack_max,sender_bytes_max,receiver_cache_bytes_max,perturbed_cache_bytes_max,perturbed_repaired_share,token_rtt_p50_ms,token_rtt_p99_ms,partition_rtt_p50_ms,stable_p50_ms,latency_p50_ms,latency_p99_ms,regions,verdict";
 
 /// The points as CSV, one row per run.
 #[must_use]
@@ -409,7 +413,7 @@ pub fn to_csv(figure: Figure, points: &[Point]) -> String {
     for p in points {
         let _ = writeln!(
             out,
-            "{},{},{},{:.0},{:.1},{},{},{},{},{:.4},{:.1},{:.1},{:.1},{:.2},{:.2},{},{}",
+            "{},{},{},{:.0},{:.1},{},{},{},{},{:.4},{:.1},{:.1},{:.1},{:.1},{:.2},{:.2},{},{}",
             p.x,
             figure.variants()[p.variant],
             p.nodes,
@@ -422,6 +426,7 @@ pub fn to_csv(figure: Figure, points: &[Point]) -> String {
             p.perturbed_repaired_share,
             p.token_rtt_p50_ms,
             p.token_rtt_p99_ms,
+            p.partition_rtt_p50_ms,
             p.stable_p50_ms,
             p.latency_p50_ms,
             p.latency_p99_ms,
@@ -443,17 +448,26 @@ fn metrics(figure: Figure) -> Vec<Metric> {
     let sender_kb: Metric = ("sender memory: most message data held (KB)", |p| {
         p.sender_bytes_max as f64 / 1024.0
     });
-    let rtt: Metric = ("token round trip, median (ms)", |p| p.token_rtt_p50_ms);
+    let rtt: Metric = (
+        "token round trip of the region's top ring, median (ms)",
+        |p| p.token_rtt_p50_ms,
+    );
+    let partition_rtt: Metric = ("token round trip of partition rings, median (ms)", |p| {
+        p.partition_rtt_p50_ms
+    });
     let stable: Metric = (
         "time to acknowledge (publish to stable), median (ms)",
         |p| p.stable_p50_ms,
     );
     match figure {
-        Figure::Fig15 | Figure::Fig22 => vec![throughput, pending, sender_kb, rtt, stable],
+        Figure::Fig15 | Figure::Fig22 => {
+            vec![throughput, pending, sender_kb, rtt, partition_rtt, stable]
+        }
         Figure::Fig26 => vec![
             throughput,
             pending,
             rtt,
+            partition_rtt,
             ("most a receiver caches (KB)", |p| {
                 p.receiver_cache_bytes_max as f64 / 1024.0
             }),
@@ -469,6 +483,7 @@ fn metrics(figure: Figure) -> Vec<Metric> {
             }),
             pending,
             rtt,
+            partition_rtt,
             stable,
         ],
         Figure::Fig38 => vec![
@@ -484,6 +499,7 @@ fn metrics(figure: Figure) -> Vec<Metric> {
                 p.receiver_cache_bytes_max as f64 / 1024.0
             }),
             rtt,
+            partition_rtt,
         ],
     }
 }
@@ -542,7 +558,7 @@ pub fn run_and_write(
 #[must_use]
 pub fn point_line(figure: Figure, p: &Point) -> String {
     format!(
-        "{} {} x={} nodes={}: throughput {:.0} msgs/s per receiver, pending ACK mean {:.0} max {}, sender held max {} KB, receiver cache max {} KB, perturbed node repaired {:.1}%, token rtt p50 {:.1} ms p99 {:.1} ms, stable p50 {:.0} ms, latency p50 {:.2} ms p99 {:.2} ms, regions {}, checker {}",
+        "{} {} x={} nodes={}: throughput {:.0} msgs/s per receiver, pending ACK mean {:.0} max {}, sender held max {} KB, receiver cache max {} KB, perturbed node repaired {:.1}%, token rtt p50 {:.1} ms p99 {:.1} ms, partition rtt p50 {:.1} ms, stable p50 {:.0} ms, latency p50 {:.2} ms p99 {:.2} ms, regions {}, checker {}",
         figure.name(),
         figure.variants()[p.variant],
         p.x,
@@ -555,6 +571,7 @@ pub fn point_line(figure: Figure, p: &Point) -> String {
         p.perturbed_repaired_share * 100.0,
         p.token_rtt_p50_ms,
         p.token_rtt_p99_ms,
+        p.partition_rtt_p50_ms,
         p.stable_p50_ms,
         p.latency_p50_ms,
         p.latency_p99_ms,
@@ -618,6 +635,7 @@ mod tests {
             perturbed_repaired_share: 0.5,
             token_rtt_p50_ms: 1.0,
             token_rtt_p99_ms: 2.0,
+            partition_rtt_p50_ms: 2.5,
             stable_p50_ms: 3.0,
             latency_p50_ms: 4.0,
             latency_p99_ms: 5.0,
