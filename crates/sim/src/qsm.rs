@@ -130,7 +130,8 @@ impl Figure {
             ),
             Figure::Fig38 => (
                 &[
-                    100.0, 300.0, 1000.0, 2000.0, 4000.0, 6000.0, 8000.0, 10000.0,
+                    100.0, 300.0, 1000.0, 2000.0, 4000.0, 6000.0, 8000.0, 10000.0, 11000.0,
+                    11500.0, 11900.0,
                 ],
                 &[200.0, 2000.0],
             ),
@@ -388,14 +389,15 @@ impl Setup {
         })
     }
 
-    /// Runs every point of the figure, calling `progress` after each.
-    pub fn run(&self, progress: &mut dyn FnMut(&Point)) -> Result<Vec<Point>, ScenarioError> {
+    /// Runs every point of the figure, each x for every variant before the next x (so an
+    /// interrupted sweep compares the variants as far as it got), calling `progress` with the
+    /// points so far after each.
+    pub fn run(&self, progress: &mut dyn FnMut(&[Point])) -> Result<Vec<Point>, ScenarioError> {
         let mut points = Vec::new();
-        for variant in 0..self.figure.variants().len() {
-            for x in self.figure.xs(self.reduced) {
-                let p = self.run_point(x, variant)?;
-                progress(&p);
-                points.push(p);
+        for x in self.figure.xs(self.reduced) {
+            for variant in 0..self.figure.variants().len() {
+                points.push(self.run_point(x, variant)?);
+                progress(&points);
             }
         }
         Ok(points)
@@ -536,21 +538,35 @@ pub fn to_png(figure: Figure, points: &[Point]) -> Vec<u8> {
     )
 }
 
-/// Runs a figure and writes `<name>.csv` and `<name>.png` into `out`; returns the points.
+/// Runs a figure and writes `<name>.csv` and `<name>.png` into `out`, again after each point (a
+/// long sweep stopped early leaves the points it ran); calls `progress` with each new point and
+/// returns them all.
 pub fn run_and_write(
     setup: &Setup,
     out: &Path,
     progress: &mut dyn FnMut(&Point),
 ) -> Result<Vec<Point>, String> {
-    let points = setup.run(progress).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let name = setup.figure.name();
     let csv = out.join(format!("{name}.csv"));
-    std::fs::write(&csv, to_csv(setup.figure, &points))
-        .map_err(|e| format!("{}: {e}", csv.display()))?;
     let png = out.join(format!("{name}.png"));
-    std::fs::write(&png, to_png(setup.figure, &points))
-        .map_err(|e| format!("{}: {e}", png.display()))?;
+    let mut written: Result<(), String> = Ok(());
+    let points = setup
+        .run(&mut |points| {
+            if let Some(p) = points.last() {
+                progress(p);
+            }
+            if written.is_ok() {
+                written = std::fs::write(&csv, to_csv(setup.figure, points))
+                    .map_err(|e| format!("{}: {e}", csv.display()))
+                    .and_then(|()| {
+                        std::fs::write(&png, to_png(setup.figure, points))
+                            .map_err(|e| format!("{}: {e}", png.display()))
+                    });
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    written?;
     Ok(points)
 }
 
