@@ -190,7 +190,7 @@ fn draw(
                         .build_cartesian_2d(0f64..x_max, 0f64..p.y_max.max(1e-9))?;
                     chart
                         .configure_mesh()
-                        .light_line_style(RGBColor(235, 235, 235))
+                        .light_line_style(TRANSPARENT)
                         .x_labels(10)
                         .y_labels(6)
                         .x_label_formatter(&|v| label(*v))
@@ -209,7 +209,7 @@ fn draw(
                         .build_cartesian_2d((x_min..x_max).log_scale(), 0f64..p.y_max.max(1e-9))?;
                     chart
                         .configure_mesh()
-                        .light_line_style(RGBColor(235, 235, 235))
+                        .light_line_style(TRANSPARENT)
                         .y_labels(6)
                         .x_label_formatter(&|v| label(*v))
                         .y_label_formatter(&|v| label(*v))
@@ -271,6 +271,11 @@ fn encode_png(width: u32, height: u32, rgb_pixels: &[u8]) -> Vec<u8> {
     let mut enc = png::Encoder::new(&mut out, width, height);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
+    // Plots are mostly flat colour: the strongest compression and per-row filters keep the
+    // committed figures small.
+    enc.set_compression(png::Compression::Best);
+    enc.set_filter(png::FilterType::Paeth);
+    enc.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
     // Encoding into a Vec fails only on a size mismatch, which `render` rules out.
     if let Ok(mut w) = enc.write_header() {
         let _ = w.write_image_data(rgb_pixels);
