@@ -124,6 +124,9 @@ pub(crate) struct RunArgs {
     /// Experiments at the reduced size CI runs.
     #[arg(long)]
     reduced: bool,
+    /// QSM figures: draw the PNG again from the CSV in --out instead of running the figure.
+    #[arg(long)]
+    replot: bool,
     /// Length of the link failure of gryphon-fig4, -fig7 and -fig16, seconds (the paper: 120;
     /// default 30, for -fig7 120).
     #[arg(long)]
@@ -559,6 +562,27 @@ fn sim_horus(a: &RunArgs, figure: tidings_sim::horus::Figure) -> ExitCode {
 /// Runs a QSM figure (paper 000, section 4) and writes its CSV and PNG; exit status 1 if the
 /// checker failed any run of it (with the command that replays the figure).
 fn sim_qsm(a: &RunArgs, figure: tidings_sim::qsm::Figure) -> ExitCode {
+    if a.replot {
+        let csv = a.out.join(format!("{}.csv", figure.name()));
+        let png = a.out.join(format!("{}.png", figure.name()));
+        let drawn = std::fs::read_to_string(&csv)
+            .map_err(|e| format!("{}: {e}", csv.display()))
+            .and_then(|text| tidings_sim::qsm::from_csv(figure, &text))
+            .and_then(|points| {
+                std::fs::write(&png, tidings_sim::qsm::to_png(figure, &points))
+                    .map_err(|e| format!("{}: {e}", png.display()))
+            });
+        return match drawn {
+            Ok(()) => {
+                println!("  wrote {}", png.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let setup = tidings_sim::qsm::Setup::new(figure, a.reduced, a.seed);
     let mut show = |p: &tidings_sim::qsm::Point| {
         println!("{}", tidings_sim::qsm::point_line(figure, p));

@@ -101,6 +101,23 @@ fn label(v: f64) -> String {
     }
 }
 
+/// A log axis' label: only at 1, 2 and 5 times a power of ten (the other ticks stay bare, so
+/// labels do not run into each other).
+fn log_label(v: f64) -> String {
+    if !(v.is_finite() && v > 0.0) {
+        return String::new();
+    }
+    let mantissa = v / 10f64.powf(v.log10().floor());
+    if [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .any(|m| (mantissa - m).abs() < 1e-6 * m)
+    {
+        label(v)
+    } else {
+        String::new()
+    }
+}
+
 fn trim(v: f64) -> String {
     let s = format!("{v:.2}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
@@ -211,7 +228,7 @@ fn draw(
                         .configure_mesh()
                         .light_line_style(TRANSPARENT)
                         .y_labels(6)
-                        .x_label_formatter(&|v| label(*v))
+                        .x_label_formatter(&|v| log_label(*v))
                         .y_label_formatter(&|v| label(*v))
                         .label_style((FONT, 15))
                         .draw()?;
