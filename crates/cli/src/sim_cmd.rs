@@ -112,7 +112,8 @@ pub(crate) struct RunArgs {
     quiet: bool,
     /// Run a paper experiment instead (gryphon-fig2, gryphon-fig4, gryphon-fig7, gryphon-fig9,
     /// gryphon-fig12, gryphon-fig16 with and without congestion control; horus-fig1, horus-fig2,
-    /// horus-fig3: see `tidings_sim::horus`), writing a CSV time series per run (gryphon-fig16: one
+    /// horus-fig3: see `tidings_sim::horus`; qsm-fig15, qsm-fig22, qsm-fig26, qsm-fig28,
+    /// qsm-fig38, qsm-fig40: see `tidings_sim::qsm`), writing a CSV time series per run (gryphon-fig16: one
     /// CSV row per delta_t_rec) and a PNG plot into --out; the other scenario flags are ignored
     /// (--seed is used).
     #[arg(long = "scenario")]
@@ -123,6 +124,9 @@ pub(crate) struct RunArgs {
     /// Experiments at the reduced size CI runs.
     #[arg(long)]
     reduced: bool,
+    /// QSM figures: draw the PNG again from the CSV in --out instead of running the figure.
+    #[arg(long)]
+    replot: bool,
     /// Length of the link failure of gryphon-fig4, -fig7 and -fig16, seconds (the paper: 120;
     /// default 30, for -fig7 120).
     #[arg(long)]
@@ -419,6 +423,7 @@ fn sim_run(a: &RunArgs) -> ExitCode {
     match a.experiment {
         Some(PaperScenario::Gryphon(experiment)) => return sim_experiment(a, experiment),
         Some(PaperScenario::Horus(figure)) => return sim_horus(a, figure),
+        Some(PaperScenario::Qsm(figure)) => return sim_qsm(a, figure),
         None => {}
     }
     let s = scenario(&a.scenario, a.loss, a.seed);
@@ -595,4 +600,59 @@ fn parse_gms_fault(name: &str) -> Result<tidings_sim::gms::GmsFault, String> {
             .collect();
         format!("unknown GMS fault {name:?}; one of {}", names.join(", "))
     })
+}
+
+/// Runs a QSM figure (paper 000, section 4) and writes its CSV and PNG; exit status 1 if the
+/// checker failed any run of it (with the command that replays the figure).
+fn sim_qsm(a: &RunArgs, figure: tidings_sim::qsm::Figure) -> ExitCode {
+    if a.replot {
+        let csv = a.out.join(format!("{}.csv", figure.name()));
+        let png = a.out.join(format!("{}.png", figure.name()));
+        let drawn = std::fs::read_to_string(&csv)
+            .map_err(|e| format!("{}: {e}", csv.display()))
+            .and_then(|text| tidings_sim::qsm::from_csv(figure, &text))
+            .and_then(|points| {
+                std::fs::write(&png, tidings_sim::qsm::to_png(figure, &points))
+                    .map_err(|e| format!("{}: {e}", png.display()))
+            });
+        return match drawn {
+            Ok(()) => {
+                println!("  wrote {}", png.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let setup = tidings_sim::qsm::Setup::new(figure, a.reduced, a.seed);
+    let mut show = |p: &tidings_sim::qsm::Point| {
+        println!("{}", tidings_sim::qsm::point_line(figure, p));
+    };
+    match tidings_sim::qsm::run_and_write(&setup, &a.out, &mut show) {
+        Ok(points) => {
+            println!("  wrote {}/{}.{{csv,png}}", a.out.display(), figure.name());
+            let failed: Vec<_> = points.iter().filter(|p| p.verdict != "pass").collect();
+            if failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                for p in &failed {
+                    println!(
+                        "  FAIL {} x={} ({}): checker {}",
+                        figure.name(),
+                        p.x,
+                        figure.variants()[p.variant],
+                        p.verdict
+                    );
+                }
+                println!("    replay: {}", setup.replay_command());
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -21,7 +21,7 @@ use tidings_proto::{NodeId, Time, WindowAlgorithm};
 
 use crate::checker::Ledger;
 use crate::experiment::Experiment;
-use crate::plot::{colour, nice_ceiling, render, Panel, Series};
+use crate::plot::{colour, nice_ceiling, render, Panel, Series, XAxis};
 use crate::scenario::{run_observed, Scenario, ScenarioError, SimHost};
 use crate::world::World;
 
@@ -95,16 +95,20 @@ impl Figure {
     #[must_use]
     pub fn x_label(self) -> &'static str {
         match self {
-            Figure::Fig1 => "x: log2 of the window (msgs)",
+            Figure::Fig1 => "x: the window (msgs, log scale)",
             Figure::Fig2 | Figure::Fig3 => "x: offered load per member (msgs/s)",
         }
     }
 
-    /// Where a run's x value goes on the plot (Fig. 1's windows on a log scale).
-    fn plot_x(self, x: f64) -> f64 {
+    /// The plot's x axis for these points (Fig. 1's windows on a log scale).
+    fn x_axis(self, points: &[Point]) -> XAxis {
+        let x_max = points.iter().map(|p| p.x).fold(1.0, f64::max);
         match self {
-            Figure::Fig1 => x.log2(),
-            Figure::Fig2 | Figure::Fig3 => x,
+            Figure::Fig1 => XAxis::Log(
+                points.iter().map(|p| p.x).fold(x_max, f64::min).max(0.5),
+                x_max,
+            ),
+            Figure::Fig2 | Figure::Fig3 => XAxis::Linear(x_max),
         }
     }
 
@@ -153,13 +157,16 @@ impl FromStr for Figure {
     }
 }
 
-/// A paper experiment named on the command line: Gryphon's (paper 002) or Horus' (paper 004).
+/// A paper experiment named on the command line: Gryphon's (paper 002), Horus' (paper 004) or
+/// QSM's (paper 000).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PaperScenario {
     /// A congestion experiment of [`crate::experiment`].
     Gryphon(Experiment),
     /// A flow-control figure of this module.
     Horus(Figure),
+    /// A scaling figure of [`crate::qsm`].
+    Qsm(crate::qsm::Figure),
 }
 
 impl FromStr for PaperScenario {
@@ -168,10 +175,17 @@ impl FromStr for PaperScenario {
         if let Ok(f) = Figure::from_str(s) {
             return Ok(PaperScenario::Horus(f));
         }
+        if let Ok(f) = crate::qsm::Figure::from_str(s) {
+            return Ok(PaperScenario::Qsm(f));
+        }
         Experiment::from_str(s)
             .map(PaperScenario::Gryphon)
             .map_err(|e| {
-                let names: Vec<&str> = Figure::ALL.iter().map(|f| f.name()).collect();
+                let names: Vec<&str> = Figure::ALL
+                    .iter()
+                    .map(|f| f.name())
+                    .chain(crate::qsm::Figure::ALL.iter().map(|f| f.name()))
+                    .collect();
                 format!("{e}, {}", names.join(", "))
             })
     }
@@ -393,7 +407,7 @@ pub fn to_png(figure: Figure, points: &[Point]) -> Vec<u8> {
         points: points
             .iter()
             .filter(|p| p.variant == variant)
-            .map(|p| (figure.plot_x(p.x), f(p)))
+            .map(|p| (p.x, f(p)))
             .collect(),
     };
     let panel = |title: String, f: &dyn Fn(&Point) -> f64| Panel {
@@ -410,16 +424,11 @@ pub fn to_png(figure: Figure, points: &[Point]) -> Vec<u8> {
         }));
         panels.push(panel("latency p99 (ms)".into(), &|p| p.latency_p99_ms));
     }
-    let x_max = points
-        .iter()
-        .map(|p| figure.plot_x(p.x))
-        .fold(1.0, f64::max);
     render(
         figure.plot_title(),
         &[(figure.x_label().to_string(), panels)],
-        x_max,
+        figure.x_axis(points),
     )
-    .to_png()
 }
 
 /// Runs a figure and writes `<name>.csv` and `<name>.png` into `out`; returns the points.

@@ -12,6 +12,7 @@ pub mod churn;
 pub mod experiment;
 pub mod gms;
 pub mod horus;
+pub mod qsm;
 pub mod report;
 pub mod scenario;
 pub mod sweep;

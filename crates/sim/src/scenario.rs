@@ -114,6 +114,9 @@ pub struct Scenario {
     /// sender feeds one region of its own (the congestion experiment with several bottlenecks,
     /// Gryphon Figs. 12-15). Default false.
     pub regions_apart: bool,
+    /// Senders publish their topics in turn (round robin, paper 000's many-topic experiment)
+    /// instead of drawing one at random for each message. Default false.
+    pub round_robin_topics: bool,
 }
 
 /// Topics no profile takes, for [`Scenario::adopt`].
@@ -189,6 +192,7 @@ impl Default for Scenario {
             publish_cost: Duration::ZERO,
             proc_cost_per_packet: NodeNetConfig::PROC_COST_PER_PACKET_DEFAULT,
             regions_apart: false,
+            round_robin_topics: false,
         }
     }
 }
@@ -604,6 +608,9 @@ struct Publisher {
     /// Waiting for back pressure to ease (no timer until an input arrives).
     blocked: bool,
     len: usize,
+    /// Topics in turn ([`Scenario::round_robin_topics`]); `turn` indexes `next_topic`.
+    round_robin: bool,
+    turn: usize,
 }
 
 /// A simulated node: the real control plane ([`Member`]: the protocol node, and with the GMS its
@@ -816,7 +823,12 @@ impl SimHost {
                         break;
                     }
                 }
-                p.next_topic = p.topics[p.rng.usize(..p.topics.len())];
+                p.next_topic = if p.round_robin {
+                    p.turn = (p.turn + 1) % p.topics.len();
+                    p.topics[p.turn]
+                } else {
+                    p.topics[p.rng.usize(..p.topics.len())]
+                };
                 if let Some(iv) = p.interval {
                     p.next_at += iv;
                 }
@@ -1040,8 +1052,14 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             } else {
                 topics
             };
-            let next_topic = topics[rng.usize(..topics.len())];
+            let (next_topic, turn) = if s.round_robin_topics {
+                (topics[0], 0)
+            } else {
+                (topics[rng.usize(..topics.len())], 0)
+            };
             Publisher {
+                round_robin: s.round_robin_topics,
+                turn,
                 topics,
                 rng,
                 next_topic,
