@@ -1478,16 +1478,20 @@ fn strike_gms(
     match fault {
         GmsFault::CrashLeader => world.crash(node(leader), now)?,
         GmsFault::IsolateLeader => {
-            if let Some(r) = world.host_mut(node(leader)).service_mut() {
-                r.isolate(now + Duration::from_secs(1));
-            }
+            let r = world
+                .host_mut(node(leader))
+                .service_mut()
+                .ok_or_else(|| ScenarioError::Invalid("the leader runs no replica".into()))?;
+            r.isolate(now + Duration::from_secs(1));
             world.wake(node(leader))?;
         }
         GmsFault::RestartReplica => {
             let follower = node((leader + 1) % replicas);
-            if let Some(r) = world.host_mut(follower).service_mut() {
-                r.restart().map_err(ScenarioError::Invalid)?;
-            }
+            let r = world
+                .host_mut(follower)
+                .service_mut()
+                .ok_or_else(|| ScenarioError::Invalid("the follower runs no replica".into()))?;
+            r.restart().map_err(ScenarioError::Invalid)?;
             world.wake(follower)?;
         }
     }
