@@ -435,6 +435,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn gms_links_check_their_replica_addresses() {
+        let a = |port| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        assert_eq!(GmsLinkConfig::new(a(7300)).validate(), Ok(()));
+        let three = GmsLinkConfig::replicated(vec![a(7300), a(7301), a(7302)]);
+        assert_eq!(three.validate(), Ok(()));
+        assert_eq!(three.client.replicas, 3);
+        assert_eq!(three.replica_of(a(7302)), Some(2));
+        assert_eq!(three.replica_of(a(7303)), None);
+        for servers in [
+            vec![],
+            vec![a(7300), a(7300)],
+            vec![a(0)],
+            vec![std::net::SocketAddr::from(([0, 0, 0, 0], 7300))],
+            (1..=8).map(a).collect(),
+        ] {
+            let link = GmsLinkConfig::replicated(servers.clone());
+            assert!(
+                matches!(
+                    link.validate(),
+                    Err(ConfigError::Invalid {
+                        field: "gms.servers",
+                        ..
+                    })
+                ),
+                "{servers:?}"
+            );
+        }
+        // The client must count as many replicas as there are addresses.
+        let mut link = GmsLinkConfig::new(a(7300));
+        link.servers.push(a(7301));
+        assert!(link.validate().is_err());
+        link.set_servers(vec![a(7300), a(7301)]);
+        assert_eq!(link.validate(), Ok(()));
+    }
+
+    #[test]
     fn default_is_valid_and_fields_are_checked() {
         assert_eq!(RuntimeConfig::default().validate(), Ok(()));
         let bad = RuntimeConfig {
