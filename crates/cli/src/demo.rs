@@ -17,9 +17,14 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
-use tidings::{Bytes, GmsConfig, MulticastConfig, Node, RuntimeConfig, Topic, Transport};
+use tidings::{
+    Bytes, GmsConfig, GmsReplicaServer, MulticastConfig, Node, ReplicaConfig, RuntimeConfig, Topic,
+    Transport,
+};
 use tidings_gms::MulticastPool;
-use tidings_runtime::GmsServer;
+use tidings_runtime::{GmsServer, GmsSnapshot};
+
+use crate::node_cmd::{parse_gms_addrs, GmsAddrs};
 
 use crate::bench::bench_sys::shared_clock_ns;
 
@@ -91,6 +96,14 @@ pub(crate) struct DemoArgs {
     /// service must remove it for failure, and the other subscribers must still get everything.
     #[arg(long)]
     kill_subscriber: bool,
+    /// Run the membership service as this many replicas (threads of the demo's process, on
+    /// loopback) instead of one: the replicated service (Raft, ADR 32).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=7))]
+    gms_replicas: Option<u16>,
+    /// Stop the leader replica abruptly once a quarter of the deliveries are done: a new leader
+    /// must take over, and every subscriber must still get everything (needs `--gms-replicas`).
+    #[arg(long, requires = "gms_replicas")]
+    kill_gms_leader: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -105,9 +118,9 @@ pub(crate) struct DemoNodeArgs {
     /// Index among the processes of its role.
     #[arg(long)]
     index: u32,
-    /// The membership service.
-    #[arg(long)]
-    gms: SocketAddr,
+    /// The membership service: every replica's address, by index.
+    #[arg(long, value_parser = parse_gms_addrs)]
+    gms: GmsAddrs,
     #[arg(long)]
     publishers: u32,
     #[arg(long)]
@@ -317,7 +330,7 @@ impl Account {
 
 fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
     let node = Node::builder()
-        .gms(a.gms)
+        .gms_replicas(&a.gms.0)
         .runtime_config(runtime_config(a, a.loss, 1000 + u64::from(a.index)))
         .start()
         .map_err(|e| e.to_string())?;
@@ -424,7 +437,7 @@ fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
 
 fn run_publisher(a: &DemoNodeArgs) -> Result<(), String> {
     let node = Node::builder()
-        .gms(a.gms)
+        .gms_replicas(&a.gms.0)
         .runtime_config(runtime_config(a, 0.0, 1))
         .start()
         .map_err(|e| e.to_string())?;
@@ -524,7 +537,7 @@ impl Drop for Proc {
 
 fn spawn(
     a: &DemoArgs,
-    gms: SocketAddr,
+    gms: &str,
     role: &'static str,
     index: u32,
     reports: &mpsc::Sender<(usize, Report)>,
@@ -535,7 +548,7 @@ fn spawn(
         .arg("demo-node")
         .args(["--role", role])
         .args(["--index", &index.to_string()])
-        .args(["--gms", &gms.to_string()])
+        .args(["--gms", gms])
         .args(["--publishers", &a.publishers.to_string()])
         .args(["--subscribers", &a.subscribers.to_string()])
         .args(["--topics", &a.topics.to_string()])
@@ -604,6 +617,10 @@ struct Summary {
     gms_members_after: usize,
     gms_removed_for_failure: usize,
     subscriber_killed: bool,
+    /// Replicas of the membership service (1: the one-process service).
+    gms_replicas: u16,
+    /// Whether the leader replica was stopped mid-run.
+    gms_leader_killed: bool,
     /// Messages per second per publisher, if paced.
     rate_per_publisher: Option<u64>,
 }
@@ -652,8 +669,93 @@ pub(crate) fn run(a: &DemoArgs) -> ExitCode {
     }
 }
 
+/// The demo's membership service: one process's, or replicas on loopback.
+enum Service {
+    One(GmsServer),
+    Replicated(Vec<GmsReplicaServer>),
+}
+
+impl Service {
+    fn start(a: &DemoArgs, config: GmsConfig) -> Result<Service, String> {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        match a.gms_replicas {
+            None => GmsServer::start(config, loopback).map(Service::One),
+            Some(n) => GmsReplicaServer::start_loopback(
+                &ReplicaConfig {
+                    gms: config,
+                    seed: fastrand::u64(..),
+                    ..ReplicaConfig::default()
+                },
+                usize::from(n),
+            )
+            .map(Service::Replicated),
+        }
+        .map_err(|e| format!("cannot start the membership service: {e}"))
+    }
+
+    /// Every replica's address, by index, as `--gms` takes them.
+    fn addrs(&self) -> String {
+        let addrs: Vec<String> = match self {
+            Service::One(s) => vec![s.local_addr().to_string()],
+            Service::Replicated(r) => r.iter().map(|r| r.local_addr().to_string()).collect(),
+        };
+        addrs.join(",")
+    }
+
+    /// The service's state: the serving leader's, for replicas (any live replica's while none
+    /// serves).
+    fn snapshot(&self) -> Option<GmsSnapshot> {
+        match self {
+            Service::One(s) => s.snapshot(),
+            Service::Replicated(replicas) => {
+                let snaps: Vec<_> = replicas
+                    .iter()
+                    .filter_map(GmsReplicaServer::snapshot)
+                    .collect();
+                let snap = snaps
+                    .iter()
+                    .find(|s| s.serving)
+                    .or_else(|| snaps.first())?
+                    .clone();
+                Some(GmsSnapshot {
+                    members: snap.members,
+                    topics: snap.topics,
+                    removed: snap.removed.into_iter().map(|(n, c, _)| (n, c)).collect(),
+                    stats: snap.stats,
+                    member_states: Default::default(),
+                    unknown_sources: snap.unknown_sources,
+                    invalid_datagrams: snap.invalid_datagrams,
+                })
+            }
+        }
+    }
+
+    /// Stops the serving leader replica abruptly; its index, if one served.
+    fn kill_leader(&mut self) -> Option<usize> {
+        let Service::Replicated(replicas) = self else {
+            return None;
+        };
+        let slot = replicas
+            .iter()
+            .position(|r| r.snapshot().is_some_and(|s| s.serving))?;
+        let leader = replicas.remove(slot);
+        let index = leader.index();
+        leader.shutdown();
+        Some(index)
+    }
+
+    fn shutdown(self) {
+        match self {
+            Service::One(s) => s.shutdown(),
+            Service::Replicated(replicas) => {
+                replicas.into_iter().for_each(GmsReplicaServer::shutdown)
+            }
+        }
+    }
+}
+
 /// What the membership service reports of itself when a demo process failed.
-fn gms_state(server: &GmsServer) -> String {
+fn gms_state(server: &Service) -> String {
     match server.snapshot() {
         Some(g) => {
             format!(
@@ -741,9 +843,8 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         ..GmsConfig::default()
     };
     let heartbeat_timeout = gms_config.heartbeat_timeout;
-    let server = GmsServer::start(gms_config, SocketAddr::from(([127, 0, 0, 1], 0)))
-        .map_err(|e| format!("cannot start the membership service: {e}"))?;
-    let gms = server.local_addr();
+    let mut server = Service::start(a, gms_config)?;
+    let gms = server.addrs();
     if !a.json {
         eprintln!(
             "tidings demo: membership service on {gms}; {} publishers and {} subscribers \
@@ -762,13 +863,13 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
     let mut procs = Vec::new();
     for i in 0..a.subscribers {
         let slot = procs.len();
-        procs.push(spawn(a, gms, "sub", i, &tx, slot)?);
+        procs.push(spawn(a, &gms, "sub", i, &tx, slot)?);
     }
     let subs: Vec<usize> = (0..procs.len()).collect();
     wait_ready(&procs, &rx, &subs).map_err(|why| format!("{why}; {}", gms_state(&server)))?;
     for i in 0..a.publishers {
         let slot = procs.len();
-        procs.push(spawn(a, gms, "pub", i, &tx, slot)?);
+        procs.push(spawn(a, &gms, "pub", i, &tx, slot)?);
     }
     let pubs: Vec<usize> = (subs.len()..procs.len()).collect();
     wait_ready(&procs, &rx, &pubs).map_err(|why| format!("{why}; {}", gms_state(&server)))?;
@@ -789,6 +890,8 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
     let mut progress = vec![0u64; subs.len()];
     // The subscriber killed on purpose (`--kill-subscriber`), once it is.
     let mut killed: Option<usize> = None;
+    // The leader replica stopped on purpose (`--kill-gms-leader`), once it is.
+    let mut gms_leader_killed: Option<usize> = None;
     let mut expected_live = total_expected;
     let mut done: BTreeMap<usize, SubscriberResult> = BTreeMap::new();
     let mut published: BTreeMap<usize, PublisherResult> = BTreeMap::new();
@@ -811,6 +914,15 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
                 }
                 if let Some(bar) = &bar {
                     bar.set_position(progress.iter().sum());
+                }
+                if a.kill_gms_leader
+                    && gms_leader_killed.is_none()
+                    && progress.iter().sum::<u64>() * 4 >= total_expected
+                {
+                    gms_leader_killed = server.kill_leader();
+                    if let (Some(bar), Some(i)) = (&bar, gms_leader_killed) {
+                        bar.set_message(format!("stopped the leader replica {i}"));
+                    }
                 }
                 if a.kill_subscriber
                     && killed.is_none()
@@ -925,6 +1037,9 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
     } else if a.kill_subscriber {
         reasons.push("the subscriber to kill was never killed".to_owned());
     }
+    if a.kill_gms_leader && gms_leader_killed.is_none() {
+        reasons.push("the leader replica to stop was never stopped".to_owned());
+    }
     Ok(summarize(
         a,
         &done,
@@ -955,6 +1070,8 @@ fn summarize(
         topics: a.topics,
         transport: format!("{:?}", a.transport).to_lowercase(),
         subscriber_killed: a.kill_subscriber,
+        gms_replicas: a.gms_replicas.unwrap_or(1),
+        gms_leader_killed: a.kill_gms_leader,
         rate_per_publisher: a.rate,
         messages_published: published_total,
         messages_expected: expected,
@@ -1077,6 +1194,12 @@ fn print_summary(a: &DemoArgs, s: &Summary) {
     );
     if s.subscriber_killed {
         println!("subscriber 0 was killed (SIGKILL) a third of the way through");
+    }
+    if s.gms_replicas > 1 {
+        println!("membership service: {} replicas (Raft)", s.gms_replicas);
+    }
+    if s.gms_leader_killed {
+        println!("the leader replica was stopped a quarter of the way through");
     }
     println!(
         "membership: {} nodes left in the service after shutdown, {} removed for failure",

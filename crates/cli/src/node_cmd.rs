@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Deserialize;
-use tidings::{Bytes, GmsConfig, MulticastConfig, MulticastPool, Node, Topic, Transport};
+use tidings::{
+    Bytes, GmsConfig, GmsReplicaServer, MulticastConfig, MulticastPool, Node, ReplicaConfig, Topic,
+    Transport,
+};
 use tidings_runtime::GmsServer;
 
 use crate::demo::TransportArg;
@@ -19,12 +22,46 @@ use crate::demo::TransportArg;
 /// Interval of status lines.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Default address of the membership service (the first replica's with `--replicas`).
+const GMS_DEFAULT: &str = "127.0.0.1:7300";
+
+/// A list of membership service addresses, one per replica, by index (`a,b,c`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GmsAddrs(pub(crate) Vec<SocketAddr>);
+
+/// Parses `a,b,c`: 1..=`REPLICAS_MAX` socket addresses, none twice.
+pub(crate) fn parse_gms_addrs(s: &str) -> Result<GmsAddrs, String> {
+    let addrs = s
+        .split(',')
+        .map(|a| {
+            a.trim()
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("{a:?} is not an address and port: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    tidings_runtime::check_peers(&addrs).map_err(|e| e.to_string())?;
+    Ok(GmsAddrs(addrs))
+}
+
 /// Options of `tidings gms`.
 #[derive(Args, Debug)]
 pub(crate) struct GmsArgs {
-    /// Address to serve on (nodes give it as `--gms`).
-    #[arg(long, default_value = "127.0.0.1:7300")]
-    bind: SocketAddr,
+    /// Address to serve on (nodes give it as `--gms`). Default 127.0.0.1:7300; with `--peers`,
+    /// the replica's own entry of the list; with `--replicas N`, the first replica's, the others
+    /// taking the next ports.
+    #[arg(long)]
+    bind: Option<SocketAddr>,
+    /// Run one replica of a replicated service: its index in `--peers` (from 0).
+    #[arg(long, requires = "peers", conflicts_with = "replicas")]
+    id: Option<usize>,
+    /// Every replica's address, by index, this one's included (`a,b,c`; nodes give the same
+    /// list as `--gms`).
+    #[arg(long, requires = "id", value_parser = parse_gms_addrs)]
+    peers: Option<GmsAddrs>,
+    /// Run this many replicas in this process, on consecutive ports from `--bind`, for trying
+    /// the replicated service on one host (1..=7).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=7))]
+    replicas: Option<u16>,
     /// Stop after this many seconds (default: run until killed).
     #[arg(long)]
     seconds: Option<u64>,
@@ -72,10 +109,14 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
         eprintln!("error: {e} (--heartbeat-timeout-ms, --suspicion-timeout-ms)");
         return ExitCode::from(2);
     }
-    let server = match GmsServer::start(config, a.bind) {
+    if a.id.is_some() || a.replicas.is_some() {
+        return gms_replicated(a, config);
+    }
+    let bind = a.bind.unwrap_or_else(default_gms);
+    let server = match GmsServer::start(config, bind) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("error: cannot serve on {}: {e}", a.bind);
+            eprintln!("error: cannot serve on {bind}: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -105,12 +146,121 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn default_gms() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7300))
+}
+
+/// Runs one replica (`--id`, `--peers`) or several in this process (`--replicas`).
+fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
+    let (peers, binds, ids) = match (a.id, &a.peers, a.replicas) {
+        (Some(id), Some(peers), None) => {
+            let Some(&own) = peers.0.get(id) else {
+                eprintln!(
+                    "error: --id {id} must be below the number of --peers ({})",
+                    peers.0.len()
+                );
+                return ExitCode::from(2);
+            };
+            (peers.0.clone(), vec![a.bind.unwrap_or(own)], vec![id])
+        }
+        (None, None, Some(n)) => {
+            let first = a.bind.unwrap_or_else(default_gms);
+            if first.ip().is_unspecified() || first.port() == 0 {
+                eprintln!(
+                    "error: --bind {first} with --replicas must name an address others can \
+                     reach and a port (the replicas take consecutive ports from it)"
+                );
+                return ExitCode::from(2);
+            }
+            let peers = (0..n)
+                .map(|i| {
+                    first
+                        .port()
+                        .checked_add(i)
+                        .map(|p| SocketAddr::new(first.ip(), p))
+                })
+                .collect::<Option<Vec<_>>>();
+            let Some(peers) = peers else {
+                eprintln!("error: --bind {first}: --replicas {n} ports do not fit after it");
+                return ExitCode::from(2);
+            };
+            (peers.clone(), peers, (0..usize::from(n)).collect())
+        }
+        // clap's `requires` and `conflicts_with` leave no other combination.
+        _ => {
+            eprintln!("error: give --id with --peers, or --replicas");
+            return ExitCode::from(2);
+        }
+    };
+    let mut servers = Vec::new();
+    for (&index, &bind) in ids.iter().zip(&binds) {
+        let config = ReplicaConfig {
+            index,
+            replicas: peers.len(),
+            seed: index as u64,
+            gms: gms.clone(),
+            ..ReplicaConfig::default()
+        };
+        match GmsReplicaServer::start(config, peers.clone(), bind) {
+            Ok(s) => servers.push(s),
+            Err(e @ tidings_runtime::GmsServerError::Io(_)) => {
+                eprintln!("error: replica {index} cannot serve on {bind}: {e}");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("error: replica {index}: {e} (--id, --peers, --replicas)");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let list: Vec<String> = peers.iter().map(SocketAddr::to_string).collect();
+    for s in &servers {
+        println!(
+            "tidings gms: replica {} of {} serving on {}",
+            s.index(),
+            peers.len(),
+            s.local_addr()
+        );
+    }
+    println!("tidings gms: nodes join with --gms {}", list.join(","));
+    let mut elapsed = 0u64;
+    loop {
+        std::thread::sleep(STATUS_INTERVAL);
+        elapsed += 1;
+        if a.verbose {
+            for s in servers.iter().filter_map(GmsReplicaServer::snapshot) {
+                println!(
+                    "replica {} term {} {} members {} topics {} removed {} views issued {} \
+                     redirects {} snapshots {}",
+                    s.index,
+                    s.term,
+                    if s.serving { "leader" } else { "follower" },
+                    s.members.len(),
+                    s.topics.len(),
+                    s.removed.len(),
+                    s.stats.views_issued,
+                    s.replica.redirects,
+                    s.replica.snapshots_taken
+                );
+            }
+        }
+        if a.seconds.is_some_and(|s| elapsed >= s) {
+            break;
+        }
+    }
+    for s in servers {
+        s.shutdown();
+    }
+    ExitCode::SUCCESS
+}
+
 /// How a node process reaches the group (shared by `node`, `pub` and `sub`).
 #[derive(Args, Debug, Clone)]
 pub(crate) struct JoinArgs {
-    /// The membership service (`tidings gms`).
-    #[arg(long, default_value = "127.0.0.1:7300")]
-    gms: SocketAddr,
+    /// The membership service (`tidings gms`): its address, or every replica's, by index
+    /// (`a,b,c`, the replicas' `--peers` list).
+    #[arg(long, default_value = GMS_DEFAULT, value_parser = parse_gms_addrs)]
+    gms: GmsAddrs,
     /// This node's unicast address.
     #[arg(long, default_value = "127.0.0.1:0")]
     bind: SocketAddr,
@@ -132,7 +282,7 @@ impl JoinArgs {
             }),
         };
         Node::builder()
-            .gms(self.gms)
+            .gms_replicas(&self.gms.0)
             .bind(self.bind)
             .transport(transport)
             .start()
@@ -326,7 +476,7 @@ fn subscribe_inner(a: &SubArgs) -> Result<(), String> {
 /// A node's configuration file (TOML).
 ///
 /// ```toml
-/// gms = "127.0.0.1:7300"
+/// gms = "127.0.0.1:7300"         # or every replica's: "127.0.0.1:7300,127.0.0.1:7301,..."
 /// bind = "127.0.0.1:0"
 /// transport = "unicast"        # or "multicast"
 /// interface = "127.0.0.1"      # for multicast
@@ -337,7 +487,7 @@ fn subscribe_inner(a: &SubArgs) -> Result<(), String> {
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 struct NodeFile {
-    gms: SocketAddr,
+    gms: String,
     #[serde(default = "default_bind")]
     bind: SocketAddr,
     #[serde(default = "default_transport")]
@@ -386,8 +536,10 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot read {}: {e}", a.config.display()))?;
     let file: NodeFile =
         toml::from_str(&text).map_err(|e| format!("{}: {e}", a.config.display()))?;
+    let gms = parse_gms_addrs(&file.gms)
+        .map_err(|e| format!("{}: gms = {:?}: {e}", a.config.display(), file.gms))?;
     let join = JoinArgs {
-        gms: file.gms,
+        gms,
         bind: file.bind,
         transport: file.transport,
         interface: file.interface,
@@ -441,4 +593,26 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
     drop(subscriptions);
     node.shutdown().map_err(|e| e.to_string())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_gms_addrs;
+
+    #[test]
+    fn gms_address_lists_are_checked() {
+        let two = parse_gms_addrs("127.0.0.1:7300, 127.0.0.1:7301").unwrap();
+        assert_eq!(two.0.len(), 2);
+        assert_eq!(two.0[1].port(), 7301);
+        for bad in [
+            "",
+            "127.0.0.1:7300,",
+            "127.0.0.1:7300,127.0.0.1:7300",
+            "0.0.0.0:7300",
+            "127.0.0.1:0",
+            "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4,127.0.0.1:5,127.0.0.1:6,127.0.0.1:7,127.0.0.1:8",
+        ] {
+            assert!(parse_gms_addrs(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -208,3 +208,42 @@ fn a_subscriber_killed_mid_run_is_removed_and_the_others_lose_nothing() {
     assert_eq!(v["messages_lost"], 0);
     assert_eq!(v["messages_delivered"], v["messages_expected"]);
 }
+
+#[test]
+fn the_gms_leader_replica_and_a_subscriber_killed_mid_run_cost_the_others_nothing() {
+    let v = demo_json(&[
+        "--gms-replicas",
+        "3",
+        "--kill-gms-leader",
+        "--kill-subscriber",
+        "--messages-per-topic",
+        "1000",
+    ]);
+    assert_eq!(v["gms_replicas"], 3);
+    assert_eq!(v["gms_leader_killed"], true);
+    assert_eq!(v["gms_removed_for_failure"], 1, "{v:#}");
+    assert_eq!(v["messages_lost"], 0);
+    assert_eq!(v["messages_delivered"], v["messages_expected"]);
+}
+
+#[test]
+fn gms_refuses_bad_replica_options() {
+    for (args, option) in [
+        (
+            vec!["gms", "--id", "3", "--peers", "127.0.0.1:1,127.0.0.1:2"],
+            "--id",
+        ),
+        (
+            vec!["gms", "--id", "0", "--peers", "127.0.0.1:1,127.0.0.1:1"],
+            "--peers",
+        ),
+        (vec!["gms", "--replicas", "8"], "--replicas"),
+        (vec!["sub", "t", "--gms", "127.0.0.1:1,nowhere"], "--gms"),
+        (vec!["demo", "--kill-gms-leader"], "--gms-replicas"),
+    ] {
+        let out = tidings(&args, "");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(option), "{args:?}: {stderr}");
+    }
+}

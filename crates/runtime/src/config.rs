@@ -183,16 +183,19 @@ pub const DELIVERY_QUEUE_DEFAULT: usize = 4096;
 /// How a node reaches the membership service ([`NodeRuntime::join`](crate::NodeRuntime::join)).
 #[derive(Clone, Debug)]
 pub struct GmsLinkConfig {
-    /// The service's address (`tidings gms`, or a [`GmsServer`](crate::GmsServer) embedded in
-    /// some process).
-    pub server: std::net::SocketAddr,
+    /// Every replica's address, by index (one for `tidings gms` or a
+    /// [`GmsServer`](crate::GmsServer) embedded in some process; 3 or 5 for a replicated
+    /// service, in the same order as the replicas' own `--peers` list). The node takes GMS
+    /// datagrams from these addresses only. Set it with [`GmsLinkConfig::set_servers`], which
+    /// keeps `client.replicas` equal to its length.
+    pub servers: Vec<std::net::SocketAddr>,
     /// The membership client (heartbeat interval, retransmission...). Its `data_addr` may stay
     /// `None`: the service then uses the address the node's datagrams come from. Its `seed`
     /// makes the join nonce: [`GmsLinkConfig::new`] draws a random one, and nodes of one
-    /// service must not share it.
+    /// service must not share it. Its `replicas` must equal `servers.len()`.
     pub client: tidings_gms::ClientConfig,
     /// Longest wait for the service to answer the join. Default 5 s; then `join` fails and names
-    /// the address it tried.
+    /// the addresses it tried.
     pub join_timeout: Duration,
     /// Longest wait, on shutdown, for the service to confirm the leave. Default 1 s; a node that
     /// cannot confirm is removed by the service's failure detection instead.
@@ -203,21 +206,42 @@ pub struct GmsLinkConfig {
 }
 
 impl GmsLinkConfig {
-    /// The defaults, for the service at `server`.
+    /// The defaults, for the one-process service at `server`.
     #[must_use]
     pub fn new(server: std::net::SocketAddr) -> GmsLinkConfig {
+        GmsLinkConfig::replicated(vec![server])
+    }
+
+    /// The defaults, for the replicated service whose replicas are at `servers` (by index).
+    /// [`validate`](GmsLinkConfig::validate) checks the list.
+    #[must_use]
+    pub fn replicated(servers: Vec<std::net::SocketAddr>) -> GmsLinkConfig {
+        let replicas = servers.len();
         GmsLinkConfig {
-            server,
+            servers,
             // The join nonce must differ between nodes (the service tells joiners apart by it):
             // a random seed per link, unlike the sans-IO client's fixed default.
             client: tidings_gms::ClientConfig {
                 seed: join_seed(),
+                replicas,
                 ..tidings_gms::ClientConfig::default()
             },
             join_timeout: Duration::from_secs(5),
             leave_timeout: Duration::from_secs(1),
             suspect_interval: Duration::from_millis(500),
         }
+    }
+
+    /// Replaces the replicas' addresses, and the client's count of replicas with it.
+    pub fn set_servers(&mut self, servers: Vec<std::net::SocketAddr>) {
+        self.client.replicas = servers.len();
+        self.servers = servers;
+    }
+
+    /// The index of the replica at `addr`, if it is one of [`servers`](GmsLinkConfig::servers).
+    #[must_use]
+    pub fn replica_of(&self, addr: std::net::SocketAddr) -> Option<usize> {
+        self.servers.iter().position(|&s| s == addr)
     }
 
     /// Checks every field.
@@ -231,11 +255,34 @@ impl GmsLinkConfig {
                 return Err(invalid(field, d, "must be positive"));
             }
         }
-        if self.server.ip().is_unspecified() || self.server.port() == 0 {
+        if !(1..=tidings_gms::REPLICAS_MAX).contains(&self.servers.len()) {
             return Err(invalid(
-                "gms.server",
-                self.server,
-                "must be a reachable address and port (not 0.0.0.0 or port 0)",
+                "gms.servers",
+                &self.servers,
+                "must name 1..=7 replica addresses (REPLICAS_MAX)",
+            ));
+        }
+        for (i, server) in self.servers.iter().enumerate() {
+            if server.ip().is_unspecified() || server.port() == 0 {
+                return Err(invalid(
+                    "gms.servers",
+                    server,
+                    "must be reachable addresses and ports (not 0.0.0.0 or port 0)",
+                ));
+            }
+            if self.servers.get(..i).is_some_and(|s| s.contains(server)) {
+                return Err(invalid(
+                    "gms.servers",
+                    server,
+                    "must not name an address twice",
+                ));
+            }
+        }
+        if self.client.replicas != self.servers.len() {
+            return Err(invalid(
+                "gms.client.replicas",
+                self.client.replicas,
+                "must equal the number of gms.servers (GmsLinkConfig::set_servers keeps them equal)",
             ));
         }
         self.client
@@ -386,6 +433,42 @@ fn join_seed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gms_links_check_their_replica_addresses() {
+        let a = |port| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        assert_eq!(GmsLinkConfig::new(a(7300)).validate(), Ok(()));
+        let three = GmsLinkConfig::replicated(vec![a(7300), a(7301), a(7302)]);
+        assert_eq!(three.validate(), Ok(()));
+        assert_eq!(three.client.replicas, 3);
+        assert_eq!(three.replica_of(a(7302)), Some(2));
+        assert_eq!(three.replica_of(a(7303)), None);
+        for servers in [
+            vec![],
+            vec![a(7300), a(7300)],
+            vec![a(0)],
+            vec![std::net::SocketAddr::from(([0, 0, 0, 0], 7300))],
+            (1..=8).map(a).collect(),
+        ] {
+            let link = GmsLinkConfig::replicated(servers.clone());
+            assert!(
+                matches!(
+                    link.validate(),
+                    Err(ConfigError::Invalid {
+                        field: "gms.servers",
+                        ..
+                    })
+                ),
+                "{servers:?}"
+            );
+        }
+        // The client must count as many replicas as there are addresses.
+        let mut link = GmsLinkConfig::new(a(7300));
+        link.servers.push(a(7301));
+        assert!(link.validate().is_err());
+        link.set_servers(vec![a(7300), a(7301)]);
+        assert_eq!(link.validate(), Ok(()));
+    }
 
     #[test]
     fn default_is_valid_and_fields_are_checked() {

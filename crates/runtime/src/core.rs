@@ -310,18 +310,25 @@ impl Pending {
 /// The node's link to the membership service, when it joined through one: the member's client
 /// runs on the core thread and its datagrams share the unicast socket.
 pub(crate) struct GmsLink {
-    /// The service's address: GMS datagrams go there, and only its are taken.
-    pub(crate) server: SocketAddr,
-    /// GMS datagrams received in the current batch.
-    inbox: Vec<Bytes>,
+    /// Every replica's address, by index: GMS datagrams go to the replica the member names,
+    /// and only the replicas' are taken.
+    servers: Vec<SocketAddr>,
+    /// GMS datagrams received in the current batch, with the index of the replica they came
+    /// from.
+    inbox: Vec<(usize, Bytes)>,
 }
 
 impl GmsLink {
-    pub(crate) fn new(server: SocketAddr) -> GmsLink {
+    pub(crate) fn new(servers: Vec<SocketAddr>) -> GmsLink {
         GmsLink {
-            server,
+            servers,
             inbox: Vec::new(),
         }
+    }
+
+    /// The index of the replica at `addr`, if it is one.
+    fn replica_of(&self, addr: SocketAddr) -> Option<usize> {
+        self.servers.iter().position(|&s| s == addr)
     }
 }
 
@@ -853,9 +860,8 @@ impl Core {
         };
         let mut inbox = std::mem::take(&mut link.inbox);
         // One install for every batch the datagrams commit (ADR 23).
-        // The link knows one service address: replica 0 of the client's.
         self.member
-            .handle_gms_datagrams(now, inbox.iter().map(|d| (0, &d[..])));
+            .handle_gms_datagrams(now, inbox.iter().map(|(r, d)| (*r, &d[..])));
         inbox.clear();
         if let Some(link) = self.gms.as_mut() {
             link.inbox = inbox;
@@ -867,8 +873,13 @@ impl Core {
         let Some(link) = self.gms.as_ref() else {
             return;
         };
-        let server = link.server;
-        while let Some((_, datagram)) = self.member.poll_gms_transmit() {
+        while let Some((replica, datagram)) = self.member.poll_gms_transmit() {
+            let Some(&server) = link.servers.get(replica) else {
+                // The client names replicas below `client.replicas`, which the link's
+                // configuration keeps equal to the number of addresses.
+                self.stats.send_errors += 1;
+                continue;
+            };
             // A lost send is the client's to resend (requests and acks are retried).
             match self.unicast.socket.send_to(&datagram, server) {
                 Ok(_) => self.stats.gms_datagrams_sent += 1,
@@ -1286,10 +1297,11 @@ impl Core {
                         if unframe(datagram).is_some() {
                             // Membership traffic: only from the service this node joined, and
                             // never dropped on purpose (injected loss is for the protocol).
-                            match gms.as_mut() {
-                                Some(link) if from == link.server => {
+                            let link = gms.as_mut();
+                            match link.and_then(|l| Some((l.replica_of(from)?, l))) {
+                                Some((replica, link)) => {
                                     stats.gms_datagrams_received += 1;
-                                    link.inbox.push(Bytes::copy_from_slice(datagram));
+                                    link.inbox.push((replica, Bytes::copy_from_slice(datagram)));
                                     // Counted, so that the batch is processed (and the
                                     // client fed) at once.
                                     kept += 1;

@@ -44,6 +44,12 @@ pub enum GmsServerError {
     /// The socket could not be set up.
     #[error("gms socket: {0}")]
     Io(#[from] io::Error),
+    /// The replica's configuration is invalid.
+    #[error(transparent)]
+    Replica(#[from] tidings_gms::ReplicaError),
+    /// The list of replica addresses is invalid.
+    #[error("gms replicas: {0}")]
+    Peers(String),
 }
 
 /// What the server looks like now (for tests, `tidings gms` and the demo's report).

@@ -84,12 +84,12 @@ pub enum StartError {
     Sched(#[from] tidings_sched::StartError),
     /// The membership service did not answer the join in time.
     #[error(
-        "no answer from the membership service at {server} within {waited:?}: is `tidings gms` \
+        "no answer from the membership service at {servers:?} within {waited:?}: is `tidings gms` \
          (or a node embedding it) running there, and is the address reachable?"
     )]
     GmsUnreachable {
-        /// The address tried.
-        server: SocketAddr,
+        /// The replica addresses tried.
+        servers: Vec<SocketAddr>,
         /// How long the node tried.
         waited: std::time::Duration,
     },
@@ -222,7 +222,7 @@ impl NodeRuntime {
                 MemberError::Config(why) => StartError::Config(ConfigError::Gms(why)),
                 // The handshake returns once the client has its id.
                 MemberError::NotJoined => StartError::GmsUnreachable {
-                    server: gms.server,
+                    servers: gms.servers.clone(),
                     waited: gms.join_timeout,
                 },
             })?;
@@ -231,7 +231,7 @@ impl NodeRuntime {
             member,
             AddressBook::default(),
             socket,
-            Some(GmsLink::new(gms.server)),
+            Some(GmsLink::new(gms.servers.clone())),
         )
     }
 
@@ -651,10 +651,13 @@ fn handshake(
         if client.poll_timeout().is_some_and(|t| t <= now) {
             client.handle_timeout(now);
         }
-        while let Some((_replica, msg)) = client.poll_transmit() {
+        while let Some((replica, msg)) = client.poll_transmit() {
             // An unreachable service shows as a refused send (ICMP): keep trying until the
-            // timeout, the service may be starting.
-            let _ = socket.send_to(&frame(&msg), gms.server);
+            // timeout, the service may be starting. The client names replicas below
+            // `client.replicas`, which `validate` checked equals the number of addresses.
+            if let Some(&server) = gms.servers.get(replica) {
+                let _ = socket.send_to(&frame(&msg), server);
+            }
         }
         if client.node().is_some() {
             socket.set_read_timeout(None)?;
@@ -663,14 +666,14 @@ fn handshake(
         let waited = now.saturating_duration_since(start);
         if waited >= gms.join_timeout {
             return Err(StartError::GmsUnreachable {
-                server: gms.server,
+                servers: gms.servers.clone(),
                 waited,
             });
         }
         if let Ok((len, from)) = socket.recv_from(&mut buf) {
-            if from == gms.server {
+            if let Some(replica) = gms.replica_of(from) {
                 if let Some(body) = buf.get(..len).and_then(unframe) {
-                    client.handle_datagram(clock::now(), 0, body);
+                    client.handle_datagram(clock::now(), replica, body);
                 }
             }
         }

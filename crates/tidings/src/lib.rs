@@ -57,8 +57,9 @@ pub use subscribe::{CallbackSubscription, Iter, SlowConsumerPolicy, Subscription
 pub use topic::{Message, Topic, TOPIC_NAME_BYTES_MAX};
 
 pub use bytes::Bytes;
-pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig};
+pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig, ReplicaConfig};
 pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
 pub use tidings_runtime::{
-    GmsServer, GmsSnapshot, MulticastConfig, PublishHandle, RuntimeConfig, Transport,
+    GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MulticastConfig, PublishHandle,
+    ReplicaSnapshot, RuntimeConfig, Transport,
 };

@@ -27,8 +27,9 @@ pub enum GmsMode {
         /// The service's configuration.
         config: GmsConfig,
     },
-    /// Join the service at this address (`tidings gms`, or another node's embedded one).
-    Connect(SocketAddr),
+    /// Join the service at these addresses: one for `tidings gms` or another node's embedded
+    /// service, every replica's (by index) for a replicated one.
+    Connect(Vec<SocketAddr>),
 }
 
 /// Builds a [`Node`]: every setting has a documented default and is checked by
@@ -103,7 +104,17 @@ impl NodeBuilder {
     /// Joins the membership service at `addr` instead of embedding one.
     #[must_use]
     pub fn gms(mut self, addr: SocketAddr) -> Self {
-        self.gms = GmsMode::Connect(addr);
+        self.gms = GmsMode::Connect(vec![addr]);
+        self
+    }
+
+    /// Joins the replicated membership service whose replicas are at `addrs`, by index (the
+    /// order of the replicas' `--peers` list), instead of embedding one. One address is the
+    /// same as [`gms`](NodeBuilder::gms); [`start`](NodeBuilder::start) checks the list
+    /// (1..=7 addresses, none twice).
+    #[must_use]
+    pub fn gms_replicas(mut self, addrs: &[SocketAddr]) -> Self {
+        self.gms = GmsMode::Connect(addrs.to_vec());
         self
     }
 
@@ -137,7 +148,7 @@ impl NodeBuilder {
     }
 
     /// The membership client's settings (join and leave timeouts, heartbeats). The server
-    /// address in it is replaced by the builder's GMS address.
+    /// addresses in it are replaced by the builder's GMS addresses.
     #[must_use]
     pub fn gms_link(mut self, link: GmsLinkConfig) -> Self {
         self.link = Some(link);
@@ -180,16 +191,18 @@ impl NodeBuilder {
         self.protocol
             .validate()
             .map_err(|e| Error::Config(e.to_string()))?;
-        let (server, gms_addr) = match self.gms {
+        let (server, gms_addrs) = match self.gms {
             GmsMode::Embedded { bind, config } => {
                 let server = GmsServer::start(config, bind)?;
                 let addr = server.local_addr();
-                (Some(server), addr)
+                (Some(server), vec![addr])
             }
-            GmsMode::Connect(addr) => (None, addr),
+            GmsMode::Connect(addrs) => (None, addrs),
         };
-        let mut link = self.link.unwrap_or_else(|| GmsLinkConfig::new(gms_addr));
-        link.server = gms_addr;
+        let mut link = self
+            .link
+            .unwrap_or_else(|| GmsLinkConfig::replicated(gms_addrs.clone()));
+        link.set_servers(gms_addrs.clone());
         let socket = UdpSocket::bind(self.bind).map_err(|e| {
             Error::Config(format!(
                 "cannot bind the node's socket to {}: {e}",
@@ -201,7 +214,7 @@ impl NodeBuilder {
             closing: Arc::new(AtomicBool::new(false)),
             runtime: Some(runtime),
             server,
-            gms_addr,
+            gms_addrs,
             subscription_capacity: self.subscription_capacity,
             share: self.share,
         })
@@ -228,7 +241,8 @@ pub struct Node {
     closing: Arc<AtomicBool>,
     runtime: Option<NodeRuntime>,
     server: Option<GmsServer>,
-    gms_addr: SocketAddr,
+    /// The membership service's replicas' addresses (never empty: `start` validated them).
+    gms_addrs: Vec<SocketAddr>,
     subscription_capacity: usize,
     share: f64,
 }
@@ -255,10 +269,17 @@ impl Node {
     }
 
     /// The membership service's address: the embedded one's (give it to the other nodes), or
-    /// the one this node joined.
+    /// the first of those this node joined.
     #[must_use]
     pub fn gms_addr(&self) -> SocketAddr {
-        self.gms_addr
+        self.gms_addrs[0]
+    }
+
+    /// Every replica address of the membership service this node joined (one unless the
+    /// service is replicated).
+    #[must_use]
+    pub fn gms_addrs(&self) -> &[SocketAddr] {
+        &self.gms_addrs
     }
 
     /// A publisher on `topic`: declares to the membership service that this node publishes on

@@ -1,0 +1,486 @@
+//! One replica of the replicated membership service on a real UDP socket:
+//! [`GmsReplicaServer`] runs the sans-IO [`tidings_gms::Replica`] on its own thread
+//! (`tidings gms --bind ADDR --id N --peers a,b,c`, `tidings gms --replicas 3`, tests).
+//!
+//! One socket carries both kinds of traffic. Client datagrams are framed as a single service's
+//! ([`frame`], [`GMS_MAGIC`](crate::GMS_MAGIC)); only the serving leader answers them, the others redirect
+//! (ADR 32). Replica-to-replica datagrams start with [`REPLICA_MAGIC`] and are taken only from
+//! the configured peer addresses, each known by its index in the list; others are counted and
+//! dropped. Members are known by the address their datagrams come from, which the host puts in
+//! their `Join`: so the replicated state holds it ([`Gms::member_addr`]), and a replica that
+//! becomes leader reaches the members another replica welcomed.
+//!
+//! The replica's durable state (`Replica::durable`) stays in memory: a replica whose process
+//! stops comes back empty and catches up from the leader by snapshot.
+//!
+//! [`Gms::member_addr`]: tidings_gms::Gms::member_addr
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tidings_gms::{
+    GmsEvent, GmsMessage, GmsStats, Peer, RemoveCause, Replica, ReplicaConfig, ReplicaEvent,
+    ReplicaStats, ReplicaTransmit, REPLICAS_MAX,
+};
+use tidings_proto::{NodeId, Time, TopicId};
+
+use crate::clock;
+use crate::gms_server::{frame, unframe, GmsServerError};
+
+/// The first bytes of a replica-to-replica datagram: distinct from [`GMS_MAGIC`](crate::GMS_MAGIC), so that a
+/// client's datagram is never taken for a Raft message, nor the other way round.
+pub const REPLICA_MAGIC: [u8; 4] = *b"TGR\x01";
+
+/// Longest sleep of the replica thread, so that shutdown and snapshot requests are served.
+const SERVER_TICK: Duration = Duration::from_millis(10);
+/// Joins remembered (by nonce) until welcomed; more are dropped and counted, so forged joins
+/// cannot grow the table.
+const JOINERS_MAX: usize = 65_536;
+/// Largest datagram read or sent (a UDP payload over IPv4 is at most 65,507 bytes).
+const DATAGRAM_BYTES_MAX: usize = 65_507;
+
+/// What a replica looks like now (for tests and `tidings gms`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaSnapshot {
+    /// This replica's index.
+    pub index: usize,
+    /// Its Raft term.
+    pub term: u64,
+    /// Whether it is the serving leader.
+    pub serving: bool,
+    /// The leader it knows of, by index.
+    pub leader: Option<usize>,
+    /// The members (as applied here) and the address each sends from.
+    pub members: BTreeMap<NodeId, SocketAddr>,
+    /// Topic names bound so far.
+    pub topics: BTreeMap<String, TopicId>,
+    /// Every removal applied here, in order: the node, why, and when this replica applied it.
+    pub removed: Vec<(NodeId, RemoveCause, Time)>,
+    /// When this replica last became the serving leader, if it serves now.
+    pub leading_since: Option<Time>,
+    /// When it first issued a view (applied a new view epoch) since then.
+    pub first_view_leading: Option<Time>,
+    /// The service's counters (the replicated state's, as applied here).
+    pub stats: GmsStats,
+    /// The replica's counters (Raft messages, redirects, snapshots...).
+    pub replica: ReplicaStats,
+    /// Client datagrams from addresses that are not members (and not joins), dropped.
+    pub unknown_sources: u64,
+    /// Datagrams with neither framing, dropped.
+    pub invalid_datagrams: u64,
+    /// Replica datagrams from addresses that are not configured peers, dropped.
+    pub foreign_replica_datagrams: u64,
+    /// Replica messages too large for one datagram, not sent (a snapshot larger than a
+    /// datagram: replicas are not fragmented).
+    pub oversized: u64,
+}
+
+/// A running replica of the membership service.
+#[derive(Debug)]
+pub struct GmsReplicaServer {
+    index: usize,
+    local_addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    snapshots: SyncSender<SyncSender<ReplicaSnapshot>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl GmsReplicaServer {
+    /// Binds `bind` and starts replica `config.index` of the service whose replicas are at
+    /// `peers` (every replica's address by index, this one's included). `config.replicas` is
+    /// set to the number of peers.
+    pub fn start(
+        config: ReplicaConfig,
+        peers: Vec<SocketAddr>,
+        bind: SocketAddr,
+    ) -> Result<GmsReplicaServer, GmsServerError> {
+        let socket = UdpSocket::bind(bind)?;
+        GmsReplicaServer::start_on(config, peers, socket)
+    }
+
+    /// As [`start`](GmsReplicaServer::start), on a socket already bound.
+    pub fn start_on(
+        mut config: ReplicaConfig,
+        peers: Vec<SocketAddr>,
+        socket: UdpSocket,
+    ) -> Result<GmsReplicaServer, GmsServerError> {
+        check_peers(&peers)?;
+        config.replicas = peers.len();
+        // Every replica message must fit a datagram with its framing; appends are cut below.
+        config.message_bytes_max = config
+            .message_bytes_max
+            .min(DATAGRAM_BYTES_MAX - REPLICA_MAGIC.len());
+        config.append_bytes_max = config
+            .append_bytes_max
+            .min(config.message_bytes_max as u64 / 2);
+        let index = config.index;
+        let replica = Replica::new(config)?;
+        socket.set_read_timeout(Some(SERVER_TICK))?;
+        let local_addr = socket.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (snapshots, requests) = mpsc::sync_channel(4);
+        let mut host = Host {
+            replica,
+            socket,
+            peers,
+            requests,
+            stop: Arc::clone(&stop),
+            joiners: HashMap::new(),
+            members: BTreeMap::new(),
+            by_addr: HashMap::new(),
+            topics: BTreeMap::new(),
+            removed: Vec::new(),
+            leading_since: None,
+            first_view_leading: None,
+            views_at_lead: 0,
+            snapshots_restored: 0,
+            unknown_sources: 0,
+            invalid_datagrams: 0,
+            foreign_replica_datagrams: 0,
+            oversized: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("tidings-gms-{index}"))
+            .spawn(move || host.run())?;
+        Ok(GmsReplicaServer {
+            index,
+            local_addr,
+            stop,
+            snapshots,
+            thread: Some(thread),
+        })
+    }
+
+    /// Starts `replicas` replicas on loopback ports the system picks, each with `config`
+    /// (its `index` set), and returns them by index: their addresses are the list members
+    /// join with.
+    pub fn start_loopback(
+        config: &ReplicaConfig,
+        replicas: usize,
+    ) -> Result<Vec<GmsReplicaServer>, GmsServerError> {
+        let sockets = (0..replicas)
+            .map(|_| UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0))))
+            .collect::<io::Result<Vec<_>>>()?;
+        let peers = sockets
+            .iter()
+            .map(UdpSocket::local_addr)
+            .collect::<io::Result<Vec<_>>>()?;
+        sockets
+            .into_iter()
+            .enumerate()
+            .map(|(index, socket)| {
+                let config = ReplicaConfig {
+                    index,
+                    seed: config.seed.wrapping_add(index as u64),
+                    ..config.clone()
+                };
+                GmsReplicaServer::start_on(config, peers.clone(), socket)
+            })
+            .collect()
+    }
+
+    /// This replica's index.
+    #[must_use]
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The address the replica's socket is bound to.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The replica's state and counters now; `None` if the thread has stopped.
+    #[must_use]
+    pub fn snapshot(&self) -> Option<ReplicaSnapshot> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.snapshots.send(reply).ok()?;
+        answer.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// Stops the replica's thread and closes its socket at once, with no goodbye: to the
+    /// other replicas and the members it is a crash.
+    pub fn shutdown(mut self) {
+        self.stop_thread();
+    }
+
+    fn stop_thread(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for GmsReplicaServer {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+/// Checks a replica address list: 1..=[`REPLICAS_MAX`] addresses, none twice, none
+/// unspecified or of port 0 (others must be able to send there).
+pub fn check_peers(peers: &[SocketAddr]) -> Result<(), GmsServerError> {
+    if !(1..=REPLICAS_MAX).contains(&peers.len()) {
+        return Err(GmsServerError::Peers(format!(
+            "{} replica addresses: must be 1..={REPLICAS_MAX}",
+            peers.len()
+        )));
+    }
+    for (i, p) in peers.iter().enumerate() {
+        if p.ip().is_unspecified() || p.port() == 0 {
+            return Err(GmsServerError::Peers(format!(
+                "replica address {p} must be reachable (not 0.0.0.0 or port 0)"
+            )));
+        }
+        if peers.get(..i).is_some_and(|before| before.contains(p)) {
+            return Err(GmsServerError::Peers(format!(
+                "replica address {p} is named twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The replica thread's state.
+struct Host {
+    replica: Replica,
+    socket: UdpSocket,
+    /// Every replica's address, by index.
+    peers: Vec<SocketAddr>,
+    requests: Receiver<SyncSender<ReplicaSnapshot>>,
+    stop: Arc<AtomicBool>,
+    /// Where each joiner's `Join` came from, by nonce, until it is welcomed.
+    joiners: HashMap<u64, SocketAddr>,
+    members: BTreeMap<NodeId, SocketAddr>,
+    by_addr: HashMap<SocketAddr, NodeId>,
+    topics: BTreeMap<String, TopicId>,
+    removed: Vec<(NodeId, RemoveCause, Time)>,
+    leading_since: Option<Time>,
+    first_view_leading: Option<Time>,
+    /// Views issued (as applied) when this replica became leader.
+    views_at_lead: u64,
+    /// Snapshots restored when the address table was last rebuilt.
+    snapshots_restored: u64,
+    unknown_sources: u64,
+    invalid_datagrams: u64,
+    foreign_replica_datagrams: u64,
+    oversized: u64,
+}
+
+impl Host {
+    fn run(&mut self) {
+        let mut buf = vec![0u8; DATAGRAM_BYTES_MAX + 1];
+        while !self.stop.load(Ordering::Acquire) {
+            let now = clock::now();
+            let wait = self
+                .replica
+                .poll_timeout()
+                .map_or(SERVER_TICK, |t| t.saturating_duration_since(now))
+                .clamp(Duration::from_millis(1), SERVER_TICK);
+            // A zero timeout would mean "block forever" to the socket.
+            let _ = self.socket.set_read_timeout(Some(wait));
+            if let Ok((len, from)) = self.socket.recv_from(&mut buf) {
+                let now = clock::now();
+                if let Some(datagram) = buf.get(..len) {
+                    self.on_datagram(now, from, datagram);
+                }
+                // Drain what else is queued without waiting.
+                let _ = self.socket.set_nonblocking(true);
+                while let Ok((len, from)) = self.socket.recv_from(&mut buf) {
+                    if let Some(datagram) = buf.get(..len) {
+                        self.on_datagram(now, from, datagram);
+                    }
+                    self.flush(now);
+                }
+                let _ = self.socket.set_nonblocking(false);
+            }
+            // Timeouts, interruptions and ICMP errors from peers that went away: nothing to do.
+            let now = clock::now();
+            if self.replica.poll_timeout().is_some_and(|t| t <= now) {
+                self.replica.handle_timeout(now);
+            }
+            self.flush(now);
+            while let Ok(reply) = self.requests.try_recv() {
+                let _ = reply.send(self.snapshot());
+            }
+        }
+    }
+
+    fn on_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        if let Some(body) = datagram.strip_prefix(&REPLICA_MAGIC) {
+            let index = self.peers.iter().position(|&p| p == from);
+            match index {
+                Some(index) if index != self.replica.config().index => {
+                    self.replica.handle_replica(now, index, body);
+                }
+                _ => self.foreign_replica_datagrams += 1,
+            }
+            return;
+        }
+        let Some(body) = unframe(datagram) else {
+            self.invalid_datagrams += 1;
+            return;
+        };
+        let known = self.by_addr.get(&from).copied();
+        match GmsMessage::decode(body) {
+            Ok(GmsMessage::Join { nonce, addr }) => {
+                if self.joiners.len() >= JOINERS_MAX && !self.joiners.contains_key(&nonce) {
+                    self.unknown_sources += 1;
+                    return;
+                }
+                self.joiners.insert(nonce, from);
+                // The address goes into the replicated state, for whichever replica leads.
+                let join = GmsMessage::Join {
+                    nonce,
+                    addr: Some(addr.unwrap_or(from)),
+                };
+                let mut bytes = Vec::with_capacity(64);
+                join.encode(&mut bytes);
+                self.replica.handle_client(now, Peer::Joiner(nonce), &bytes);
+            }
+            // Counted by the replica as malformed.
+            Err(_) => {
+                self.replica
+                    .handle_client(now, known.map_or(Peer::Joiner(0), Peer::Node), body)
+            }
+            Ok(_) => match known {
+                Some(node) => self.replica.handle_client(now, Peer::Node(node), body),
+                None => self.unknown_sources += 1,
+            },
+        }
+    }
+
+    /// Sends what the replica queued and follows its events.
+    fn flush(&mut self, now: Time) {
+        while let Some(t) = self.replica.poll_transmit() {
+            match t {
+                ReplicaTransmit::Client(t) => {
+                    let to = match t.to {
+                        Peer::Node(n) => self
+                            .members
+                            .get(&n)
+                            .copied()
+                            .or_else(|| self.replica.gms().member_addr(n)),
+                        Peer::Joiner(nonce) => {
+                            let addr = self.joiners.get(&nonce).copied();
+                            let inner = match &t.msg {
+                                GmsMessage::Stamped { msg, .. } => msg.as_ref(),
+                                msg => msg,
+                            };
+                            if matches!(
+                                inner,
+                                GmsMessage::Welcome { .. } | GmsMessage::NonceTaken { .. }
+                            ) {
+                                // Welcomed (its address is in the replicated state now), or
+                                // coming back with another nonce.
+                                self.joiners.remove(&nonce);
+                            }
+                            addr
+                        }
+                    };
+                    if let Some(to) = to {
+                        // Lost sends are the service's to resend.
+                        let _ = self.socket.send_to(&frame(&t.msg), to);
+                    }
+                }
+                ReplicaTransmit::Replica { to, bytes } => {
+                    let Some(&addr) = self.peers.get(to) else {
+                        continue;
+                    };
+                    if bytes.len() + REPLICA_MAGIC.len() > DATAGRAM_BYTES_MAX {
+                        self.oversized += 1;
+                        continue;
+                    }
+                    let mut datagram = Vec::with_capacity(bytes.len() + REPLICA_MAGIC.len());
+                    datagram.extend_from_slice(&REPLICA_MAGIC);
+                    datagram.extend_from_slice(&bytes);
+                    // Raft resends what is lost.
+                    let _ = self.socket.send_to(&datagram, addr);
+                }
+            }
+        }
+        while let Some(e) = self.replica.poll_event() {
+            match e {
+                ReplicaEvent::Gms(GmsEvent::Joined(node)) => {
+                    if let Some(a) = self.replica.gms().member_addr(node) {
+                        self.members.insert(node, a);
+                        self.by_addr.insert(a, node);
+                    }
+                }
+                ReplicaEvent::Gms(GmsEvent::Removed { node, cause }) => {
+                    self.forget(node);
+                    self.removed.push((node, cause, now));
+                }
+                ReplicaEvent::Gms(GmsEvent::TopicCreated { name, topic }) => {
+                    self.topics.insert(name, topic);
+                }
+                ReplicaEvent::Leading { .. } => {
+                    self.leading_since = Some(now);
+                    self.first_view_leading = None;
+                    self.views_at_lead = self.replica.gms().stats().views_issued;
+                    self.rebuild_addresses();
+                }
+                ReplicaEvent::Following { .. } => {
+                    self.leading_since = None;
+                }
+            }
+        }
+        if self.replica.stats().snapshots_restored != self.snapshots_restored {
+            // A restored snapshot brings members without their `Joined` events.
+            self.snapshots_restored = self.replica.stats().snapshots_restored;
+            self.rebuild_addresses();
+        }
+        if self.leading_since.is_some()
+            && self.first_view_leading.is_none()
+            && self.replica.gms().stats().views_issued > self.views_at_lead
+        {
+            self.first_view_leading = Some(now);
+        }
+    }
+
+    fn forget(&mut self, node: NodeId) {
+        if let Some(a) = self.members.remove(&node) {
+            if self.by_addr.get(&a) == Some(&node) {
+                self.by_addr.remove(&a);
+            }
+        }
+    }
+
+    /// The member address table from the replicated state.
+    fn rebuild_addresses(&mut self) {
+        let gms = self.replica.gms();
+        self.members = gms
+            .members()
+            .filter_map(|n| Some((n, gms.member_addr(n)?)))
+            .collect();
+        self.by_addr = self.members.iter().map(|(&n, &a)| (a, n)).collect();
+    }
+
+    fn snapshot(&self) -> ReplicaSnapshot {
+        ReplicaSnapshot {
+            index: self.replica.config().index,
+            term: self.replica.term(),
+            serving: self.replica.is_serving(),
+            leader: self.replica.leader(),
+            members: self.members.clone(),
+            topics: self.topics.clone(),
+            removed: self.removed.clone(),
+            leading_since: self.leading_since,
+            first_view_leading: self.first_view_leading,
+            stats: self.replica.gms().stats().clone(),
+            replica: self.replica.stats().clone(),
+            unknown_sources: self.unknown_sources,
+            invalid_datagrams: self.invalid_datagrams,
+            foreign_replica_datagrams: self.foreign_replica_datagrams,
+            oversized: self.oversized,
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! A replica of the membership service on a real socket ([`GmsReplicaServer`]): it elects a
+//! leader with its peers, and counts and drops what does not come from them.
+
+// Tests bound their waits by wall time.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use tidings_gms::ReplicaConfig;
+use tidings_runtime::{GmsReplicaServer, GmsServerError, GMS_MAGIC, REPLICA_MAGIC};
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(20), "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn replicas_elect_a_leader_and_drop_datagrams_from_strangers() {
+    let replicas = GmsReplicaServer::start_loopback(&ReplicaConfig::default(), 3).unwrap();
+    wait_for("a leader serves", || {
+        replicas
+            .iter()
+            .filter_map(GmsReplicaServer::snapshot)
+            .filter(|s| s.serving)
+            .count()
+            == 1
+    });
+    let follower = replicas
+        .iter()
+        .find(|r| r.snapshot().is_some_and(|s| !s.serving))
+        .unwrap();
+    let before = follower.snapshot().unwrap();
+
+    // A stranger claims to be a replica, sends garbage, and sends a heartbeat without joining.
+    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut forged = REPLICA_MAGIC.to_vec();
+    forged.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    stranger.send_to(&forged, follower.local_addr()).unwrap();
+    stranger
+        .send_to(b"not tidings", follower.local_addr())
+        .unwrap();
+    let mut heartbeat = GMS_MAGIC.to_vec();
+    tidings_gms::GmsMessage::Heartbeat.encode(&mut heartbeat);
+    stranger.send_to(&heartbeat, follower.local_addr()).unwrap();
+    wait_for("the stranger's datagrams are counted", || {
+        follower.snapshot().is_some_and(|s| {
+            s.foreign_replica_datagrams > before.foreign_replica_datagrams
+                && s.invalid_datagrams > before.invalid_datagrams
+                && s.unknown_sources > before.unknown_sources
+        })
+    });
+    let after = follower.snapshot().unwrap();
+    // Nothing reached raft-rs: the term and the replica's own counters did not move for it.
+    assert_eq!(after.replica.malformed, before.replica.malformed);
+    assert_eq!(after.replica.impostors, before.replica.impostors);
+    for r in replicas {
+        r.shutdown();
+    }
+}
+
+#[test]
+fn replica_address_lists_are_checked() {
+    let socket = || UdpSocket::bind("127.0.0.1:0").unwrap();
+    let a = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    for peers in [
+        vec![],
+        vec![a(1), a(1)],
+        vec![a(0)],
+        (1..=8).map(a).collect(),
+    ] {
+        let err =
+            GmsReplicaServer::start_on(ReplicaConfig::default(), peers, socket()).unwrap_err();
+        assert!(matches!(err, GmsServerError::Peers(_)), "{err}");
+    }
+    let config = ReplicaConfig {
+        index: 2,
+        ..ReplicaConfig::default()
+    };
+    let err = GmsReplicaServer::start_on(config, vec![a(1), a(2)], socket()).unwrap_err();
+    assert!(matches!(err, GmsServerError::Replica(_)), "{err}");
+}
