@@ -199,6 +199,7 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         },
         receive_loss_seed: u64::from(spec.node) + 1,
         thread_name: format!("tidings-core-{}", spec.node),
+        raise_open_file_limit: true,
         ..RuntimeConfig::default()
     };
     let mut config = config;

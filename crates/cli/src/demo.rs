@@ -219,6 +219,7 @@ fn runtime_config(a: &DemoNodeArgs, loss: f64, seed: u64) -> RuntimeConfig {
         transport: a.transport.transport(),
         receive_loss: loss,
         receive_loss_seed: seed,
+        raise_open_file_limit: true,
         ..RuntimeConfig::default()
     }
 }
@@ -227,7 +228,7 @@ fn runtime_config(a: &DemoNodeArgs, loss: f64, seed: u64) -> RuntimeConfig {
 /// demo test's failure of sessions 16 and 17), and enough to tell a silent membership service
 /// from a stalled core thread or a lossy path.
 fn node_state(node: &Node) -> String {
-    let id = node.id().map_or(u64::MAX, |n| n.0.into());
+    let id = u64::from(node.id().0);
     match node.stats() {
         Ok(s) => {
             let r = &s.runtime;
@@ -378,9 +379,7 @@ fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
         topics += 1;
     }
     let expected = u64::from(topics) * u64::from(a.publishers) * a.messages_per_topic;
-    emit(&Report::Ready {
-        node: node.id().map_err(|e| e.to_string())?.0,
-    });
+    emit(&Report::Ready { node: node.id().0 });
     // Report progress until everything arrived (or the parent gives up and says exit).
     let exit = Arc::new(AtomicBool::new(false));
     let exit_seen = Arc::clone(&exit);
@@ -456,9 +455,7 @@ fn run_publisher(a: &DemoNodeArgs) -> Result<(), String> {
             )
         })?);
     }
-    emit(&Report::Ready {
-        node: node.id().map_err(|e| e.to_string())?.0,
-    });
+    emit(&Report::Ready { node: node.id().0 });
     wait_for_word("go");
     let size = usize::try_from(a.size).map_err(|e| e.to_string())?;
     let start = shared_clock_ns();

@@ -12,8 +12,8 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 use tidings::{
-    Bytes, GmsConfig, GmsReplicaServer, MulticastConfig, MulticastPool, Node, ReplicaConfig, Topic,
-    Transport,
+    Bytes, GmsConfig, GmsReplicaServer, MulticastConfig, MulticastPool, Node, ReplicaConfig,
+    RuntimeConfig, Topic, Transport,
 };
 use tidings_runtime::GmsServer;
 
@@ -284,6 +284,12 @@ impl JoinArgs {
         Node::builder()
             .gms_replicas(&self.gms.0)
             .bind(self.bind)
+            .runtime_config(RuntimeConfig {
+                // A command of its own process: a multicast node in many regions needs the
+                // descriptors.
+                raise_open_file_limit: true,
+                ..RuntimeConfig::default()
+            })
             .transport(transport)
             .start()
             .map_err(|e| e.to_string())
@@ -566,8 +572,8 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
     }
     eprintln!(
         "node {:?} on {} joined {}; subscribed to {:?}",
-        node.id().map_err(|e| e.to_string())?,
-        node.local_addr().map_err(|e| e.to_string())?,
+        node.id(),
+        node.local_addr(),
         file.gms,
         file.subscribe
     );

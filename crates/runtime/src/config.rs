@@ -51,6 +51,12 @@ pub struct RuntimeConfig {
     /// (`RuntimeStats::stalls`, and the error of a `wait_stable` that times out names whom it
     /// waits for). Default 5 s (`tidings_gms::MemberConfig::stall_after`).
     pub stall_after: Duration,
+    /// Raise this process's soft limit of open files to its hard limit when a multicast node
+    /// starts (a node holds a socket per 20 regions it is in, more where a socket takes only
+    /// one group). A setting of the whole process, so off by default: an application that
+    /// wants it says so (the `tidings` command line does). Without it, a group that finds no
+    /// descriptor is refused with the reason.
+    pub raise_open_file_limit: bool,
     /// Longest time the core thread spends on I/O (receiving, processing, sending) before it
     /// looks at alarms and requests again. Default 50 ms, paper 000's I/O quantum.
     pub io_quantum: Duration,
@@ -147,6 +153,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             stall_after: Duration::from_secs(5),
+            raise_open_file_limit: false,
             io_quantum: Duration::from_millis(50),
             alarm_quantum: Duration::from_millis(5),
             recv_batch_datagrams_max: 512,

@@ -245,7 +245,7 @@ impl NodeRuntime {
         let me = member.id();
         let local_addr = socket.local_addr()?;
         let max_payload = member.node().max_payload();
-        if matches!(config.transport, Transport::Multicast(_)) {
+        if config.raise_open_file_limit && matches!(config.transport, Transport::Multicast(_)) {
             raise_open_file_limit();
         }
         let (core, shared) = Core::new(member, config.clone(), addresses, socket, gms)?;
@@ -681,9 +681,9 @@ fn handshake(
 }
 
 /// Raises this process's soft limit of open files to its hard limit (as Go's runtime does at
-/// start): a multicast node holds a socket per 20 regions it is in (more where a socket takes
-/// only one group), and a process may run several nodes. Best effort: where the limit cannot
-/// be raised, groups that find no descriptor are refused with the reason (`Core::sync_groups`).
+/// start), when `RuntimeConfig::raise_open_file_limit` asks. Best effort: where the limit
+/// cannot be raised, groups that find no descriptor are refused with the reason
+/// (`Core::sync_groups`).
 #[cfg(unix)]
 fn raise_open_file_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};

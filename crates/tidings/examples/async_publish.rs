@@ -8,7 +8,7 @@ use tidings::{Bytes, Node, Topic};
 const MESSAGES: u32 = 10_000;
 
 fn main() -> Result<(), tidings::Error> {
-    let node = Node::builder().start()?;
+    let node = Node::builder().private_gms().start()?;
     let peer = Node::builder().gms(node.gms_addr()).start()?;
     let topic = Topic::raw("ticks")?;
     let subscription = peer.subscribe(&topic)?;

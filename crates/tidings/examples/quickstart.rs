@@ -1,5 +1,7 @@
-//! Two nodes in one process: the first embeds the membership service, the second joins it; a
-//! typed topic, an iterator subscription, and waiting for stability.
+//! Two nodes in one process: the first starts the host's membership service (on
+//! `127.0.0.1:17400`), the second finds it there and joins; a typed topic, an iterator
+//! subscription, and waiting for stability. Run in two terminals, the two halves would form one
+//! group the same way.
 
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ struct Quote {
 
 fn main() -> Result<(), tidings::Error> {
     let first = Node::builder().start()?;
-    let second = Node::builder().gms(first.gms_addr()).start()?;
+    let second = Node::builder().start()?;
     println!("membership service on {}", first.gms_addr());
 
     let quotes: Topic<Quote> = Topic::new("quotes/eu")?;

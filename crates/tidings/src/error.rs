@@ -2,12 +2,21 @@
 
 use tidings_runtime::{GmsServerError, PublishError, RequestError, StartError, WaitError};
 
-/// What went wrong.
+/// What went wrong. New kinds of failure may be added, so a `match` needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A configuration value cannot work; the message names the field.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The node's socket could not be bound (is the address taken, or not this host's?).
+    #[error("cannot bind the node's socket to {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// Why the system refused.
+        source: std::io::Error,
+    },
     /// The node could not start (socket, membership service, protocol configuration).
     #[error("the node could not start: {0}")]
     Start(#[from] StartError),
@@ -28,6 +37,9 @@ pub enum Error {
     /// A wait ran out of time.
     #[error("timed out: {0}")]
     Timeout(&'static str),
+    /// `try_recv` found no message queued.
+    #[error("no message is queued")]
+    Empty,
     /// A wait for stability ran out of time while regions of the node did not acknowledge its
     /// messages: the text names them, the message they hold back and their members.
     #[error("timed out: the message did not become stable: {0}")]
@@ -75,7 +87,9 @@ pub enum Error {
         /// How long the delivery waited for room.
         waited: std::time::Duration,
     },
-    /// The node has shut down (or its core thread stopped).
+    /// The node has shut down (or its core thread stopped). From a subscription's receive:
+    /// the subscription has ended (the node shut down, or it was disconnected) and every
+    /// message queued before was taken.
     #[error("the node has shut down")]
     Closed,
     /// The node's core thread panicked while shutting down (a bug; please report it).

@@ -7,8 +7,10 @@
 //! by every member of every region its topic spans.
 //!
 //! A [`Node`] is one process's membership in the group. It joins through the membership service
-//! (the GMS), which by default runs embedded in the first node ([`NodeBuilder::embedded_gms`]);
-//! other nodes name its address ([`NodeBuilder::gms`]).
+//! (the GMS). By default ([`GmsMode::Local`]) that is the host's service at
+//! `127.0.0.1:`[`LOCAL_GMS_PORT`], which the first node to start embeds, so every process of a
+//! host started with the defaults is in one group; [`NodeBuilder::gms`] names another service
+//! (`tidings gms`, replicated or not), [`NodeBuilder::private_gms`] embeds one of the node's own.
 //!
 //! ```no_run
 //! use serde::{Deserialize, Serialize};
@@ -18,15 +20,14 @@
 //! struct Quote { symbol: String, price: f64 }
 //!
 //! # fn main() -> Result<(), tidings::Error> {
-//! let node = Node::builder().start()?;                  // embeds the GMS on 127.0.0.1
+//! let node = Node::builder().start()?;         // joins (or starts) the host's GMS
 //! let quotes: Topic<Quote> = Topic::new("quotes/eu")?;
 //! let subscription = node.subscribe(&quotes)?;        // in force when it returns
 //! let mut publisher = node.publisher(&quotes)?;
 //! let handle = publisher.publish(&Quote { symbol: "ACME".into(), price: 12.5 })?;
 //! publisher.wait_stable(handle, std::time::Duration::from_secs(5))?;
-//! for message in subscription.iter().take(1) {
-//!     println!("{:?} from {:?}", message?.value, "the publisher");
-//! }
+//! let message = subscription.recv()?;          // also recv_timeout, try_recv, recv_async
+//! println!("{:?} from node {:?}", message.value, message.origin);
 //! node.shutdown()?;                                    // leaves the group
 //! # Ok(())
 //! # }
@@ -51,7 +52,7 @@ mod topic;
 
 pub use error::Error;
 pub use node::SubscribeBuilder;
-pub use node::{GmsMode, Node, NodeBuilder, NodeStats};
+pub use node::{GmsMode, Node, NodeBuilder, NodeStats, LOCAL_GMS_PORT};
 pub use publish::Publisher;
 pub use subscribe::{CallbackSubscription, Iter, SlowConsumerPolicy, Subscription};
 pub use topic::{Message, Topic, TOPIC_NAME_BYTES_MAX};

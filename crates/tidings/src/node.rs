@@ -1,5 +1,6 @@
 //! The node: its builder, topics, publishers, subscriptions and shutdown.
 
+use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,7 +9,8 @@ use std::time::Duration;
 use tidings_gms::GmsConfig;
 use tidings_proto::NodeId;
 use tidings_runtime::{
-    GmsLinkConfig, GmsServer, GmsSnapshot, NodeRuntime, RuntimeConfig, RuntimeStats, Transport,
+    GmsLinkConfig, GmsServer, GmsServerError, GmsSnapshot, NodeRuntime, RuntimeConfig,
+    RuntimeStats, Transport,
 };
 
 use crate::error::Error;
@@ -16,11 +18,25 @@ use crate::publish::Publisher;
 use crate::subscribe::{CallbackSubscription, SlowConsumerPolicy, Subscription};
 use crate::topic::{Message, Topic};
 
+/// The port of the membership service a node started with the default [`GmsMode::Local`] looks
+/// for on `127.0.0.1`, and starts there if the port is free.
+pub const LOCAL_GMS_PORT: u16 = 17400;
+
 /// Where the node finds the membership service.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum GmsMode {
+    /// The default: the service at `127.0.0.1:`[`LOCAL_GMS_PORT`], started in this process if
+    /// that port is free. So the processes of one host that start nodes with the default
+    /// builder form one group: the first embeds the service, the others join it (and lose it
+    /// when that first node shuts down; run `tidings gms` for a service of its own).
+    Local {
+        /// The service's configuration, if this node starts it.
+        config: GmsConfig,
+    },
     /// Run the service inside this process, bound to `bind` (other nodes then name its address,
-    /// [`Node::gms_addr`]). The default, on `127.0.0.1:0`.
+    /// [`Node::gms_addr`]). On `127.0.0.1:0` ([`NodeBuilder::private_gms`]) the node is alone
+    /// in a group of its own until others join with its address.
     Embedded {
         /// Address to bind the service to.
         bind: SocketAddr,
@@ -49,8 +65,7 @@ impl Default for NodeBuilder {
     fn default() -> Self {
         NodeBuilder {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            gms: GmsMode::Embedded {
-                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            gms: GmsMode::Local {
                 config: GmsConfig::default(),
             },
             runtime: RuntimeConfig::default(),
@@ -118,10 +133,25 @@ impl NodeBuilder {
         self
     }
 
-    /// Embeds the membership service, bound to `bind`, with `config` (the default).
+    /// Embeds the membership service, bound to `bind`, with `config`.
     #[must_use]
     pub fn embedded_gms(mut self, bind: SocketAddr, config: GmsConfig) -> Self {
         self.gms = GmsMode::Embedded { bind, config };
+        self
+    }
+
+    /// Embeds a membership service of the node's own on a free loopback port, instead of the
+    /// shared one at [`LOCAL_GMS_PORT`]: the node forms a group of its own, which others join
+    /// with its [`gms_addr`](Node::gms_addr) (tests that run side by side, for one).
+    #[must_use]
+    pub fn private_gms(self) -> Self {
+        self.embedded_gms(SocketAddr::from(([127, 0, 0, 1], 0)), GmsConfig::default())
+    }
+
+    /// Where the node finds the membership service. Default [`GmsMode::Local`].
+    #[must_use]
+    pub fn gms_mode(mut self, mode: GmsMode) -> Self {
+        self.gms = mode;
         self
     }
 
@@ -192,6 +222,18 @@ impl NodeBuilder {
             .validate()
             .map_err(|e| Error::Config(e.to_string()))?;
         let (server, gms_addrs) = match self.gms {
+            GmsMode::Local { config } => {
+                let addr = SocketAddr::from(([127, 0, 0, 1], LOCAL_GMS_PORT));
+                match GmsServer::start(config, addr) {
+                    Ok(server) => (Some(server), vec![addr]),
+                    // Taken: the service another node of this host started (if nothing there
+                    // answers, the join times out and says so).
+                    Err(GmsServerError::Io(e)) if e.kind() == io::ErrorKind::AddrInUse => {
+                        (None, vec![addr])
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
             GmsMode::Embedded { bind, config } => {
                 let server = GmsServer::start(config, bind)?;
                 let addr = server.local_addr();
@@ -203,14 +245,14 @@ impl NodeBuilder {
             .link
             .unwrap_or_else(|| GmsLinkConfig::replicated(gms_addrs.clone()));
         link.set_servers(gms_addrs.clone());
-        let socket = UdpSocket::bind(self.bind).map_err(|e| {
-            Error::Config(format!(
-                "cannot bind the node's socket to {}: {e}",
-                self.bind
-            ))
+        let socket = UdpSocket::bind(self.bind).map_err(|source| Error::Bind {
+            addr: self.bind,
+            source,
         })?;
         let runtime = NodeRuntime::join(self.runtime, self.protocol, link, socket)?;
         Ok(Node {
+            id: runtime.id(),
+            local_addr: runtime.local_addr(),
             closing: Arc::new(AtomicBool::new(false)),
             runtime: Some(runtime),
             server,
@@ -237,6 +279,8 @@ pub struct NodeStats {
 /// drop it.
 #[derive(Debug)]
 pub struct Node {
+    id: NodeId,
+    local_addr: SocketAddr,
     /// Set when the node shuts down: iterator subscriptions stop waiting for room.
     closing: Arc<AtomicBool>,
     runtime: Option<NodeRuntime>,
@@ -248,7 +292,8 @@ pub struct Node {
 }
 
 impl Node {
-    /// A builder with the defaults: loopback, an embedded membership service, unicast fan-out.
+    /// A builder with the defaults: loopback, the host's shared membership service
+    /// ([`GmsMode::Local`]), unicast fan-out.
     #[must_use]
     pub fn builder() -> NodeBuilder {
         NodeBuilder::default()
@@ -259,13 +304,15 @@ impl Node {
     }
 
     /// This node's id (given by the membership service).
-    pub fn id(&self) -> Result<NodeId, Error> {
-        Ok(self.runtime()?.id())
+    #[must_use]
+    pub fn id(&self) -> NodeId {
+        self.id
     }
 
     /// The node's unicast address.
-    pub fn local_addr(&self) -> Result<SocketAddr, Error> {
-        Ok(self.runtime()?.local_addr())
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
     }
 
     /// The membership service's address: the embedded one's (give it to the other nodes), or

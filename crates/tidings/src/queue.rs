@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// Pops between two looks at whether the queue holds far more storage than it used.
@@ -29,6 +30,8 @@ struct Pushed<T> {
     abandoned: bool,
     /// A reader waits on `Shared::readable`.
     reader_waiting: bool,
+    /// An async reader waits: woken by the next send or the end.
+    waker: Option<Waker>,
 }
 
 /// The reader's side.
@@ -68,6 +71,7 @@ pub(crate) fn queue<T>() -> (Sender<T>, Receiver<T>) {
             closed: false,
             abandoned: false,
             reader_waiting: false,
+            waker: None,
         }),
         readable: Condvar::new(),
         queued: AtomicUsize::new(0),
@@ -98,9 +102,13 @@ impl<T> Sender<T> {
         self.shared.queued.fetch_add(1, Ordering::Release);
         // A reader that found both deques empty waits: wake it (a system call, so only then).
         let wake = pushed.reader_waiting;
+        let waker = pushed.waker.take();
         drop(pushed);
         if wake {
             self.shared.readable.notify_one();
+        }
+        if let Some(waker) = waker {
+            waker.wake();
         }
         Ok(())
     }
@@ -113,8 +121,15 @@ impl<T> Sender<T> {
 
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
-        lock(&self.shared.pushed).closed = true;
+        let waker = {
+            let mut pushed = lock(&self.shared.pushed);
+            pushed.closed = true;
+            pushed.waker.take()
+        };
         self.shared.readable.notify_all();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 }
 
@@ -123,6 +138,8 @@ impl<T> Drop for Sender<T> {
 pub(crate) enum RecvError {
     /// Nothing came within the timeout.
     Timeout,
+    /// Nothing is queued (from `try_recv`).
+    Empty,
     /// The sender is gone and nothing is queued.
     Closed,
 }
@@ -199,18 +216,50 @@ impl<T> Receiver<T> {
         }
     }
 
-    /// The next item if one is queued.
-    pub(crate) fn try_recv(&self) -> Option<T> {
+    /// The next item if one is queued: `Err(Empty)` if none is, `Err(Closed)` once the sender
+    /// is gone and the queue is empty.
+    pub(crate) fn try_recv(&self) -> Result<T, RecvError> {
         let shared = self.shared();
         let mut taken = lock(&shared.taken);
         if let Some(item) = pop(&mut taken, &shared.queued) {
-            return Some(item);
+            return Ok(item);
         }
         let mut pushed = lock(&shared.pushed);
         std::mem::swap(&mut taken.items, &mut pushed.items);
+        let closed = pushed.closed;
         drop(pushed);
         taken.peak = taken.peak.max(taken.items.len());
-        pop(&mut taken, &shared.queued)
+        match pop(&mut taken, &shared.queued) {
+            Some(item) => Ok(item),
+            None if closed => Err(RecvError::Closed),
+            None => Err(RecvError::Empty),
+        }
+    }
+
+    /// The next item for an async reader: `Pending` (the task is woken by the next send or the
+    /// end) while none is queued, `Err(Closed)` once the sender is gone and the queue is empty.
+    pub(crate) fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<T, RecvError>> {
+        let shared = self.shared();
+        let mut taken = lock(&shared.taken);
+        if let Some(item) = pop(&mut taken, &shared.queued) {
+            return Poll::Ready(Ok(item));
+        }
+        let mut pushed = lock(&shared.pushed);
+        if !pushed.items.is_empty() {
+            std::mem::swap(&mut taken.items, &mut pushed.items);
+            drop(pushed);
+            taken.peak = taken.peak.max(taken.items.len());
+            return Poll::Ready(pop(&mut taken, &shared.queued).ok_or(RecvError::Closed));
+        }
+        if pushed.closed {
+            return Poll::Ready(Err(RecvError::Closed));
+        }
+        // Registered under the lock a send takes: no send can slip between the look and this.
+        match &mut pushed.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 
     /// Items queued and not yet taken.
@@ -274,9 +323,9 @@ mod tests {
             }
             assert_eq!(rx.len(), 7);
             for i in 0..7 {
-                assert_eq!(rx.try_recv(), Some(round * 10 + i));
+                assert_eq!(rx.try_recv(), Ok(round * 10 + i));
             }
-            assert_eq!(rx.try_recv(), None);
+            assert_eq!(rx.try_recv(), Err(RecvError::Empty));
         }
     }
 
@@ -326,10 +375,35 @@ mod tests {
         let clone = rx.clone();
         drop(rx);
         tx.send(2).unwrap();
-        assert_eq!(clone.try_recv(), Some(1));
+        assert_eq!(clone.try_recv(), Ok(1));
         drop(clone);
         assert_eq!(tx.send(3), Err(3));
         assert_eq!(tx.len(), 0);
+    }
+
+    #[test]
+    fn an_async_reader_is_woken_by_a_send_and_by_the_end() {
+        let (tx, rx) = queue();
+        let reader = std::thread::spawn(move || {
+            let first = pollster::block_on(std::future::poll_fn(|cx| rx.poll_recv(cx)));
+            let second = pollster::block_on(std::future::poll_fn(|cx| rx.poll_recv(cx)));
+            (first, second)
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        tx.send(9).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(tx);
+        assert_eq!(reader.join().unwrap(), (Ok(9), Err(RecvError::Closed)));
+    }
+
+    #[test]
+    fn try_recv_tells_an_empty_queue_from_an_ended_one() {
+        let (tx, rx) = queue();
+        assert_eq!(rx.try_recv(), Err(RecvError::Empty));
+        tx.send(1).unwrap();
+        drop(tx);
+        assert_eq!(rx.try_recv(), Ok(1));
+        assert_eq!(rx.try_recv(), Err(RecvError::Closed));
     }
 
     #[test]
@@ -339,11 +413,11 @@ mod tests {
             tx.send(i).unwrap();
         }
         for i in 0..4000 {
-            assert_eq!(rx.try_recv(), Some(i));
+            assert_eq!(rx.try_recv(), Ok(i));
         }
         for i in 0..3 * SHRINK_CHECK_POPS {
             tx.send(i).unwrap();
-            assert_eq!(rx.try_recv(), Some(i));
+            assert_eq!(rx.try_recv(), Ok(i));
         }
         let shared = rx.shared();
         let slots = lock(&shared.taken).items.capacity() + lock(&shared.pushed).items.capacity();

@@ -63,27 +63,36 @@ impl<T> Subscription<T> {
         &self.name
     }
 
-    /// The next message, waiting as long as it takes; `None` once the node has shut down and
-    /// every queued message was taken.
-    pub fn recv(&self) -> Option<Result<Message<T>, Error>> {
-        self.queue.recv_until(None).ok()
+    /// The next message, waiting as long as it takes; `Err(Error::Closed)` once the
+    /// subscription has ended (the node shut down, or it was disconnected) and every queued
+    /// message was taken.
+    ///
+    /// The three receive calls and [`recv_async`](Self::recv_async) have one shape: a message,
+    /// or the error that took its place (a message that did not decode, a slow-consumer
+    /// disconnection), or why none came (`Timeout`, `Empty`, `Closed`).
+    pub fn recv(&self) -> Result<Message<T>, Error> {
+        from_queue(self.queue.recv_until(None))
     }
 
     /// The next message, waiting at most `timeout`: `Err(Error::Timeout)` if none came,
-    /// `Err(Error::Closed)` once the node has shut down and the queue is empty.
+    /// `Err(Error::Closed)` once the subscription has ended and the queue is empty.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message<T>, Error> {
         #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
         let deadline = std::time::Instant::now().checked_add(timeout);
-        match self.queue.recv_until(deadline) {
-            Ok(m) => m,
-            Err(RecvError::Timeout) => Err(Error::Timeout("no message")),
-            Err(RecvError::Closed) => Err(Error::Closed),
-        }
+        from_queue(self.queue.recv_until(deadline))
     }
 
-    /// The next message if one is queued.
-    pub fn try_recv(&self) -> Option<Result<Message<T>, Error>> {
-        self.queue.try_recv()
+    /// The next message if one is queued: `Err(Error::Empty)` if none is, `Err(Error::Closed)`
+    /// once the subscription has ended and the queue is empty.
+    pub fn try_recv(&self) -> Result<Message<T>, Error> {
+        from_queue(self.queue.try_recv())
+    }
+
+    /// The next message, from async code: the task waits, not the thread. `Err(Error::Closed)`
+    /// once the subscription has ended and the queue is empty. Works on any executor (the
+    /// delivery worker wakes the task).
+    pub async fn recv_async(&self) -> Result<Message<T>, Error> {
+        from_queue(std::future::poll_fn(|cx| self.queue.poll_recv(cx)).await)
     }
 
     /// Messages queued and not yet taken.
@@ -99,6 +108,32 @@ impl<T> Subscription<T> {
 
     /// Unsubscribes (also done by dropping it).
     pub fn unsubscribe(self) {}
+}
+
+/// A received item as the application sees it.
+fn from_queue<T>(r: Result<Result<Message<T>, Error>, RecvError>) -> Result<Message<T>, Error> {
+    r.unwrap_or_else(|e| Err(recv_error(e)))
+}
+
+fn recv_error(e: RecvError) -> Error {
+    match e {
+        RecvError::Timeout => Error::Timeout("no message"),
+        RecvError::Empty => Error::Empty,
+        RecvError::Closed => Error::Closed,
+    }
+}
+
+/// A subscription is a stream of its messages for async code (`futures::StreamExt::next`),
+/// ending when the subscription does.
+impl<T> futures_core::Stream for Subscription<T> {
+    type Item = Result<Message<T>, Error>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.queue.poll_recv(cx).map(Result::ok)
+    }
 }
 
 /// Blocking iterator of a [`Subscription`].

@@ -44,8 +44,8 @@ fn publish_and_read<T>(
                 Err(e) => panic!("publish: {e}"),
             }
         }
-        while let Some(m) = sub.try_recv() {
-            check(&m.unwrap().value);
+        while let Ok(m) = sub.try_recv() {
+            check(&m.value);
             read += 1;
         }
         if sent == n && read < n {
@@ -73,7 +73,7 @@ fn allocations_per_message<T: Send + 'static>(
     let _alone = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let node = Node::builder().start().unwrap();
+    let node = Node::builder().private_gms().start().unwrap();
     let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
     let sub = peer.subscribe(topic).unwrap();
     let mut publisher = node.publisher(topic).unwrap();

@@ -79,7 +79,7 @@ fn run_child(addrs: &str) {
     let topic: Topic<u64> = Topic::new(TOPIC).unwrap();
     let sub = node.subscribe(&topic).unwrap();
     let mut out = std::io::stdout();
-    writeln!(out, "ready {}", node.id().unwrap().0).unwrap();
+    writeln!(out, "ready {}", node.id().0).unwrap();
     out.flush().unwrap();
     let start = Instant::now();
     while start.elapsed() < WAIT {

@@ -39,7 +39,7 @@ fn run(topics: u64, batched: bool) {
     let _turn = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let publisher_node = Node::builder().start().unwrap();
+    let publisher_node = Node::builder().private_gms().start().unwrap();
     let subscriber_node = Node::builder()
         .gms(publisher_node.gms_addr())
         .start()

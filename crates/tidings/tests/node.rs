@@ -27,7 +27,7 @@ fn quote(seq: u64) -> Quote {
 
 #[test]
 fn typed_messages_reach_iterator_and_callback_subscribers_in_order() {
-    let first = Node::builder().start().unwrap();
+    let first = Node::builder().private_gms().start().unwrap();
     let second = Node::builder().gms(first.gms_addr()).start().unwrap();
     let topic: Topic<Quote> = Topic::new("quotes/eu").unwrap();
 
@@ -51,7 +51,7 @@ fn typed_messages_reach_iterator_and_callback_subscribers_in_order() {
     for k in 0..n {
         let m = sub.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(m.value, quote(k));
-        assert_eq!(m.origin, first.id().unwrap());
+        assert_eq!(m.origin, first.id());
     }
     publisher
         .wait_stable(last.unwrap(), Duration::from_secs(20))
@@ -78,7 +78,7 @@ fn typed_messages_reach_iterator_and_callback_subscribers_in_order() {
 
 #[test]
 fn raw_topics_pass_bytes_through_and_async_publish_works() {
-    let node = Node::builder().start().unwrap();
+    let node = Node::builder().private_gms().start().unwrap();
     let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
     let topic = Topic::raw("raw/bytes").unwrap();
     let sub = peer.subscribe(&topic).unwrap();
@@ -106,7 +106,7 @@ fn raw_topics_pass_bytes_through_and_async_publish_works() {
 
 #[test]
 fn a_message_of_another_type_is_reported_not_dropped() {
-    let node = Node::builder().start().unwrap();
+    let node = Node::builder().private_gms().start().unwrap();
     let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
     let as_text: Topic<String> = Topic::new("mixed").unwrap();
     let as_raw = Topic::raw("mixed").unwrap();
@@ -144,7 +144,7 @@ fn bad_settings_and_names_are_refused_with_the_reason() {
 
 #[test]
 fn too_large_messages_are_refused_with_the_limit() {
-    let node = Node::builder().start().unwrap();
+    let node = Node::builder().private_gms().start().unwrap();
     let topic = Topic::raw("big").unwrap();
     let mut publisher = node.publisher(&topic).unwrap();
     let max = publisher.max_payload();
@@ -157,7 +157,7 @@ fn too_large_messages_are_refused_with_the_limit() {
 
 #[test]
 fn a_slow_subscriber_is_disconnected_with_an_error_and_the_others_go_on() {
-    let node = Node::builder().start().unwrap();
+    let node = Node::builder().private_gms().start().unwrap();
     let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
     let topic: Topic<Quote> = Topic::new("quotes/slow").unwrap();
     // Never read until the end: lags 4 messages at most, waits 50 ms for room, then leaves.
@@ -203,12 +203,12 @@ fn a_slow_subscriber_is_disconnected_with_an_error_and_the_others_go_on() {
     );
     assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>());
     assert!(got.len() <= 5, "{got:?}");
-    assert!(slow.recv().is_none());
+    assert!(matches!(slow.recv(), Err(tidings::Error::Closed)));
 }
 
 #[test]
 fn a_slow_callback_is_disconnected_with_an_error_as_its_last_call() {
-    let node = Node::builder().start().unwrap();
+    let node = Node::builder().private_gms().start().unwrap();
     let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
     let topic: Topic<Quote> = Topic::new("quotes/slow-callback").unwrap();
     let (calls, seen) = std::sync::mpsc::channel();
@@ -258,7 +258,7 @@ fn a_slow_callback_is_disconnected_with_an_error_as_its_last_call() {
 
 #[test]
 fn a_builder_callback_within_its_capacity_gets_everything() {
-    let node = Node::builder().start().unwrap();
+    let node = Node::builder().private_gms().start().unwrap();
     let topic: Topic<Quote> = Topic::new("quotes/callback").unwrap();
     let (calls, seen) = std::sync::mpsc::channel();
     let subscription = node
@@ -368,7 +368,7 @@ fn regions_sharing_a_multicast_group_each_get_only_their_own_messages() {
 /// the messages like the first ones.
 #[test]
 fn a_second_subscription_and_publisher_of_a_topic_are_answered() {
-    let node = Node::builder().start().unwrap();
+    let node = Node::builder().private_gms().start().unwrap();
     let peer = Node::builder().gms(node.gms_addr()).start().unwrap();
     let topic = Topic::raw("again/t").unwrap();
     let first = peer.subscribe(&topic).unwrap();
@@ -408,7 +408,7 @@ fn a_second_subscription_and_publisher_of_a_topic_are_answered() {
 /// nothing again.
 #[test]
 fn dropping_topics_under_traffic_sends_nothing_again() {
-    let publisher_node = Node::builder().start().unwrap();
+    let publisher_node = Node::builder().private_gms().start().unwrap();
     let subscriber_node = Node::builder()
         .gms(publisher_node.gms_addr())
         .start()
@@ -476,4 +476,86 @@ fn dropping_topics_under_traffic_sends_nothing_again() {
     drop(kept);
     subscriber_node.shutdown().unwrap();
     publisher_node.shutdown().unwrap();
+}
+
+#[test]
+fn a_subscription_is_read_from_async_code_as_a_future_and_as_a_stream() {
+    use futures_core::Stream;
+    let node = Node::builder().private_gms().start().unwrap();
+    let topic: Topic<u64> = Topic::new("async/recv").unwrap();
+    let mut sub = node.subscribe(&topic).unwrap();
+    assert!(matches!(sub.try_recv(), Err(Error::Empty)));
+    let mut publisher = node.publisher(&topic).unwrap();
+    let writer = std::thread::spawn(move || {
+        // After the reader has started waiting: the delivery must wake its task.
+        std::thread::sleep(Duration::from_millis(50));
+        for k in 0..100u64 {
+            publisher.publish(&k).unwrap();
+        }
+        publisher
+    });
+    let mut got = Vec::new();
+    pollster::block_on(async {
+        for _ in 0..50 {
+            got.push(sub.recv_async().await.unwrap().value);
+        }
+        while got.len() < 100 {
+            let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut sub).poll_next(cx));
+            got.push(next.await.unwrap().unwrap().value);
+        }
+    });
+    assert_eq!(got, (0..100).collect::<Vec<_>>());
+    drop(writer.join().unwrap());
+    node.shutdown().unwrap();
+    // The subscription has ended: every call says so, the stream ends.
+    assert!(matches!(sub.try_recv(), Err(Error::Closed)));
+    assert!(matches!(
+        pollster::block_on(sub.recv_async()),
+        Err(Error::Closed)
+    ));
+    let end = pollster::block_on(std::future::poll_fn(|cx| {
+        std::pin::Pin::new(&mut sub).poll_next(cx)
+    }));
+    assert!(end.is_none());
+}
+
+#[test]
+fn a_taken_address_is_refused_with_the_system_error_as_source() {
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let err = Node::builder()
+        .private_gms()
+        .bind(addr)
+        .start()
+        .unwrap_err();
+    match &err {
+        Error::Bind { addr: a, source } => {
+            assert_eq!(*a, addr);
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
+        }
+        other => panic!("expected Error::Bind, got {other:?}"),
+    }
+    assert!(std::error::Error::source(&err).is_some());
+}
+
+/// The only test of this binary on the host's shared service port (`LOCAL_GMS_PORT`).
+#[test]
+fn nodes_started_with_the_defaults_on_one_host_form_one_group() {
+    let first = Node::builder().start().unwrap();
+    let second = Node::builder().start().unwrap();
+    assert!(first.embedded_gms().is_some());
+    assert!(
+        second.embedded_gms().is_none(),
+        "the second joins the first's service"
+    );
+    assert_eq!(first.gms_addr(), second.gms_addr());
+    assert_eq!(first.gms_addr().port(), tidings::LOCAL_GMS_PORT);
+    let topic: Topic<u32> = Topic::new("defaults/one-group").unwrap();
+    let sub = second.subscribe(&topic).unwrap();
+    let mut publisher = first.publisher(&topic).unwrap();
+    publisher.publish(&7).unwrap();
+    assert_eq!(sub.recv_timeout(Duration::from_secs(10)).unwrap().value, 7);
+    drop(sub);
+    second.shutdown().unwrap();
+    first.shutdown().unwrap();
 }
