@@ -73,7 +73,7 @@ impl MulticastPool {
 pub struct GmsConfig {
     /// The region planner's tuning.
     pub planner: PlannerConfig,
-    /// Members per partition (the lowest token ring). Default 6: DESIGN.md asks for about 5-8;
+    /// Members per partition (the lowest token ring). Default 6: a ring of about 5-8 members keeps a token round short;
     /// [`RegionView::partitioned`](tidings_proto::RegionView::partitioned) keeps sizes within
     /// `size..2*size`.
     pub partition_size: usize,

@@ -1,4 +1,4 @@
-//! The global membership service of tidings (DESIGN.md section 6), sans-IO.
+//! The global membership service of tidings (docs/design.md section 6), sans-IO.
 //!
 //! - [`regions`]: the region planner. Topics are split into subsets whose memberships overlap
 //!   regularly (paper 001's greedy), and within a subset nodes with identical subscriptions form a

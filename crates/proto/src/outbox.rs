@@ -1,7 +1,7 @@
 //! What handlers produce for later: control packets, retransmission jobs, events and counters.
 //! Control packets are small and rare (tokens a few times a second per ring, pulls on loss), so
 //! they are kept as values; retransmissions are jobs over sequence ranges, encoded from the held
-//! payloads only when a socket can send (the pull stack of DESIGN.md section 4).
+//! payloads only when a socket can send (docs/design.md section 4: datagrams are built at pull time).
 
 use std::collections::VecDeque;
 

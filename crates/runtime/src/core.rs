@@ -1,4 +1,4 @@
-//! The core thread (DESIGN.md section 5, paper 000 section 3): one thread per node that owns the
+//! The core thread (docs/design.md section 5, paper 000 section 3): one thread per node that owns the
 //! protocol and serves three queues in rounds:
 //!
 //! * the **request queue** (lock-free, from application threads): control requests, then every

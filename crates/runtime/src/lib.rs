@@ -1,4 +1,4 @@
-//! The tidings node runtime (DESIGN.md section 5): the QuickSilver core thread that drives the
+//! The tidings node runtime (docs/design.md section 5): the QuickSilver core thread that drives the
 //! sans-IO protocol ([`tidings_proto::Node`]) over real UDP sockets, and hands deliveries to the
 //! delivery scheduler ([`tidings_sched`]).
 //!

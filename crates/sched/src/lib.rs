@@ -1,5 +1,5 @@
 //! The tidings delivery scheduler: lock-free time-based credit scheduling with per-topic shares,
-//! after paper 003 (sections II-IV) and DESIGN.md section 8.
+//! after paper 003 (sections II-IV) and docs/design.md section 8.
 //!
 //! * A **task** (one per subscription or topic) has a share `v` and a bounded lock-free event
 //!   queue; its handler runs one event at a time, in push order.

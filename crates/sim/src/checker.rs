@@ -1,4 +1,4 @@
-//! The oracle: checks the delivery promise of DESIGN.md section 1 on every event of a run.
+//! The oracle: checks the delivery promise of docs/design.md section 1 on every event of a run.
 //!
 //! - every message a sender publishes on topic T is delivered to every node subscribed to T at
 //!   that moment that stays alive and subscribed (membership may change during a run),
@@ -133,7 +133,7 @@ pub struct Ledger {
     /// `delivered[r][s]`: what receiver `r` delivered of sender `s`.
     delivered: Vec<BTreeMap<NodeId, Delivered>>,
     /// `last_by_topic[r][(s, t)]`: the last message of sender `s` on topic `t` receiver `r`
-    /// delivered. Order is promised per sender within a topic (DESIGN.md section 1): a node in
+    /// delivered. Order is promised per sender within a topic (docs/design.md section 1): a node in
     /// several regions gets a sender's topics through parallel streams.
     last_by_topic: Vec<BTreeMap<(NodeId, TopicId), u64>>,
     violations: Vec<String>,

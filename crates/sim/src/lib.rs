@@ -1,4 +1,4 @@
-//! The deterministic simulator of DESIGN.md section 9.
+//! The deterministic simulator of docs/design.md section 9.
 
 #![forbid(unsafe_code)]
 

@@ -7,7 +7,7 @@
 //! bytes actually present, no trailing garbage) and returns views that borrow the buffer; iterating a
 //! view afterwards cannot fail and nothing is allocated. Writing: the writers ([`MessagesWriter`],
 //! [`TokenWriter`] and the `write_*` functions) encode straight into a caller-supplied buffer at
-//! the moment a socket can send, as the pull stack of DESIGN.md section 4 asks.
+//! the moment a socket can send, as docs/design.md section 4 describes.
 //!
 //! Layouts (byte offsets within the body, after the 16-byte header):
 //!
