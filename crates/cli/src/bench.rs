@@ -16,8 +16,8 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
+use tidings_bench::runtime::{self as rt_bench, RawMode, RawTarget};
 use tidings_proto::{Membership, NodeId, RegionId, TopicId};
-use tidings_runtime::bench::{self as rt_bench, RawMode, RawTarget};
 use tidings_runtime::{AddressBook, MulticastConfig, Transport};
 
 #[path = "bench_sys.rs"]

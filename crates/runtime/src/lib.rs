@@ -23,12 +23,11 @@
 //! * [`RuntimeStats`]: cycle time and alarm lateness (maximum per second, as in paper 000
 //!   Figures 34-35), short sends, invalid packets, and the protocol's own counters.
 //!
-//! [`bench`](mod@bench) measures throughput, latency and allocations against the raw UDP ceiling.
+//! Its benchmarks live in the `tidings-bench` crate, outside the library.
 
 #![forbid(unsafe_code)]
 
 mod addr;
-pub mod bench;
 mod clock;
 mod config;
 mod core;
@@ -48,6 +47,7 @@ pub use config::{
 };
 pub use gms_replica::{check_peers, GmsReplicaServer, ReplicaSnapshot, REPLICA_MAGIC};
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
+pub use net::set_socket_buffers;
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};
 pub use stats::{MaxPerSecond, RuntimeStats, HISTOGRAM_BUCKETS};

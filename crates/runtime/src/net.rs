@@ -105,8 +105,8 @@ impl NetSocket {
 /// (`SO_RCVBUFFORCE`), since a receive buffer smaller than what the senders' windows let arrive
 /// at once makes the kernel drop datagrams that must then be repaired. Without the privilege
 /// the capped size stays (the granted size is in the runtime's stats).
-/// (The benchmark's raw UDP ceiling asks for the same, with the default configuration.)
-pub(crate) fn set_buffers(socket: &SockRef<'_>, config: &RuntimeConfig) -> io::Result<()> {
+/// Public so that a benchmark's raw UDP sockets get the buffers a node's sockets get.
+pub fn set_socket_buffers(socket: &SockRef<'_>, config: &RuntimeConfig) -> io::Result<()> {
     let (recv, send) = (
         config.socket_recv_buffer_bytes,
         config.socket_send_buffer_bytes,
@@ -129,7 +129,7 @@ pub(crate) fn unicast_socket(
 ) -> io::Result<NetSocket> {
     {
         let s = SockRef::from(&socket);
-        set_buffers(&s, config)?;
+        set_socket_buffers(&s, config)?;
         if let Transport::Multicast(m) = &config.transport {
             s.set_multicast_if_v4(&m.interface)?;
             s.set_multicast_loop_v4(m.loopback)?;
@@ -181,7 +181,7 @@ pub(crate) fn group_socket(
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     // Several nodes on one host listen to the same groups and port.
     socket.set_reuse_address(true)?;
-    set_buffers(&SockRef::from(&socket), config)?;
+    set_socket_buffers(&SockRef::from(&socket), config)?;
     // Linux would otherwise deliver every group joined by any socket on this port.
     #[cfg(target_os = "linux")]
     socket.set_multicast_all_v4(false)?;

@@ -13,8 +13,8 @@
 //! * Writers and workers coordinate through the task's atomic queue size (section III-A,
 //!   Fig. 2), so a task with events is never lost and never on two threads at once.
 //! * [`maxmin::expected_rates`] is the throughput model of section II, and [`history`] checks the
-//!   invariant of section III-D on recorded histories. [`bench`](mod@bench) holds the experiments of
-//!   section IV.
+//!   invariant of section III-D on recorded histories. The experiments of section IV are in the
+//!   `tidings-bench` crate.
 //!
 //! Time is an input: durations come from a [`Clock`] ([`MonotonicClock`] for workers,
 //! [`ManualClock`] for deterministic tests, with `worker_threads: 0` and
@@ -24,8 +24,6 @@
 // crate is unused there; dead-code analysis is only meaningful in normal builds.
 #![cfg_attr(loom, allow(dead_code))]
 
-#[cfg(not(loom))]
-pub mod bench;
 mod bucket;
 mod clock;
 mod config;

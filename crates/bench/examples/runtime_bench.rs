@@ -1,4 +1,4 @@
-//! `cargo run --release -p tidings-runtime --example bench [-- --quick] [--multicast]`: one
+//! `cargo run --release -p tidings-bench --example runtime_bench [-- --quick] [--multicast]`: one
 //! publisher to 1 and to 4 subscribers, 1000-byte and 64-byte messages, on loopback; messages/s,
 //! MB/s, latency and heap allocations per message, next to the raw UDP ceiling of the same
 //! datagram size measured in the same run.
@@ -7,7 +7,7 @@ use std::alloc::System;
 use std::time::Duration;
 
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
-use tidings_runtime::bench::{self, BenchSpec, RawMode};
+use tidings_bench::runtime::{self as bench, BenchSpec, RawMode};
 use tidings_runtime::{MulticastConfig, Transport};
 
 // Counts every allocation in the process (all threads).

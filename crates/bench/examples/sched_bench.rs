@@ -1,23 +1,17 @@
 //! Runs the paper 003 experiments (section IV) and prints them as Markdown tables.
 //!
 //! ```text
-//! cargo run --release -p tidings-sched --example sched_bench -- [rate|scaling|shares|shares-sim|shares-long|all] [--quick]
+//! cargo run --release -p tidings-bench --example sched_bench -- [rate|scaling|shares|shares-sim|shares-long|all] [--quick]
 //! ```
 //!
 //! `--quick` shortens every experiment (fewer configurations, shorter points) for a smoke run.
 
-// The benchmarks need the real `Scheduler`, which loom builds leave out (see `src/lib.rs`).
-#[cfg(loom)]
-fn main() {}
-
-#[cfg(not(loom))]
-fn main() -> Result<(), tidings_sched::bench::BenchError> {
+fn main() -> Result<(), tidings_bench::sched::BenchError> {
     bench::main()
 }
 
-#[cfg(not(loom))]
 mod bench {
-    use tidings_sched::bench::{
+    use tidings_bench::sched::{
         capacity, rate_delay, scaling, share_error, share_error_simulated, BenchError,
         RateDelayConfig, ScalingConfig, ShareErrorConfig, ShareErrorResult, SpinWork,
     };

@@ -1,6 +1,6 @@
 //! Throughput and latency of one publisher to N subscribers over loopback, next to the raw UDP
 //! ceiling measured in the same run (docs/design.md section 10). Functions return plain structs so
-//! that `tidings bench` and `examples/bench.rs` print the same numbers.
+//! that `tidings bench` and `examples/runtime_bench.rs` print the same numbers.
 //!
 //! All nodes run in this process, each with its own core thread and sockets, so the numbers
 //! include every thread competing for the host's cores.
@@ -16,10 +16,10 @@ use bytes::{BufMut, BytesMut};
 use hdrhistogram::Histogram;
 use tidings_proto::{Config, Membership, NodeId, Time, TopicId};
 
-use crate::{AddressBook, NodeRuntime, RuntimeConfig, Transport};
+use tidings_runtime::{AddressBook, NodeRuntime, RuntimeConfig, Transport};
 
 /// Bytes at the start of every benchmark payload: the publish time (nanoseconds of
-/// [`crate::now`]).
+/// [`tidings_runtime::now`]).
 const STAMP_BYTES: usize = 8;
 /// Size of the blocks payloads are written into (one allocation per block, not per message).
 const PAYLOAD_BLOCK_BYTES: usize = 1 << 20;
@@ -116,7 +116,7 @@ fn seconds(d: Duration) -> f64 {
 }
 
 fn elapsed(since: Time) -> Duration {
-    crate::now().saturating_duration_since(since)
+    tidings_runtime::now().saturating_duration_since(since)
 }
 
 /// Per-subscriber measurements, written by the subscription callback.
@@ -199,7 +199,7 @@ pub fn run(spec: &BenchSpec, allocations: Option<&dyn Fn() -> u64>) -> io::Resul
                     if p.window_open.load(Ordering::Relaxed)
                         && stamp >= p.window_start_ns.load(Ordering::Relaxed)
                     {
-                        let now = crate::now().as_nanos();
+                        let now = tidings_runtime::now().as_nanos();
                         let us = now.saturating_sub(stamp) / 1_000;
                         if let Ok(mut h) = p.latency_us.lock() {
                             h.saturating_record(us.max(1));
@@ -226,13 +226,13 @@ pub fn run(spec: &BenchSpec, allocations: Option<&dyn Fn() -> u64>) -> io::Resul
             .name("bench-publisher".to_owned())
             .spawn(move || {
                 let mut block = BytesMut::with_capacity(PAYLOAD_BLOCK_BYTES);
-                let start = crate::now();
+                let start = tidings_runtime::now();
                 let mut sent = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     if let Some(rate) = rate {
                         // Paced: publish message `sent` at start + sent / rate.
                         let due = start + Duration::from_nanos(sent * 1_000_000_000 / rate.max(1));
-                        let now = crate::now();
+                        let now = tidings_runtime::now();
                         if now < due {
                             std::thread::sleep((due - now).min(Duration::from_millis(1)));
                             continue;
@@ -241,7 +241,7 @@ pub fn run(spec: &BenchSpec, allocations: Option<&dyn Fn() -> u64>) -> io::Resul
                     if block.capacity() < message_bytes {
                         block.reserve(PAYLOAD_BLOCK_BYTES);
                     }
-                    block.put_u64(crate::now().as_nanos());
+                    block.put_u64(tidings_runtime::now().as_nanos());
                     block.put_bytes(0x5a, message_bytes - STAMP_BYTES);
                     let payload = block.split().freeze();
                     match publisher.publish_timeout(
@@ -253,7 +253,7 @@ pub fn run(spec: &BenchSpec, allocations: Option<&dyn Fn() -> u64>) -> io::Resul
                             sent += 1;
                             published.store(sent, Ordering::Relaxed);
                         }
-                        Err(crate::PublishError::Timeout(_)) => {}
+                        Err(tidings_runtime::PublishError::Timeout(_)) => {}
                         Err(_) => break,
                     }
                 }
@@ -262,7 +262,7 @@ pub fn run(spec: &BenchSpec, allocations: Option<&dyn Fn() -> u64>) -> io::Resul
     };
 
     std::thread::sleep(spec.warmup);
-    let window_start = crate::now();
+    let window_start = tidings_runtime::now();
     for p in &probes {
         p.window_start_ns
             .store(window_start.as_nanos(), Ordering::Relaxed);
@@ -414,10 +414,10 @@ pub fn raw_udp_to(
     let mut addrs = Vec::new();
     // The runtime's default buffers, so that the ceiling and the runs it is compared with lose
     // (or do not lose) datagrams in the kernel alike.
-    let defaults = crate::RuntimeConfig::default();
+    let defaults = tidings_runtime::RuntimeConfig::default();
     for _ in 0..receivers {
         let socket = raw_receiver(target, group)?;
-        crate::net::set_buffers(&socket2::SockRef::from(&socket), &defaults)?;
+        tidings_runtime::set_socket_buffers(&socket2::SockRef::from(&socket), &defaults)?;
         let state = quinn_udp::UdpSocketState::new((&socket).into())?;
         socket.set_nonblocking(false)?;
         socket.set_read_timeout(Some(Duration::from_millis(20)))?;
@@ -467,7 +467,7 @@ pub fn raw_udp_to(
             s
         }
     };
-    crate::net::set_buffers(&socket2::SockRef::from(&sender), &defaults)?;
+    tidings_runtime::set_socket_buffers(&socket2::SockRef::from(&sender), &defaults)?;
     let state = quinn_udp::UdpSocketState::new((&sender).into())?;
     // Blocking sends: the sender waits for buffer space like the runtime waits for `WRITABLE`.
     sender.set_nonblocking(false)?;
@@ -479,7 +479,7 @@ pub fn raw_udp_to(
             .max(1),
     };
     let run = vec![0x5au8; datagram_bytes * segments];
-    let start = crate::now();
+    let start = tidings_runtime::now();
     let mut sent = 0u64;
     while elapsed(start) < duration {
         for _ in 0..16 {

@@ -1,5 +1,5 @@
 //! The experiments of paper 003 section IV, as bounded functions returning plain result structs
-//! (the CLI serialises them; `examples/sched_bench.rs` prints them as tables).
+//! (the CLI serialises them; `examples/sched_bench.rs` of this crate prints them as tables).
 //!
 //! * [`rate_delay`]: throughput and delay against offered rate, one topic (Fig. 5).
 //! * [`scaling`]: throughput against number of topics and threads, lock-free set against the
@@ -12,17 +12,16 @@
 //! Handlers do synthetic work ([`SpinWork`]) instead of application code. Every experiment is
 //! bounded by its configured durations. Nothing here asserts timings: results are reported.
 
-use crate::clock::{Clock, ManualClock, MonotonicClock};
-use crate::config::{SchedConfig, TaskSetKind};
-use crate::core::Step;
-use crate::error::{ShareError, ShutdownError, StartError, TryPushError};
-use crate::maxmin::{expected_rates, relative_error};
-use crate::scheduler::{Scheduler, ShutdownMode, TaskHandle};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use thiserror::Error;
+use tidings_sched::maxmin::{expected_rates, relative_error};
+use tidings_sched::{
+    Clock, ManualClock, MonotonicClock, SchedConfig, Scheduler, ShareError, ShutdownError,
+    ShutdownMode, StartError, Step, TaskHandle, TaskSetKind, TryPushError,
+};
 
 /// Why an experiment could not run.
 #[derive(Debug, Error)]
