@@ -16,9 +16,10 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
+use tidings::GmsConfig;
 use tidings_bench::runtime::{self as rt_bench, RawMode, RawTarget};
 use tidings_proto::{Membership, NodeId, RegionId, TopicId};
-use tidings_runtime::{AddressBook, MulticastConfig, Transport};
+use tidings_runtime::{AddressBook, GmsServer, MulticastConfig, Transport};
 
 #[path = "bench_sys.rs"]
 pub(crate) mod bench_sys;
@@ -77,9 +78,23 @@ impl TransportArg {
     }
 }
 
+/// Which interface of tidings the benchmark's processes use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub(crate) enum ApiArg {
+    /// The public library (`tidings::Node`, raw topics, callback subscriptions), joined
+    /// through a membership service the benchmark starts: what applications get.
+    Library,
+    /// The runtime underneath (`tidings_runtime::NodeRuntime`) with a static membership: no
+    /// membership service, one publisher handle for every topic.
+    Runtime,
+}
+
 /// `tidings bench`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct BenchArgs {
+    /// The interface measured: the public library (default) or the runtime underneath it.
+    #[arg(long, value_enum, default_value_t = ApiArg::Library)]
+    api: ApiArg,
     /// Publisher processes. Each publishes round-robin over all topics.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     publishers: u32,
@@ -178,6 +193,15 @@ pub(crate) struct ChildArgs {
     spec: String,
 }
 
+fn runtime_api() -> ApiArg {
+    ApiArg::Runtime
+}
+
+/// The name of topic `t` in the library's benchmark.
+pub(crate) fn topic_name(t: u32) -> String {
+    format!("bench/{t}")
+}
+
 /// At least the benchmark's stamp; the upper bound depends on `--max-datagram-bytes` and is
 /// checked in [`measure`].
 fn parse_message_bytes(s: &str) -> Result<usize, String> {
@@ -212,6 +236,12 @@ fn parse_seconds_or_zero(s: &str) -> Result<f64, String> {
 pub(crate) struct ChildSpec {
     /// Whether this child publishes (`true`) or subscribes.
     pub(crate) publisher: bool,
+    /// The interface measured.
+    #[serde(default = "runtime_api")]
+    pub(crate) api: ApiArg,
+    /// The membership service the library's nodes join (`ApiArg::Library`).
+    #[serde(default)]
+    pub(crate) gms: Option<SocketAddr>,
     /// This child's node id: publishers are `0..publishers`, subscribers follow.
     pub(crate) node: u32,
     pub(crate) publishers: u32,
@@ -710,6 +740,10 @@ impl Report {
         let opt = |x: Option<f64>| x.map_or(serde_json::Value::Null, serde_json::Value::from);
         let v = serde_json::json!({
             "verdict": if self.pass() { "pass" } else { "fail" },
+            "api": match a.api {
+                ApiArg::Library => "library",
+                ApiArg::Runtime => "runtime",
+            },
             "publishers": a.publishers,
             "subscribers": a.subscribers,
             "topics": a.topics,
@@ -773,7 +807,11 @@ impl Report {
         let f =
             |x: Option<f64>, digits: usize| x.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
         s += &format!(
-            "tidings bench: {} publisher(s) -> {} subscriber(s), {} topic(s), {} B messages, {}, {}\n",
+            "tidings bench ({}): {} publisher(s) -> {} subscriber(s), {} topic(s), {} B messages, {}, {}\n",
+            match a.api {
+                ApiArg::Library => "the library",
+                ApiArg::Runtime => "the runtime",
+            },
             a.publishers,
             a.subscribers,
             a.topics,
@@ -954,6 +992,14 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
 
     let p = args.publishers;
     let n = p + args.subscribers;
+    // The library's nodes join a membership service of the benchmark's own, in this process.
+    let gms = match args.api {
+        ApiArg::Library => Some(
+            GmsServer::start(GmsConfig::default(), SocketAddr::from((args.interface, 0)))
+                .map_err(|e| format!("cannot start the membership service: {e}"))?,
+        ),
+        ApiArg::Runtime => None,
+    };
     let (warmup_ms, duration_ms) = match args.messages {
         Some(_) => (0, nanos(COUNT_MODE_PUBLISH_MAX) / 1_000_000),
         None => (millis(args.warmup_seconds), millis(args.seconds)),
@@ -963,6 +1009,8 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
     let specs: Vec<ChildSpec> = (0..n)
         .map(|i| ChildSpec {
             publisher: i < p,
+            api: args.api,
+            gms: gms.as_ref().map(GmsServer::local_addr),
             node: i,
             publishers: p,
             subscribers: args.subscribers,
@@ -1023,17 +1071,21 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
     if args.transport == TransportArg::Multicast {
         book.groups = groups(&membership, args.interface)?;
     }
-    for i in 0..n {
-        children.send(i, &ToChild::Book(book.clone()))?;
+    // Subscribers first: a publisher then learns the topics' regions with every subscriber in
+    // them when it declares its topics (through the library), before it publishes.
+    for range in [p as usize..n, 0..p as usize] {
+        for i in range.clone() {
+            children.send(i, &ToChild::Book(book.clone()))?;
+        }
+        gather(
+            &rx,
+            range,
+            SETUP_TIMEOUT,
+            "ready",
+            |_, m| matches!(m, FromChild::Ready).then_some(()),
+            no_progress,
+        )?;
     }
-    gather(
-        &rx,
-        0..n,
-        SETUP_TIMEOUT,
-        "ready",
-        |_, m| matches!(m, FromChild::Ready).then_some(()),
-        no_progress,
-    )?;
 
     let start_ns = bench_sys::shared_clock_ns() + nanos(START_DELAY);
     for i in 0..n {

@@ -9,13 +9,124 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use bytes::{BufMut, BytesMut};
 use hdrhistogram::Histogram;
 use tidings_proto::{NodeId, TopicId};
-use tidings_runtime::{NodeRuntime, PublishError, RuntimeConfig, RuntimeStats};
+use tidings_runtime::{NodeRuntime, PublishError, PublishHandle, RuntimeConfig, RuntimeStats};
 
 use super::bench_sys::{allocations, cpu_time_ns, peak_rss_bytes, shared_clock_ns};
-use super::{ChildResult, ChildSpec, FromChild, ToChild, HEADER_BYTES};
+use super::{topic_name, ApiArg, ChildResult, ChildSpec, FromChild, ToChild, HEADER_BYTES};
+
+/// The node a child measures: the public library's or the runtime's underneath.
+enum BenchNode {
+    Library(tidings::Node),
+    Runtime(NodeRuntime),
+}
+
+impl BenchNode {
+    fn stats(&self) -> Option<RuntimeStats> {
+        match self {
+            BenchNode::Library(n) => n.stats().ok().map(|s| s.runtime),
+            BenchNode::Runtime(n) => n.stats().ok(),
+        }
+    }
+
+    fn shutdown(self) -> Result<(), String> {
+        match self {
+            BenchNode::Library(n) => n.shutdown().map(drop).map_err(|e| e.to_string()),
+            BenchNode::Runtime(n) => n.shutdown().map(drop).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// A publisher child's handles: one per topic through the library, one for all topics on the
+/// runtime.
+enum BenchPublisher {
+    Library {
+        publishers: Vec<tidings::Publisher<Bytes>>,
+        last: Vec<Option<PublishHandle>>,
+    },
+    Runtime {
+        publisher: tidings_runtime::Publisher,
+        last: Option<PublishHandle>,
+    },
+}
+
+/// What one attempt to publish came to.
+enum Attempt {
+    Published,
+    /// No room within the attempt's time: the payload, to try again.
+    NoRoom(Bytes),
+}
+
+impl BenchPublisher {
+    fn new(node: &BenchNode, topics: u32) -> Result<BenchPublisher, String> {
+        Ok(match node {
+            BenchNode::Library(n) => {
+                let topics = (0..topics)
+                    .map(|t| tidings::Topic::raw(topic_name(t)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                let publishers = n
+                    .publishers(&topics)
+                    .map_err(|e| format!("publishers: {e}"))?;
+                BenchPublisher::Library {
+                    last: vec![None; publishers.len()],
+                    publishers,
+                }
+            }
+            BenchNode::Runtime(n) => BenchPublisher::Runtime {
+                publisher: n.publisher(),
+                last: None,
+            },
+        })
+    }
+
+    /// Publishes `payload` on topic number `topic`, waiting for room at most `wait`.
+    fn publish(&mut self, topic: u32, payload: Bytes, wait: Duration) -> Result<Attempt, String> {
+        match self {
+            BenchPublisher::Library { publishers, last } => {
+                let i = topic as usize;
+                let p = publishers.get_mut(i).ok_or("no such topic")?;
+                match p.publish_timeout(&payload, wait) {
+                    Ok(h) => {
+                        last[i] = Some(h);
+                        Ok(Attempt::Published)
+                    }
+                    Err(tidings::Error::Timeout(_)) => Ok(Attempt::NoRoom(payload)),
+                    Err(e) => Err(format!("publish: {e}")),
+                }
+            }
+            BenchPublisher::Runtime { publisher, last } => {
+                match publisher.publish_timeout(TopicId(topic), payload, Some(wait)) {
+                    Ok(h) => {
+                        *last = Some(h);
+                        Ok(Attempt::Published)
+                    }
+                    Err(PublishError::Timeout(p)) => Ok(Attempt::NoRoom(p)),
+                    Err(e) => Err(format!("publish: {e}")),
+                }
+            }
+        }
+    }
+
+    /// Waits until every message published is stable, at most `timeout` in all.
+    #[allow(clippy::disallowed_methods)] // a wall-clock bound on the drain
+    fn wait_stable(&mut self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
+        match self {
+            BenchPublisher::Library { publishers, last } => publishers
+                .iter_mut()
+                .zip(last.iter())
+                .all(|(p, h)| h.is_none_or(|h| p.wait_stable(h, left()).is_ok())),
+            BenchPublisher::Runtime { publisher, last } => {
+                last.is_none_or(|h| publisher.wait_stable(h, left()).is_ok())
+            }
+        }
+    }
+}
 
 /// Size of the blocks payloads are written into (one allocation per block, not per message).
 const PAYLOAD_BLOCK_BYTES: usize = 1 << 20;
@@ -165,10 +276,10 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    fn take(node: &NodeRuntime) -> Snapshot {
+    fn take(node: &BenchNode) -> Snapshot {
         let allocations = allocations();
         let cpu_ns = cpu_time_ns();
-        let stats: Option<RuntimeStats> = node.stats().ok();
+        let stats: Option<RuntimeStats> = node.stats();
         Snapshot {
             allocations,
             cpu_ns,
@@ -214,15 +325,32 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         config.socket_recv_buffer_bytes = bytes;
         config.socket_send_buffer_bytes = bytes;
     }
-    let node = NodeRuntime::start_with_socket(
-        config,
-        spec.protocol(),
-        NodeId(spec.node),
-        spec.membership(),
-        book.to_book(),
-        socket,
-    )
-    .map_err(|e| format!("cannot start the node: {e}"))?;
+    let node = match (spec.api, spec.gms) {
+        (ApiArg::Library, Some(gms)) => {
+            // The builder binds the address this child reported (free again once dropped).
+            drop(socket);
+            let node = tidings::Node::builder()
+                .gms(gms)
+                .bind(addr)
+                .runtime_config(config)
+                .protocol_config(spec.protocol())
+                .start()
+                .map_err(|e| format!("cannot start the node: {e}"))?;
+            BenchNode::Library(node)
+        }
+        (ApiArg::Library, None) => return Err("the library needs a membership service".into()),
+        (ApiArg::Runtime, _) => BenchNode::Runtime(
+            NodeRuntime::start_with_socket(
+                config,
+                spec.protocol(),
+                NodeId(spec.node),
+                spec.membership(),
+                book.to_book(),
+                socket,
+            )
+            .map_err(|e| format!("cannot start the node: {e}"))?,
+        ),
+    };
     let result = if spec.publisher {
         publisher(spec, &node, &rx, &quit)
     } else {
@@ -247,11 +375,11 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
 
 fn publisher(
     spec: &ChildSpec,
-    node: &NodeRuntime,
+    node: &BenchNode,
     rx: &mpsc::Receiver<Input>,
     quit: &AtomicBool,
 ) -> Result<ChildResult, String> {
-    let mut publisher = node.publisher();
+    let mut publisher = BenchPublisher::new(node, spec.topics)?;
     send(&FromChild::Ready);
     let ToChild::Go { start_ns } = recv(rx, Duration::from_millis(spec.lifetime_ms), "Go")? else {
         return Err("expected Go".to_owned());
@@ -266,7 +394,6 @@ fn publisher(
     let mut blocks = PayloadBlocks::new();
     let mut sent = 0u64;
     let mut in_window = 0u64;
-    let mut last = None;
     let mut first_snapshot: Option<Snapshot> = None;
     let mut next_progress = start_ns;
     let sample_every = u64::from(spec.latency_sample_every.max(1));
@@ -296,7 +423,7 @@ fn publisher(
                 continue;
             }
         }
-        let topic = TopicId((sent % topics) as u32);
+        let topic = (sent % topics) as u32;
         let seq = (sent / topics) as u32;
         let block = blocks.with_room(message_bytes);
         // The loop's clock read, taken just before (for a sampled message, this message's own):
@@ -308,22 +435,20 @@ fn publisher(
         block.put_bytes(0x5a, message_bytes - HEADER_BYTES);
         let mut payload = block.split().freeze();
         loop {
-            match publisher.publish_timeout(topic, payload, Some(Duration::from_millis(100))) {
-                Ok(h) => {
-                    last = Some(h);
+            match publisher.publish(topic, payload, Duration::from_millis(100))? {
+                Attempt::Published => {
                     sent += 1;
                     if stamp >= window_start && stamp < window_end {
                         in_window += 1;
                     }
                     break;
                 }
-                Err(PublishError::Timeout(p)) => {
+                Attempt::NoRoom(p) => {
                     if quit.load(Ordering::Relaxed) || shared_clock_ns() >= window_end {
                         break;
                     }
                     payload = p;
                 }
-                Err(e) => return Err(format!("publish: {e}")),
             }
         }
     }
@@ -333,12 +458,7 @@ fn publisher(
     let end = Snapshot::take(node);
     let start = first_snapshot.unwrap_or(end);
     send_progress(sent);
-    let stable = match last {
-        Some(h) => publisher
-            .wait_stable(h, Duration::from_millis(spec.drain_ms))
-            .is_ok(),
-        None => true,
-    };
+    let stable = publisher.wait_stable(Duration::from_millis(spec.drain_ms));
     Ok(ChildResult {
         published: sent,
         in_window: if spec.messages.is_some() {
@@ -412,7 +532,7 @@ impl Tally {
 
 fn subscriber(
     spec: &ChildSpec,
-    node: &NodeRuntime,
+    node: &BenchNode,
     rx: &mpsc::Receiver<Input>,
     quit: &AtomicBool,
 ) -> Result<ChildResult, String> {
@@ -431,13 +551,39 @@ fn subscriber(
         latency_sample_every: u64::from(spec.latency_sample_every.max(1)),
         latency_us: Mutex::new(histogram),
     });
-    let mut subscriptions = Vec::new();
-    for t in 0..spec.topics {
-        let tally = Arc::clone(&tally);
-        let sub = node
-            .subscribe(TopicId(t), 1.0, move |d| tally.record(d.topic, &d.payload))
-            .map_err(|e| format!("subscribe: {e}"))?;
-        subscriptions.push(sub);
+    // Dropped at the end: unsubscribes.
+    let mut runtime_subscriptions = Vec::new();
+    let mut library_subscriptions = Vec::new();
+    match node {
+        BenchNode::Library(n) => {
+            let topics = (0..spec.topics)
+                .map(|t| tidings::Topic::raw(topic_name(t)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            // Callbacks on the delivery workers, as the runtime's below; the topic's number
+            // (not the service's id) indexes the tally.
+            library_subscriptions = n
+                .subscribe_many_with(&topics, |i| {
+                    let tally = Arc::clone(&tally);
+                    let topic = TopicId(i as u32);
+                    move |m: Result<tidings::Message<Bytes>, tidings::Error>| match m {
+                        Ok(m) => tally.record(topic, &m.value),
+                        Err(_) => {
+                            tally.order_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+                .map_err(|e| format!("subscribe: {e}"))?;
+        }
+        BenchNode::Runtime(n) => {
+            for t in 0..spec.topics {
+                let tally = Arc::clone(&tally);
+                let sub = n
+                    .subscribe(TopicId(t), 1.0, move |d| tally.record(d.topic, &d.payload))
+                    .map_err(|e| format!("subscribe: {e}"))?;
+                runtime_subscriptions.push(sub);
+            }
+        }
     }
     send(&FromChild::Ready);
     let ToChild::Go { start_ns } = recv(rx, Duration::from_millis(spec.lifetime_ms), "Go")? else {
@@ -524,8 +670,9 @@ fn subscriber(
             missing += want.saturating_sub(got);
         }
     }
-    let stats = node.stats().map_err(|e| format!("stats: {e}"))?;
-    drop(subscriptions);
+    let stats = node.stats().ok_or("no stats: the node stopped")?;
+    drop(runtime_subscriptions);
+    drop(library_subscriptions);
     let latency_us = tally
         .latency_us
         .lock()

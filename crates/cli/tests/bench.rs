@@ -74,7 +74,16 @@ fn check(v: &serde_json::Value) {
 
 #[test]
 fn bench_json_unicast() {
-    check(&bench_json(&[]));
+    let v = bench_json(&[]);
+    check(&v);
+    assert_eq!(v["api"], "library", "the library is measured by default");
+}
+
+#[test]
+fn bench_json_the_runtime_underneath() {
+    let v = bench_json(&["--api", "runtime"]);
+    check(&v);
+    assert_eq!(v["api"], "runtime");
 }
 
 #[test]
