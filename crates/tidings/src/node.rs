@@ -265,6 +265,7 @@ impl NodeBuilder {
 
 /// Counters of a node.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct NodeStats {
     /// The runtime's and the protocol's counters.
     pub runtime: RuntimeStats,

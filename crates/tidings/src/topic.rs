@@ -128,6 +128,7 @@ impl<T> Topic<T> {
 
 /// One delivered message.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Message<T> {
     /// The value.
     pub value: T,
