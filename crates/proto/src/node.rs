@@ -5,9 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use bytes::Bytes;
 use tidings_wire::{
-    write_ack, write_dcq, write_ranges, write_silence, write_token_ack, write_uca, Body, Header,
-    Kind, Message, MessagesWriter, MsgId, NodeId, Packet, Priority, RegionId, SeqRange, Silence,
-    TopicId, MESSAGE_HEADER_LEN,
+    write_silence, Body, Header, Kind, Message, MessagesWriter, MsgId, NodeId, Packet, Priority,
+    RegionId, SeqRange, Silence, TopicId, MESSAGE_HEADER_LEN,
 };
 
 use crate::config::{Config, ConfigError, WindowAlgorithm};
@@ -1521,6 +1520,12 @@ impl Node {
     /// first, then retransmissions, then new data (round-robin over regions, packing as many
     /// messages as fit), then silence heartbeats.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        debug_assert!(
+            buf.len() >= self.config.max_datagram_bytes,
+            "poll_transmit needs a buffer of at least max_datagram_bytes ({}), got {}",
+            self.config.max_datagram_bytes,
+            buf.len()
+        );
         let buf_len = buf.len().min(self.config.max_datagram_bytes);
         let buf = &mut buf[..buf_len];
         let t = self
@@ -1546,126 +1551,45 @@ impl Node {
 
     fn poll_control(&mut self, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(c) = self.out.control.pop_front() {
-            let control = |to: NodeId, len: usize| Transmit {
-                destination: Destination::Node(to),
-                len,
-                priority: Priority::Control,
+            let encoded = c.encode(self.me, buf);
+            let transmit = match (encoded, c) {
+                (
+                    Ok((t, written)),
+                    Control::Pull {
+                        to,
+                        region,
+                        view,
+                        origin,
+                        mut ranges,
+                    },
+                ) if written < ranges.len() => {
+                    // The ranges that did not fit go in the next datagram.
+                    ranges.drain(..written);
+                    self.out.control.push_front(Control::Pull {
+                        to,
+                        region,
+                        view,
+                        origin,
+                        ranges,
+                    });
+                    Some(t)
+                }
+                (encoded, c) => {
+                    match c {
+                        Control::Token { bytes, .. } => self.out.recycle_token_buffer(bytes),
+                        Control::Nak { ranges, .. } | Control::Pull { ranges, .. } => {
+                            self.out.recycle_range_list(ranges);
+                        }
+                        _ => {}
+                    }
+                    encoded.ok().map(|(t, _)| t)
+                }
             };
-            match c {
-                Control::Token { to, bytes } => {
-                    let len = bytes.len();
-                    let copied = buf.get_mut(..len).map(|dst| dst.copy_from_slice(&bytes));
-                    self.out.recycle_token_buffer(bytes);
-                    if copied.is_none() {
-                        continue;
-                    }
-                    return Some(control(to, len));
-                }
-                Control::Dcq {
-                    region,
-                    view,
-                    seq,
-                    position_us,
-                } => {
-                    let h = self.header(Kind::Dcq, region, view);
-                    let Ok(len) = write_dcq(buf, &h, seq, position_us) else {
-                        continue;
-                    };
-                    return Some(Transmit {
-                        destination: Destination::Region(region),
-                        len,
-                        priority: Priority::Control,
-                    });
-                }
-                Control::Uca {
-                    to,
-                    region,
-                    view,
-                    origin,
-                    seq,
-                    nonrec,
-                    rec,
-                } => {
-                    let h = self.header(Kind::Uca, region, view);
-                    let Ok(len) = write_uca(buf, &h, origin, seq, nonrec, rec) else {
-                        continue;
-                    };
-                    return Some(control(to, len));
-                }
-                Control::TokenAck {
-                    to,
-                    region,
-                    view,
-                    level,
-                    ring,
-                    round,
-                } => {
-                    let h = self.header(Kind::TokenAck, region, view);
-                    let Ok(len) = write_token_ack(buf, &h, level, ring, round) else {
-                        continue;
-                    };
-                    return Some(control(to, len));
-                }
-                Control::Ack {
-                    to,
-                    region,
-                    view,
-                    origin,
-                    stable_upto,
-                } => {
-                    let h = self.header(Kind::Ack, region, view);
-                    let Ok(len) = write_ack(buf, &h, origin, stable_upto) else {
-                        continue;
-                    };
-                    return Some(control(to, len));
-                }
-                Control::Nak {
-                    to,
-                    region,
-                    view,
-                    origin,
-                    ranges,
-                } => {
-                    let h = self.header(Kind::Nak, region, view);
-                    let written = write_ranges(buf, &h, Kind::Nak, origin, &ranges);
-                    self.out.recycle_range_list(ranges);
-                    let Ok((len, _)) = written else {
-                        continue;
-                    };
-                    return Some(control(to, len));
-                }
-                Control::Pull {
-                    to,
-                    region,
-                    view,
-                    origin,
-                    ranges,
-                } => {
-                    let h = self.header(Kind::Pull, region, view);
-                    let Ok((len, written)) = write_ranges(buf, &h, Kind::Pull, origin, &ranges)
-                    else {
-                        self.out.recycle_range_list(ranges);
-                        continue;
-                    };
-                    if written < ranges.len() {
-                        let mut rest = ranges;
-                        rest.drain(..written);
-                        self.out.control.push_front(Control::Pull {
-                            to,
-                            region,
-                            view,
-                            origin,
-                            ranges: rest,
-                        });
-                    } else {
-                        self.out.recycle_range_list(ranges);
-                    }
-                    return Some(Transmit {
-                        destination: Destination::Node(to),
-                        len,
-                        priority: Priority::Recovery,
-                    });
-                }
+            match transmit {
+                Some(t) => return Some(t),
+                // Only a buffer smaller than `max_datagram_bytes` (against `poll_transmit`'s
+                // contract) can refuse a control packet: counted, not silent.
+                None => self.out.stats.control_unsendable += 1,
             }
         }
         None

@@ -5,7 +5,10 @@
 
 use std::collections::VecDeque;
 
-use tidings_wire::{NodeId, RegionId, SeqRange, ViewId};
+use tidings_wire::{
+    write_ack, write_dcq, write_ranges, write_token_ack, write_uca, BufferFull, Header, Kind,
+    NodeId, Priority, RegionId, SeqRange, ViewId,
+};
 
 use crate::config::Config;
 use crate::region::OwnedToken;
@@ -68,6 +71,110 @@ pub(crate) enum Control {
         origin: NodeId,
         ranges: Vec<SeqRange>,
     },
+}
+
+impl Control {
+    /// Writes the packet into `buf` as node `sender`: where it goes, its length and priority,
+    /// and for a pull the number of its ranges that fit (the rest go in another datagram).
+    /// Fails only if `buf` cannot hold the packet's fixed part (or a whole token).
+    pub(crate) fn encode(
+        &self,
+        sender: NodeId,
+        buf: &mut [u8],
+    ) -> Result<(crate::Transmit, usize), BufferFull> {
+        let header = |kind, region, view| Header {
+            kind,
+            region,
+            view,
+            sender,
+        };
+        let to_node = |to: NodeId, len: usize, priority: Priority| crate::Transmit {
+            destination: Destination::Node(to),
+            len,
+            priority,
+        };
+        let control = Priority::Control;
+        Ok(match self {
+            Control::Token { to, bytes } => {
+                let dst = buf.get_mut(..bytes.len()).ok_or(BufferFull)?;
+                dst.copy_from_slice(bytes);
+                (to_node(*to, bytes.len(), control), 0)
+            }
+            Control::Dcq {
+                region,
+                view,
+                seq,
+                position_us,
+            } => {
+                let h = header(Kind::Dcq, *region, *view);
+                let len = write_dcq(buf, &h, *seq, *position_us)?;
+                let t = crate::Transmit {
+                    destination: Destination::Region(*region),
+                    len,
+                    priority: control,
+                };
+                (t, 0)
+            }
+            Control::Uca {
+                to,
+                region,
+                view,
+                origin,
+                seq,
+                nonrec,
+                rec,
+            } => {
+                let h = header(Kind::Uca, *region, *view);
+                let len = write_uca(buf, &h, *origin, *seq, *nonrec, *rec)?;
+                (to_node(*to, len, control), 0)
+            }
+            Control::TokenAck {
+                to,
+                region,
+                view,
+                level,
+                ring,
+                round,
+            } => {
+                let h = header(Kind::TokenAck, *region, *view);
+                let len = write_token_ack(buf, &h, *level, *ring, *round)?;
+                (to_node(*to, len, control), 0)
+            }
+            Control::Ack {
+                to,
+                region,
+                view,
+                origin,
+                stable_upto,
+            } => {
+                let h = header(Kind::Ack, *region, *view);
+                let len = write_ack(buf, &h, *origin, *stable_upto)?;
+                (to_node(*to, len, control), 0)
+            }
+            Control::Nak {
+                to,
+                region,
+                view,
+                origin,
+                ranges,
+            } => {
+                let h = header(Kind::Nak, *region, *view);
+                let (len, written) = write_ranges(buf, &h, Kind::Nak, *origin, ranges)?;
+                (to_node(*to, len, control), written)
+            }
+            Control::Pull {
+                to,
+                region,
+                view,
+                origin,
+                ranges,
+            } => {
+                let h = header(Kind::Pull, *region, *view);
+                let (len, written) = write_ranges(buf, &h, Kind::Pull, *origin, ranges)?;
+                (to_node(*to, len, Priority::Recovery), written)
+            }
+        })
+    }
 }
 
 /// Why a message is resent (for the counters).

@@ -8,6 +8,9 @@ pub struct Stats {
     pub datagrams_sent: u64,
     /// Bytes handed out by `poll_transmit`.
     pub bytes_sent: u64,
+    /// Control packets dropped because the buffer given to `poll_transmit` could not hold them
+    /// (a buffer smaller than `max_datagram_bytes`, against its contract).
+    pub control_unsendable: u64,
     /// Datagrams given to `handle_datagram`.
     pub datagrams_received: u64,
     /// Bytes given to `handle_datagram`.
