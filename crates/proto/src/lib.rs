@@ -18,7 +18,7 @@ pub mod time;
 
 pub use config::{Config, ConfigError, WindowAlgorithm};
 pub use event::{Delivery, Event};
-pub use node::{Node, PublishError, StreamReport, Transmit};
+pub use node::{Node, PublishError, StreamReport, Timer, Transmit};
 pub use stats::Stats;
 pub use tidings_wire::Priority;
 

@@ -58,6 +58,24 @@ pub enum PublishError {
     },
 }
 
+/// What a [`Node::poll_timer`] deadline is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timer {
+    /// A region's token ring: a hand-off to resend, a token round to start or to time out, a
+    /// ring waking from sleep.
+    Region,
+    /// The scan of the regions with gaps for repairs to request.
+    RepairScan,
+    /// An outbound stream's silence heartbeat or its pause after a view change.
+    Stream,
+    /// Congestion control's next query down the rings (DCQ).
+    CongestionQuery,
+    /// Congestion control allows a refused publish again.
+    RateRetry,
+    /// The next sample of the receive streams' doubt horizons.
+    DoubtSample,
+}
+
 /// Receive-side figures of one inbound stream, for reports and checkers.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StreamReport {
@@ -1472,36 +1490,51 @@ impl Node {
     /// The next time [`handle_timeout`](Node::handle_timeout) must be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
+        self.poll_timer().map(|(at, _)| at)
+    }
+
+    /// The next time [`handle_timeout`](Node::handle_timeout) must be called, and which timer
+    /// it is for (the earliest; `handle_timeout` runs every timer that is due).
+    #[must_use]
+    pub fn poll_timer(&self) -> Option<(Time, Timer)> {
         // May be a skipped entry, earlier than any current deadline: that only wakes the
         // caller early once.
-        let rings = self.region_timers.peek().map(|Reverse((at, _))| *at);
+        let rings = self
+            .region_timers
+            .peek()
+            .map(|Reverse((at, _))| (*at, Timer::Region));
         // Regions with gaps, and those whose gaps closed since the last scan (visited once more).
-        let repair = (!self.repair_scan_regions.is_empty()).then_some(self.next_repair_scan);
+        let repair = (!self.repair_scan_regions.is_empty())
+            .then_some((self.next_repair_scan, Timer::RepairScan));
         // A lower bound of the outbound streams' silences and pauses, not their exact minimum
-        // (a pass over every stream took 77% of a node's protocol time with 1000 streams): an
-        // entry left early by later sends wakes the node once, and `handle_timeout` re-enters
-        // it at the stream's real deadline.
-        let silences_and_pauses = self.stream_timers.peek().map(|Reverse((at, ..))| *at);
+        // (a pass over every stream would cost a node with 1000 streams most of its protocol
+        // time): an entry left early by later sends wakes the node once, and `handle_timeout`
+        // re-enters it at the stream's real deadline.
+        let silences_and_pauses = self
+            .stream_timers
+            .peek()
+            .map(|Reverse((at, ..))| (*at, Timer::Stream));
         let dcq = (self.config.congestion_control && !self.outbound.is_empty())
-            .then_some(self.rate.next_dcq);
+            .then_some((self.rate.next_dcq, Timer::CongestionQuery));
+        let rate_retry = self.rate_retry_at.map(|at| (at, Timer::RateRetry));
         let others = rings
             .into_iter()
             .chain(repair)
             .chain(silences_and_pauses)
             .chain(dcq)
-            .chain(self.rate_retry_at)
-            .min();
+            .chain(rate_retry)
+            .min_by_key(|&(at, _)| at);
         // The doubt sample is due only for its readers and if some region receives (kept in
         // `receiving`; debug builds check it against a pass over the regions).
         debug_assert_eq!(
             self.receiving,
             self.regions.values().any(|r| !r.inbound.is_empty())
         );
-        let doubt = (others.is_none_or(|t| self.next_doubt_sample < t)
+        let doubt = (others.is_none_or(|(t, _)| self.next_doubt_sample < t)
             && self.receiving
             && self.config.reads_doubt_horizons())
-        .then_some(self.next_doubt_sample);
-        others.into_iter().chain(doubt).min()
+        .then_some((self.next_doubt_sample, Timer::DoubtSample));
+        others.into_iter().chain(doubt).min_by_key(|&(at, _)| at)
     }
 
     /// The next event for the application, if any.
