@@ -20,8 +20,8 @@ use super::{topic_name, ApiArg, ChildResult, ChildSpec, FromChild, ToChild, HEAD
 
 /// The node a child measures: the public library's or the runtime's underneath.
 enum BenchNode {
-    Library(tidings::Node),
-    Runtime(NodeRuntime),
+    Library(Box<tidings::Node>),
+    Runtime(Box<NodeRuntime>),
 }
 
 impl BenchNode {
@@ -336,10 +336,10 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
                 .protocol_config(spec.protocol())
                 .start()
                 .map_err(|e| format!("cannot start the node: {e}"))?;
-            BenchNode::Library(node)
+            BenchNode::Library(Box::new(node))
         }
         (ApiArg::Library, None) => return Err("the library needs a membership service".into()),
-        (ApiArg::Runtime, _) => BenchNode::Runtime(
+        (ApiArg::Runtime, _) => BenchNode::Runtime(Box::new(
             NodeRuntime::start_with_socket(
                 config,
                 spec.protocol(),
@@ -349,7 +349,7 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
                 socket,
             )
             .map_err(|e| format!("cannot start the node: {e}"))?,
-        ),
+        )),
     };
     let result = if spec.publisher {
         publisher(spec, &node, &rx, &quit)

@@ -270,6 +270,9 @@ pub(crate) struct JoinArgs {
     /// Interface address for multicast.
     #[arg(long, default_value = "127.0.0.1")]
     interface: std::net::Ipv4Addr,
+    /// Serve the node's metrics for Prometheus on this address (`GET /metrics`).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 impl JoinArgs {
@@ -281,7 +284,11 @@ impl JoinArgs {
                 ..MulticastConfig::default()
             }),
         };
-        Node::builder()
+        let builder = match self.metrics {
+            Some(addr) => Node::builder().metrics(addr),
+            None => Node::builder(),
+        };
+        let node = builder
             .gms_replicas(&self.gms.0)
             .bind(self.bind)
             .runtime_config(RuntimeConfig {
@@ -292,7 +299,11 @@ impl JoinArgs {
             })
             .transport(transport)
             .start()
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        if let Some(addr) = node.metrics_addr() {
+            eprintln!("metrics on http://{addr}/metrics");
+        }
+        Ok(node)
     }
 }
 
@@ -500,6 +511,9 @@ struct NodeFile {
     transport: TransportArg,
     #[serde(default = "default_interface")]
     interface: std::net::Ipv4Addr,
+    /// Serve the node's metrics on this address (`GET /metrics`).
+    #[serde(default)]
+    metrics: Option<SocketAddr>,
     #[serde(default)]
     subscribe: Vec<String>,
     #[serde(default)]
@@ -523,6 +537,10 @@ pub(crate) struct NodeArgs {
     /// The node's configuration file (TOML; see `crates/cli/README.md`).
     #[arg(long)]
     config: PathBuf,
+    /// Serve the node's metrics for Prometheus on this address (`GET /metrics`); overrides
+    /// `metrics` in the file.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 /// Runs a member from a configuration file: joins, subscribes to its topics, and prints a status
@@ -549,6 +567,7 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
         bind: file.bind,
         transport: file.transport,
         interface: file.interface,
+        metrics: a.metrics.or(file.metrics),
     };
     let node = join.start()?;
     let received = Arc::new(AtomicU64::new(0));

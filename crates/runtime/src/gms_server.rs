@@ -127,6 +127,29 @@ impl GmsServer {
         answer.recv_timeout(Duration::from_secs(5)).ok()
     }
 
+    /// Serves the service's metrics on `bind` (`GET /metrics`) until the returned server is
+    /// dropped.
+    pub fn serve_metrics(
+        &self,
+        bind: SocketAddr,
+    ) -> Result<crate::metrics::MetricsServer, crate::metrics::MetricsError> {
+        let snapshots = self.snapshots.clone();
+        crate::metrics::MetricsServer::start(
+            bind,
+            Box::new(move |registry| {
+                let (reply, answer) = mpsc::sync_channel(1);
+                snapshots
+                    .send(reply)
+                    .map_err(|_| "the service has stopped".to_owned())?;
+                let snapshot = answer
+                    .recv_timeout(Duration::from_secs(5))
+                    .map_err(|_| "the service did not answer in time".to_owned())?;
+                crate::metrics::register_gms(registry, &snapshot);
+                Ok(())
+            }),
+        )
+    }
+
     /// Stops the service thread.
     pub fn shutdown(mut self) {
         self.stop_thread();

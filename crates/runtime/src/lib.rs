@@ -33,6 +33,7 @@ mod config;
 mod core;
 mod gms_replica;
 mod gms_server;
+mod metrics;
 mod net;
 mod publish;
 mod runtime;
@@ -47,6 +48,7 @@ pub use config::{
 };
 pub use gms_replica::{check_peers, GmsReplicaServer, ReplicaSnapshot, REPLICA_MAGIC};
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
+pub use metrics::{register_gms, register_node, Collect, MetricsError, MetricsServer, Registry};
 pub use net::set_socket_buffers;
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};

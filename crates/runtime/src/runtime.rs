@@ -538,6 +538,32 @@ impl NodeRuntime {
         self.wait(&answer)?.map_err(RequestError::Refused)
     }
 
+    /// Serves this node's metrics on `bind` (`GET /metrics`, OpenMetrics text) until the
+    /// returned server is dropped; each scrape asks the core thread for a snapshot.
+    pub fn serve_metrics(
+        &self,
+        bind: SocketAddr,
+    ) -> Result<crate::metrics::MetricsServer, crate::metrics::MetricsError> {
+        let shared = Arc::clone(&self.shared);
+        let timeout = self.config.request_timeout;
+        let me = self.me.0;
+        crate::metrics::MetricsServer::start(
+            bind,
+            Box::new(move |registry| {
+                if !shared.is_running() {
+                    return Err("the node has stopped".to_owned());
+                }
+                let (reply, answer) = mpsc::sync_channel(1);
+                shared.send(Control::Stats { reply });
+                let stats = answer
+                    .recv_timeout(timeout)
+                    .map_err(|_| "the node did not answer in time".to_owned())?;
+                crate::metrics::register_node(registry, me, &stats);
+                Ok(())
+            }),
+        )
+    }
+
     /// A copy of the counters (the runtime's and the protocol's).
     pub fn stats(&self) -> Result<RuntimeStats, RequestError> {
         let (reply, answer) = mpsc::sync_channel(1);

@@ -20,6 +20,9 @@ pub enum Error {
     /// The node could not start (socket, membership service, protocol configuration).
     #[error("the node could not start: {0}")]
     Start(#[from] StartError),
+    /// The metrics endpoint could not start (is its address taken?).
+    #[error(transparent)]
+    Metrics(#[from] tidings_runtime::MetricsError),
     /// The embedded membership service could not start (is its address taken?).
     #[error("the embedded membership service could not start: {0}")]
     Gms(#[from] GmsServerError),

@@ -61,6 +61,6 @@ pub use bytes::Bytes;
 pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig, ReplicaConfig};
 pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
 pub use tidings_runtime::{
-    GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MulticastConfig, PublishHandle,
-    ReplicaSnapshot, RuntimeConfig, Transport,
+    GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MetricsServer, MulticastConfig,
+    PublishHandle, ReplicaSnapshot, RuntimeConfig, Transport,
 };

@@ -9,8 +9,8 @@ use std::time::Duration;
 use tidings_gms::GmsConfig;
 use tidings_proto::NodeId;
 use tidings_runtime::{
-    GmsLinkConfig, GmsServer, GmsServerError, GmsSnapshot, NodeRuntime, RuntimeConfig,
-    RuntimeStats, Transport,
+    GmsLinkConfig, GmsServer, GmsServerError, GmsSnapshot, MetricsServer, NodeRuntime,
+    RuntimeConfig, RuntimeStats, Transport,
 };
 
 use crate::error::Error;
@@ -59,6 +59,7 @@ pub struct NodeBuilder {
     link: Option<GmsLinkConfig>,
     subscription_capacity: usize,
     share: f64,
+    metrics: Option<SocketAddr>,
 }
 
 impl Default for NodeBuilder {
@@ -73,6 +74,7 @@ impl Default for NodeBuilder {
             link: None,
             subscription_capacity: 1024,
             share: 1.0,
+            metrics: None,
         }
     }
 }
@@ -201,6 +203,14 @@ impl NodeBuilder {
         self
     }
 
+    /// Serves the node's metrics for Prometheus on `addr` (`GET /metrics`, OpenMetrics text;
+    /// port 0 picks a free one, see [`Node::metrics_addr`]). Off by default.
+    #[must_use]
+    pub fn metrics(mut self, addr: SocketAddr) -> Self {
+        self.metrics = Some(addr);
+        self
+    }
+
     /// Checks the settings, starts the embedded membership service if asked, and joins.
     pub fn start(self) -> Result<Node, Error> {
         if !(1..=SUBSCRIPTION_CAPACITY_MAX).contains(&self.subscription_capacity) {
@@ -250,7 +260,12 @@ impl NodeBuilder {
             source,
         })?;
         let runtime = NodeRuntime::join(self.runtime, self.protocol, link, socket)?;
+        let metrics = match self.metrics {
+            Some(addr) => Some(runtime.serve_metrics(addr)?),
+            None => None,
+        };
         Ok(Node {
+            metrics,
             id: runtime.id(),
             local_addr: runtime.local_addr(),
             closing: Arc::new(AtomicBool::new(false)),
@@ -280,6 +295,8 @@ pub struct NodeStats {
 /// drop it.
 #[derive(Debug)]
 pub struct Node {
+    /// Serves the metrics, if asked for (stopped before the runtime).
+    metrics: Option<MetricsServer>,
     id: NodeId,
     local_addr: SocketAddr,
     /// Set when the node shuts down: iterator subscriptions stop waiting for room.
@@ -314,6 +331,12 @@ impl Node {
     #[must_use]
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where the node serves its metrics ([`NodeBuilder::metrics`]), if it does.
+    #[must_use]
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
     }
 
     /// The membership service's address: the embedded one's (give it to the other nodes), or
@@ -451,6 +474,7 @@ impl Node {
 
     fn stop(&mut self) -> Result<RuntimeStats, Error> {
         self.closing.store(true, Ordering::Release);
+        drop(self.metrics.take());
         let stats = match self.runtime.take() {
             Some(r) => r.shutdown().map_err(|e| Error::Shutdown(e.to_string()))?,
             None => RuntimeStats::default(),

@@ -559,3 +559,60 @@ fn nodes_started_with_the_defaults_on_one_host_form_one_group() {
     second.shutdown().unwrap();
     first.shutdown().unwrap();
 }
+
+/// `GET path` on `addr`, the whole response as text (status line, headers, body).
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn a_node_serves_its_metrics_for_prometheus() {
+    let node = Node::builder()
+        .private_gms()
+        .metrics("127.0.0.1:0".parse().unwrap())
+        .start()
+        .unwrap();
+    let addr = node.metrics_addr().unwrap();
+    let topic: Topic<u32> = Topic::new("metrics/t").unwrap();
+    let sub = node.subscribe(&topic).unwrap();
+    let mut publisher = node.publisher(&topic).unwrap();
+    let mut last = None;
+    for k in 0..10 {
+        last = Some(publisher.publish(&k).unwrap());
+    }
+    for _ in 0..10 {
+        sub.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+    publisher
+        .wait_stable(last.unwrap(), Duration::from_secs(10))
+        .unwrap();
+    let response = http_get(addr, "/metrics");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains("application/openmetrics-text"),
+        "{response}"
+    );
+    let id = node.id().0;
+    let published = format!("tidings_messages_published_total{{node=\"{id}\"}} 10");
+    assert!(response.contains(&published), "{response}");
+    let delivered = format!("tidings_messages_delivered_total{{node=\"{id}\"}} 10");
+    assert!(response.contains(&delivered), "{response}");
+    assert!(response.trim_end().ends_with("# EOF"), "{response}");
+    assert!(http_get(addr, "/").starts_with("HTTP/1.1 404"));
+    drop(sub);
+    node.shutdown().unwrap();
+    // Stopped with the node.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}

@@ -1,0 +1,412 @@
+//! The metrics endpoint: a node's (or the membership service's) counters as OpenMetrics text
+//! over HTTP, for Prometheus. `prometheus-client` writes the format and `tiny_http` serves it;
+//! the endpoint is off unless asked for (`NodeBuilder::metrics`, `--metrics ADDR`).
+//!
+//! Every scrape builds its registry from a fresh snapshot (the node's core thread answers a
+//! stats request), so a scrape costs one snapshot and nothing is kept between scrapes.
+
+use std::borrow::Cow;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+pub use prometheus_client::registry::Registry;
+
+use crate::gms_server::GmsSnapshot;
+use crate::stats::RuntimeStats;
+
+/// The media type of the OpenMetrics text format.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How often the server thread looks whether it should stop.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Fills a scrape's registry (prefix `tidings`), or says why it cannot (the node stopped).
+pub type Collect = Box<dyn Fn(&mut Registry) -> Result<(), String> + Send + 'static>;
+
+/// An HTTP server answering `GET /metrics` with what its [`Collect`] fills in.
+#[derive(Debug)]
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Why the metrics endpoint did not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot serve metrics on {addr}: {why}")]
+pub struct MetricsError {
+    /// The address asked for.
+    pub addr: SocketAddr,
+    /// The server's reason (the address is taken, or not this host's).
+    pub why: String,
+}
+
+impl MetricsServer {
+    /// Serves `GET /metrics` on `bind` (port 0: any free port, see
+    /// [`local_addr`](MetricsServer::local_addr)) from a thread of its own.
+    pub fn start(bind: SocketAddr, collect: Collect) -> Result<MetricsServer, MetricsError> {
+        let fail = |why: String| MetricsError { addr: bind, why };
+        let server = tiny_http::Server::http(bind).map_err(|e| fail(e.to_string()))?;
+        let addr = server
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| fail("not an IP address".to_owned()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("tidings-metrics".to_owned())
+            .spawn(move || serve(&server, &collect, &stopping))
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it serves on.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving (also done by dropping it).
+    pub fn shutdown(mut self) {
+        self.stop_thread();
+    }
+
+    fn stop_thread(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+fn serve(server: &tiny_http::Server, collect: &Collect, stop: &AtomicBool) {
+    while !stop.load(Ordering::Acquire) {
+        let request = match server.recv_timeout(STOP_POLL) {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
+            Err(_) => break,
+        };
+        let path = request.url().split('?').next().unwrap_or("");
+        let response = match (request.method(), path) {
+            (tiny_http::Method::Get, "/metrics") => {
+                let mut registry = Registry::with_prefix("tidings");
+                let mut body = String::new();
+                match collect(&mut registry).and_then(|()| {
+                    prometheus_client::encoding::text::encode(&mut body, &registry)
+                        .map_err(|e| e.to_string())
+                }) {
+                    Ok(()) => text(body, 200, CONTENT_TYPE),
+                    Err(why) => text(format!("no metrics: {why}\n"), 503, "text/plain"),
+                }
+            }
+            (tiny_http::Method::Get, _) => text(
+                "not found: the metrics are at /metrics\n".to_owned(),
+                404,
+                "text/plain",
+            ),
+            _ => text("only GET is served\n".to_owned(), 405, "text/plain"),
+        };
+        // A client that went away is not the server's problem.
+        let _ = request.respond(response);
+    }
+}
+
+fn text(body: String, status: u16, content_type: &str) -> tiny_http::Response<io::Cursor<Vec<u8>>> {
+    let response = tiny_http::Response::from_string(body).with_status_code(status);
+    match tiny_http::Header::from_bytes("Content-Type", content_type) {
+        Ok(h) => response.with_header(h),
+        Err(()) => response,
+    }
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let c: Counter<u64, AtomicU64> = Counter::default();
+    c.inc_by(value);
+    registry.register(name, help, c);
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let g: Gauge<i64, AtomicI64> = Gauge::default();
+    g.set(i64::try_from(value).unwrap_or(i64::MAX));
+    registry.register(name, help, g);
+}
+
+/// A node's metrics, labelled with its id.
+pub fn register_node(registry: &mut Registry, node: u32, s: &RuntimeStats) {
+    let r = registry.sub_registry_with_label((Cow::Borrowed("node"), Cow::Owned(node.to_string())));
+    let p = &s.proto;
+    let counters: [(&str, &str, u64); 33] = [
+        (
+            "datagrams_received",
+            "Datagrams read from the node's sockets",
+            s.datagrams_received,
+        ),
+        (
+            "bytes_received",
+            "Bytes read from the node's sockets",
+            s.bytes_received,
+        ),
+        (
+            "datagrams_sent",
+            "Datagrams written to the node's sockets",
+            s.datagrams_sent,
+        ),
+        (
+            "bytes_sent",
+            "Bytes written to the node's sockets",
+            s.bytes_sent,
+        ),
+        (
+            "kernel_drops",
+            "Datagrams the kernel dropped at the node's sockets (buffers full)",
+            s.kernel_drops,
+        ),
+        (
+            "invalid_datagrams",
+            "Datagrams dropped as malformed, foreign or invalid",
+            p.malformed_dropped + p.foreign_dropped + p.invalid_dropped,
+        ),
+        ("send_errors", "Sends that failed", s.send_errors),
+        (
+            "messages_published",
+            "Messages published by this node",
+            p.messages_published,
+        ),
+        (
+            "messages_stable",
+            "Messages of this node that became stable",
+            p.messages_stable,
+        ),
+        (
+            "publish_refused",
+            "Publishes refused by back pressure (try_publish)",
+            s.publish_refused,
+        ),
+        (
+            "publish_stalls",
+            "Times a publisher waited for room",
+            s.publish_stalls,
+        ),
+        (
+            "messages_received",
+            "Messages received (new ones)",
+            p.messages_received,
+        ),
+        (
+            "messages_delivered",
+            "Messages delivered to this node's subscriptions",
+            p.messages_delivered,
+        ),
+        (
+            "duplicates_dropped",
+            "Messages received again and dropped",
+            p.duplicates_dropped,
+        ),
+        (
+            "out_of_window_dropped",
+            "Messages dropped beyond the receive window (repaired later)",
+            p.out_of_window_dropped,
+        ),
+        (
+            "repairs_received",
+            "Messages received through repair",
+            p.repairs_received,
+        ),
+        (
+            "pulls_sent",
+            "Repair requests sent to caching members",
+            p.pulls_sent,
+        ),
+        (
+            "pulls_to_sender",
+            "Repair requests sent to the sender",
+            p.pulls_to_sender,
+        ),
+        (
+            "messages_pushed",
+            "Messages pushed to ring neighbours",
+            p.messages_pushed,
+        ),
+        (
+            "messages_resent_on_pull",
+            "Messages resent on a repair request",
+            p.messages_resent_on_pull,
+        ),
+        (
+            "messages_resent_on_nak",
+            "Messages resent after a region's NAK",
+            p.messages_resent_on_nak,
+        ),
+        (
+            "naks_sent",
+            "NAKs sent for what a whole region lost",
+            p.naks_sent,
+        ),
+        (
+            "token_rounds_completed",
+            "Token rounds completed",
+            p.token_rounds_completed,
+        ),
+        ("tokens_lost", "Token rounds lost", p.tokens_lost),
+        ("tokens_resent", "Token hand-offs resent", p.tokens_resent),
+        ("suspicions", "Ring neighbours suspected", p.suspicions),
+        ("view_changes", "Region views installed", p.view_changes),
+        (
+            "memberships_installed",
+            "Memberships installed from the membership service",
+            s.memberships_installed,
+        ),
+        (
+            "suspicions_reported",
+            "Suspicions reported to the membership service",
+            s.suspicions_reported,
+        ),
+        (
+            "stalls_reported",
+            "Regions reported stalled (messages unacknowledged past stall_after)",
+            s.stalls_reported,
+        ),
+        (
+            "gms_datagrams_sent",
+            "Datagrams sent to the membership service",
+            s.gms_datagrams_sent,
+        ),
+        (
+            "gms_datagrams_received",
+            "Datagrams received from the membership service",
+            s.gms_datagrams_received,
+        ),
+        (
+            "delivery_stalls",
+            "Times a full subscription queue held deliveries back",
+            s.delivery_stalls,
+        ),
+    ];
+    for (name, help, value) in counters {
+        counter(r, name, help, value);
+    }
+    let gauges: [(&str, &str, u64); 10] = [
+        (
+            "unstable_messages",
+            "Messages of this node not yet stable",
+            p.unstable_msgs_current,
+        ),
+        (
+            "held_messages",
+            "Messages this node holds for its streams",
+            p.held_msgs_current,
+        ),
+        (
+            "held_bytes",
+            "Bytes this node holds for its streams",
+            p.held_bytes_current,
+        ),
+        (
+            "cached_messages",
+            "Messages cached for repairs",
+            p.cache_msgs_current,
+        ),
+        (
+            "publish_queued_messages",
+            "Messages queued by publishers, not yet taken by the protocol",
+            s.publish_queued_current,
+        ),
+        (
+            "publish_queued_bytes",
+            "Bytes queued by all publishers (bounded by publish_queued_node_bytes_max)",
+            s.publish_queued_node_bytes_current,
+        ),
+        (
+            "publishers",
+            "Publishers of this node",
+            s.publishers_current,
+        ),
+        (
+            "publishers_waiting",
+            "Publishers waiting for room",
+            s.publishers_stalled_current,
+        ),
+        (
+            "multicast_groups_unjoined",
+            "Regions whose multicast group could not be joined",
+            s.groups_unjoined_current as u64,
+        ),
+        (
+            "removed_by_gms",
+            "1 once the membership service removed this node",
+            u64::from(s.gms_removed),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        gauge(r, name, help, value);
+    }
+    // The regions stalled now: whom each waits for (the members of the region).
+    let stalled: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>> = Family::default();
+    for stall in &s.stalls {
+        let members: Vec<String> = stall.members.iter().map(|m| m.0.to_string()).collect();
+        stalled
+            .get_or_create(&vec![
+                ("region".to_owned(), stall.region.0.to_string()),
+                ("oldest_message".to_owned(), stall.oldest.0.to_string()),
+                ("members".to_owned(), members.join(",")),
+            ])
+            .set(stall.waited.as_secs_f64());
+    }
+    r.register(
+        "stalled_region_wait_seconds",
+        "Regions that have not acknowledged a message of this node for stall_after: how long \
+         the oldest has waited, and the region's members (whom it waits for)",
+        stalled,
+    );
+}
+
+/// The membership service's metrics (one process, not replicated).
+pub fn register_gms(registry: &mut Registry, s: &GmsSnapshot) {
+    gauge(
+        registry,
+        "gms_members",
+        "Members of the group",
+        s.members.len() as u64,
+    );
+    gauge(
+        registry,
+        "gms_topics",
+        "Topics bound to ids",
+        s.topics.len() as u64,
+    );
+    counter(
+        registry,
+        "gms_members_removed",
+        "Members removed (failed or left)",
+        s.removed.len() as u64,
+    );
+    counter(
+        registry,
+        "gms_invalid_datagrams",
+        "Datagrams dropped as malformed",
+        s.invalid_datagrams,
+    );
+    counter(
+        registry,
+        "gms_unknown_sources",
+        "Datagrams from addresses that are not members",
+        s.unknown_sources,
+    );
+}
