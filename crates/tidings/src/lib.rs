@@ -61,5 +61,5 @@ pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig, ReplicaConfig};
 pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
 pub use tidings_runtime::{
     GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MulticastConfig, PublishHandle,
-    ReplicaSnapshot, RuntimeConfig, Transport,
+    ReplicaHostConfig, ReplicaSnapshot, RuntimeConfig, Transport,
 };
