@@ -269,8 +269,8 @@ impl Durable {
 
     /// Checks that a replica of a `replicas`-replica service could have kept this state, so
     /// that raft-rs takes it without panicking: the snapshot (if any) lists those voters, the
-    /// log runs on without a gap from at most the snapshot's index, its terms never fall, and
-    /// the hard state's term, vote and commit agree with it.
+    /// log runs on without a gap from at most the snapshot's index, holds no configuration
+    /// change, its terms never fall, and the hard state's term, vote and commit agree with it.
     pub fn check(&self, replicas: usize) -> Result<(), &'static str> {
         let md = self.snapshot.get_metadata();
         if md.index > 0 {
@@ -293,6 +293,9 @@ impl Durable {
         }
         let mut prev: Option<&Entry> = None;
         for e in &self.entries {
+            if e.get_entry_type() != raft::eraftpb::EntryType::EntryNormal {
+                return Err("a configuration change in the log (the replicas are fixed)");
+            }
             if let Some(p) = prev {
                 if p.index.checked_add(1) != Some(e.index) {
                     return Err("the log has a gap");
