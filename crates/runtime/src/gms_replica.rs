@@ -428,9 +428,13 @@ impl StateStore {
             ))
         })?;
         if (kept.index, kept.replicas) != (config.index, config.replicas) {
+            let hint = if kept.replicas == config.replicas {
+                "give each replica its own data directory"
+            } else {
+                "a service keeps its number of replicas (a new service starts in empty directories)"
+            };
             return Err(err(format!(
-                "holds the state of replica {} of {}, but this is replica {} of {}: give each \
-                 replica its own data directory",
+                "holds the state of replica {} of {}, but this is replica {} of {}: {hint}",
                 kept.index, kept.replicas, config.index, config.replicas
             )));
         }

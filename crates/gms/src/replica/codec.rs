@@ -371,7 +371,7 @@ pub struct DurableFile {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DurableError {
     /// The file is longer than the bound.
-    #[error("replica state of {len} bytes exceeds the bound of {max} bytes")]
+    #[error("{len} bytes, beyond the bound of {max} bytes")]
     TooLong {
         /// The file's length.
         len: usize,
@@ -379,16 +379,18 @@ pub enum DurableError {
         max: usize,
     },
     /// The file is too short to hold even its header and checksum.
-    #[error("replica state truncated ({0} bytes)")]
+    #[error("truncated ({0} bytes)")]
     Truncated(usize),
     /// The file does not start with [`DURABLE_MAGIC`].
     #[error("not a replica state file (bad magic)")]
     Magic,
     /// A format version this build does not read.
-    #[error("replica state format version {0} is not supported (this build reads version 1)")]
+    #[error("format version {0} is not supported (this build reads version 1)")]
     Version(u8),
     /// The CRC-32 at the end does not match the bytes before it.
-    #[error("replica state checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    #[error(
+        "checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): the file is corrupt"
+    )]
     Checksum {
         /// The checksum the file ends with.
         stored: u32,
@@ -396,11 +398,11 @@ pub enum DurableError {
         computed: u32,
     },
     /// The body does not decode.
-    #[error("replica state body: {0}")]
+    #[error("undecodable: {0}")]
     Body(#[from] DecodeError),
     /// The body decodes but no replica could have kept it (a log with a gap, a commit beyond
     /// the log, a snapshot of another configuration ...).
-    #[error("replica state inconsistent: {0}")]
+    #[error("inconsistent: {0}")]
     Inconsistent(&'static str),
 }
 
