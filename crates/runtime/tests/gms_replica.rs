@@ -164,3 +164,24 @@ fn a_data_dir_of_another_replica_or_a_corrupt_state_is_refused() {
     let short = refused(0, 3);
     assert!(short.contains("truncated"), "{short}");
 }
+
+/// A replica whose state cannot be written stops rather than send what it has not kept: its
+/// data directory removed under it, the one-replica service's election (a new term to keep)
+/// stops it, and `failure` says why.
+#[test]
+fn a_replica_that_cannot_write_its_state_stops() {
+    use tidings_runtime::ReplicaHostConfig;
+    let dir = TempDir::new("replica-unwritable");
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let peers = vec![socket.local_addr().unwrap()];
+    let host = ReplicaHostConfig {
+        replica: ReplicaConfig::default(),
+        data_dir: Some(dir.0.join("r")),
+    };
+    let r = GmsReplicaServer::start_host_on(host, peers, socket).unwrap();
+    std::fs::remove_dir_all(dir.0.join("r")).unwrap();
+    wait_for("the replica stops", || r.failure().is_some());
+    let failure = r.failure().unwrap();
+    assert!(failure.contains("cannot write its state"), "{failure}");
+    wait_for("its thread is gone", || r.snapshot().is_none());
+}
