@@ -15,7 +15,7 @@ use tidings::{
     Bytes, GmsConfig, GmsReplicaServer, MulticastConfig, MulticastPool, Node, ReplicaConfig,
     RuntimeConfig, Topic, Transport,
 };
-use tidings_runtime::GmsServer;
+use tidings_runtime::{replica_data_dir, GmsServer, ReplicaHostConfig, STATE_FILE};
 
 use crate::demo::TransportArg;
 
@@ -62,6 +62,12 @@ pub(crate) struct GmsArgs {
     /// the replicated service on one host (1..=7).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=7))]
     replicas: Option<u16>,
+    /// Keep each replica's Raft state (term, vote, snapshot, log) in this directory, written
+    /// before the replica sends anything, and restart a replica from it when it holds one
+    /// (with `--replicas N`: one subdirectory `replica-I` per replica). Without it the state
+    /// is in memory only: a restarted replica comes back empty under the same id.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
     /// Stop after this many seconds (default: run until killed).
     #[arg(long)]
     seconds: Option<u64>,
@@ -111,6 +117,13 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
     }
     if a.id.is_some() || a.replicas.is_some() {
         return gms_replicated(a, config);
+    }
+    if a.data_dir.is_some() {
+        eprintln!(
+            "error: --data-dir keeps a replica's state: give it with --id and --peers, or with \
+             --replicas (the standalone service keeps no state)"
+        );
+        return ExitCode::from(2);
     }
     let bind = a.bind.unwrap_or_else(default_gms);
     let server = match GmsServer::start(config, bind) {
@@ -201,10 +214,27 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
             gms: gms.clone(),
             ..ReplicaConfig::default()
         };
-        match GmsReplicaServer::start(config, peers.clone(), bind) {
-            Ok(s) => servers.push(s),
+        // One directory per replica: the given one for `--id`, a subdirectory of it for each
+        // of `--replicas`.
+        let data_dir = a.data_dir.as_ref().map(|d| {
+            if a.replicas.is_some() {
+                replica_data_dir(d, index)
+            } else {
+                d.clone()
+            }
+        });
+        let host = ReplicaHostConfig {
+            replica: config,
+            data_dir: data_dir.clone(),
+        };
+        match GmsReplicaServer::start_host(host, peers.clone(), bind) {
+            Ok(s) => servers.push((s, data_dir)),
             Err(e @ tidings_runtime::GmsServerError::Io(_)) => {
                 eprintln!("error: replica {index} cannot serve on {bind}: {e}");
+                return ExitCode::FAILURE;
+            }
+            Err(e @ tidings_runtime::GmsServerError::State { .. }) => {
+                eprintln!("error: replica {index}: {e}");
                 return ExitCode::FAILURE;
             }
             Err(e) => {
@@ -214,14 +244,25 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
         }
     }
     let list: Vec<String> = peers.iter().map(SocketAddr::to_string).collect();
-    for s in &servers {
+    for (s, data_dir) in &servers {
+        let state = match (data_dir, s.restored_term()) {
+            (Some(d), Some(term)) => format!(
+                "restarted from {} at term {term}",
+                d.join(STATE_FILE).display()
+            ),
+            (Some(d), None) => format!("state kept in {}", d.join(STATE_FILE).display()),
+            (None, _) => "state in memory only: restarted, it comes back empty under the same \
+                          id and takes the leader's snapshot (--data-dir keeps its votes and log)"
+                .to_owned(),
+        };
         println!(
-            "tidings gms: replica {} of {} serving on {}",
+            "tidings gms: replica {} of {} serving on {}, {state}",
             s.index(),
             peers.len(),
             s.local_addr()
         );
     }
+    let servers: Vec<GmsReplicaServer> = servers.into_iter().map(|(s, _)| s).collect();
     println!("tidings gms: nodes join with --gms {}", list.join(","));
     let mut elapsed = 0u64;
     loop {
@@ -231,7 +272,7 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
             for s in servers.iter().filter_map(GmsReplicaServer::snapshot) {
                 println!(
                     "replica {} term {} {} members {} topics {} removed {} views issued {} \
-                     redirects {} snapshots {}",
+                     redirects {} snapshots {} state writes {}",
                     s.index,
                     s.term,
                     if s.serving { "leader" } else { "follower" },
@@ -240,9 +281,17 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
                     s.removed.len(),
                     s.stats.views_issued,
                     s.replica.redirects,
-                    s.replica.snapshots_taken
+                    s.replica.snapshots_taken,
+                    s.state_writes
                 );
             }
+        }
+        if let Some(failure) = servers.iter().find_map(GmsReplicaServer::failure) {
+            eprintln!("error: {failure}");
+            for s in servers {
+                s.shutdown();
+            }
+            return ExitCode::FAILURE;
         }
         if a.seconds.is_some_and(|s| elapsed >= s) {
             break;

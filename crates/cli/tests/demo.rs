@@ -238,6 +238,10 @@ fn gms_refuses_bad_replica_options() {
             "--peers",
         ),
         (vec!["gms", "--replicas", "8"], "--replicas"),
+        (
+            vec!["gms", "--data-dir", "/nonexistent/tidings"],
+            "--data-dir",
+        ),
         (vec!["sub", "t", "--gms", "127.0.0.1:1,nowhere"], "--gms"),
         (vec!["demo", "--kill-gms-leader"], "--gms-replicas"),
     ] {
@@ -246,4 +250,76 @@ fn gms_refuses_bad_replica_options() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(option), "{args:?}: {stderr}");
     }
+}
+
+/// `tidings gms --replicas 3 --data-dir D` keeps each replica's state in `D/replica-I`; run
+/// again on the same directory, every replica restarts from its state, and a replica given
+/// another's directory is refused.
+#[test]
+fn gms_replicas_restart_from_their_data_dir() {
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir =
+        Dir(std::env::temp_dir().join(format!("tidings-cli-data-dir-{}", std::process::id())));
+    // Three consecutive free ports (free when probed).
+    let base = (0..50)
+        .find_map(|_| {
+            let first = std::net::UdpSocket::bind("127.0.0.1:0").ok()?;
+            let port = first.local_addr().ok()?.port();
+            let _next = (1..3)
+                .map(|i| std::net::UdpSocket::bind(("127.0.0.1", port.checked_add(i)?)).ok())
+                .collect::<Option<Vec<_>>>()?;
+            Some(port)
+        })
+        .unwrap();
+    let bind = format!("127.0.0.1:{base}");
+    let data = dir.0.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = tidings(args, "");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let replicas = [
+        "gms",
+        "--replicas",
+        "3",
+        "--bind",
+        &bind,
+        "--data-dir",
+        data,
+        "--seconds",
+        "1",
+    ];
+    let (code, stdout, stderr) = run(&replicas);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.matches("state kept in").count(), 3, "{stdout}");
+    for i in 0..3 {
+        assert!(dir.0.join(format!("replica-{i}/replica.state")).exists());
+    }
+    let (code, stdout, stderr) = run(&replicas);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.matches("restarted from").count(), 3, "{stdout}");
+    let peers: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
+    let peers = peers.join(",");
+    let other = format!("{data}/replica-0");
+    let (code, _, stderr) = run(&[
+        "gms",
+        "--id",
+        "1",
+        "--peers",
+        &peers,
+        "--data-dir",
+        &other,
+        "--seconds",
+        "1",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("replica 0 of 3"), "{stderr}");
 }

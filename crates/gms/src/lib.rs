@@ -49,8 +49,8 @@ pub use regions::{
     RegionsParams, RegionsReport, SubsetId,
 };
 pub use replica::{
-    Durable, Replica, ReplicaConfig, ReplicaError, ReplicaEvent, ReplicaStats, ReplicaTransmit,
-    REPLICAS_MAX,
+    Durable, DurableError, DurableFile, DurableLimits, Replica, ReplicaConfig, ReplicaError,
+    ReplicaEvent, ReplicaStats, ReplicaTransmit, REPLICAS_MAX,
 };
 pub use service::{
     Command, Decision, Gms, GmsEvent, GmsStats, GmsTransmit, MemberState, Peer, RemoveCause,

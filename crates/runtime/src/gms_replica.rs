@@ -10,20 +10,30 @@
 //! their `Join`: so the replicated state holds it ([`Gms::member_addr`]), and a replica that
 //! becomes leader reaches the members another replica welcomed.
 //!
-//! The replica's durable state (`Replica::durable`) stays in memory: a replica whose process
-//! stops comes back empty and catches up from the leader by snapshot.
+//! With a data directory ([`ReplicaHostConfig::data_dir`], `tidings gms --data-dir`) the host
+//! keeps the replica's durable state (`Replica::durable`: Raft's hard state, the latest snapshot
+//! and the log after it) in the file [`STATE_FILE`] there: it writes it, whenever
+//! `Replica::durable_generation` moved, before it sends anything the replica queued (a
+//! temporary file, fsync, rename, fsync of the directory), and a host started on a directory
+//! that holds a state restarts the replica from it (`Replica::restart`). A state of another
+//! replica index or count is refused. Without one the state stays in memory: a replica whose
+//! process stops comes back empty under the same Raft id and catches up from the leader's
+//! snapshot, having forgotten its votes and the entries it acknowledged.
 //!
 //! [`Gms::member_addr`]: tidings_gms::Gms::member_addr
 
 use std::collections::{BTreeMap, HashMap};
-use std::io;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use tidings_gms::replica::{decode_durable, encode_durable, DurableLimits};
 use tidings_gms::{
     GmsEvent, GmsMessage, GmsStats, Peer, RemoveCause, Replica, ReplicaConfig, ReplicaEvent,
     ReplicaStats, ReplicaTransmit, REPLICAS_MAX,
@@ -44,6 +54,31 @@ const SERVER_TICK: Duration = Duration::from_millis(10);
 const JOINERS_MAX: usize = 65_536;
 /// Largest datagram read or sent (a UDP payload over IPv4 is at most 65,507 bytes).
 const DATAGRAM_BYTES_MAX: usize = 65_507;
+
+/// The replica's state file in its data directory.
+pub const STATE_FILE: &str = "replica.state";
+/// Where the state is written before it is renamed over [`STATE_FILE`].
+const STATE_FILE_TMP: &str = "replica.state.tmp";
+/// Most datagrams handled, when the state is kept in a file, before what they changed is
+/// written and their answers sent (a burst costs one write, not one per datagram).
+const STATE_BATCH_DATAGRAMS: usize = 64;
+
+/// How a replica host runs its replica.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaHostConfig {
+    /// The replica's configuration (`replicas` is set from the address list).
+    pub replica: ReplicaConfig,
+    /// Where the replica's durable state is kept ([`STATE_FILE`] inside; created if missing).
+    /// `None`: in memory only, so a restarted replica comes back empty under the same Raft id.
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The data directory of replica `index` when several replicas share `dir`
+/// (`tidings gms --replicas N --data-dir DIR`, [`GmsReplicaServer::start_loopback_in`]).
+#[must_use]
+pub fn replica_data_dir(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("replica-{index}"))
+}
 
 /// What a replica looks like now (for tests and `tidings gms`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -79,6 +114,14 @@ pub struct ReplicaSnapshot {
     /// Replica messages too large for one datagram, not sent (a snapshot larger than a
     /// datagram: replicas are not fragmented).
     pub oversized: u64,
+    /// Writes of the state file (0 without a data directory).
+    pub state_writes: u64,
+    /// Bytes of the last state file written.
+    pub state_bytes: u64,
+    /// Time spent writing the state file (encoding, writes, fsyncs, rename), in total.
+    pub state_write_time: Duration,
+    /// The longest single write of the state file.
+    pub state_write_time_max: Duration,
 }
 
 /// A running replica of the membership service.
@@ -86,6 +129,8 @@ pub struct ReplicaSnapshot {
 pub struct GmsReplicaServer {
     index: usize,
     local_addr: SocketAddr,
+    restored_term: Option<u64>,
+    failure: Arc<Mutex<Option<String>>>,
     stop: Arc<AtomicBool>,
     snapshots: SyncSender<SyncSender<ReplicaSnapshot>>,
     thread: Option<JoinHandle<()>>,
@@ -93,23 +138,59 @@ pub struct GmsReplicaServer {
 
 impl GmsReplicaServer {
     /// Binds `bind` and starts replica `config.index` of the service whose replicas are at
-    /// `peers` (every replica's address by index, this one's included). `config.replicas` is
-    /// set to the number of peers.
+    /// `peers` (every replica's address by index, this one's included), its state in memory
+    /// only. `config.replicas` is set to the number of peers.
     pub fn start(
         config: ReplicaConfig,
         peers: Vec<SocketAddr>,
         bind: SocketAddr,
     ) -> Result<GmsReplicaServer, GmsServerError> {
-        let socket = UdpSocket::bind(bind)?;
-        GmsReplicaServer::start_on(config, peers, socket)
+        GmsReplicaServer::start_host(
+            ReplicaHostConfig {
+                replica: config,
+                data_dir: None,
+            },
+            peers,
+            bind,
+        )
     }
 
     /// As [`start`](GmsReplicaServer::start), on a socket already bound.
     pub fn start_on(
-        mut config: ReplicaConfig,
+        config: ReplicaConfig,
         peers: Vec<SocketAddr>,
         socket: UdpSocket,
     ) -> Result<GmsReplicaServer, GmsServerError> {
+        GmsReplicaServer::start_host_on(
+            ReplicaHostConfig {
+                replica: config,
+                data_dir: None,
+            },
+            peers,
+            socket,
+        )
+    }
+
+    /// As [`start`](GmsReplicaServer::start), keeping the replica's state in
+    /// `host.data_dir` if given: a directory that holds a state restarts the replica from it
+    /// (it must be the state of replica `index` of as many replicas as `peers` lists), an
+    /// empty or missing one starts a new replica there.
+    pub fn start_host(
+        host: ReplicaHostConfig,
+        peers: Vec<SocketAddr>,
+        bind: SocketAddr,
+    ) -> Result<GmsReplicaServer, GmsServerError> {
+        let socket = UdpSocket::bind(bind)?;
+        GmsReplicaServer::start_host_on(host, peers, socket)
+    }
+
+    /// As [`start_host`](GmsReplicaServer::start_host), on a socket already bound.
+    pub fn start_host_on(
+        host: ReplicaHostConfig,
+        peers: Vec<SocketAddr>,
+        socket: UdpSocket,
+    ) -> Result<GmsReplicaServer, GmsServerError> {
+        let mut config = host.replica;
         check_peers(&peers)?;
         config.replicas = peers.len();
         // Every replica message must fit a datagram with its framing; appends are cut below.
@@ -120,13 +201,31 @@ impl GmsReplicaServer {
             .append_bytes_max
             .min(config.message_bytes_max as u64 / 2);
         let index = config.index;
-        let replica = Replica::new(config)?;
+        config.validate()?;
+        let store = host.data_dir.map(StateStore::open).transpose()?;
+        let kept = match &store {
+            Some(store) => store.load(&config)?,
+            None => None,
+        };
+        let restored_term = kept.as_ref().map(tidings_gms::Durable::term);
+        let replica = match kept {
+            Some(durable) => Replica::restart(config, durable)?,
+            None => Replica::new(config)?,
+        };
         socket.set_read_timeout(Some(SERVER_TICK))?;
         let local_addr = socket.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
+        let failure = Arc::new(Mutex::new(None));
         let (snapshots, requests) = mpsc::sync_channel(4);
         let mut host = Host {
             replica,
+            store,
+            written_generation: None,
+            state_writes: 0,
+            state_bytes: 0,
+            state_write_time: Duration::ZERO,
+            state_write_time_max: Duration::ZERO,
+            failure: Arc::clone(&failure),
             socket,
             peers,
             requests,
@@ -145,12 +244,21 @@ impl GmsReplicaServer {
             foreign_replica_datagrams: 0,
             oversized: 0,
         };
+        // The state is on disk before the replica says anything, and a restarted replica's
+        // members (restored from its snapshot) are reachable at once.
+        host.persist().map_err(|(path, e)| GmsServerError::State {
+            path,
+            reason: format!("cannot write: {e}"),
+        })?;
+        host.rebuild_addresses();
         let thread = std::thread::Builder::new()
             .name(format!("tidings-gms-{index}"))
             .spawn(move || host.run())?;
         Ok(GmsReplicaServer {
             index,
             local_addr,
+            restored_term,
+            failure,
             stop,
             snapshots,
             thread: Some(thread),
@@ -164,6 +272,16 @@ impl GmsReplicaServer {
         config: &ReplicaConfig,
         replicas: usize,
     ) -> Result<Vec<GmsReplicaServer>, GmsServerError> {
+        GmsReplicaServer::start_loopback_in(config, replicas, None)
+    }
+
+    /// As [`start_loopback`](GmsReplicaServer::start_loopback), each replica keeping its
+    /// state in [`replica_data_dir`]`(data_dir, index)` if `data_dir` is given.
+    pub fn start_loopback_in(
+        config: &ReplicaConfig,
+        replicas: usize,
+        data_dir: Option<&Path>,
+    ) -> Result<Vec<GmsReplicaServer>, GmsServerError> {
         let sockets = (0..replicas)
             .map(|_| UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0))))
             .collect::<io::Result<Vec<_>>>()?;
@@ -175,14 +293,31 @@ impl GmsReplicaServer {
             .into_iter()
             .enumerate()
             .map(|(index, socket)| {
-                let config = ReplicaConfig {
-                    index,
-                    seed: config.seed.wrapping_add(index as u64),
-                    ..config.clone()
+                let host = ReplicaHostConfig {
+                    replica: ReplicaConfig {
+                        index,
+                        seed: config.seed.wrapping_add(index as u64),
+                        ..config.clone()
+                    },
+                    data_dir: data_dir.map(|d| replica_data_dir(d, index)),
                 };
-                GmsReplicaServer::start_on(config, peers.clone(), socket)
+                GmsReplicaServer::start_host_on(host, peers.clone(), socket)
             })
             .collect()
+    }
+
+    /// The term of the state this replica restarted from, if it found one in its data
+    /// directory.
+    #[must_use]
+    pub fn restored_term(&self) -> Option<u64> {
+        self.restored_term
+    }
+
+    /// Why the replica stopped by itself, if it did: its state could not be written (it sends
+    /// nothing it has not kept, so it stops instead, as a crash would).
+    #[must_use]
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().ok().and_then(|f| f.clone())
     }
 
     /// This replica's index.
@@ -249,9 +384,97 @@ pub fn check_peers(peers: &[SocketAddr]) -> Result<(), GmsServerError> {
     Ok(())
 }
 
+/// A replica's data directory: its state file, written whole each time.
+struct StateStore {
+    dir: PathBuf,
+    path: PathBuf,
+    tmp: PathBuf,
+}
+
+impl StateStore {
+    /// The directory, created if missing.
+    fn open(dir: PathBuf) -> Result<StateStore, GmsServerError> {
+        fs::create_dir_all(&dir).map_err(|e| GmsServerError::State {
+            path: dir.clone(),
+            reason: format!("cannot create the data directory: {e}"),
+        })?;
+        Ok(StateStore {
+            path: dir.join(STATE_FILE),
+            tmp: dir.join(STATE_FILE_TMP),
+            dir,
+        })
+    }
+
+    /// The state kept here, if any: checked to be replica `config.index`'s of
+    /// `config.replicas`. A temporary file left by a write that a crash cut short is removed
+    /// (the state file is the one renamed last).
+    fn load(&self, config: &ReplicaConfig) -> Result<Option<tidings_gms::Durable>, GmsServerError> {
+        let err = |reason: String| GmsServerError::State {
+            path: self.path.clone(),
+            reason,
+        };
+        let _ = fs::remove_file(&self.tmp);
+        let file = match File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(err(format!("cannot read: {e}"))),
+        };
+        let limits = DurableLimits::default();
+        let mut bytes = Vec::new();
+        file.take(limits.bytes_max as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| err(format!("cannot read: {e}")))?;
+        let kept = decode_durable(&bytes, limits).map_err(|e| {
+            err(format!(
+                "{e}; move it away to start this replica empty (it then takes the leader's \
+                 snapshot, but may vote again in a term it voted in)"
+            ))
+        })?;
+        if (kept.index, kept.replicas) != (config.index, config.replicas) {
+            let hint = if kept.replicas == config.replicas {
+                "give each replica its own data directory"
+            } else {
+                "a service keeps its number of replicas (a new service starts in empty directories)"
+            };
+            return Err(err(format!(
+                "holds the state of replica {} of {}, but this is replica {} of {}: {hint}",
+                kept.index, kept.replicas, config.index, config.replicas
+            )));
+        }
+        Ok(Some(kept.durable))
+    }
+
+    /// Replaces the state file with `bytes`: written to a temporary file, synced, renamed
+    /// over the state file, and the directory synced, so that a crash leaves the old state or
+    /// the new one, whole.
+    fn write(&self, bytes: &[u8]) -> Result<(), (PathBuf, io::Error)> {
+        let at = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e| (p, e)
+        };
+        let mut f = File::create(&self.tmp).map_err(at(&self.tmp))?;
+        f.write_all(bytes).map_err(at(&self.tmp))?;
+        f.sync_all().map_err(at(&self.tmp))?;
+        drop(f);
+        fs::rename(&self.tmp, &self.path).map_err(at(&self.path))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(at(&self.dir))
+    }
+}
+
 /// The replica thread's state.
 struct Host {
     replica: Replica,
+    /// The data directory, if the state is kept on disk.
+    store: Option<StateStore>,
+    /// The replica's durable generation last written.
+    written_generation: Option<u64>,
+    state_writes: u64,
+    state_bytes: u64,
+    state_write_time: Duration,
+    state_write_time_max: Duration,
+    failure: Arc<Mutex<Option<String>>>,
     socket: UdpSocket,
     /// Every replica's address, by index.
     peers: Vec<SocketAddr>,
@@ -292,13 +515,24 @@ impl Host {
                 if let Some(datagram) = buf.get(..len) {
                     self.on_datagram(now, from, datagram);
                 }
-                // Drain what else is queued without waiting.
+                // Drain what else is queued without waiting. With a state file, one write
+                // (and its fsyncs) covers up to `STATE_BATCH_DATAGRAMS` datagrams.
+                let batch = if self.store.is_some() {
+                    STATE_BATCH_DATAGRAMS
+                } else {
+                    1
+                };
+                let mut unflushed = 1;
                 let _ = self.socket.set_nonblocking(true);
                 while let Ok((len, from)) = self.socket.recv_from(&mut buf) {
                     if let Some(datagram) = buf.get(..len) {
                         self.on_datagram(now, from, datagram);
                     }
-                    self.flush(now);
+                    unflushed += 1;
+                    if unflushed >= batch {
+                        self.flush(now);
+                        unflushed = 0;
+                    }
                 }
                 let _ = self.socket.set_nonblocking(false);
             }
@@ -358,8 +592,51 @@ impl Host {
         }
     }
 
-    /// Sends what the replica queued and follows its events.
+    /// Writes the replica's durable state if it changed since the last write.
+    fn persist(&mut self) -> Result<(), (PathBuf, io::Error)> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let generation = self.replica.durable_generation();
+        if self.written_generation == Some(generation) {
+            return Ok(());
+        }
+        let started = clock::now();
+        let config = self.replica.config();
+        let mut bytes = Vec::with_capacity(self.state_bytes as usize + 4096);
+        encode_durable(
+            config.index,
+            config.replicas,
+            &self.replica.durable(),
+            &mut bytes,
+        );
+        store.write(&bytes)?;
+        let took = clock::now().saturating_duration_since(started);
+        self.written_generation = Some(generation);
+        self.state_writes += 1;
+        self.state_bytes = bytes.len() as u64;
+        self.state_write_time += took;
+        self.state_write_time_max = self.state_write_time_max.max(took);
+        Ok(())
+    }
+
+    /// Sends what the replica queued and follows its events. The durable state is written
+    /// first; if it cannot be, nothing is sent and the replica stops.
     fn flush(&mut self, now: Time) {
+        if self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err((path, e)) = self.persist() {
+            if let Ok(mut f) = self.failure.lock() {
+                *f = Some(format!(
+                    "replica {}: cannot write its state ({}: {e}); stopped",
+                    self.replica.config().index,
+                    path.display()
+                ));
+            }
+            self.stop.store(true, Ordering::Release);
+            return;
+        }
         while let Some(t) = self.replica.poll_transmit() {
             match t {
                 ReplicaTransmit::Client(t) => {
@@ -481,6 +758,10 @@ impl Host {
             invalid_datagrams: self.invalid_datagrams,
             foreign_replica_datagrams: self.foreign_replica_datagrams,
             oversized: self.oversized,
+            state_writes: self.state_writes,
+            state_bytes: self.state_bytes,
+            state_write_time: self.state_write_time,
+            state_write_time_max: self.state_write_time_max,
         }
     }
 }

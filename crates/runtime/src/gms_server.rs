@@ -50,6 +50,15 @@ pub enum GmsServerError {
     /// The list of replica addresses is invalid.
     #[error("gms replicas: {0}")]
     Peers(String),
+    /// A replica's data directory or state file cannot be used: unreadable, corrupt, or the
+    /// state of another replica.
+    #[error("replica state {}: {reason}", path.display())]
+    State {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// What the server looks like now (for tests, `tidings gms` and the demo's report).

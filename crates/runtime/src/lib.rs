@@ -46,7 +46,10 @@ pub use config::{
     CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT,
     PUBLISH_QUEUED_NODE_BYTES_MIN, PUBLISH_QUEUE_CAPACITY_MAX,
 };
-pub use gms_replica::{check_peers, GmsReplicaServer, ReplicaSnapshot, REPLICA_MAGIC};
+pub use gms_replica::{
+    check_peers, replica_data_dir, GmsReplicaServer, ReplicaHostConfig, ReplicaSnapshot,
+    REPLICA_MAGIC, STATE_FILE,
+};
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
 pub use metrics::{register_gms, register_node, Collect, MetricsError, MetricsServer, Registry};
 pub use net::set_socket_buffers;

@@ -83,3 +83,105 @@ fn replica_address_lists_are_checked() {
     let err = GmsReplicaServer::start_on(config, vec![a(1), a(2)], socket()).unwrap_err();
     assert!(matches!(err, GmsServerError::Replica(_)), "{err}");
 }
+
+/// A directory of its own, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("tidings-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A replica's data directory holds its state from the start; a host refuses, with the path
+/// and the reason, a state of another replica index or count and a corrupt one.
+#[test]
+fn a_data_dir_of_another_replica_or_a_corrupt_state_is_refused() {
+    use tidings_runtime::{ReplicaHostConfig, STATE_FILE};
+    let dir = TempDir::new("replica-refused");
+    let sockets = || {
+        let s: Vec<UdpSocket> = (0..3)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let peers: Vec<SocketAddr> = s.iter().map(|s| s.local_addr().unwrap()).collect();
+        (s, peers)
+    };
+    let host = |index| ReplicaHostConfig {
+        replica: ReplicaConfig {
+            index,
+            ..ReplicaConfig::default()
+        },
+        data_dir: Some(dir.0.join("r")),
+    };
+    let (mut s, peers) = sockets();
+    let r = GmsReplicaServer::start_host_on(host(0), peers, s.remove(0)).unwrap();
+    assert_eq!(r.restored_term(), None);
+    let written = r.snapshot().unwrap();
+    assert_eq!(written.state_writes, 1);
+    r.shutdown();
+    let file = dir.0.join("r").join(STATE_FILE);
+    assert!(file.exists());
+
+    // The same replica starts again from it.
+    let (mut s, peers) = sockets();
+    let r = GmsReplicaServer::start_host_on(host(0), peers, s.remove(0)).unwrap();
+    assert_eq!(r.restored_term(), Some(0));
+    r.shutdown();
+
+    let refused = |index: usize, n: usize| {
+        let (mut s, mut peers) = sockets();
+        peers.truncate(n);
+        let err = GmsReplicaServer::start_host_on(host(index), peers, s.remove(0)).unwrap_err();
+        assert!(matches!(err, GmsServerError::State { .. }), "{err}");
+        err.to_string()
+    };
+    let other = refused(1, 3);
+    assert!(other.contains("replica 0 of 3"), "{other}");
+    assert!(other.contains(STATE_FILE), "{other}");
+    let fewer = refused(0, 2);
+    assert!(fewer.contains("replica 0 of 2"), "{fewer}");
+
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[7] ^= 0x10;
+    std::fs::write(&file, &bytes).unwrap();
+    let corrupt = refused(0, 3);
+    assert!(corrupt.contains("checksum"), "{corrupt}");
+    bytes.truncate(3);
+    std::fs::write(&file, &bytes).unwrap();
+    let short = refused(0, 3);
+    assert!(short.contains("truncated"), "{short}");
+}
+
+/// A replica whose state cannot be written stops rather than send what it has not kept: its
+/// data directory removed under it, the one-replica service's election (a new term to keep)
+/// stops it, and `failure` says why.
+#[test]
+fn a_replica_that_cannot_write_its_state_stops() {
+    use tidings_runtime::ReplicaHostConfig;
+    let dir = TempDir::new("replica-unwritable");
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let peers = vec![socket.local_addr().unwrap()];
+    let host = ReplicaHostConfig {
+        replica: ReplicaConfig::default(),
+        data_dir: Some(dir.0.join("r")),
+    };
+    let r = GmsReplicaServer::start_host_on(host, peers, socket).unwrap();
+    std::fs::remove_dir_all(dir.0.join("r")).unwrap();
+    wait_for("the replica stops", || r.failure().is_some());
+    let failure = r.failure().unwrap();
+    assert!(failure.contains("cannot write its state"), "{failure}");
+    wait_for("its thread is gone", || r.snapshot().is_none());
+}

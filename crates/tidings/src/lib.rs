@@ -62,5 +62,5 @@ pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig, ReplicaConfig};
 pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
 pub use tidings_runtime::{
     GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MetricsServer, MulticastConfig,
-    PublishHandle, ReplicaSnapshot, RuntimeConfig, Transport,
+    PublishHandle, ReplicaHostConfig, ReplicaSnapshot, RuntimeConfig, Transport,
 };

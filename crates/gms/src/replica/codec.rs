@@ -1,14 +1,15 @@
-//! The checked encodings of the replicated service: log entries ([`Decision`]s with their time)
-//! and the Raft messages between replicas (ADR 32).
+//! The checked encodings of the replicated service: log entries ([`Decision`]s with their time),
+//! the Raft messages between replicas, and a replica's state file ([`Durable`]) (ADR 32).
 //!
 //! Same layout rules as [`crate::message`]: a tag byte, fields in order, integers
 //! little-endian, every length checked against its bound and against the bytes left before
 //! anything is allocated, so any input decodes to a value or an `Err`, never a panic.
 
-use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
 use tidings_proto::Time;
 use tidings_wire::NodeId;
 
+use super::Durable;
 use crate::message::{
     put_addr, put_len, put_names, put_string, put_u32, put_u64, DecodeError, Reader,
     NAMES_PER_REQUEST_MAX,
@@ -324,4 +325,217 @@ pub fn decode_raft(buf: &[u8], limits: RaftLimits) -> Result<Message, DecodeErro
         return Err(DecodeError::Trailing);
     }
     Ok(m)
+}
+
+/// The first bytes of a replica's state file ([`encode_durable`]).
+pub const DURABLE_MAGIC: [u8; 4] = *b"TGRS";
+/// The state file format this build writes and reads.
+pub const DURABLE_VERSION: u8 = 1;
+/// Magic, version, and the CRC-32 at the end.
+const DURABLE_FRAME_BYTES: usize = DURABLE_MAGIC.len() + 1 + 4;
+
+const ENTRY_NORMAL: u8 = 0;
+const ENTRY_CONF_CHANGE: u8 = 1;
+const ENTRY_CONF_CHANGE_V2: u8 = 2;
+
+/// Bounds of a replica's state file on decoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DurableLimits {
+    /// Largest file accepted, in bytes. Default 256 MiB.
+    pub bytes_max: usize,
+    /// Most log entries. Default 1,048,576.
+    pub entries_max: usize,
+}
+
+impl Default for DurableLimits {
+    fn default() -> Self {
+        DurableLimits {
+            bytes_max: 256 << 20,
+            entries_max: 1 << 20,
+        }
+    }
+}
+
+/// A replica's state file, decoded: which replica of how many wrote it, and its [`Durable`].
+#[derive(Clone, Debug)]
+pub struct DurableFile {
+    /// The index of the replica that wrote it.
+    pub index: usize,
+    /// How many replicas its service has.
+    pub replicas: usize,
+    /// What it kept.
+    pub durable: Durable,
+}
+
+/// Why a replica's state file was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurableError {
+    /// The file is longer than the bound.
+    #[error("{len} bytes, beyond the bound of {max} bytes")]
+    TooLong {
+        /// The file's length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The file is too short to hold even its header and checksum.
+    #[error("truncated ({0} bytes)")]
+    Truncated(usize),
+    /// The file does not start with [`DURABLE_MAGIC`].
+    #[error("not a replica state file (bad magic)")]
+    Magic,
+    /// A format version this build does not read.
+    #[error("format version {0} is not supported (this build reads version 1)")]
+    Version(u8),
+    /// The CRC-32 at the end does not match the bytes before it.
+    #[error(
+        "checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): the file is corrupt"
+    )]
+    Checksum {
+        /// The checksum the file ends with.
+        stored: u32,
+        /// The checksum of the bytes before it.
+        computed: u32,
+    },
+    /// The body does not decode.
+    #[error("undecodable: {0}")]
+    Body(#[from] DecodeError),
+    /// The body decodes but no replica could have kept it (a log with a gap, a commit beyond
+    /// the log, a snapshot of another configuration ...).
+    #[error("inconsistent: {0}")]
+    Inconsistent(&'static str),
+}
+
+/// Appends the state file of replica `index` of `replicas`: [`DURABLE_MAGIC`], the version
+/// byte, the body (the replica's index and count, Raft's hard state, the snapshot with its
+/// metadata, the log entries after it), and a CRC-32 of everything before it, little-endian.
+pub fn encode_durable(index: usize, replicas: usize, durable: &Durable, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&DURABLE_MAGIC);
+    out.push(DURABLE_VERSION);
+    put_u32(out, u32::try_from(index).unwrap_or(u32::MAX));
+    put_u32(out, u32::try_from(replicas).unwrap_or(u32::MAX));
+    let hs = &durable.hard_state;
+    put_u64(out, hs.term);
+    put_u64(out, hs.vote);
+    put_u64(out, hs.commit);
+    let s = &durable.snapshot;
+    let md = s.get_metadata();
+    put_u64(out, md.index);
+    put_u64(out, md.term);
+    let voters = &md.get_conf_state().voters;
+    put_len(out, voters.len());
+    for v in voters {
+        put_u64(out, *v);
+    }
+    put_bytes(out, s.get_data());
+    put_len(out, durable.entries.len());
+    for e in &durable.entries {
+        out.push(match e.get_entry_type() {
+            EntryType::EntryNormal => ENTRY_NORMAL,
+            EntryType::EntryConfChange => ENTRY_CONF_CHANGE,
+            EntryType::EntryConfChangeV2 => ENTRY_CONF_CHANGE_V2,
+        });
+        put_u64(out, e.term);
+        put_u64(out, e.index);
+        put_bytes(out, e.get_data());
+        put_bytes(out, e.get_context());
+    }
+    let crc = crc32fast::hash(out.get(start..).unwrap_or_default());
+    put_u32(out, crc);
+}
+
+/// Decodes a replica's state file that must fill `buf` exactly, within `limits`. The file is
+/// untrusted: every length is bounded, the checksum is checked before the body is read, and a
+/// state that decodes must also be one a replica could have kept ([`Durable`]'s consistency:
+/// a contiguous log after the snapshot, the commit within it, the snapshot's voters those of
+/// `replicas`), so [`Replica::restart`](super::Replica::restart) takes it without panicking.
+pub fn decode_durable(buf: &[u8], limits: DurableLimits) -> Result<DurableFile, DurableError> {
+    if buf.len() > limits.bytes_max {
+        return Err(DurableError::TooLong {
+            len: buf.len(),
+            max: limits.bytes_max,
+        });
+    }
+    if buf.len() < DURABLE_FRAME_BYTES {
+        return Err(DurableError::Truncated(buf.len()));
+    }
+    let (framed, crc) = buf.split_at(buf.len() - 4);
+    let (magic, rest) = framed.split_at(DURABLE_MAGIC.len());
+    if magic != DURABLE_MAGIC {
+        return Err(DurableError::Magic);
+    }
+    let (&version, body) = rest
+        .split_first()
+        .ok_or(DurableError::Truncated(buf.len()))?;
+    if version != DURABLE_VERSION {
+        return Err(DurableError::Version(version));
+    }
+    let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+    let computed = crc32fast::hash(framed);
+    if stored != computed {
+        return Err(DurableError::Checksum { stored, computed });
+    }
+    let mut r = Reader { buf: body };
+    let index = r.u32()? as usize;
+    let replicas = r.u32()? as usize;
+    if replicas == 0 || replicas > super::REPLICAS_MAX || index >= replicas {
+        return Err(DurableError::Inconsistent(
+            "replica index and count out of range",
+        ));
+    }
+    let hard_state = HardState {
+        term: r.u64()?,
+        vote: r.u64()?,
+        commit: r.u64()?,
+        ..HardState::default()
+    };
+    let mut snapshot = Snapshot::default();
+    let (md_index, md_term) = (r.u64()?, r.u64()?);
+    let voters = r.len(VOTERS_MAX, 8)?;
+    let mut cs = ConfState::default();
+    for _ in 0..voters {
+        cs.voters.push(r.u64()?);
+    }
+    // No snapshot yet is one without metadata, as a fresh replica holds it.
+    if md_index != 0 || md_term != 0 || !cs.voters.is_empty() {
+        let md = snapshot.mut_metadata();
+        md.index = md_index;
+        md.term = md_term;
+        md.set_conf_state(cs);
+    }
+    snapshot.data = bytes_field(&mut r, limits.bytes_max)?;
+    // Each entry takes at least its type, term, index and two lengths.
+    let n = r.len(limits.entries_max, 25)?;
+    let mut entries = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut e = Entry::default();
+        e.set_entry_type(match r.u8()? {
+            ENTRY_NORMAL => EntryType::EntryNormal,
+            ENTRY_CONF_CHANGE => EntryType::EntryConfChange,
+            ENTRY_CONF_CHANGE_V2 => EntryType::EntryConfChangeV2,
+            t => return Err(DecodeError::Tag(t).into()),
+        });
+        e.term = r.u64()?;
+        e.index = r.u64()?;
+        e.data = bytes_field(&mut r, limits.bytes_max)?;
+        e.context = bytes_field(&mut r, limits.bytes_max)?;
+        entries.push(e);
+    }
+    if !r.buf.is_empty() {
+        return Err(DecodeError::Trailing.into());
+    }
+    let durable = Durable {
+        hard_state,
+        snapshot,
+        entries,
+    };
+    durable
+        .check(replicas)
+        .map_err(DurableError::Inconsistent)?;
+    Ok(DurableFile {
+        index,
+        replicas,
+        durable,
+    })
 }

@@ -18,7 +18,10 @@ use raft::storage::MemStorage;
 use raft::{RawNode, StateRole, Storage};
 use tidings_proto::Time;
 
-pub use codec::{decode_decision, decode_raft, encode_decision, encode_raft, RaftLimits};
+pub use codec::{
+    decode_decision, decode_durable, decode_raft, encode_decision, encode_durable, encode_raft,
+    DurableError, DurableFile, DurableLimits, RaftLimits, DURABLE_MAGIC, DURABLE_VERSION,
+};
 
 use crate::config::{ConfigError, GmsConfig};
 use crate::message::GmsMessage;
@@ -100,6 +103,9 @@ pub enum ReplicaError {
     /// The durable state's snapshot does not decode.
     #[error(transparent)]
     Snapshot(#[from] crate::service::SnapshotError),
+    /// The durable state is not one a replica of this configuration could have kept.
+    #[error("durable state refused: {0}")]
+    Durable(&'static str),
 }
 
 impl ReplicaConfig {
@@ -199,9 +205,10 @@ pub struct ReplicaStats {
 
 /// What a replica keeps on stable storage: Raft's hard state (term, vote, commit), the latest
 /// snapshot and the log after it. A replica restarted from it ([`Replica::restart`]) catches up
-/// from the leader. Encoding it for a disk is the host's (not done yet: the runtime hosts keep
-/// replicas in memory).
-#[derive(Clone, Debug)]
+/// from the leader. [`encode_durable`] and [`decode_durable`] put it in a file and take it back
+/// (the socket host, `tidings gms --data-dir`); [`Replica::durable_generation`] tells a host
+/// when it changed.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Durable {
     hard_state: HardState,
     snapshot: Snapshot,
@@ -252,6 +259,73 @@ impl Durable {
     #[must_use]
     pub fn entries(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Raft's term in this state.
+    #[must_use]
+    pub fn term(&self) -> u64 {
+        self.hard_state.term
+    }
+
+    /// Checks that a replica of a `replicas`-replica service could have kept this state, so
+    /// that raft-rs takes it without panicking: the snapshot (if any) lists those voters, the
+    /// log runs on without a gap from at most the snapshot's index, holds no configuration
+    /// change, its terms never fall, and the hard state's term, vote and commit agree with it.
+    pub fn check(&self, replicas: usize) -> Result<(), &'static str> {
+        let md = self.snapshot.get_metadata();
+        if md.index > 0 {
+            let voters: Vec<u64> = (0..replicas).map(raft_id).collect();
+            let cs = md.get_conf_state();
+            if cs.voters != voters || !cs.learners.is_empty() {
+                return Err("the snapshot's voters are not the replicas");
+            }
+            if md.term == 0 {
+                return Err("a snapshot of term 0");
+            }
+        } else if md.term != 0 {
+            return Err("an empty snapshot with a term");
+        }
+        let mut last = (md.index, md.term);
+        if let Some(first) = self.entries.first() {
+            if first.index > md.index + 1 || first.index == 0 {
+                return Err("the log does not follow the snapshot");
+            }
+        }
+        let mut prev: Option<&Entry> = None;
+        for e in &self.entries {
+            if e.get_entry_type() != raft::eraftpb::EntryType::EntryNormal {
+                return Err("a configuration change in the log (the replicas are fixed)");
+            }
+            if let Some(p) = prev {
+                if p.index.checked_add(1) != Some(e.index) {
+                    return Err("the log has a gap");
+                }
+                if e.term < p.term {
+                    return Err("the log's terms fall");
+                }
+            }
+            if e.index == md.index && md.index > 0 && e.term != md.term {
+                return Err("the entry at the snapshot's index has another term");
+            }
+            if e.index > md.index {
+                if e.term < md.term {
+                    return Err("an entry after the snapshot has an older term");
+                }
+                last = (e.index, e.term);
+            }
+            prev = Some(e);
+        }
+        let hs = &self.hard_state;
+        if hs.term < last.1 {
+            return Err("the term is older than the log's");
+        }
+        if hs.vote > replicas as u64 {
+            return Err("a vote for no replica");
+        }
+        if hs.commit < md.index || hs.commit > last.0 {
+            return Err("the commit index is outside the log");
+        }
+        Ok(())
     }
 }
 
@@ -309,7 +383,8 @@ impl Storage for ReplicaStorage {
 ///
 /// What a replica sends to replicas must reach them after the host has kept
 /// [`durable`](Replica::durable) where a crash does not lose it (an in-memory host keeps it
-/// across a simulated crash).
+/// across a simulated crash; the socket host with a data directory writes it to a file before
+/// it sends, whenever [`durable_generation`](Replica::durable_generation) moved).
 pub struct Replica {
     config: ReplicaConfig,
     raw: RawNode<ReplicaStorage>,
@@ -323,6 +398,8 @@ pub struct Replica {
     next_tick: Option<Time>,
     last_now: Time,
     applied: u64,
+    /// Counts changes of the durable state (see `durable_generation`).
+    durable_generation: u64,
     outbox: VecDeque<ReplicaTransmit>,
     events: VecDeque<ReplicaEvent>,
     stats: ReplicaStats,
@@ -361,8 +438,14 @@ impl Replica {
     /// A replica restarted from what it kept ([`durable`](Replica::durable)): its snapshot is
     /// restored, and the log after it is applied again as raft-rs hands the committed part
     /// back; the leader sends what it missed.
+    ///
+    /// A state no replica of this configuration could have kept ([`Durable::check`]) is
+    /// refused.
     pub fn restart(config: ReplicaConfig, durable: Durable) -> Result<Replica, ReplicaError> {
         config.validate()?;
+        durable
+            .check(config.replicas)
+            .map_err(ReplicaError::Durable)?;
         let mem = MemStorage::new();
         let mut gms = Gms::new_replicated(config.gms.clone())?;
         let applied = durable.snapshot.get_metadata().index;
@@ -432,6 +515,7 @@ impl Replica {
             next_tick: None,
             last_now: Time::ZERO,
             applied,
+            durable_generation: 0,
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             stats: ReplicaStats::default(),
@@ -502,6 +586,14 @@ impl Replica {
             snapshot: store.snapshot.clone(),
             entries,
         }
+    }
+
+    /// A number that grows whenever what [`durable`](Replica::durable) returns changes (the
+    /// hard state, the log, or the snapshot): a host keeps the durable state again only when
+    /// it differs from the one it kept last. Cheap; starts at 0.
+    #[must_use]
+    pub fn durable_generation(&self) -> u64 {
+        self.durable_generation
     }
 
     /// A datagram from a client (`from` as [`Gms::handle_message`] takes it).
@@ -649,6 +741,9 @@ impl Replica {
         // Each round may commit entries that queue more output; raft-rs needs few rounds.
         while self.raw.has_ready() {
             let mut ready = self.raw.ready();
+            if !ready.snapshot().is_empty() || !ready.entries().is_empty() || ready.hs().is_some() {
+                self.durable_generation += 1;
+            }
             self.send(ready.take_messages());
             if !ready.snapshot().is_empty() {
                 self.install(ready.snapshot().clone());
@@ -663,6 +758,7 @@ impl Replica {
             self.send(ready.take_persisted_messages());
             let mut light = self.raw.advance(ready);
             if let Some(commit) = light.commit_index() {
+                self.durable_generation += 1;
                 self.raw
                     .mut_store()
                     .mem
@@ -781,6 +877,7 @@ impl Replica {
         // The entry at the snapshot's index stays, so its term is still at hand.
         let _ = store.mem.wl().compact(self.applied);
         self.stats.snapshots_taken += 1;
+        self.durable_generation += 1;
     }
 }
 

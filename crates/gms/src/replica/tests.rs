@@ -893,3 +893,294 @@ fn a_client_refuses_updates_of_an_older_term() {
     let sent: Vec<usize> = std::iter::from_fn(|| client.poll_transmit().map(|(r, _)| r)).collect();
     assert!(!sent.is_empty() && sent.iter().all(|&r| r == 0), "{sent:?}");
 }
+
+/// Replica `i`'s kept state goes through its file: encoded, then decoded as a restarted host
+/// reads it.
+fn through_file(c: &mut Cluster, i: usize) -> usize {
+    let d = c.disks[i].take().expect("crashed");
+    let mut bytes = Vec::new();
+    encode_durable(i, c.replicas.len(), &d, &mut bytes);
+    let file = decode_durable(&bytes, DurableLimits::default()).expect("decodes");
+    assert_eq!((file.index, file.replicas), (i, c.replicas.len()));
+    assert_eq!(file.durable, d);
+    c.disks[i] = Some(file.durable);
+    bytes.len()
+}
+
+/// States of every kind a replica keeps: fresh, with a log, with a snapshot and the log after
+/// it, and one restored from the leader's snapshot.
+fn kept_states() -> Vec<(usize, Durable)> {
+    let mut c = Cluster::new(51, 3, 4, 0.0);
+    for r in c.replicas.iter_mut().flatten() {
+        r.config.snapshot_entries = 20;
+    }
+    let mut states: Vec<(usize, Durable)> = c
+        .replicas
+        .iter()
+        .flatten()
+        .map(|r| (r.config().index, r.durable()))
+        .collect();
+    let mut churn = churn(51);
+    c.run_until(at(600), &mut churn);
+    states.extend(
+        c.replicas
+            .iter()
+            .flatten()
+            .map(|r| (r.config().index, r.durable())),
+    );
+    let leader = c.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    c.crash(follower);
+    c.run_until(at(3000), &mut churn);
+    c.restart(follower);
+    for t in (4000..4500).step_by(100) {
+        c.run_until(at(t), &mut churn);
+        states.extend(
+            c.replicas
+                .iter()
+                .flatten()
+                .map(|r| (r.config().index, r.durable())),
+        );
+    }
+    let restored = c.replicas[follower].as_ref().expect("live");
+    assert!(restored.stats().snapshots_restored >= 1);
+    assert!(states
+        .iter()
+        .any(|(_, d)| d.snapshot.get_metadata().index > 0 && d.entries() > 0));
+    states
+}
+
+#[test]
+fn state_files_round_trip_and_refuse_corruption() {
+    let limits = DurableLimits::default();
+    for (index, d) in kept_states() {
+        let mut bytes = Vec::new();
+        encode_durable(index, 3, &d, &mut bytes);
+        let file = decode_durable(&bytes, limits).expect("decodes");
+        assert_eq!((file.index, file.replicas), (index, 3));
+        assert_eq!(file.durable, d);
+        assert!(Replica::restart(
+            ReplicaConfig {
+                index,
+                replicas: 3,
+                ..ReplicaConfig::default()
+            },
+            file.durable
+        )
+        .is_ok());
+        // Every truncation is refused.
+        for n in 0..bytes.len() {
+            assert!(decode_durable(&bytes[..n], limits).is_err(), "{n} bytes");
+        }
+        // A flipped bit anywhere is refused: in the body by the checksum.
+        for (at, bit) in (0..bytes.len()).map(|i| (i, i % 8)) {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1 << bit;
+            let err = decode_durable(&bad, limits).expect_err("a flipped bit");
+            if (DURABLE_MAGIC.len() + 1..bytes.len() - 4).contains(&at) {
+                assert!(matches!(err, DurableError::Checksum { .. }), "{at}: {err}");
+            }
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode_durable(&longer, limits).is_err());
+    }
+    // The frame's own errors.
+    let (index, d) = kept_states().pop().expect("a state");
+    let mut bytes = Vec::new();
+    encode_durable(index, 3, &d, &mut bytes);
+    let mut bad = bytes.clone();
+    bad[0] = b'X';
+    assert_eq!(
+        decode_durable(&bad, limits).unwrap_err(),
+        DurableError::Magic
+    );
+    let mut bad = bytes.clone();
+    bad[DURABLE_MAGIC.len()] = 2;
+    assert_eq!(
+        decode_durable(&bad, limits).unwrap_err(),
+        DurableError::Version(2)
+    );
+    let small = DurableLimits {
+        bytes_max: bytes.len() - 1,
+        ..limits
+    };
+    assert!(matches!(
+        decode_durable(&bytes, small),
+        Err(DurableError::TooLong { .. })
+    ));
+    assert_eq!(
+        decode_durable(b"TGR", limits).unwrap_err(),
+        DurableError::Truncated(3)
+    );
+}
+
+/// A state with a good checksum that no replica could have kept is refused, by the decoder
+/// and by `Replica::restart`, never a panic in raft-rs.
+#[test]
+fn inconsistent_states_are_refused() {
+    let states = kept_states();
+    let (index, good) = states
+        .iter()
+        .filter(|(_, d)| d.snapshot.get_metadata().index > 0)
+        .max_by_key(|(_, d)| d.entries())
+        .cloned()
+        .expect("a state with a snapshot");
+    assert!(
+        good.entries() > 2,
+        "{:?}",
+        states
+            .iter()
+            .map(|(_, d)| (d.snapshot.get_metadata().index, d.entries()))
+            .collect::<Vec<_>>()
+    );
+    let config = ReplicaConfig {
+        index,
+        replicas: 3,
+        ..ReplicaConfig::default()
+    };
+    let mut bad: Vec<Durable> = Vec::new();
+    let mut d = good.clone();
+    d.entries.remove(1);
+    bad.push(d);
+    let mut d = good.clone();
+    d.hard_state.commit = d.entries.last().map_or(0, |e| e.index) + 1;
+    bad.push(d);
+    let mut d = good.clone();
+    d.hard_state.commit = d.snapshot.get_metadata().index - 1;
+    bad.push(d);
+    let mut d = good.clone();
+    d.hard_state.term = 0;
+    bad.push(d);
+    let mut d = good.clone();
+    d.hard_state.vote = 9;
+    bad.push(d);
+    let mut d = good.clone();
+    d.snapshot.mut_metadata().mut_conf_state().voters.push(7);
+    bad.push(d);
+    let mut d = good.clone();
+    for e in &mut d.entries {
+        e.index += 5;
+    }
+    bad.push(d);
+    let mut d = good.clone();
+    if let Some(e) = d.entries.last_mut() {
+        e.term = 0;
+    }
+    bad.push(d);
+    for (k, d) in bad.into_iter().enumerate() {
+        let mut bytes = Vec::new();
+        encode_durable(index, 3, &d, &mut bytes);
+        let err = decode_durable(&bytes, DurableLimits::default()).expect_err("inconsistent");
+        assert!(matches!(err, DurableError::Inconsistent(_)), "{k}: {err}");
+        assert!(
+            matches!(
+                Replica::restart(config.clone(), d),
+                Err(ReplicaError::Durable(_))
+            ),
+            "{k}"
+        );
+    }
+    // A state of 3 replicas is refused by a replica of 5, and an index beyond the count.
+    assert!(Replica::restart(
+        ReplicaConfig {
+            replicas: 5,
+            ..config.clone()
+        },
+        good.clone()
+    )
+    .is_err());
+    let mut bytes = Vec::new();
+    encode_durable(3, 3, &good, &mut bytes);
+    assert!(matches!(
+        decode_durable(&bytes, DurableLimits::default()),
+        Err(DurableError::Inconsistent(_))
+    ));
+}
+
+/// A follower crashes; its state goes through its file; restarted from it, the replica keeps
+/// its term, catches up, and the service goes on serving the same members.
+#[test]
+fn a_replica_restarts_from_its_state_file_and_catches_up() {
+    let mut c = Cluster::new(53, 3, 6, 0.0);
+    for r in c.replicas.iter_mut().flatten() {
+        r.config.snapshot_entries = 20;
+    }
+    let mut churn = churn(53);
+    c.run_until(at(2000), &mut churn);
+    let leader = c.leader().expect("a leader");
+    let follower = (leader + 2) % 3;
+    let term = c.replicas[follower].as_ref().map_or(0, Replica::term);
+    c.crash(follower);
+    c.run_until(at(3000), &mut churn);
+    let bytes = through_file(&mut c, follower);
+    assert!(bytes > 0);
+    c.restart(follower);
+    let restarted = c.replicas[follower].as_ref().expect("restarted");
+    assert!(restarted.term() >= term);
+    let views = c.views_issued();
+    c.run_until(at(6000), &mut churn);
+    c.run_until(at(8000), &mut |_| {});
+    check_converged(&c);
+    assert!(c.views_issued() > views, "no view since the restart");
+    let states = c.states();
+    let r = c.replicas[follower].as_ref().expect("restarted");
+    assert_eq!(r.leader(), c.leader());
+    assert_eq!(Some(r.applied()), states.iter().map(|s| s.0).max());
+}
+
+/// Every replica crashes at once and restarts from its file: the service keeps its members
+/// (no client joins again) and goes on issuing views under a later term.
+#[test]
+fn a_whole_service_restarts_from_its_state_files() {
+    let mut c = Cluster::new(57, 3, 6, 0.0);
+    let mut churn = churn(57);
+    c.run_until(at(2000), &mut churn);
+    let leader = c.leader().expect("a leader");
+    let term = c.replicas[leader].as_ref().map_or(0, Replica::term);
+    let nodes: Vec<_> = c.clients.iter().map(GmsClient::node).collect();
+    assert!(nodes.iter().all(Option::is_some));
+    for i in 0..3 {
+        c.crash(i);
+    }
+    c.run_until(at(2300), &mut |_| {});
+    for i in 0..3 {
+        through_file(&mut c, i);
+        c.restart(i);
+    }
+    c.run_until(at(5000), &mut churn);
+    c.run_until(at(7000), &mut |_| {});
+    check_converged(&c);
+    let leader = c.leader().expect("a leader");
+    assert!(c.replicas[leader].as_ref().map_or(0, Replica::term) > term);
+    let after: Vec<_> = c.clients.iter().map(GmsClient::node).collect();
+    assert_eq!(after, nodes, "a client joined again");
+}
+
+/// The durable generation moves with the log and stays still while nothing is kept anew (a
+/// quiet service's heartbeats): a host writes its file only then.
+#[test]
+fn the_durable_generation_moves_only_when_the_state_changes() {
+    let mut c = Cluster::new(59, 3, 2, 0.0);
+    c.run_until(at(2000), &mut |_| {});
+    let gens = |c: &Cluster| -> Vec<u64> {
+        c.replicas
+            .iter()
+            .flatten()
+            .map(Replica::durable_generation)
+            .collect()
+    };
+    let durables = |c: &Cluster| -> Vec<Durable> {
+        c.replicas.iter().flatten().map(Replica::durable).collect()
+    };
+    let (g0, d0) = (gens(&c), durables(&c));
+    assert!(g0.iter().all(|&g| g > 0));
+    c.run_until(at(4000), &mut |_| {});
+    assert_eq!(gens(&c), g0, "the generation moved over quiet heartbeats");
+    assert_eq!(durables(&c), d0);
+    let _ = c.clients[0].subscribe("t");
+    c.run_until(at(4500), &mut |_| {});
+    let g1 = gens(&c);
+    assert!(g1.iter().zip(&g0).all(|(a, b)| a > b), "{g0:?} {g1:?}");
+    assert_ne!(durables(&c), d0);
+}

@@ -1,0 +1,199 @@
+//! A replica of the replicated membership service keeps its state on disk
+//! (`ReplicaHostConfig::data_dir`, `tidings gms --data-dir`, ADR 32): stopped abruptly and
+//! started again from its data directory on the same address, it comes back under the same
+//! Raft id with at least its term, follows the leader, applies what it missed, and the group
+//! goes on installing views. Prints the state file's size and write times (`cargo test -p
+//! tidings --test gms_replica_restart -- --nocapture`).
+
+// Tests bound their waits by wall time.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tidings::{
+    GmsConfig, GmsLinkConfig, GmsReplicaServer, Node, ReplicaConfig, ReplicaHostConfig,
+    ReplicaSnapshot, Topic,
+};
+use tidings_gms::ClientConfig;
+use tidings_runtime::{replica_data_dir, STATE_FILE};
+
+const TOPIC: &str = "replica-disk/t1";
+/// Bound of every wait of the test.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn replica_config() -> ReplicaConfig {
+    ReplicaConfig {
+        gms: GmsConfig {
+            heartbeat_timeout: Duration::from_millis(600),
+            suspicion_timeout: Duration::from_millis(300),
+            retransmit_interval: Duration::from_millis(50),
+            ..GmsConfig::default()
+        },
+        ..ReplicaConfig::default()
+    }
+}
+
+fn node(servers: &[SocketAddr]) -> Node {
+    let mut link = GmsLinkConfig::replicated(servers.to_vec());
+    link.client = ClientConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        retransmit_interval: Duration::from_millis(50),
+        failover_timeout: Duration::from_millis(300),
+        ..link.client
+    };
+    link.leave_timeout = Duration::from_millis(500);
+    Node::builder()
+        .gms_replicas(servers)
+        .gms_link(link)
+        .start()
+        .unwrap()
+}
+
+/// A directory of its own, removed when dropped (the test passing or not).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "tidings-replica-restart-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn wait_for<T>(what: &str, mut done: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(t) = done() {
+            return t;
+        }
+        assert!(start.elapsed() < WAIT, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The serving replica's snapshot, with its index in `replicas`.
+fn leader(replicas: &[Option<GmsReplicaServer>]) -> Option<(usize, ReplicaSnapshot)> {
+    replicas
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r.as_ref()?.snapshot()?)))
+        .find(|(_, s)| s.serving)
+}
+
+fn view_changes(node: &Node) -> u64 {
+    node.stats().unwrap().runtime.proto.view_changes
+}
+
+#[test]
+fn a_replica_restarted_from_its_data_dir_rejoins_and_the_group_goes_on() {
+    let dir = TempDir::new();
+    let config = replica_config();
+    let started = GmsReplicaServer::start_loopback_in(&config, 3, Some(&dir.0)).unwrap();
+    let peers: Vec<SocketAddr> = started.iter().map(GmsReplicaServer::local_addr).collect();
+    let mut replicas: Vec<Option<GmsReplicaServer>> = started.into_iter().map(Some).collect();
+    let topic: Topic<u64> = Topic::new(TOPIC).unwrap();
+
+    let a = node(&peers);
+    let _sub_a = a.subscribe(&topic).unwrap();
+    let b = node(&peers);
+    let _sub_b = b.subscribe(&topic).unwrap();
+    let (first_leader, _) = wait_for("a leader with both members", || {
+        leader(&replicas).filter(|(_, s)| s.members.len() == 2)
+    });
+
+    // A follower stops abruptly: no goodbye, its socket closed.
+    let f = (first_leader + 1) % 3;
+    let before = replicas[f].as_ref().unwrap().snapshot().unwrap();
+    assert!(before.state_writes > 0, "{before:?}");
+    replicas[f].take().unwrap().shutdown();
+    let file = replica_data_dir(&dir.0, f).join(STATE_FILE);
+    assert!(file.exists());
+
+    // The group changes while it is down: a third member joins and subscribes.
+    let views_a = view_changes(&a);
+    let c = node(&peers);
+    let c_id = c.id();
+    let _sub_c = c.subscribe(&topic).unwrap();
+    wait_for("a installs the view with c", || {
+        (view_changes(&a) > views_a).then_some(())
+    });
+
+    // Started again from its data directory, on its address.
+    let restart = Instant::now();
+    let host = ReplicaHostConfig {
+        replica: ReplicaConfig {
+            index: f,
+            seed: config.seed.wrapping_add(f as u64),
+            ..config.clone()
+        },
+        data_dir: Some(replica_data_dir(&dir.0, f)),
+    };
+    let r = GmsReplicaServer::start_host(host, peers.clone(), peers[f]).unwrap();
+    let restored = r.restored_term().expect("restarted from its state");
+    assert!(restored >= before.term, "{restored} < {}", before.term);
+    replicas[f] = Some(r);
+    let (caught_up, leader_now) = wait_for("the restarted replica follows and catches up", || {
+        let (l, ls) = leader(&replicas)?;
+        let s = replicas[f].as_ref()?.snapshot()?;
+        (l != f
+            && !s.serving
+            && s.leader == Some(l)
+            && s.term >= before.term
+            && s.term == ls.term
+            && s.members.contains_key(&c_id)
+            && s.stats.views_issued == ls.stats.views_issued)
+            .then_some((restart.elapsed(), l))
+    });
+
+    // The group goes on: c leaves, the others install the view without it, and the
+    // restarted replica applies the removal.
+    let views_a = view_changes(&a);
+    c.shutdown().unwrap();
+    wait_for("a installs the view without c", || {
+        (view_changes(&a) > views_a).then_some(())
+    });
+    let s = wait_for("the restarted replica applies c's removal", || {
+        let s = replicas[f].as_ref()?.snapshot()?;
+        s.removed.iter().any(|(n, _, _)| *n == c_id).then_some(s)
+    });
+    assert!(s.state_writes > 0 && s.state_bytes > 0, "{s:?}");
+    let writes: Vec<(u64, u64, Duration, Duration)> = replicas
+        .iter()
+        .flatten()
+        .filter_map(GmsReplicaServer::snapshot)
+        .map(|s| {
+            (
+                s.state_writes,
+                s.state_bytes,
+                s.state_write_time / u32::try_from(s.state_writes.max(1)).unwrap_or(u32::MAX),
+                s.state_write_time_max,
+            )
+        })
+        .collect();
+    println!(
+        "replica {f} restarted from its data dir at term {restored} (was {}); following leader \
+         {leader_now} with c's join applied after {caught_up:?}; state files (writes, bytes, \
+         mean write, longest write): {writes:?}",
+        before.term
+    );
+    for r in replicas.into_iter().flatten() {
+        r.shutdown();
+    }
+    b.shutdown().unwrap();
+    a.shutdown().unwrap();
+}
