@@ -65,7 +65,9 @@ pub(crate) struct GmsArgs {
     /// Keep each replica's Raft state (term, vote, snapshot, log) in this directory, written
     /// before the replica sends anything, and restart a replica from it when it holds one
     /// (with `--replicas N`: one subdirectory `replica-I` per replica). Without it the state
-    /// is in memory only: a restarted replica comes back empty under the same id.
+    /// is in memory only: a restarted replica comes back empty under the same id. Alone (no
+    /// `--id`, no `--replicas`) it runs the service as one replica that keeps its state here,
+    /// so a restarted service knows its members and views and the group goes on.
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Stop after this many seconds (default: run until killed).
@@ -115,15 +117,10 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
         eprintln!("error: {e} (--heartbeat-timeout-ms, --suspicion-timeout-ms)");
         return ExitCode::from(2);
     }
-    if a.id.is_some() || a.replicas.is_some() {
+    // With a data directory the one-process service is a replicated service of one replica,
+    // whose state survives a restart.
+    if a.id.is_some() || a.replicas.is_some() || a.data_dir.is_some() {
         return gms_replicated(a, config);
-    }
-    if a.data_dir.is_some() {
-        eprintln!(
-            "error: --data-dir keeps a replica's state: give it with --id and --peers, or with \
-             --replicas (the standalone service keeps no state)"
-        );
-        return ExitCode::from(2);
     }
     let bind = a.bind.unwrap_or_else(default_gms);
     let server = match GmsServer::start(config, bind) {
@@ -163,9 +160,14 @@ fn default_gms() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 7300))
 }
 
-/// Runs one replica (`--id`, `--peers`) or several in this process (`--replicas`).
+/// Runs one replica (`--id`, `--peers`), several in this process (`--replicas`), or, with only
+/// `--data-dir`, a service of one replica that keeps its state there.
 fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
     let (peers, binds, ids) = match (a.id, &a.peers, a.replicas) {
+        (None, None, None) => {
+            let bind = a.bind.unwrap_or_else(default_gms);
+            (vec![bind], vec![bind], vec![0])
+        }
         (Some(id), Some(peers), None) => {
             let Some(&own) = peers.0.get(id) else {
                 eprintln!(

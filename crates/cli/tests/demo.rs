@@ -238,10 +238,6 @@ fn gms_refuses_bad_replica_options() {
             "--peers",
         ),
         (vec!["gms", "--replicas", "8"], "--replicas"),
-        (
-            vec!["gms", "--data-dir", "/nonexistent/tidings"],
-            "--data-dir",
-        ),
         (vec!["sub", "t", "--gms", "127.0.0.1:1,nowhere"], "--gms"),
         (vec!["demo", "--kill-gms-leader"], "--gms-replicas"),
     ] {
@@ -322,4 +318,25 @@ fn gms_replicas_restart_from_their_data_dir() {
     ]);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("replica 0 of 3"), "{stderr}");
+
+    // Alone, `--data-dir` runs the one-process service as one replica keeping its state there.
+    let single = format!("{data}/single");
+    let alone = [
+        "gms",
+        "--bind",
+        &bind,
+        "--data-dir",
+        &single,
+        "--seconds",
+        "1",
+    ];
+    let (code, stdout, stderr) = run(&alone);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("replica 0 of 1") && stdout.contains("state kept in"),
+        "{stdout}"
+    );
+    let (code, stdout, stderr) = run(&alone);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("restarted from"), "{stdout}");
 }

@@ -197,3 +197,84 @@ fn a_replica_restarted_from_its_data_dir_rejoins_and_the_group_goes_on() {
     b.shutdown().unwrap();
     a.shutdown().unwrap();
 }
+
+/// The one-process service with a data directory (`tidings gms --data-dir D`: one replica)
+/// stops and starts again from its state on its address: it knows its members and topics, the
+/// running nodes keep their ids, and the group goes on (new requests answered, messages
+/// delivered and stable, a new member served).
+#[test]
+fn the_one_process_service_restarted_from_its_data_dir_keeps_its_group() {
+    let dir = TempDir::new();
+    let config = replica_config();
+    let started = GmsReplicaServer::start_loopback_in(&config, 1, Some(&dir.0)).unwrap();
+    let peers: Vec<SocketAddr> = started.iter().map(GmsReplicaServer::local_addr).collect();
+    let mut service = started.into_iter().next();
+    let first: Topic<u64> = Topic::new(TOPIC).unwrap();
+
+    let a = node(&peers);
+    let b = node(&peers);
+    let sub_b = b.subscribe(&first).unwrap();
+    let mut publisher = a.publisher(&first).unwrap();
+    for k in 0..100 {
+        publisher.publish(&k).unwrap();
+    }
+    for k in 0..100 {
+        assert_eq!(sub_b.recv_timeout(WAIT).unwrap().value, k);
+    }
+    let before = wait_for("the service serves both members", || {
+        service
+            .as_ref()?
+            .snapshot()
+            .filter(|s| s.serving && s.members.len() == 2)
+    });
+
+    // The service stops abruptly and starts again from its directory, on its address.
+    service.take().unwrap().shutdown();
+    let host = ReplicaHostConfig {
+        replica: ReplicaConfig {
+            index: 0,
+            replicas: 1,
+            ..config.clone()
+        },
+        data_dir: Some(replica_data_dir(&dir.0, 0)),
+    };
+    let restarted = GmsReplicaServer::start_host(host, peers.clone(), peers[0]).unwrap();
+    assert!(
+        restarted.restored_term().is_some(),
+        "restarted from its state"
+    );
+    let after = wait_for("the restarted service serves with both members", || {
+        restarted
+            .snapshot()
+            .filter(|s| s.serving && s.members.len() == 2)
+    });
+    assert_eq!(
+        after.members.keys().collect::<Vec<_>>(),
+        before.members.keys().collect::<Vec<_>>()
+    );
+    assert!(after.topics.contains_key(TOPIC), "{:?}", after.topics);
+
+    // The group goes on: a new topic is answered and carries messages, the first one still
+    // does, and a new member's view reaches the others.
+    let second: Topic<u64> = Topic::new("replica-disk/t2").unwrap();
+    let sub_b2 = b.subscribe(&second).unwrap();
+    let mut publisher2 = a.publisher(&second).unwrap();
+    publisher2.publish(&7).unwrap();
+    assert_eq!(sub_b2.recv_timeout(WAIT).unwrap().value, 7);
+    let last = publisher.publish(&100).unwrap();
+    assert_eq!(sub_b.recv_timeout(WAIT).unwrap().value, 100);
+    publisher.wait_stable(last, WAIT).unwrap();
+    let c = node(&peers);
+    let sub_c = c.subscribe(&first).unwrap();
+    let last = publisher.publish(&101).unwrap();
+    assert_eq!(sub_c.recv_timeout(WAIT).unwrap().value, 101);
+    assert_eq!(sub_b.recv_timeout(WAIT).unwrap().value, 101);
+    publisher.wait_stable(last, WAIT).unwrap();
+    assert_eq!(restarted.snapshot().unwrap().members.len(), 3);
+    drop(sub_c);
+    c.shutdown().unwrap();
+    drop((sub_b, sub_b2));
+    b.shutdown().unwrap();
+    a.shutdown().unwrap();
+    restarted.shutdown();
+}
