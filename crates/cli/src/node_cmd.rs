@@ -95,6 +95,22 @@ pub(crate) struct GmsArgs {
     /// Print a status line every second.
     #[arg(long)]
     verbose: bool,
+    /// Serve the service's metrics for Prometheus on this address (`GET /metrics`); with
+    /// `--replicas N`, replica I on the port after it by I.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+}
+
+/// The metrics address of the `i`-th server of this process, if metrics were asked for.
+fn metrics_addr(a: &GmsArgs, i: usize) -> Option<Result<SocketAddr, String>> {
+    let base = a.metrics?;
+    Some(
+        u16::try_from(i)
+            .ok()
+            .and_then(|i| base.port().checked_add(i))
+            .map(|port| SocketAddr::new(base.ip(), port))
+            .ok_or_else(|| format!("--metrics {base}: no port for replica {i}")),
+    )
 }
 
 /// Runs the membership service.
@@ -131,6 +147,19 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
         }
     };
     println!("tidings gms: serving on {}", server.local_addr());
+    let _metrics = match metrics_addr(a, 0)
+        .map(|m| m.and_then(|addr| server.serve_metrics(addr).map_err(|e| e.to_string())))
+    {
+        Some(Ok(m)) => {
+            println!("tidings gms: metrics on http://{}/metrics", m.local_addr());
+            Some(m)
+        }
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+        None => None,
+    };
     let mut elapsed = 0u64;
     loop {
         std::thread::sleep(STATUS_INTERVAL);
@@ -265,6 +294,26 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
         );
     }
     let servers: Vec<GmsReplicaServer> = servers.into_iter().map(|(s, _)| s).collect();
+    let mut _metrics = Vec::new();
+    for (i, s) in servers.iter().enumerate() {
+        match metrics_addr(a, i)
+            .map(|m| m.and_then(|addr| s.serve_metrics(addr).map_err(|e| e.to_string())))
+        {
+            Some(Ok(m)) => {
+                println!(
+                    "tidings gms: replica {} metrics on http://{}/metrics",
+                    s.index(),
+                    m.local_addr()
+                );
+                _metrics.push(m);
+            }
+            Some(Err(e)) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+            None => {}
+        }
+    }
     println!("tidings gms: nodes join with --gms {}", list.join(","));
     let mut elapsed = 0u64;
     loop {

@@ -340,6 +340,29 @@ impl GmsReplicaServer {
         answer.recv_timeout(Duration::from_secs(5)).ok()
     }
 
+    /// Serves the replica's metrics on `bind` (`GET /metrics`) until the returned server is
+    /// dropped.
+    pub fn serve_metrics(
+        &self,
+        bind: SocketAddr,
+    ) -> Result<crate::metrics::MetricsServer, crate::metrics::MetricsError> {
+        let snapshots = self.snapshots.clone();
+        crate::metrics::MetricsServer::start(
+            bind,
+            Box::new(move |registry| {
+                let (reply, answer) = mpsc::sync_channel(1);
+                snapshots
+                    .send(reply)
+                    .map_err(|_| "the replica has stopped".to_owned())?;
+                let snapshot = answer
+                    .recv_timeout(Duration::from_secs(5))
+                    .map_err(|_| "the replica did not answer in time".to_owned())?;
+                crate::metrics::register_replica(registry, &snapshot);
+                Ok(())
+            }),
+        )
+    }
+
     /// Stops the replica's thread and closes its socket at once, with no goodbye: to the
     /// other replicas and the members it is a crash.
     pub fn shutdown(mut self) {

@@ -51,7 +51,9 @@ pub use gms_replica::{
     REPLICA_MAGIC, STATE_FILE,
 };
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
-pub use metrics::{register_gms, register_node, Collect, MetricsError, MetricsServer, Registry};
+pub use metrics::{
+    register_gms, register_node, register_replica, Collect, MetricsError, MetricsServer, Registry,
+};
 pub use net::set_socket_buffers;
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};

@@ -18,6 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 pub use prometheus_client::registry::Registry;
 
+use crate::gms_replica::ReplicaSnapshot;
 use crate::gms_server::GmsSnapshot;
 use crate::stats::RuntimeStats;
 
@@ -399,6 +400,12 @@ pub fn register_gms(registry: &mut Registry, s: &GmsSnapshot) {
     );
     counter(
         registry,
+        "gms_views_issued",
+        "Region views issued",
+        s.stats.views_issued,
+    );
+    counter(
+        registry,
         "gms_invalid_datagrams",
         "Datagrams dropped as malformed",
         s.invalid_datagrams,
@@ -408,5 +415,67 @@ pub fn register_gms(registry: &mut Registry, s: &GmsSnapshot) {
         "gms_unknown_sources",
         "Datagrams from addresses that are not members",
         s.unknown_sources,
+    );
+}
+
+/// A replica's metrics, labelled with its index: its Raft role and term, and (as every
+/// replica applies the same log) the group it holds.
+pub fn register_replica(registry: &mut Registry, s: &ReplicaSnapshot) {
+    let r = registry
+        .sub_registry_with_label((Cow::Borrowed("replica"), Cow::Owned(s.index.to_string())));
+    gauge(
+        r,
+        "gms_members",
+        "Members of the group",
+        s.members.len() as u64,
+    );
+    gauge(
+        r,
+        "gms_topics",
+        "Topics bound to ids",
+        s.topics.len() as u64,
+    );
+    counter(
+        r,
+        "gms_members_removed",
+        "Members removed (failed or left)",
+        s.removed.len() as u64,
+    );
+    gauge(r, "gms_raft_term", "The replica's Raft term", s.term);
+    gauge(
+        r,
+        "gms_leader",
+        "1 while this replica leads and serves",
+        u64::from(s.serving),
+    );
+    counter(
+        r,
+        "gms_views_issued",
+        "Region views issued",
+        s.stats.views_issued,
+    );
+    counter(
+        r,
+        "gms_invalid_datagrams",
+        "Datagrams dropped as malformed",
+        s.invalid_datagrams,
+    );
+    counter(
+        r,
+        "gms_unknown_sources",
+        "Datagrams from addresses that are not members or replicas",
+        s.unknown_sources + s.foreign_replica_datagrams,
+    );
+    counter(
+        r,
+        "gms_state_writes",
+        "Writes of the replica's state file",
+        s.state_writes,
+    );
+    gauge(
+        r,
+        "gms_state_bytes",
+        "Size of the replica's state file",
+        s.state_bytes,
     );
 }
