@@ -1,5 +1,5 @@
 //! Throughput and latency of one publisher to N subscribers over loopback, next to the raw UDP
-//! ceiling measured in the same run (docs/design.md section 10). Functions return plain structs so
+//! ceiling measured in the same run (docs/design.md section 11). Functions return plain structs so
 //! that `tidings bench` and `examples/runtime_bench.rs` print the same numbers.
 //!
 //! All nodes run in this process, each with its own core thread and sockets, so the numbers
