@@ -172,6 +172,10 @@ pub struct Node {
     /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
     /// region updates the totals by difference (see [`Node::refresh_gauges`]).
     gauge_shares: BTreeMap<RegionId, GaugeShare>,
+    /// With approximate regions ([`Node::set_subscriptions`]): the topics this node delivers;
+    /// a region may carry others, which it receives, caches and acknowledges, but discards.
+    /// `None`: every topic of its regions (exact regions).
+    subscriptions: Option<BTreeSet<TopicId>>,
 }
 
 /// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
@@ -341,6 +345,7 @@ impl Node {
             nack_windows: BTreeMap::new(),
             silence_queue: VecDeque::new(),
             gauge_shares: BTreeMap::new(),
+            subscriptions: None,
         })
         .map(|mut node| {
             node.schedule_all_region_timers();
@@ -461,9 +466,13 @@ impl Node {
         let msg_id = MsgId(self.next_msg_id);
         self.next_msg_id += 1;
         let timestamp_us = now.as_micros();
-        let delivered_here = regions
-            .iter()
-            .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
+        let delivered_here = self
+            .subscriptions
+            .as_ref()
+            .is_none_or(|s| s.contains(&topic))
+            && regions
+                .iter()
+                .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
         // The last holder takes the payload itself rather than a clone: the delivery if this
         // node subscribes, else the last region's stream.
         let mut payload = Some(payload);
@@ -739,6 +748,25 @@ impl Node {
                 None => unknown_region,
             },
         }
+    }
+
+    /// Approximate regions (ADR 34): the topics this node subscribes to, and so delivers. A
+    /// region view lists the topics the region carries; with approximate regions some members
+    /// do not subscribe to all of them. Such a member receives those messages, takes its part
+    /// in the region's reliability (tokens, acknowledgements, caching, forwarding) and does not
+    /// deliver them (counted in [`Stats::messages_filtered`](crate::Stats::messages_filtered)
+    /// and [`Stats::bytes_filtered`](crate::Stats::bytes_filtered)); nor does it deliver its
+    /// own publications on them. `None` (the default) delivers every topic of its regions:
+    /// exact regions, where every member subscribes to every topic its region carries. Takes
+    /// effect for the messages received from now on.
+    pub fn set_subscriptions(&mut self, topics: Option<BTreeSet<TopicId>>) {
+        self.subscriptions = topics;
+    }
+
+    /// The topics this node delivers, if [set](Node::set_subscriptions).
+    #[must_use]
+    pub fn subscriptions(&self) -> Option<&BTreeSet<TopicId>> {
+        self.subscriptions.as_ref()
     }
 
     /// The membership in force: the last one [`set_membership`](Node::set_membership) gave, with
@@ -1093,6 +1121,7 @@ impl Node {
         }
         let config = &self.config;
         let out = &mut self.out;
+        let delivers = self.subscriptions.as_ref();
         let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
             out.stats.invalid_dropped += 1;
             return;
@@ -1116,7 +1145,9 @@ impl Node {
                 |seq, msg, fresh| {
                     if !fresh {
                         out.stats.view_duplicates_dropped += 1;
-                    } else if topics.binary_search(&msg.topic).is_ok() {
+                    } else if topics.binary_search(&msg.topic).is_ok()
+                        && delivers.is_none_or(|d| d.contains(&msg.topic))
+                    {
                         out.stats.messages_delivered += 1;
                         out.events.push_back(Event::Deliver(Delivery {
                             origin,
@@ -1127,6 +1158,7 @@ impl Node {
                         }));
                     } else {
                         out.stats.messages_filtered += 1;
+                        out.stats.bytes_filtered += msg.payload.len() as u64;
                     }
                     let cache = caching.caches(seq);
                     if cache {
