@@ -267,6 +267,11 @@ struct ScenarioArgs {
     /// Interest profiles (regions); default 1 for one topic, else nodes/12 (at least 2).
     #[arg(long)]
     profiles: Option<u32>,
+    /// Approximate regions (ADR 34): the oracle forms regions with the planner, each node
+    /// wasting at most this share of what it receives (e.g. 0.3); nodes deliver only their own
+    /// subscriptions. 0: exact regions.
+    #[arg(long, default_value_t = 0.0)]
+    waste_max: f64,
     /// Apply the loss model to uplinks too (whole-region losses, repaired by NAKs).
     #[arg(long)]
     uplink_loss: bool,
@@ -359,6 +364,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         senders_subscribe: a.senders_subscribe,
         topics: a.topics,
         profiles: a.profiles,
+        waste_max_permille: (a.waste_max.clamp(0.0, 0.999) * 1000.0).round() as u32,
         faults,
         uplink_loss: a.uplink_loss,
         flaky: a.flaky,

@@ -172,10 +172,6 @@ pub struct Node {
     /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
     /// region updates the totals by difference (see [`Node::refresh_gauges`]).
     gauge_shares: BTreeMap<RegionId, GaugeShare>,
-    /// With approximate regions ([`Node::set_subscriptions`]): the topics this node delivers;
-    /// a region may carry others, which it receives, caches and acknowledges, but discards.
-    /// `None`: every topic of its regions (exact regions).
-    subscriptions: Option<BTreeSet<TopicId>>,
 }
 
 /// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
@@ -345,7 +341,6 @@ impl Node {
             nack_windows: BTreeMap::new(),
             silence_queue: VecDeque::new(),
             gauge_shares: BTreeMap::new(),
-            subscriptions: None,
         })
         .map(|mut node| {
             node.schedule_all_region_timers();
@@ -467,6 +462,7 @@ impl Node {
         self.next_msg_id += 1;
         let timestamp_us = now.as_micros();
         let delivered_here = self
+            .membership
             .subscriptions
             .as_ref()
             .is_none_or(|s| s.contains(&topic))
@@ -758,15 +754,11 @@ impl Node {
     /// and [`Stats::bytes_filtered`](crate::Stats::bytes_filtered)); nor does it deliver its
     /// own publications on them. `None` (the default) delivers every topic of its regions:
     /// exact regions, where every member subscribes to every topic its region carries. Takes
-    /// effect for the messages received from now on.
+    /// effect for the messages received from now on. The same as
+    /// [`Membership::subscriptions`], which [`set_membership`](Node::set_membership) installs
+    /// with the rest.
     pub fn set_subscriptions(&mut self, topics: Option<BTreeSet<TopicId>>) {
-        self.subscriptions = topics;
-    }
-
-    /// The topics this node delivers, if [set](Node::set_subscriptions).
-    #[must_use]
-    pub fn subscriptions(&self) -> Option<&BTreeSet<TopicId>> {
-        self.subscriptions.as_ref()
+        self.membership.subscriptions = topics;
     }
 
     /// The membership in force: the last one [`set_membership`](Node::set_membership) gave, with
@@ -1121,7 +1113,7 @@ impl Node {
         }
         let config = &self.config;
         let out = &mut self.out;
-        let delivers = self.subscriptions.as_ref();
+        let delivers = self.membership.subscriptions.as_ref();
         let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
             out.stats.invalid_dropped += 1;
             return;

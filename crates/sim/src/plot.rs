@@ -674,42 +674,6 @@ pub fn sweep_png(outcomes: &[Outcome]) -> Vec<u8> {
     render("Gryphon Fig. 16 (E4)", &columns, XAxis::Linear(x_max))
 }
 
-#[cfg(test)]
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn render_writes_a_png_of_the_expected_size() {
-        let panel = Panel {
-            title: "a panel (msgs/s)".into(),
-            y_max: 10.0,
-            series: vec![Series {
-                label: "line".into(),
-                colour: colour::RED,
-                points: vec![(1.0, 1.0), (10.0, 5.0), (100.0, 20.0)],
-            }],
-        };
-        let columns = vec![("column".to_string(), vec![panel.clone(), panel])];
-        let png = render("title", &columns, XAxis::Log(1.0, 100.0));
-        assert_eq!(&png[..8], &[0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a]);
-        assert_eq!(&png[12..16], b"IHDR");
-        let w = u32::from_be_bytes([png[16], png[17], png[18], png[19]]);
-        let h = u32::from_be_bytes([png[20], png[21], png[22], png[23]]);
-        assert_eq!((w, h), (PANEL_W, TITLE_H + COLUMN_TITLE_H + 2 * PANEL_H));
-        assert_eq!(png, render("title", &columns, XAxis::Log(1.0, 100.0)));
-        assert_ne!(png, render("title", &columns, XAxis::Linear(100.0)));
-    }
-
-    #[test]
-    fn nice_ceilings() {
-        assert_eq!(nice_ceiling(0.0), 1.0);
-        assert_eq!(nice_ceiling(3.2), 5.0);
-        assert_eq!(nice_ceiling(11_600.0), 20_000.0);
-        assert_eq!(nice_ceiling(1000.0), 1000.0);
-    }
-}
-
 /// The trade-off of approximate regions (ADR 34): paper 001's region figures against the
 /// planner's bound on waste, one report of `tidings sim regions` per bound, with the paper's
 /// figures as grey reference lines.
@@ -789,4 +753,39 @@ pub fn waste_sweep_png(reports: &[tidings_gms::RegionsReport]) -> Vec<u8> {
         ],
         XAxis::Linear(x_max),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_writes_a_png_of_the_expected_size() {
+        let panel = Panel {
+            title: "a panel (msgs/s)".into(),
+            y_max: 10.0,
+            series: vec![Series {
+                label: "line".into(),
+                colour: colour::RED,
+                points: vec![(1.0, 1.0), (10.0, 5.0), (100.0, 20.0)],
+            }],
+        };
+        let columns = vec![("column".to_string(), vec![panel.clone(), panel])];
+        let png = render("title", &columns, XAxis::Log(1.0, 100.0));
+        assert_eq!(&png[..8], &[0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a]);
+        assert_eq!(&png[12..16], b"IHDR");
+        let w = u32::from_be_bytes([png[16], png[17], png[18], png[19]]);
+        let h = u32::from_be_bytes([png[20], png[21], png[22], png[23]]);
+        assert_eq!((w, h), (PANEL_W, TITLE_H + COLUMN_TITLE_H + 2 * PANEL_H));
+        assert_eq!(png, render("title", &columns, XAxis::Log(1.0, 100.0)));
+        assert_ne!(png, render("title", &columns, XAxis::Linear(100.0)));
+    }
+
+    #[test]
+    fn nice_ceilings() {
+        assert_eq!(nice_ceiling(0.0), 1.0);
+        assert_eq!(nice_ceiling(3.2), 5.0);
+        assert_eq!(nice_ceiling(11_600.0), 20_000.0);
+        assert_eq!(nice_ceiling(1000.0), 1000.0);
+    }
 }
