@@ -58,6 +58,17 @@ pub(crate) struct RegionsArgs {
     /// Also run the batch (from scratch, largest first) greedy for comparison.
     #[arg(long)]
     batch: bool,
+    /// Approximate regions: the most a node may waste (share of the messages it receives, by
+    /// rate, that it discards), e.g. 0.1; 0 keeps regions exact (ADR 34).
+    #[arg(long, default_value_t = 0.0)]
+    waste_max: f64,
+    /// A sweep over the waste bound instead of one run: the bounds, comma-separated (e.g.
+    /// 0,0.05,0.1,0.2); writes `<out>.csv` and `<out>.png` (see --out).
+    #[arg(long, value_delimiter = ',')]
+    waste_sweep: Vec<f64>,
+    /// With --waste-sweep: the path of the CSV and PNG, without extension.
+    #[arg(long, default_value = "docs/experiments/approx-regions")]
+    out: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -70,8 +81,10 @@ fn sim_regions(a: &RegionsArgs) -> ExitCode {
         || a.zipf.is_nan()
         || a.zipf < 0.0
         || !(0.0..=1.0).contains(&a.personal)
+        || !(0.0..1.0).contains(&a.waste_max)
+        || a.waste_sweep.iter().any(|w| !(0.0..1.0).contains(w))
     {
-        eprintln!("error: --nodes and --topics must be positive, --interest within (0, 1], --zipf at least 0, --personal within [0, 1]");
+        eprintln!("error: --nodes and --topics must be positive, --interest within (0, 1], --zipf at least 0, --personal within [0, 1], --waste-max within [0, 1)");
         return ExitCode::from(2);
     }
     let mut params = tidings_gms::RegionsParams::new(a.nodes, a.topics, a.interest, a.zipf, a.seed);
@@ -79,6 +92,10 @@ fn sim_regions(a: &RegionsArgs) -> ExitCode {
     params.communities = a.communities;
     params.personal = a.personal;
     params.personal_subscribers_max = a.personal_max;
+    params.planner.waste_max_permille = (a.waste_max * 1000.0).round() as u32;
+    if !a.waste_sweep.is_empty() {
+        return waste_sweep(&params, &a.waste_sweep, &a.out);
+    }
     let report = tidings_gms::regions_report(&params);
     if a.json {
         match serde_json::to_string_pretty(&report) {
@@ -90,6 +107,58 @@ fn sim_regions(a: &RegionsArgs) -> ExitCode {
         }
     } else {
         print!("{}", report.to_text());
+    }
+    ExitCode::SUCCESS
+}
+
+/// `tidings sim regions --waste-sweep`: one report per bound, as CSV and PNG.
+fn waste_sweep(params: &tidings_gms::RegionsParams, bounds: &[f64], out: &str) -> ExitCode {
+    let mut reports = Vec::with_capacity(bounds.len());
+    let mut csv = String::from(
+        "waste_bound,regions_per_node_mean,regions_per_node_max,regions_per_topic_mean,regions_per_topic_max,region_size_mean,region_size_max,top2_region_traffic_share,waste_mean,waste_max,pads_per_node_mean,subsets,singleton_subsets,elapsed_ms\n",
+    );
+    for &b in bounds {
+        let mut p = params.clone();
+        p.planner.waste_max_permille = (b * 1000.0).round() as u32;
+        let r = tidings_gms::regions_report(&p);
+        let i = &r.incremental;
+        csv += &format!(
+            "{:.3},{:.2},{},{:.3},{},{:.2},{},{:.4},{:.4},{:.4},{:.1},{},{},{}\n",
+            f64::from(r.waste_max_permille) / 1000.0,
+            i.regions_per_node_mean,
+            i.regions_per_node_max,
+            i.regions_per_topic_mean,
+            i.regions_per_topic_max,
+            i.region_size_mean,
+            i.region_size_max,
+            i.top2_region_traffic_share,
+            i.waste_mean,
+            i.waste_max,
+            i.pads_per_node_mean,
+            i.subsets,
+            i.singleton_subsets,
+            i.elapsed_ms
+        );
+        eprintln!(
+            "waste bound {:.1}%: {:.1} regions per node, waste mean {:.1}% max {:.1}%, top-2 {:.1}%",
+            b * 100.0,
+            i.regions_per_node_mean,
+            100.0 * i.waste_mean,
+            100.0 * i.waste_max,
+            100.0 * i.top2_region_traffic_share
+        );
+        reports.push(r);
+    }
+    let png = tidings_sim::plot::waste_sweep_png(&reports);
+    for (path, bytes) in [
+        (format!("{out}.csv"), csv.into_bytes()),
+        (format!("{out}.png"), png),
+    ] {
+        if let Err(e) = std::fs::write(&path, bytes) {
+            eprintln!("error: {path}: {e}");
+            return ExitCode::from(2);
+        }
+        println!("wrote {path}");
     }
     ExitCode::SUCCESS
 }
@@ -198,6 +267,11 @@ struct ScenarioArgs {
     /// Interest profiles (regions); default 1 for one topic, else nodes/12 (at least 2).
     #[arg(long)]
     profiles: Option<u32>,
+    /// Approximate regions (ADR 34): the oracle forms regions with the planner, each node
+    /// wasting at most this share of what it receives (e.g. 0.3); nodes deliver only their own
+    /// subscriptions. 0: exact regions.
+    #[arg(long, default_value_t = 0.0)]
+    waste_max: f64,
     /// Apply the loss model to uplinks too (whole-region losses, repaired by NAKs).
     #[arg(long)]
     uplink_loss: bool,
@@ -290,6 +364,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         senders_subscribe: a.senders_subscribe,
         topics: a.topics,
         profiles: a.profiles,
+        waste_max_permille: (a.waste_max.clamp(0.0, 0.999) * 1000.0).round() as u32,
         faults,
         uplink_loss: a.uplink_loss,
         flaky: a.flaky,

@@ -289,6 +289,7 @@ impl GmsClient {
                 .map(|(&r, v)| (r, v.view.clone()))
                 .collect(),
             topic_regions: self.topic_regions.clone(),
+            subscriptions: None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The membership a node is given: region views with their partitions, and which regions each
 //! topic spans. The GMS will supply it dynamically; for now the caller builds it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
@@ -105,6 +105,10 @@ pub struct Membership {
     pub regions: BTreeMap<RegionId, RegionView>,
     /// For each topic, the regions its subscribers span.
     pub topic_regions: BTreeMap<TopicId, Vec<RegionId>>,
+    /// With approximate regions (ADR 34): the topics this node subscribes to, so delivers. Its
+    /// regions may carry others, which it receives and discards. `None`: every topic of its
+    /// regions (exact regions).
+    pub subscriptions: Option<BTreeSet<TopicId>>,
 }
 
 impl Membership {

@@ -478,9 +478,14 @@ impl Node {
         let msg_id = MsgId(self.next_msg_id);
         self.next_msg_id += 1;
         let timestamp_us = now.as_micros();
-        let delivered_here = regions
-            .iter()
-            .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
+        let delivered_here = self
+            .membership
+            .subscriptions
+            .as_ref()
+            .is_none_or(|s| s.contains(&topic))
+            && regions
+                .iter()
+                .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
         // The last holder takes the payload itself rather than a clone: the delivery if this
         // node subscribes, else the last region's stream.
         let mut payload = Some(payload);
@@ -756,6 +761,21 @@ impl Node {
                 None => unknown_region,
             },
         }
+    }
+
+    /// Approximate regions (ADR 34): the topics this node subscribes to, and so delivers. A
+    /// region view lists the topics the region carries; with approximate regions some members
+    /// do not subscribe to all of them. Such a member receives those messages, takes its part
+    /// in the region's reliability (tokens, acknowledgements, caching, forwarding) and does not
+    /// deliver them (counted in [`Stats::messages_filtered`](crate::Stats::messages_filtered)
+    /// and [`Stats::bytes_filtered`](crate::Stats::bytes_filtered)); nor does it deliver its
+    /// own publications on them. `None` (the default) delivers every topic of its regions:
+    /// exact regions, where every member subscribes to every topic its region carries. Takes
+    /// effect for the messages received from now on. The same as
+    /// [`Membership::subscriptions`], which [`set_membership`](Node::set_membership) installs
+    /// with the rest.
+    pub fn set_subscriptions(&mut self, topics: Option<BTreeSet<TopicId>>) {
+        self.membership.subscriptions = topics;
     }
 
     /// The membership in force: the last one [`set_membership`](Node::set_membership) gave, with
@@ -1110,6 +1130,7 @@ impl Node {
         }
         let config = &self.config;
         let out = &mut self.out;
+        let delivers = self.membership.subscriptions.as_ref();
         let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
             out.stats.invalid_dropped += 1;
             return;
@@ -1133,7 +1154,9 @@ impl Node {
                 |seq, msg, fresh| {
                     if !fresh {
                         out.stats.view_duplicates_dropped += 1;
-                    } else if topics.binary_search(&msg.topic).is_ok() {
+                    } else if topics.binary_search(&msg.topic).is_ok()
+                        && delivers.is_none_or(|d| d.contains(&msg.topic))
+                    {
                         out.stats.messages_delivered += 1;
                         out.events.push_back(Event::Deliver(Delivery {
                             origin,
@@ -1144,6 +1167,7 @@ impl Node {
                         }));
                     } else {
                         out.stats.messages_filtered += 1;
+                        out.stats.bytes_filtered += msg.payload.len() as u64;
                     }
                     let cache = caching.caches(seq);
                     if cache {

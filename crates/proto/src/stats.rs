@@ -59,8 +59,10 @@ pub struct Stats {
     /// Messages delivered to the application, in order.
     pub messages_delivered: u64,
     /// Messages received in order on topics this node does not subscribe to (possible only with
-    /// approximate regions), not delivered.
+    /// approximate regions, ADR 34), not delivered.
     pub messages_filtered: u64,
+    /// Payload bytes of `messages_filtered`: what approximate regions cost this node.
+    pub bytes_filtered: u64,
     /// Silence heartbeats received.
     pub silences_received: u64,
 

@@ -1285,3 +1285,48 @@ fn views_that_add_topics_continue_the_streams() {
         "re-homed {kept} continuing, {resent} restarting"
     );
 }
+
+/// Approximate regions (ADR 34): node 3 is a member of a region carrying topics 1 and 2 but
+/// subscribes to topic 1 alone. Over a lossy network it delivers exactly the messages of
+/// topic 1, counts those of topic 2 as filtered (messages and bytes), and still takes part in
+/// the region's reliability: every message becomes stable at the sender, which needs node 3's
+/// acknowledgement of topic 2 as well.
+#[test]
+fn a_member_that_does_not_subscribe_to_a_carried_topic_receives_acknowledges_and_discards_it() {
+    let subs = |i: u32| {
+        if i == 0 {
+            vec![]
+        } else {
+            vec![TopicId(1), TopicId(2)]
+        }
+    };
+    let mut c = Cluster::new(4, subs, 2, 0.1, 7);
+    c.nodes[3].set_subscriptions(Some([TopicId(1)].into_iter().collect()));
+    let limit = Time::ZERO + Duration::from_secs(30);
+    for i in 0..20u64 {
+        let topic = TopicId(1 + (i % 2) as u32);
+        c.nodes[0]
+            .publish(c.now, topic, Bytes::from(vec![3u8; 100]))
+            .unwrap();
+    }
+    c.flush(0);
+    while c.stable[0].len() < 20 && c.step(limit) {}
+    assert_eq!(c.stable[0].len(), 20, "not all stable");
+    for r in 1..=2 {
+        assert_eq!(c.delivered[r].len(), 20, "receiver {r}");
+    }
+    let topics: Vec<TopicId> = c.delivered[3].iter().map(|d| d.2).collect();
+    assert_eq!(topics, vec![TopicId(1); 10]);
+    let ids: Vec<u64> = c.delivered[3].iter().map(|d| d.1 .0).collect();
+    assert_eq!(ids, (1..=20).step_by(2).collect::<Vec<u64>>());
+    let s = c.nodes[3].stats();
+    assert_eq!((s.messages_filtered, s.bytes_filtered), (10, 1000));
+    assert_eq!(c.nodes[1].stats().messages_filtered, 0);
+    // A sender does not deliver its own publications on a topic it does not subscribe to.
+    c.nodes[3].set_subscriptions(Some(std::collections::BTreeSet::new()));
+    c.nodes[3]
+        .publish(c.now, TopicId(2), Bytes::from(vec![1u8; 10]))
+        .unwrap();
+    c.flush(3);
+    assert_eq!(c.delivered[3].len(), 10);
+}

@@ -22,6 +22,9 @@ pub struct MembershipOracle {
     regions: BTreeMap<Vec<TopicId>, (RegionId, ViewId, Vec<NodeId>)>,
     next_region: u32,
     partition_size: usize,
+    /// Approximate regions (ADR 34): the planner's waste bound in thousandths; 0 forms regions
+    /// of identical subscription sets.
+    waste_max_permille: u32,
 }
 
 impl MembershipOracle {
@@ -43,7 +46,45 @@ impl MembershipOracle {
             regions: BTreeMap::new(),
             next_region: 1,
             partition_size,
+            waste_max_permille: 0,
         }
+    }
+
+    /// Forms approximate regions with the real planner ([`tidings_gms::Planner`], each node
+    /// subscribing to its topics at once, in id order) under a waste bound of `permille`
+    /// thousandths instead of regions of identical subscription sets (0 keeps those). Each
+    /// node must then be told its own subscriptions ([`Membership::subscriptions`]).
+    #[must_use]
+    pub fn approximate(mut self, permille: u32) -> Self {
+        self.waste_max_permille = permille;
+        self
+    }
+
+    /// The topic sets and members of the regions for the current subscriptions.
+    fn groups(&self) -> BTreeMap<Vec<TopicId>, Vec<NodeId>> {
+        let mut groups: BTreeMap<Vec<TopicId>, Vec<NodeId>> = BTreeMap::new();
+        if self.waste_max_permille > 0 {
+            let config = tidings_gms::PlannerConfig {
+                waste_max_permille: self.waste_max_permille,
+                ..tidings_gms::PlannerConfig::default()
+            };
+            if let Ok(mut planner) = tidings_gms::Planner::new(config) {
+                for (&node, topics) in &self.subscriptions {
+                    let _changes = planner.subscribe_many(node, topics);
+                }
+                for (_, reg) in planner.regions() {
+                    // Topics are in one subset each, so no two regions carry the same set.
+                    groups.insert(reg.topics.clone(), reg.members.iter().copied().collect());
+                }
+                return groups;
+            }
+        }
+        for (&node, topics) in &self.subscriptions {
+            if !topics.is_empty() {
+                groups.entry(topics.clone()).or_default().push(node);
+            }
+        }
+        groups
     }
 
     /// What `node` subscribes to now (empty if it left or crashed).
@@ -67,12 +108,7 @@ impl MembershipOracle {
 
     /// The membership for the current subscriptions; regions whose members changed get a new view.
     pub fn membership(&mut self) -> Membership {
-        let mut groups: BTreeMap<Vec<TopicId>, Vec<NodeId>> = BTreeMap::new();
-        for (&node, topics) in &self.subscriptions {
-            if !topics.is_empty() {
-                groups.entry(topics.clone()).or_default().push(node);
-            }
-        }
+        let groups = self.groups();
         self.regions.retain(|topics, _| groups.contains_key(topics));
         let mut m = Membership::default();
         for (topics, members) in groups {

@@ -674,7 +674,87 @@ pub fn sweep_png(outcomes: &[Outcome]) -> Vec<u8> {
     render("Gryphon Fig. 16 (E4)", &columns, XAxis::Linear(x_max))
 }
 
-#[cfg(test)]
+/// The trade-off of approximate regions (ADR 34): paper 001's region figures against the
+/// planner's bound on waste, one report of `tidings sim regions` per bound, with the paper's
+/// figures as grey reference lines.
+#[must_use]
+pub fn waste_sweep_png(reports: &[tidings_gms::RegionsReport]) -> Vec<u8> {
+    let Some(first) = reports.first() else {
+        return empty_png();
+    };
+    let x = |r: &tidings_gms::RegionsReport| f64::from(r.waste_max_permille) / 10.0;
+    let x_max = reports.iter().map(x).fold(1.0, f64::max);
+    let line = |label: &str, colour: u8, f: &dyn Fn(&tidings_gms::RegionsReport) -> f64| Series {
+        label: label.into(),
+        colour,
+        points: reports.iter().map(|r| (x(r), f(r))).collect(),
+    };
+    let reference = |label: &str, y: f64| Series {
+        label: label.into(),
+        colour: colour::GREY,
+        points: vec![(0.0, y), (x_max, y)],
+    };
+    let max_of = |f: &dyn Fn(&tidings_gms::RegionsReport) -> f64| {
+        nice_ceiling(reports.iter().map(f).fold(1.0, f64::max))
+    };
+    let per_node = Panel {
+        title: "regions per node".into(),
+        y_max: max_of(&|r| r.regions_per_node_max as f64),
+        series: vec![
+            line("mean", colour::BLUE, &|r| r.regions_per_node_mean),
+            line("max", colour::RED, &|r| r.regions_per_node_max as f64),
+            reference("paper 001: 4-14", 14.0),
+        ],
+    };
+    let waste = Panel {
+        title: "waste per node (% of received, by rate)".into(),
+        y_max: max_of(&|r| 100.0 * r.waste_max),
+        series: vec![
+            line("mean", colour::BLUE, &|r| 100.0 * r.waste_mean),
+            line("max", colour::RED, &|r| 100.0 * r.waste_max),
+            line("bound", colour::GREY, &|r| {
+                f64::from(r.waste_max_permille) / 10.0
+            }),
+        ],
+    };
+    let top2 = Panel {
+        title: "traffic in a node's top-2 regions (%)".into(),
+        y_max: 100.0,
+        series: vec![
+            line("by popularity", colour::BLUE, &|r| {
+                100.0 * r.top2_region_traffic_share
+            }),
+            reference("paper 001: ~95%", 95.0),
+        ],
+    };
+    let per_topic = Panel {
+        title: "regions per topic, region size".into(),
+        y_max: max_of(&|r| r.region_size_mean.max(r.regions_per_topic_max as f64)),
+        series: vec![
+            line("regions per topic, mean", colour::BLUE, &|r| {
+                r.regions_per_topic_mean
+            }),
+            line("regions per topic, max", colour::RED, &|r| {
+                r.regions_per_topic_max as f64
+            }),
+            line("region size, mean", colour::GREEN, &|r| r.region_size_mean),
+            reference("paper 001: 5 per topic, 5-10 members", 10.0),
+        ],
+    };
+    let title = format!(
+        "approximate regions: {} nodes, {} topics, interest {}, zipf {}, seed {}, against the waste bound (%)",
+        first.nodes, first.topics, first.interest, first.zipf, first.seed
+    );
+    render(
+        &title,
+        &[
+            ("structure".into(), vec![per_node, per_topic]),
+            ("cost and locality".into(), vec![waste, top2]),
+        ],
+        XAxis::Linear(x_max),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -108,6 +108,11 @@ pub struct RunReport {
     pub messages_published: u64,
     /// Messages delivered, all receivers.
     pub deliveries: u64,
+    /// Messages received and discarded on topics the receiver does not subscribe to
+    /// (approximate regions, ADR 34), all receivers.
+    pub messages_filtered: u64,
+    /// Their payload bytes.
+    pub bytes_filtered: u64,
     /// Messages made stable (delivered to every subscriber) per second, all senders, from the
     /// first publish until everything was stable.
     pub throughput_msgs_per_sec: f64,
@@ -182,11 +187,14 @@ impl RunReport {
         };
         // Memory bounds: sender windows, and caching replicas of about replication / region size.
         let mut pending_ack_max = 0;
+        let (mut messages_filtered, mut bytes_filtered) = (0u64, 0u64);
         let mut fractions = Vec::with_capacity(world.hosts().len());
         // Protocol nodes only (with the GMS, the last host runs the service).
         for (i, h) in world.hosts().iter().take(s.nodes as usize).enumerate() {
             let node = h.node();
             let st = node.stats();
+            messages_filtered += st.messages_filtered;
+            bytes_filtered += st.bytes_filtered;
             pending_ack_max = pending_ack_max.max(st.unstable_msgs_max);
             if st.unstable_msgs_max as usize > s.proto.window_msgs_max
                 || st.unstable_bytes_max as usize > s.proto.window_bytes_max
@@ -264,6 +272,8 @@ impl RunReport {
             completion_seconds: completion.map(|t| round3(t.as_nanos() as f64 / 1e9)),
             messages_published: published,
             deliveries: ledger.deliveries(),
+            messages_filtered,
+            bytes_filtered,
             throughput_msgs_per_sec: round3(throughput),
             throughput_mb_per_sec: round3(throughput * s.message_bytes as f64 / 1e6),
             time_to_stable_ms: percentiles_ms(&ledger.time_to_stable_us),
@@ -323,6 +333,16 @@ impl RunReport {
             self.messages_published,
             self.deliveries
         );
+        if self.messages_filtered > 0 {
+            let _ = writeln!(
+                o,
+                "approximate   {} messages ({} bytes) received on topics not subscribed, discarded ({:.1}% of what receivers kept)",
+                self.messages_filtered,
+                self.bytes_filtered,
+                100.0 * self.messages_filtered as f64
+                    / (self.messages_filtered + self.deliveries).max(1) as f64
+            );
+        }
         match self.completion_seconds {
             Some(c) => {
                 let _ = writeln!(o, "completion    everything stable at {c:.1} s");

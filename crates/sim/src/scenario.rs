@@ -94,6 +94,10 @@ pub struct Scenario {
     pub detection: Duration,
     /// Which membership service runs: the oracle (default) or the real GMS on an extra node.
     pub membership: MembershipKind,
+    /// Approximate regions (ADR 34): the oracle forms regions with the planner under this bound
+    /// on each node's waste, in thousandths, and tells each node its own subscriptions, which
+    /// it alone delivers. 0 (default): regions of identical subscription sets. Oracle only.
+    pub waste_max_permille: u32,
     /// With the GMS: how many replicas run it, on as many extra nodes (1: the one-process
     /// service; 3 or 5: replicated on Raft). Default 1.
     pub gms_replicas: u32,
@@ -186,6 +190,7 @@ impl Default for Scenario {
             crash_leaders: false,
             detection: DETECTION_DEFAULT,
             membership: MembershipKind::Oracle,
+            waste_max_permille: 0,
             gms_replicas: 1,
             gms_fault: None,
             link_events: Vec::new(),
@@ -230,6 +235,16 @@ pub struct Progress {
 impl Scenario {
     /// Checks the scenario.
     pub fn validate(&self) -> Result<(), ScenarioError> {
+        if self.waste_max_permille >= 1000 {
+            return Err(ScenarioError::Invalid(
+                "the waste bound must be below 1 (1000 permille)".into(),
+            ));
+        }
+        if self.waste_max_permille > 0 && self.membership != MembershipKind::Oracle {
+            return Err(ScenarioError::Invalid(
+                "approximate regions (--waste-max) run with the oracle membership".into(),
+            ));
+        }
         if !(1..=tidings_gms::REPLICAS_MAX as u32).contains(&self.gms_replicas) {
             return Err(ScenarioError::Invalid(format!(
                 "gms_replicas must be 1..={}",
@@ -335,6 +350,16 @@ impl Scenario {
         }
         self.proto.validate()?;
         Ok(())
+    }
+
+    /// The membership a node installs: `m`, told the node's own `subscriptions` with
+    /// approximate regions (its regions may carry topics it does not subscribe to).
+    fn own_membership(&self, m: &Membership, subscriptions: &[TopicId]) -> Membership {
+        let mut m = m.clone();
+        if self.waste_max_permille > 0 {
+            m.subscriptions = Some(subscriptions.iter().copied().collect());
+        }
+        m
     }
 
     /// Interest profiles in use.
@@ -530,6 +555,12 @@ impl Scenario {
         );
         if let Some(p) = self.profiles {
             cmd += &format!(" --profiles {p}");
+        }
+        if self.waste_max_permille > 0 {
+            cmd += &format!(
+                " --waste-max {}",
+                f64::from(self.waste_max_permille) / 1000.0
+            );
         }
         if self.uplink_loss {
             cmd += " --uplink-loss";
@@ -967,7 +998,7 @@ pub struct Built {
 pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     s.validate()?;
     let subs = s.subscriptions();
-    let mut oracle = MembershipOracle::new(&subs, s.replication);
+    let mut oracle = MembershipOracle::new(&subs, s.replication).approximate(s.waste_max_permille);
     let oracle_membership = oracle.membership();
     let ledger = Rc::new(RefCell::new(Ledger::new(&subs)));
     let (membership, mut clients, services, own, gms_log) = match s.membership {
@@ -1020,7 +1051,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                 config,
                 MemberConfig::default(),
                 NodeId(i),
-                membership.clone(),
+                s.own_membership(&membership, oracle.subscriptions_of(NodeId(i))),
                 Time::ZERO,
             )
             .map_err(|e| ScenarioError::Invalid(format!("node {i}: {e}")))?,
@@ -1355,7 +1386,8 @@ pub fn run_observed(
             ledger.borrow_mut().view_change(t);
             for n in 0..s.nodes {
                 if !crashed[n as usize] {
-                    world.host_mut(NodeId(n)).apply_membership(t, m.clone());
+                    let own = s.own_membership(&m, oracle.subscriptions_of(NodeId(n)));
+                    world.host_mut(NodeId(n)).apply_membership(t, own);
                     world.wake(NodeId(n))?;
                 }
             }

@@ -56,6 +56,7 @@
 //! (largest topic first) on a full subscription table, for comparison; both satisfy
 //! [`Planner::check_invariants`].
 
+mod approx;
 mod report;
 #[cfg(test)]
 mod tests;
@@ -103,6 +104,19 @@ pub struct PlannerConfig {
     /// IP fragments, where 65,536 would not fit a UDP datagram at all), and a planner operation
     /// copies at most that many ids. 1 keeps every topic in a region of its own.
     pub subset_topics_max: usize,
+    /// Approximate regions (ADR 34): the most a node may *waste*, in thousandths. A node's
+    /// waste is the share of the messages it receives that it discards, each topic counted at
+    /// its [weight](Planner::set_topic_weight) (its message rate; 1 unless set): `pad / (real +
+    /// pad)`, where `real` sums the weights of the topics it subscribes to and `pad` those of
+    /// the topics its regions carry that it does not subscribe to (its *pads*). With equal
+    /// message sizes this is the share of bytes received and discarded. With a bound above 0 a
+    /// region may carry a topic some of its members do not subscribe to: a node joins a region
+    /// of its new topic that carries all it wants of the subset, and a topic joins a subset by
+    /// being carried whole by regions that hold some of its subscribers, as long as every node
+    /// so padded stays within the bound. Default 0: exact regions (every member of a region
+    /// subscribes to every topic it carries), until the figures of ADR 34 justify more. At
+    /// most 999.
+    pub waste_max_permille: u32,
 }
 
 impl Default for PlannerConfig {
@@ -115,6 +129,7 @@ impl Default for PlannerConfig {
             first_placement_subscribers: 10,
             placement_growth_factor: 2,
             subset_topics_max: 1024,
+            waste_max_permille: 0,
         }
     }
 }
@@ -128,6 +143,9 @@ pub enum PlannerConfigError {
     /// `placement_growth_factor` is below 2.
     #[error("planner config: placement_growth_factor must be at least 2 (got {0})")]
     GrowthFactor(usize),
+    /// `waste_max_permille` is 1000 or more.
+    #[error("planner config: waste_max_permille must be below 1000 (got {0})")]
+    Waste(u32),
 }
 
 impl PlannerConfig {
@@ -152,6 +170,9 @@ impl PlannerConfig {
             return Err(PlannerConfigError::GrowthFactor(
                 self.placement_growth_factor,
             ));
+        }
+        if self.waste_max_permille >= 1000 {
+            return Err(PlannerConfigError::Waste(self.waste_max_permille));
         }
         Ok(())
     }
@@ -272,11 +293,31 @@ pub struct PlannerStats {
     pub identical_joins: u64,
     /// Node moves between regions (the unit of work of every operation).
     pub node_moves: u64,
+    /// Approximate regions: pads given to nodes (a node receiving a topic it does not
+    /// subscribe to), by absorption or by joining a region that carries more than it wants.
+    #[serde(default)]
+    pub pads_added: u64,
+    /// Approximate regions: subscriptions served by joining a region of the topic that
+    /// carries all the node wants of the subset.
+    #[serde(default)]
+    pub carrier_joins: u64,
+    /// Approximate regions: regions that took a placed topic whole, padding their members
+    /// that do not subscribe to it.
+    #[serde(default)]
+    pub absorptions: u64,
+    /// Approximate regions: moves of a node back to exact regions in a subset, to bring its
+    /// waste within the bound.
+    #[serde(default)]
+    pub sheds: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct TopicState {
+    /// The nodes that receive the topic: its subscribers and the nodes that pad it.
     subscribers: BTreeSet<NodeId>,
+    /// The nodes among `subscribers` that do not subscribe (approximate regions, ADR 34).
+    #[serde(default)]
+    pads: BTreeSet<NodeId>,
     /// [`set_hash`] of `subscribers`.
     subscribers_hash: u64,
     subset: SubsetId,
@@ -287,8 +328,18 @@ struct TopicState {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct NodeState {
+    /// The topics the node receives: those it subscribes to and its pads.
     topics: BTreeSet<TopicId>,
     regions: BTreeMap<SubsetId, RegionId>,
+    /// The topics among `topics` it does not subscribe to (approximate regions, ADR 34).
+    #[serde(default)]
+    pads: BTreeSet<TopicId>,
+    /// Sum of the weights of the topics it subscribes to.
+    #[serde(default)]
+    real_weight: u64,
+    /// Sum of the weights of its pads.
+    #[serde(default)]
+    pad_weight: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -305,6 +356,8 @@ struct Fit {
     inside: usize,
     /// Negated count of regions the placement creates.
     fewer_new_regions: std::cmp::Reverse<usize>,
+    /// Negated weight of the pads the placement adds (approximate regions).
+    less_padding: std::cmp::Reverse<u64>,
 }
 
 /// The incremental region planner. See the module docs for the rule it keeps.
@@ -330,6 +383,9 @@ pub struct Planner {
     /// the [`set_hash`] of their members: where a topic finds a region of exactly its
     /// subscribers without a pass over its subscribers' regions (a node may be in thousands).
     by_members: BTreeMap<u64, Vec<RegionId>>,
+    /// Topic weights set by [`Planner::set_topic_weight`] (1 for the others).
+    #[serde(default)]
+    weights: BTreeMap<TopicId, u64>,
     stats: PlannerStats,
 }
 
@@ -375,6 +431,7 @@ impl Planner {
             free_subsets: Vec::new(),
             candidate_counts: Vec::new(),
             by_members: BTreeMap::new(),
+            weights: BTreeMap::new(),
             stats: PlannerStats::default(),
         }
     }
@@ -405,7 +462,7 @@ impl Planner {
         let mut ch = Changes::default();
         for (t, subs) in order {
             let members: BTreeSet<NodeId> = subs.into_iter().collect();
-            let best = p.best_subset(t, &members, None);
+            let best = p.best_subset(t, &members, None, false);
             let subset = best.unwrap_or_else(|| p.new_subset());
             let had_room = p.subset_has_room(subset);
             let next = members
@@ -416,6 +473,7 @@ impl Planner {
                 TopicState {
                     subscribers_hash: set_hash(&members),
                     subscribers: members.clone(),
+                    pads: BTreeSet::new(),
                     subset,
                     regions: BTreeSet::new(),
                     next_placement_at: next,
@@ -424,7 +482,10 @@ impl Planner {
             p.subset_mut(subset).topics.insert(t);
             p.reindex_if_room_changed(subset, had_room);
             for n in members {
-                p.nodes.entry(n).or_default().topics.insert(t);
+                let w = p.topic_weight(t);
+                let ns = p.nodes.entry(n).or_default();
+                ns.topics.insert(t);
+                ns.real_weight = ns.real_weight.saturating_add(w);
                 let sig = p.sig_plus(n, subset, t);
                 p.set_sig(n, subset, sig, &mut ch);
             }
@@ -444,13 +505,67 @@ impl Planner {
         &self.stats
     }
 
+    /// `node` subscribes to each of `topics`, in order, as one operation (the changes of
+    /// [`subscribe`](Planner::subscribe) one by one, merged). With approximate regions the
+    /// weight of every topic of the batch counts towards what the node wants from the first
+    /// one on, so the pads it takes early are measured against its whole interest: the bound
+    /// holds when the operation ends, as after any other. A node that subscribes to its
+    /// interests at once can so join shared regions that it could not afford topic by topic.
+    pub fn subscribe_many(&mut self, node: NodeId, topics: &[TopicId]) -> Changes {
+        let mut ch = Changes::default();
+        let fresh: Vec<TopicId> = {
+            let held = self.nodes.get(&node).map(|ns| &ns.topics);
+            let mut seen = BTreeSet::new();
+            topics
+                .iter()
+                .copied()
+                .filter(|t| held.is_none_or(|h| !h.contains(t)) && seen.insert(*t))
+                .collect()
+        };
+        let credit: u64 = if self.approximate() {
+            fresh.iter().map(|&t| self.topic_weight(t)).sum()
+        } else {
+            0
+        };
+        if credit > 0 {
+            let ns = self.nodes.entry(node).or_default();
+            ns.real_weight = ns.real_weight.saturating_add(credit);
+        }
+        let fresh_set: BTreeSet<TopicId> = fresh.iter().copied().collect();
+        for &t in topics {
+            if credit > 0 && fresh_set.contains(&t) {
+                // Taken back just before `subscribe` adds it, so the rest stays credited.
+                let w = self.topic_weight(t);
+                if let Some(ns) = self.nodes.get_mut(&node) {
+                    if !ns.topics.contains(&t) {
+                        ns.real_weight = ns.real_weight.saturating_sub(w);
+                    }
+                }
+            }
+            ch.merge(self.subscribe(node, t));
+        }
+        ch
+    }
+
     /// `node` subscribes to `topic` (a new topic or node is created on first use). Returns what
-    /// changed; nothing if the subscription already existed.
+    /// changed; nothing if the subscription already existed, or if the node received the topic
+    /// already as a pad (it now delivers it too).
     pub fn subscribe(&mut self, node: NodeId, topic: TopicId) -> Changes {
         let mut ch = Changes::default();
-        if !self.nodes.entry(node).or_default().topics.insert(topic) {
+        let w = self.topic_weight(topic);
+        let ns = self.nodes.entry(node).or_default();
+        if ns.pads.remove(&topic) {
+            ns.pad_weight = ns.pad_weight.saturating_sub(w);
+            ns.real_weight = ns.real_weight.saturating_add(w);
+            if let Some(ts) = self.topics.get_mut(&topic) {
+                ts.pads.remove(&node);
+            }
             return ch;
         }
+        if !ns.topics.insert(topic) {
+            return ch;
+        }
+        ns.real_weight = ns.real_weight.saturating_add(w);
         let Some(state) = self.topics.get_mut(&topic) else {
             let subset = self.new_subset();
             self.subset_mut(subset).topics.insert(topic);
@@ -458,6 +573,7 @@ impl Planner {
                 topic,
                 TopicState {
                     subscribers: BTreeSet::from([node]),
+                    pads: BTreeSet::new(),
                     subscribers_hash: node_hash(node),
                     subset,
                     regions: BTreeSet::new(),
@@ -472,9 +588,13 @@ impl Planner {
         state.subscribers.insert(node);
         state.subscribers_hash = state.subscribers_hash.wrapping_add(node_hash(node));
         let subset = state.subset;
-        let sig = self.sig_plus(node, subset, topic);
-        self.set_sig(node, subset, sig.clone(), &mut ch);
-        self.repair(subset, &sig, topic, &mut ch);
+        // Approximate regions: into a region of the topic that carries all the node wants of
+        // the subset, if the pads fit its bound. Spans only shrink, so nothing needs repair.
+        if !(self.approximate() && self.join_carrier(node, topic, subset, &mut ch)) {
+            let sig = self.sig_plus(node, subset, topic);
+            self.set_sig(node, subset, sig.clone(), &mut ch);
+            self.repair(subset, &sig, topic, &mut ch);
+        }
         // Checked after the repair: an evicted topic has had its threshold raised.
         let due = self
             .topics
@@ -487,15 +607,25 @@ impl Planner {
         ch
     }
 
-    /// `node` unsubscribes from `topic`. Returns what changed; nothing if it was not subscribed.
+    /// `node` unsubscribes from `topic`. Returns what changed; nothing if it was not subscribed
+    /// (a pad is not a subscription), or if it keeps receiving the topic as a pad.
     pub fn unsubscribe(&mut self, node: NodeId, topic: TopicId) -> Changes {
         let mut ch = Changes::default();
+        let w = self.topic_weight(topic);
+        let Some(ns) = self.nodes.get(&node) else {
+            return ch;
+        };
+        if ns.pads.contains(&topic) || !ns.topics.contains(&topic) {
+            return ch;
+        }
+        if self.approximate() && self.keep_as_pad(node, topic) {
+            return ch;
+        }
         let Some(ns) = self.nodes.get_mut(&node) else {
             return ch;
         };
-        if !ns.topics.remove(&topic) {
-            return ch;
-        }
+        ns.topics.remove(&topic);
+        ns.real_weight = ns.real_weight.saturating_sub(w);
         let node_empty = ns.topics.is_empty();
         let Some(state) = self.topics.get_mut(&topic) else {
             return ch;
@@ -504,15 +634,27 @@ impl Planner {
         state.subscribers_hash = state.subscribers_hash.wrapping_sub(node_hash(node));
         let subset = state.subset;
         let topic_empty = state.subscribers.is_empty();
+        let left = self
+            .nodes
+            .get(&node)
+            .and_then(|ns| ns.regions.get(&subset).copied());
         let sig = self.sig_minus(node, subset, topic);
         self.set_sig(node, subset, sig.clone(), &mut ch);
         if topic_empty {
             self.drop_topic(topic, &mut ch);
         } else {
-            self.repair(subset, &sig, topic, &mut ch);
-            self.join_identical(topic, &mut ch);
+            self.after_real_loss(topic, left, &mut ch);
+            if self.topics.contains_key(&topic) {
+                self.repair(subset, &sig, topic, &mut ch);
+                self.join_identical(topic, &mut ch);
+            }
         }
-        if node_empty {
+        if !node_empty {
+            self.shed(node, &mut ch);
+        }
+        // A node left with pads alone sheds them all (it wants nothing, so any pad is beyond
+        // the bound).
+        if self.nodes.get(&node).is_some_and(|ns| ns.topics.is_empty()) {
             self.nodes.remove(&node);
         }
         ch
@@ -532,6 +674,7 @@ impl Planner {
             let empty = match self.topics.get_mut(&t) {
                 Some(s) => {
                     s.subscribers.remove(&node);
+                    s.pads.remove(&node);
                     s.subscribers_hash = s.subscribers_hash.wrapping_sub(node_hash(node));
                     s.subscribers.is_empty()
                 }
@@ -539,6 +682,8 @@ impl Planner {
             };
             if empty {
                 self.drop_topic(t, &mut ch);
+            } else if !ns.pads.contains(&t) {
+                self.after_real_loss(t, None, &mut ch);
             }
         }
         ch
@@ -563,20 +708,38 @@ impl Planner {
             .flat_map(|s| s.regions.iter().copied())
     }
 
-    /// The subscribers of `topic` (empty if unknown).
+    /// The subscribers of `topic` (empty if unknown); not the nodes that only pad it.
     pub fn subscribers(&self, topic: TopicId) -> impl Iterator<Item = NodeId> + '_ {
+        self.topics.get(&topic).into_iter().flat_map(|s| {
+            s.subscribers
+                .iter()
+                .copied()
+                .filter(|n| !s.pads.contains(n))
+        })
+    }
+
+    /// The nodes that receive `topic`: its subscribers and its pads (empty if unknown).
+    pub fn carriers(&self, topic: TopicId) -> impl Iterator<Item = NodeId> + '_ {
         self.topics
             .get(&topic)
             .into_iter()
             .flat_map(|s| s.subscribers.iter().copied())
     }
 
-    /// The topics `node` subscribes to (empty if unknown).
+    /// The topics `node` subscribes to (empty if unknown); not its pads.
     pub fn subscriptions(&self, node: NodeId) -> impl Iterator<Item = TopicId> + '_ {
         self.nodes
             .get(&node)
             .into_iter()
-            .flat_map(|s| s.topics.iter().copied())
+            .flat_map(|s| s.topics.iter().copied().filter(|t| !s.pads.contains(t)))
+    }
+
+    /// The topics `node` receives without subscribing to them (approximate regions).
+    pub fn pads(&self, node: NodeId) -> impl Iterator<Item = TopicId> + '_ {
+        self.nodes
+            .get(&node)
+            .into_iter()
+            .flat_map(|s| s.pads.iter().copied())
     }
 
     /// The regions `node` is in, one per subset.
@@ -748,6 +911,34 @@ impl Planner {
             if ns.topics.is_empty() {
                 return Err(format!("node {n} kept without subscriptions"));
             }
+            if !ns.pads.is_subset(&ns.topics) {
+                return Err(format!("node {n} pads topics it does not receive"));
+            }
+            let (mut real, mut pad) = (0u64, 0u64);
+            for &t in &ns.topics {
+                let w = self.topic_weight(t);
+                if ns.pads.contains(&t) {
+                    pad += w;
+                    if !self.topics.get(&t).is_some_and(|ts| ts.pads.contains(&n)) {
+                        return Err(format!("node {n} pad {t} not mirrored"));
+                    }
+                } else {
+                    real += w;
+                }
+            }
+            if (real, pad) != (ns.real_weight, ns.pad_weight) {
+                return Err(format!(
+                    "node {n} weights {}/{} recorded, {real}/{pad} counted",
+                    ns.real_weight, ns.pad_weight
+                ));
+            }
+            if !self.within(real, pad) {
+                return Err(format!(
+                    "node {n} wastes {pad} of {}, beyond {} permille",
+                    real + pad,
+                    self.config.waste_max_permille
+                ));
+            }
             for (&s, &r) in &ns.regions {
                 match self.regions.get(&r) {
                     Some(reg) if reg.subset == s && reg.members.contains(&n) => {}
@@ -791,6 +982,11 @@ impl Planner {
             }
             if ts.subscribers_hash != set_hash(&ts.subscribers) {
                 return Err(format!("topic {t} subscribers hash is stale"));
+            }
+            if !ts.pads.is_subset(&ts.subscribers) || ts.pads.len() >= ts.subscribers.len() {
+                return Err(format!(
+                    "topic {t} pads are not a proper part of its receivers"
+                ));
             }
             if ts.regions.len() > self.config.max_regions_per_topic {
                 return Err(format!(
@@ -1112,6 +1308,8 @@ impl Planner {
             return false;
         }
         self.stats.evictions += 1;
+        // Its pads stay behind: a topic on its own is not worth receiving for nothing.
+        self.drop_pads(topic);
         let to = self.new_subset();
         self.move_topic(topic, from, to, ch);
         if let Some(ts) = self.topics.get_mut(&topic) {
@@ -1126,32 +1324,46 @@ impl Planner {
         true
     }
 
+    /// Takes `topic` out of each region of `regions` (of `subset`) as a whole: the region is
+    /// kept under its new signature unless that empties it or another region has that
+    /// signature (then its members go node by node: they leave or merge).
+    fn strip_topic(
+        &mut self,
+        topic: TopicId,
+        subset: SubsetId,
+        regions: Vec<RegionId>,
+        ch: &mut Changes,
+    ) {
+        for r in regions {
+            let Some(reg) = self.regions.get(&r) else {
+                continue;
+            };
+            if reg.topics.binary_search(&topic).is_err() {
+                continue;
+            }
+            let mut sig = reg.topics.clone();
+            sig.retain(|&t| t != topic);
+            if !sig.is_empty() && !self.has_sig(subset, &sig) {
+                self.stats.node_moves += 1;
+                self.retag_region(r, sig, ch);
+            } else {
+                let members: Vec<NodeId> = reg.members.iter().copied().collect();
+                for n in members {
+                    self.set_sig(n, subset, sig.clone(), ch);
+                }
+            }
+        }
+    }
+
     /// Moves `topic` with all its subscribers from subset `from` to subset `to`.
     fn move_topic(&mut self, topic: TopicId, from: SubsetId, to: SubsetId, ch: &mut Changes) {
         let Some(ts) = self.topics.get(&topic) else {
             return;
         };
         let subscribers: Vec<NodeId> = ts.subscribers.iter().copied().collect();
-        // Out of `from`: each region of the topic loses it as a whole (its members all
-        // subscribe), kept under a new signature unless that empties it or another region has
-        // that signature (then its members go node by node: they leave or merge).
+        // Out of `from`: each region of the topic loses it as a whole.
         let leaving: Vec<RegionId> = ts.regions.iter().copied().collect();
-        for r in leaving {
-            let Some(reg) = self.regions.get(&r) else {
-                continue;
-            };
-            let mut sig = reg.topics.clone();
-            sig.retain(|&t| t != topic);
-            if !sig.is_empty() && !self.has_sig(from, &sig) {
-                self.stats.node_moves += 1;
-                self.retag_region(r, sig, ch);
-            } else {
-                let members: Vec<NodeId> = reg.members.iter().copied().collect();
-                for n in members {
-                    self.set_sig(n, from, sig.clone(), ch);
-                }
-            }
-        }
+        self.strip_topic(topic, from, leaving, ch);
         let from_had_room = self.subset_has_room(from);
         if let Some(s) = self.subsets.get_mut(&from) {
             s.topics.remove(&topic);
@@ -1220,9 +1432,15 @@ impl Planner {
             return;
         }
         self.stats.placements_tried += 1;
-        let members = ts.subscribers.clone();
-        if let Some(to) = self.best_subset(topic, &members, Some(from)) {
+        let absorb = self.approximate();
+        // Placed with its subscribers alone: its pads stay behind if it moves.
+        let members: BTreeSet<NodeId> = self.subscribers(topic).collect();
+        if let Some(to) = self.best_subset(topic, &members, Some(from), absorb) {
             self.stats.placements_moved += 1;
+            if absorb {
+                self.drop_pads(topic);
+                self.pad_absorbing_regions(topic, &members, to);
+            }
             self.move_topic(topic, from, to, ch);
         }
     }
@@ -1347,6 +1565,7 @@ impl Planner {
         topic: TopicId,
         members: &BTreeSet<NodeId>,
         exclude: Option<SubsetId>,
+        absorb: bool,
     ) -> Option<SubsetId> {
         let sample_max = self.config.placement_sample_nodes;
         let step = (members.len() / sample_max).max(1);
@@ -1389,7 +1608,7 @@ impl Planner {
         let mut best: Option<(Fit, SubsetId)> = None;
         for (_, s) in candidates {
             self.stats.candidates_evaluated += 1;
-            if let Some(fit) = self.evaluate(topic, members, s) {
+            if let Some(fit) = self.evaluate(topic, members, s, absorb) {
                 if best.is_none_or(|(b, _)| fit > b) {
                     best = Some((fit, s));
                 }
@@ -1399,8 +1618,15 @@ impl Planner {
     }
 
     /// Whether subset `s` admits a topic with subscribers `members` (rules 1-3 of the module
-    /// docs), and how well.
-    fn evaluate(&self, topic: TopicId, members: &BTreeSet<NodeId>, s: SubsetId) -> Option<Fit> {
+    /// docs), and how well. With `absorb` (approximate regions), a region holding some of the
+    /// subscribers takes the topic whole, not split, when its other members can all pad it.
+    fn evaluate(
+        &self,
+        topic: TopicId,
+        members: &BTreeSet<NodeId>,
+        s: SubsetId,
+        absorb: bool,
+    ) -> Option<Fit> {
         let min = self.config.min_region_size;
         let max = self.config.max_regions_per_topic;
         if !self.subset_has_room(s) {
@@ -1429,10 +1655,17 @@ impl Planner {
             return None;
         }
         let mut new_regions = usize::from(outside > 0);
+        let mut padded = 0u64;
         let mut extra: BTreeMap<TopicId, usize> = BTreeMap::new();
         for (&r, &c) in &counts {
             let reg = self.regions.get(&r)?;
             let size = reg.members.len();
+            if c < size && absorb {
+                if let Some(w) = self.absorbs(r, topic, members) {
+                    padded = padded.saturating_add(w);
+                    continue;
+                }
+            }
             if c < size {
                 if c < min || size - c < min {
                     return None;
@@ -1455,6 +1688,7 @@ impl Planner {
         Some(Fit {
             inside: members.len() - outside,
             fewer_new_regions: std::cmp::Reverse(new_regions),
+            less_padding: std::cmp::Reverse(padded),
         })
     }
 }

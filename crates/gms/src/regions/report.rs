@@ -118,6 +118,14 @@ pub struct StructureFigures {
     /// topic is one multicast region today and one unicast copy per subscriber
     /// with personal regions. On unicast fan-out the cost is the same either way (1.0).
     pub personal_multicast_send_factor: f64,
+    /// Waste per node, mean: the share of the messages a node receives (each topic at its
+    /// publishing rate, its popularity) that are on topics it does not subscribe to, and that
+    /// it discards. With messages of one size, the share of bytes. 0 with exact regions.
+    pub waste_mean: f64,
+    /// Waste per node, max (at most the planner's `waste_max_permille` / 1000).
+    pub waste_max: f64,
+    /// Topics a node receives without subscribing to them (its pads), mean per node.
+    pub pads_per_node_mean: f64,
     /// Subsets of regularly overlapping topics.
     pub subsets: usize,
     /// Regions.
@@ -166,6 +174,12 @@ pub struct RegionsReport {
     pub region_size_max: usize,
     /// Share of a node's packets in its two busiest regions (popularity-proportional rates).
     pub top2_region_traffic_share: f64,
+    /// The planner's bound on waste, in thousandths (0: exact regions).
+    pub waste_max_permille: u32,
+    /// Waste per node, mean (share of received messages, by rate, discarded).
+    pub waste_mean: f64,
+    /// Waste per node, max.
+    pub waste_max: f64,
     /// Wall time of the incremental computation (every subscription fed one by one), in ms.
     pub elapsed_ms: u64,
     /// Wall time of generating the workload, in ms (not included in `elapsed_ms`).
@@ -193,6 +207,14 @@ pub struct PlannerStatsReport {
     pub identical_joins: u64,
     /// Node moves between regions.
     pub node_moves: u64,
+    /// Pads given to nodes (approximate regions).
+    pub pads_added: u64,
+    /// Subscriptions served by joining a region that carries more than the node wants.
+    pub carrier_joins: u64,
+    /// Regions that took a placed topic whole, padding some members.
+    pub absorptions: u64,
+    /// Moves back to exact regions to keep a node within the bound.
+    pub sheds: u64,
 }
 
 impl From<&PlannerStats> for PlannerStatsReport {
@@ -204,6 +226,10 @@ impl From<&PlannerStats> for PlannerStatsReport {
             evictions: s.evictions,
             identical_joins: s.identical_joins,
             node_moves: s.node_moves,
+            pads_added: s.pads_added,
+            carrier_joins: s.carrier_joins,
+            absorptions: s.absorptions,
+            sheds: s.sheds,
         }
     }
 }
@@ -298,12 +324,23 @@ pub fn regions_report(params: &RegionsParams) -> RegionsReport {
     #[allow(clippy::disallowed_methods)]
     let start = std::time::Instant::now();
     let mut planner = Planner::with_valid(config.clone());
+    // Each topic's weight is its publishing rate (its popularity), scaled so the least popular
+    // topic of 10,000 weighs about 100: what the waste bound counts in.
+    let top = load
+        .weight
+        .first()
+        .copied()
+        .unwrap_or(1.0)
+        .max(f64::MIN_POSITIVE);
+    for (i, &w) in load.weight.iter().enumerate() {
+        let weight = (1e6 * w / top).round().max(1.0) as u64;
+        let _changes = planner.set_topic_weight(TopicId(i as u32 + 1), weight);
+    }
     let mut subscriptions = 0usize;
     for (n, ts) in &load.subscriptions {
-        for &t in ts {
-            let _changes = planner.subscribe(*n, t);
-            subscriptions += 1;
-        }
+        // Each node subscribes to its interests at once, as one operation.
+        let _changes = planner.subscribe_many(*n, ts);
+        subscriptions += ts.len();
     }
     let elapsed_ms = millis(start.elapsed());
     let mut incremental = figures(&planner, &load.weight, params.personal_subscribers_max);
@@ -341,6 +378,9 @@ pub fn regions_report(params: &RegionsParams) -> RegionsReport {
         region_size_mean: incremental.region_size_mean,
         region_size_max: incremental.region_size_max,
         top2_region_traffic_share: incremental.top2_region_traffic_share,
+        waste_max_permille: config.waste_max_permille,
+        waste_mean: incremental.waste_mean,
+        waste_max: incremental.waste_max,
         elapsed_ms,
         workload_ms,
         planner_stats: PlannerStatsReport::from(planner.stats()),
@@ -397,6 +437,7 @@ fn figures(planner: &Planner, weight: &[f64], personal_max: usize) -> StructureF
     let mut share_sum = 0.0;
     let mut share_uniform_sum = 0.0;
     let mut nodes = 0usize;
+    let (mut waste_sum, mut waste_max, mut pads_sum) = (0.0f64, 0.0f64, 0usize);
     let mut traffic: Vec<f64> = Vec::new();
     let mut traffic_uniform: Vec<f64> = Vec::new();
     for n in planner.nodes() {
@@ -410,6 +451,10 @@ fn figures(planner: &Planner, weight: &[f64], personal_max: usize) -> StructureF
         personal_per_node_sum += shared + usize::from(alone);
         let regions: Vec<_> = planner.node_regions(n).map(|(_, r)| r).collect();
         nodes += 1;
+        let waste = planner.waste(n);
+        waste_sum += waste;
+        waste_max = waste_max.max(waste);
+        pads_sum += planner.pads(n).count();
         per_node_sum += regions.len();
         per_node_max = per_node_max.max(regions.len());
         traffic.clear();
@@ -479,6 +524,9 @@ fn figures(planner: &Planner, weight: &[f64], personal_max: usize) -> StructureF
         } else {
             1.0
         },
+        waste_mean: ratio(waste_sum, nodes),
+        waste_max,
+        pads_per_node_mean: ratio(pads_sum as f64, nodes),
         subsets: planner.subset_count(),
         regions: planner.region_count(),
         singleton_subsets: singletons.len(),
@@ -514,6 +562,13 @@ impl RegionsReport {
             self.seed,
             self.subscriptions
         );
+        if self.waste_max_permille > 0 {
+            let _ = writeln!(
+                s,
+                "approximate regions: waste at most {:.1}% per node (the batch greedy plans exact regions)",
+                f64::from(self.waste_max_permille) / 10.0
+            );
+        }
         if self.communities > 0 {
             let _ = writeln!(
                 s,
@@ -596,6 +651,20 @@ impl RegionsReport {
         );
         row(
             &mut s,
+            "waste per node (by rate), mean / max",
+            format!("{:.1}% / {:.1}%", 100.0 * i.waste_mean, 100.0 * i.waste_max),
+            b.map(|b| format!("{:.1}% / {:.1}%", 100.0 * b.waste_mean, 100.0 * b.waste_max)),
+            "(not reported)",
+        );
+        row(
+            &mut s,
+            "topics received, not subscribed, per node",
+            format!("{:.1}", i.pads_per_node_mean),
+            b.map(|b| format!("{:.1}", b.pads_per_node_mean)),
+            "",
+        );
+        row(
+            &mut s,
             "subsets (alone) / regions",
             format!("{} ({}) / {}", i.subsets, i.singleton_subsets, i.regions),
             b.map(|b| format!("{} ({}) / {}", b.subsets, b.singleton_subsets, b.regions)),
@@ -635,12 +704,16 @@ impl RegionsReport {
         let p = &self.planner_stats;
         let _ = writeln!(
             s,
-            "planner work: {} placements tried, {} moved, {} candidates, {} evictions, {} node moves; workload {} ms",
+            "planner work: {} placements tried, {} moved, {} candidates, {} evictions, {} node moves, {} pads added, {} carrier joins, {} absorptions, {} sheds; workload {} ms",
             p.placements_tried,
             p.placements_moved,
             p.candidates_evaluated,
             p.evictions,
             p.node_moves,
+            p.pads_added,
+            p.carrier_joins,
+            p.absorptions,
+            p.sheds,
             self.workload_ms
         );
         s

@@ -14,7 +14,17 @@ fn small_config() -> PlannerConfig {
         first_placement_subscribers: 2,
         placement_growth_factor: 2,
         subset_topics_max: 1024,
+        waste_max_permille: 0,
     }
+}
+
+fn approx_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (1u32..13, 1u32..9).prop_map(|(n, t)| Op::Sub(n, t)),
+        3 => (1u32..13, 1u32..9).prop_map(|(n, t)| Op::Unsub(n, t)),
+        1 => (1u32..13).prop_map(Op::Remove),
+        1 => (1u32..9, 1u64..20).prop_map(|(t, w)| Op::Weight(t, w)),
+    ]
 }
 
 fn snapshot(p: &Planner) -> BTreeMap<RegionId, BTreeSet<NodeId>> {
@@ -75,6 +85,7 @@ enum Op {
     Sub(u32, u32),
     Unsub(u32, u32),
     Remove(u32),
+    Weight(u32, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -123,6 +134,7 @@ proptest! {
                     table.remove(&NodeId(n));
                     p.remove_node(NodeId(n))
                 }
+                Op::Weight(t, w) => p.set_topic_weight(TopicId(t), w),
             };
             table.retain(|_, s| !s.is_empty());
             if let Err(e) = p.check_invariants() {
@@ -145,6 +157,71 @@ proptest! {
             let a: BTreeSet<NodeId> = p.subscribers(t).collect();
             let b: BTreeSet<NodeId> = batch.subscribers(t).collect();
             prop_assert_eq!(a, b);
+        }
+    }
+
+    /// Approximate regions: after every operation (subscriptions, unsubscriptions, removals and
+    /// weight changes, on topics of random weights) every invariant holds, including that no
+    /// node wastes more than the bound and that every receiver of a topic is a member of one of
+    /// its regions, and the reported changes are exact; the subscriptions are the table's, and
+    /// the subscribers of each topic are the nodes that subscribe to it (not its pads).
+    #[test]
+    fn approximate_operations_keep_the_waste_bound(ops in proptest::collection::vec(approx_op(), 1..150),
+                                                   waste in 1u32..700,
+                                                   max_regions in 1usize..4,
+                                                   subset_topics_max in 1usize..6,
+                                                   first_placement in 1usize..4) {
+        let config = PlannerConfig {
+            max_regions_per_topic: max_regions,
+            subset_topics_max,
+            first_placement_subscribers: first_placement,
+            waste_max_permille: waste,
+            ..small_config()
+        };
+        let mut p = Planner::new(config).unwrap();
+        let mut table: BTreeMap<NodeId, BTreeSet<TopicId>> = BTreeMap::new();
+        for op in ops {
+            let before = snapshot(&p);
+            let tr_before = topic_regions(&p);
+            let ch = match op {
+                Op::Sub(n, t) => {
+                    table.entry(NodeId(n)).or_default().insert(TopicId(t));
+                    p.subscribe(NodeId(n), TopicId(t))
+                }
+                Op::Unsub(n, t) => {
+                    if let Some(s) = table.get_mut(&NodeId(n)) {
+                        s.remove(&TopicId(t));
+                    }
+                    p.unsubscribe(NodeId(n), TopicId(t))
+                }
+                Op::Remove(n) => {
+                    table.remove(&NodeId(n));
+                    p.remove_node(NodeId(n))
+                }
+                Op::Weight(t, w) => p.set_topic_weight(TopicId(t), w),
+            };
+            table.retain(|_, s| !s.is_empty());
+            if let Err(e) = p.check_invariants() {
+                prop_assert!(false, "{:?}: {}", op, e);
+            }
+            check_changes(&before, &tr_before, &p, &ch)?;
+            for n in p.nodes() {
+                prop_assert!(p.waste(n) <= f64::from(waste) / 1000.0 + 1e-12);
+            }
+        }
+        for (n, ts) in &table {
+            let got: BTreeSet<TopicId> = p.subscriptions(*n).collect();
+            prop_assert_eq!(&got, ts);
+        }
+        prop_assert_eq!(p.node_count(), table.len());
+        for t in p.topics() {
+            let subs: BTreeSet<NodeId> = p.subscribers(t).collect();
+            let want: BTreeSet<NodeId> = table
+                .iter()
+                .filter(|(_, ts)| ts.contains(&t))
+                .map(|(n, _)| *n)
+                .collect();
+            prop_assert_eq!(subs, want);
         }
     }
 }
