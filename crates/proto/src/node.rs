@@ -15,7 +15,7 @@ use crate::event::{Delivery, Event};
 use crate::membership::{Membership, MembershipChange, RegionView};
 use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
 use crate::recv::{Arrival, InMsg};
-use crate::region::{OwnedRecord, OwnedToken, RegionState};
+use crate::region::{CachingRule, OwnedRecord, OwnedToken, RegionState};
 use crate::send::{OutMsg, OutboundStream, StabilityTracker};
 use crate::stats::Stats;
 use crate::time::Time;
@@ -172,6 +172,9 @@ pub struct Node {
     /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
     /// region updates the totals by difference (see [`Node::refresh_gauges`]).
     gauge_shares: BTreeMap<RegionId, GaugeShare>,
+    /// Topics the host holds back at this node ([`Node::hold_topic`]): in-order delivery of a
+    /// stream stops at its next message of one of them.
+    held_topics: BTreeSet<TopicId>,
 }
 
 /// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
@@ -341,6 +344,7 @@ impl Node {
             nack_windows: BTreeMap::new(),
             silence_queue: VecDeque::new(),
             gauge_shares: BTreeMap::new(),
+            held_topics: BTreeSet::new(),
         })
         .map(|mut node| {
             node.schedule_all_region_timers();
@@ -387,6 +391,10 @@ impl Node {
                 .get(&topic)
                 .is_none_or(|regions| {
                     self.node_admits(regions.len())
+                        && !(self.held_topics.contains(&topic)
+                            && regions
+                                .iter()
+                                .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic))))
                         && regions.iter().all(|r| {
                             self.outbound
                                 .get(r)
@@ -451,6 +459,17 @@ impl Node {
             self.out.stats.publish_would_block += 1;
             return Err((PublishError::WouldBlock { region }, payload));
         }
+        let delivered_here = regions
+            .iter()
+            .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
+        if let Some(&region) = regions
+            .first()
+            .filter(|_| delivered_here && self.held_topics.contains(&topic))
+        {
+            // This node's own subscription to the topic has no room: its own messages wait too.
+            self.out.stats.publish_would_block += 1;
+            return Err((PublishError::WouldBlock { region }, payload));
+        }
         if self.config.congestion_control && !regions.is_empty() {
             if let Err(retry_at) = self.rate.admit(now, &self.config) {
                 self.out.stats.publish_rate_limited += 1;
@@ -461,9 +480,6 @@ impl Node {
         let msg_id = MsgId(self.next_msg_id);
         self.next_msg_id += 1;
         let timestamp_us = now.as_micros();
-        let delivered_here = regions
-            .iter()
-            .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
         // The last holder takes the payload itself rather than a clone: the delivery if this
         // node subscribes, else the last region's stream.
         let mut payload = Some(payload);
@@ -1093,6 +1109,7 @@ impl Node {
         }
         let config = &self.config;
         let out = &mut self.out;
+        let held_topics = &self.held_topics;
         let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
             out.stats.invalid_dropped += 1;
             return;
@@ -1108,33 +1125,18 @@ impl Node {
                 timestamp_us: m.timestamp_us,
                 payload: datagram.slice_ref(m.payload),
             };
-            let arrival = stream.receive(
+            let was_held = stream.is_held();
+            let arrival = stream.receive_holding(
                 now,
                 m.seq,
                 msg,
                 config.receive_window_msgs,
-                |seq, msg, fresh| {
-                    if !fresh {
-                        out.stats.view_duplicates_dropped += 1;
-                    } else if topics.binary_search(&msg.topic).is_ok() {
-                        out.stats.messages_delivered += 1;
-                        out.events.push_back(Event::Deliver(Delivery {
-                            origin,
-                            topic: msg.topic,
-                            msg_id: msg.msg_id,
-                            timestamp_us: msg.timestamp_us,
-                            payload: msg.payload.clone(),
-                        }));
-                    } else {
-                        out.stats.messages_filtered += 1;
-                    }
-                    let cache = caching.caches(seq);
-                    if cache {
-                        out.stats.cache_inserts += 1;
-                    }
-                    cache
-                },
+                |topic| held_topics.contains(&topic) && topics.binary_search(&topic).is_ok(),
+                |seq, msg, fresh| deliver_in_order(out, origin, topics, caching, seq, msg, fresh),
             );
+            if !was_held && stream.is_held() {
+                out.stats.held_topic_stops += 1;
+            }
             match arrival {
                 Arrival::New => {
                     out.stats.messages_received += 1;
@@ -1148,6 +1150,9 @@ impl Node {
                 Arrival::Duplicate => out.stats.duplicates_dropped += 1,
                 Arrival::OutOfWindow => {
                     out.stats.out_of_window_dropped += 1;
+                    if stream.is_held() {
+                        out.stats.held_topic_window_dropped += 1;
+                    }
                     stream.ignored_since_dcq += 1;
                 }
             }
@@ -1515,6 +1520,51 @@ impl Node {
     #[must_use]
     pub fn events_pending(&self) -> usize {
         self.out.events.len()
+    }
+
+    /// Holds `topic` back at this node, for a host whose application cannot take more of it
+    /// (a full subscription): each stream (sender, region) stops its in-order delivery at its
+    /// next message of `topic`, so its receive window stops advancing, what arrives beyond the
+    /// window is dropped (`Stats::held_topic_window_dropped`) and the token record and ACKs do
+    /// not cover the held message: the sender's window closes and its publisher slows down.
+    /// Other topics of the same stream wait behind the held message; other streams go on.
+    /// Messages this node publishes on `topic` are refused (`WouldBlock`) while it subscribes
+    /// to it. Idempotent.
+    pub fn hold_topic(&mut self, topic: TopicId) {
+        self.held_topics.insert(topic);
+    }
+
+    /// Ends [`hold_topic`](Self::hold_topic): the streams stopped at `topic` deliver what they
+    /// hold in order (as events), and what their windows dropped comes back through the
+    /// protocol's usual recovery.
+    pub fn release_topic(&mut self, now: Time, topic: TopicId) {
+        if !self.held_topics.remove(&topic) {
+            return;
+        }
+        self.input_at = now;
+        let held_topics = &self.held_topics;
+        let out = &mut self.out;
+        for region in self.regions.values_mut() {
+            let (caching, topics, streams) = region.held_parts();
+            for stream in streams.filter(|s| s.is_held()) {
+                let origin = stream.origin;
+                let still = stream.deliver_ready(
+                    |t| held_topics.contains(&t) && topics.binary_search(&t).is_ok(),
+                    |seq, msg, fresh| {
+                        deliver_in_order(out, origin, topics, caching, seq, msg, fresh)
+                    },
+                );
+                if still {
+                    out.stats.held_topic_stops += 1;
+                }
+            }
+        }
+    }
+
+    /// Whether [`hold_topic`](Self::hold_topic) holds `topic` now.
+    #[must_use]
+    pub fn is_topic_held(&self, topic: TopicId) -> bool {
+        self.held_topics.contains(&topic)
     }
 
     /// Writes the next datagram to send into `buf` (at least `max_datagram_bytes` long): control
@@ -2087,4 +2137,37 @@ fn cursor_of(cursors: &mut Vec<(RegionId, usize)>, region: RegionId) -> &mut usi
         }
     };
     &mut cursors[at].1
+}
+/// What happens to a message of `origin` that became in order: handed to the application
+/// (`fresh` and a topic this node subscribes to), or counted as filtered or as delivered in an
+/// earlier view; returns whether the message is cached (its sequence number is in this node's
+/// caching partition).
+fn deliver_in_order(
+    out: &mut Outbox,
+    origin: NodeId,
+    topics: &[TopicId],
+    caching: CachingRule,
+    seq: u64,
+    msg: &InMsg,
+    fresh: bool,
+) -> bool {
+    if !fresh {
+        out.stats.view_duplicates_dropped += 1;
+    } else if topics.binary_search(&msg.topic).is_ok() {
+        out.stats.messages_delivered += 1;
+        out.events.push_back(Event::Deliver(Delivery {
+            origin,
+            topic: msg.topic,
+            msg_id: msg.msg_id,
+            timestamp_us: msg.timestamp_us,
+            payload: msg.payload.clone(),
+        }));
+    } else {
+        out.stats.messages_filtered += 1;
+    }
+    let cache = caching.caches(seq);
+    if cache {
+        out.stats.cache_inserts += 1;
+    }
+    cache
 }
