@@ -173,8 +173,9 @@ pub struct Node {
     /// region updates the totals by difference (see [`Node::refresh_gauges`]).
     gauge_shares: BTreeMap<RegionId, GaugeShare>,
     /// Topics the host holds back at this node ([`Node::hold_topic`]): in-order delivery of a
-    /// stream stops at its next message of one of them.
-    held_topics: BTreeSet<TopicId>,
+    /// stream stops at its next message of one of them. Sorted; a vector, so that holding and
+    /// releasing over and over allocates nothing (a host holds a few at a time).
+    held_topics: Vec<TopicId>,
 }
 
 /// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
@@ -344,7 +345,7 @@ impl Node {
             nack_windows: BTreeMap::new(),
             silence_queue: VecDeque::new(),
             gauge_shares: BTreeMap::new(),
-            held_topics: BTreeSet::new(),
+            held_topics: Vec::new(),
         })
         .map(|mut node| {
             node.schedule_all_region_timers();
@@ -391,7 +392,7 @@ impl Node {
                 .get(&topic)
                 .is_none_or(|regions| {
                     self.node_admits(regions.len())
-                        && !(self.held_topics.contains(&topic)
+                        && !(self.held_topics.binary_search(&topic).is_ok()
                             && regions
                                 .iter()
                                 .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic))))
@@ -464,7 +465,7 @@ impl Node {
             .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
         if let Some(&region) = regions
             .first()
-            .filter(|_| delivered_here && self.held_topics.contains(&topic))
+            .filter(|_| delivered_here && self.held_topics.binary_search(&topic).is_ok())
         {
             // This node's own subscription to the topic has no room: its own messages wait too.
             self.out.stats.publish_would_block += 1;
@@ -1131,7 +1132,10 @@ impl Node {
                 m.seq,
                 msg,
                 config.receive_window_msgs,
-                |topic| held_topics.contains(&topic) && topics.binary_search(&topic).is_ok(),
+                |topic| {
+                    held_topics.binary_search(&topic).is_ok()
+                        && topics.binary_search(&topic).is_ok()
+                },
                 |seq, msg, fresh| deliver_in_order(out, origin, topics, caching, seq, msg, fresh),
             );
             if !was_held && stream.is_held() {
@@ -1531,25 +1535,31 @@ impl Node {
     /// Messages this node publishes on `topic` are refused (`WouldBlock`) while it subscribes
     /// to it. Idempotent.
     pub fn hold_topic(&mut self, topic: TopicId) {
-        self.held_topics.insert(topic);
+        if let Err(at) = self.held_topics.binary_search(&topic) {
+            self.held_topics.insert(at, topic);
+        }
     }
 
     /// Ends [`hold_topic`](Self::hold_topic): the streams stopped at `topic` deliver what they
     /// hold in order (as events), and what their windows dropped comes back through the
     /// protocol's usual recovery.
     pub fn release_topic(&mut self, now: Time, topic: TopicId) {
-        if !self.held_topics.remove(&topic) {
+        let Ok(at) = self.held_topics.binary_search(&topic) else {
             return;
-        }
+        };
+        self.held_topics.remove(at);
         self.input_at = now;
         let held_topics = &self.held_topics;
         let out = &mut self.out;
-        for region in self.regions.values_mut() {
+        // The regions whose streams went on (scratch storage of the periodic scans, reused).
+        let mut moved = std::mem::take(&mut self.scanned_regions);
+        moved.clear();
+        for (&id, region) in &mut self.regions {
             let (caching, topics, streams) = region.held_parts();
             for stream in streams.filter(|s| s.is_held()) {
                 let origin = stream.origin;
                 let still = stream.deliver_ready(
-                    |t| held_topics.contains(&t) && topics.binary_search(&t).is_ok(),
+                    |t| held_topics.binary_search(&t).is_ok() && topics.binary_search(&t).is_ok(),
                     |seq, msg, fresh| {
                         deliver_in_order(out, origin, topics, caching, seq, msg, fresh)
                     },
@@ -1557,14 +1567,27 @@ impl Node {
                 if still {
                     out.stats.held_topic_stops += 1;
                 }
+                if moved.last() != Some(&id) {
+                    moved.push(id);
+                }
             }
         }
+        // As after a datagram: the gauges, the rings and the timers of what changed.
+        for &region in &moved {
+            self.refresh_gauges(region);
+            if let Some(r) = self.regions.get_mut(&region) {
+                r.wake_leads(now, &self.config);
+            }
+            self.schedule_region_timer(region);
+        }
+        moved.clear();
+        self.scanned_regions = moved;
     }
 
     /// Whether [`hold_topic`](Self::hold_topic) holds `topic` now.
     #[must_use]
     pub fn is_topic_held(&self, topic: TopicId) -> bool {
-        self.held_topics.contains(&topic)
+        self.held_topics.binary_search(&topic).is_ok()
     }
 
     /// Writes the next datagram to send into `buf` (at least `max_datagram_bytes` long): control
