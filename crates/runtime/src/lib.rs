@@ -32,6 +32,7 @@ pub mod bench;
 mod clock;
 mod config;
 mod core;
+mod flow;
 mod gms_replica;
 mod gms_server;
 mod net;
@@ -46,9 +47,10 @@ pub use config::{
     CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT,
     PUBLISH_QUEUED_NODE_BYTES_MIN, PUBLISH_QUEUE_CAPACITY_MAX,
 };
+pub use flow::{BottleneckState, Unread};
 pub use gms_replica::{check_peers, GmsReplicaServer, ReplicaSnapshot, REPLICA_MAGIC};
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};
-pub use stats::{MaxPerSecond, RuntimeStats, HISTOGRAM_BUCKETS};
+pub use stats::{HeldTopicState, MaxPerSecond, RuntimeStats, HISTOGRAM_BUCKETS};
 pub use tidings_proto::{Delivery, Membership, NodeId, RegionId, TopicId};
