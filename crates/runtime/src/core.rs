@@ -1921,6 +1921,44 @@ mod tests {
         assert_eq!(ProtocolAlarm::at(t(20), Some(before), t(300)).due, t(20));
     }
 
+    /// A bounded subscription admits up to its capacity; its reader wakes the core thread once,
+    /// when it takes the count down to half the capacity, and only if the core waits for it.
+    #[test]
+    fn a_full_subscription_wakes_the_core_when_its_reader_is_down_to_half() {
+        let mut poll = Poll::new().expect("epoll");
+        let shared = Arc::new(CoreShared::new(
+            Waker::new(poll.registry(), WAKER).expect("eventfd"),
+            RuntimeConfig::default().publish_queued_node_bytes_max,
+        ));
+        let unread = Unread::new(4, Arc::clone(&shared));
+        assert!((0..4).all(|_| unread.admit()));
+        assert!(!unread.admit());
+        // Nobody waits: reads wake no one.
+        unread.taken(3);
+        assert_eq!(woken(&mut poll), 0);
+        assert!((0..3).all(|_| unread.admit()));
+        // The core waits: no room, and none until the reader is down to 2.
+        assert!(!unread.wake_when_low_then_admit());
+        unread.became_bottleneck(Time::ZERO);
+        assert!(unread.bottleneck().since.is_some());
+        unread.taken(1);
+        assert_eq!(woken(&mut poll), 0);
+        assert!(!unread.has_room_or_wake_later());
+        unread.taken(1);
+        assert_eq!(woken(&mut poll), 1);
+        assert!(unread.has_room_or_wake_later());
+        // Once: the next reads wake no one.
+        unread.taken(2);
+        assert_eq!(woken(&mut poll), 0);
+        assert_eq!(unread.count(), 0);
+        assert!(unread.recovered(Time::ZERO).is_some());
+        assert_eq!(unread.bottleneck().since, None);
+        assert_eq!(unread.bottleneck().times, 1);
+        // More taken than counted (the error after a disconnection) stays at zero.
+        unread.taken(1);
+        assert_eq!(unread.count(), 0);
+    }
+
     #[test]
     fn a_waiting_core_is_woken_once_by_the_delivery_that_ends_the_count() {
         let mut poll = Poll::new().expect("epoll");

@@ -63,8 +63,11 @@ impl Unread {
                 Some(c.saturating_sub(n))
             })
             .unwrap_or(0);
-        if before.saturating_sub(n) <= self.low && self.waiting.load(Ordering::Acquire) {
-            self.waiting.store(false, Ordering::Release);
+        // Looked at before it is written: a reader that keeps up writes nothing shared here.
+        if before.saturating_sub(n) <= self.low
+            && self.waiting.load(Ordering::Acquire)
+            && self.waiting.swap(false, Ordering::AcqRel)
+        {
             self.shared.wake();
         }
     }

@@ -180,8 +180,8 @@ impl NodeBuilder {
         self
     }
 
-    /// Messages an iterator [`Subscription`] holds before the node stops taking deliveries
-    /// (back pressure). Default 1024.
+    /// Messages an iterator [`Subscription`] holds before the node holds its topic's streams
+    /// (back pressure, [`SlowConsumerPolicy`]). Default 1024.
     #[must_use]
     pub fn subscription_capacity(mut self, capacity: usize) -> Self {
         self.subscription_capacity = capacity;
@@ -367,7 +367,10 @@ impl Node {
     }
 
     /// Subscribes to `topic` with a callback, run on a delivery worker thread for every message
-    /// in order (a message that does not decode as `T` comes as `Err(Error::Decode)`).
+    /// in order (a message that does not decode as `T` comes as `Err(Error::Decode)`). Its back
+    /// pressure is its delivery task's queue: a callback slower than the topic fills it, and the
+    /// topic's streams are then held at this node until the callback has taken half of it
+    /// ([`CallbackSubscription`]).
     pub fn subscribe_with<T, F>(
         &self,
         topic: &Topic<T>,
