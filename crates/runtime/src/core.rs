@@ -1201,7 +1201,12 @@ impl Core {
         let last = tasks.len().saturating_sub(1);
         let mut d = Some(d);
         for (i, task) in tasks.iter().enumerate().skip(start) {
-            let bound = self.bounds.get(&task.id());
+            // No lookup on a node without bounded subscriptions (callbacks alone).
+            let bound = if self.bounds.is_empty() {
+                None
+            } else {
+                self.bounds.get(&task.id())
+            };
             if let Some(b) = bound {
                 if !b.unread.admit() && !b.unread.wake_when_low_then_admit() {
                     b.unread.became_bottleneck(clock::now());
@@ -1326,9 +1331,20 @@ impl Core {
         }
     }
 
+    /// The bounded subscriptions of the held topics (a full one is always of a held topic).
+    fn held_bounds(&self) -> impl Iterator<Item = (TopicId, TaskId, &BoundSub)> + '_ {
+        self.held.keys().flat_map(move |&topic| {
+            self.subscriptions
+                .get(&topic)
+                .into_iter()
+                .flatten()
+                .filter_map(move |t| Some((topic, t.id(), self.bounds.get(&t.id())?)))
+        })
+    }
+
     /// When the held topics' bounded subscriptions with a `max_wait` are due to be dropped.
     fn disconnect_deadlines(&self) -> impl Iterator<Item = Time> + '_ {
-        self.bounds.values().filter_map(|b| {
+        self.held_bounds().filter_map(|(_, _, b)| {
             let since = b.unread.bottleneck_since()?;
             Some(since + b.max_wait?)
         })
@@ -1338,18 +1354,14 @@ impl Core {
     /// (`SlowConsumerPolicy::Disconnect`): they are told, and their topics go on without them.
     fn disconnect_slow(&mut self, now: Time) {
         let due: Vec<(TopicId, TaskId)> = self
-            .subscriptions
-            .iter()
-            .flat_map(|(&topic, tasks)| tasks.iter().map(move |t| (topic, t)))
-            .filter(|(_, t)| {
-                self.bounds.get(&t.id()).is_some_and(|b| {
-                    let since = b.unread.bottleneck_since();
-                    since
-                        .zip(b.max_wait)
-                        .is_some_and(|(since, wait)| now >= since + wait)
-                })
+            .held_bounds()
+            .filter(|(_, _, b)| {
+                b.unread
+                    .bottleneck_since()
+                    .zip(b.max_wait)
+                    .is_some_and(|(since, wait)| now >= since + wait)
             })
-            .map(|(topic, t)| (topic, t.id()))
+            .map(|(topic, task, _)| (topic, task))
             .collect();
         for (topic, task) in due {
             if let Some(mut b) = self.bounds.remove(&task) {

@@ -154,7 +154,12 @@ fn an_unread_subscription_slows_only_its_publisher_and_loses_nothing() {
             .unwrap_or_else(|e| panic!("slow message {k} of {published}: {e}"));
         assert_eq!(m.value, k);
     }
-    assert!(slow.bottleneck().since.is_none());
+    // Released (the core thread hands the backlog on just before it releases the topic).
+    let start = Instant::now();
+    while slow.bottleneck().since.is_some() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never released");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert!(slow.bottleneck().times >= 1);
     let stats = g.a.stats().unwrap().runtime;
     assert!(stats.delivery_stalls >= 1 && stats.topic_releases >= 1);
