@@ -1166,7 +1166,13 @@ impl Core {
 
     /// Hands `d` on to its topic's subscriptions, or, if one has no room, holds the topic.
     fn on_delivery(&mut self, d: Delivery) {
-        if let Some(held) = self.held.get_mut(&d.topic) {
+        // No lookup while nothing is held (nearly always).
+        let held = if self.held.is_empty() {
+            None
+        } else {
+            self.held.get_mut(&d.topic)
+        };
+        if let Some(held) = held {
             // Delivered by the protocol before the hold took effect: waits behind the others.
             held.backlog.push_back(d);
             self.backlog_total += 1;
