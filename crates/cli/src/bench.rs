@@ -153,8 +153,9 @@ pub(crate) struct BenchArgs {
     /// `task_queue_capacity`; default: the runtime's, 4096).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     delivery_queue: Option<u64>,
-    /// Runtime: deliveries a subscriber keeps receiving while a delivery queue is full
-    /// (`delivery_backlog_msgs`; default: the runtime's, 16384; 0 stops reading at once).
+    /// Runtime: deliveries a subscriber keeps for topics held because a delivery queue is full
+    /// before it stops reading (`delivery_backlog_msgs`; default: the runtime's, 16384; 0 stops
+    /// reading at once).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=4_194_304))]
     delivery_backlog: Option<u64>,
     /// Runtime: kernel receive and send buffer requested per socket (`socket_recv_buffer_bytes`
@@ -419,8 +420,8 @@ pub(crate) struct ChildResult {
     #[serde(default)]
     pub(crate) kernel_drops: u64,
     pub(crate) repairs_received: u64,
-    /// Subscribers: times the core thread found a subscription's queue full and stopped reading
-    /// its sockets (the runtime's `delivery_stalls`), over the whole run.
+    /// Subscribers: times the core thread found a subscription's queue full and held its topic
+    /// (the runtime's `delivery_stalls`), over the whole run.
     pub(crate) delivery_stalls: u64,
     /// Subscribers: messages that arrived beyond the receive window and were dropped, to be
     /// repaired later (the protocol's `out_of_window_dropped`), over the whole run.

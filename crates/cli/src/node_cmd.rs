@@ -570,9 +570,26 @@ fn subscribe_inner(a: &SubArgs) -> Result<(), String> {
     let deadline = a.seconds.map(Duration::from_secs);
     let mut waited = Duration::ZERO;
     let slice = Duration::from_millis(100);
+    // Whether the subscription held its topic when last looked at (its queue full: stdout is
+    // slower than the topic), and how often it had; said on stderr when it changes.
+    let (mut held, mut times) = (false, 0u64);
     while a.count.is_none_or(|c| got < c) {
         if deadline.is_some_and(|d| waited >= d) {
             break;
+        }
+        let state = sub.bottleneck();
+        let now_held = state.since.is_some();
+        if state.times > times || now_held != held {
+            if now_held && (!held || state.times > times) {
+                eprintln!(
+                    "bottleneck: {:?} is full ({} queued); its streams are held at this node",
+                    a.topic,
+                    sub.queued()
+                );
+            } else if !now_held {
+                eprintln!("recovered: {:?} has room again", a.topic);
+            }
+            (held, times) = (now_held, state.times);
         }
         match sub.recv_timeout(slice) {
             Ok(m) => {

@@ -329,6 +329,11 @@ struct ScenarioArgs {
     /// Crash the largest region's leader and one of its partition leaders during publishing.
     #[arg(long)]
     crash_leaders: bool,
+    /// A subscription that stops reading for a while: the first receiver holds its first topic
+    /// from 20% to 70% of the publishing time, which only sender 0 publishes; the checker asks
+    /// that the node's other streams are delivered throughout the hold.
+    #[arg(long)]
+    slow_consumer: bool,
     /// How long a crash goes unnoticed by the membership, milliseconds.
     #[arg(long, default_value_t = 300)]
     detection_ms: u64,
@@ -382,6 +387,7 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
         abandon: a.abandon,
         churn_events: Vec::new(),
         crash_leaders: a.crash_leaders,
+        slow_consumer: a.slow_consumer,
         detection: Duration::from_millis(a.detection_ms),
         membership: if a.gms {
             MembershipKind::Gms

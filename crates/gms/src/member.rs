@@ -559,6 +559,19 @@ impl Member {
         self.node.can_publish(topic, len)
     }
 
+    /// Holds `topic` back at this node ([`Node::hold_topic`]): for a host whose subscription to
+    /// it is full. The streams that carry it stop at their next message of it; the others go on.
+    pub fn hold_topic(&mut self, topic: TopicId) {
+        self.node.hold_topic(topic);
+    }
+
+    /// Releases a held topic ([`Node::release_topic`]): what its streams held comes out as
+    /// protocol events, in order.
+    pub fn release_topic(&mut self, now: Time, topic: TopicId) {
+        self.now = now;
+        self.node.release_topic(now, topic);
+    }
+
     /// Publishes on `topic` ([`Node::publish`]).
     pub fn publish(
         &mut self,

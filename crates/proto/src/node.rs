@@ -14,7 +14,7 @@ use crate::event::{Delivery, Event};
 use crate::membership::{Membership, MembershipChange, RegionView};
 use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
 use crate::recv::{Arrival, InMsg};
-use crate::region::{OwnedRecord, OwnedToken, RegionState};
+use crate::region::{CachingRule, OwnedRecord, OwnedToken, RegionState};
 use crate::send::{OutMsg, OutboundStream, StabilityTracker};
 use crate::stats::Stats;
 use crate::time::Time;
@@ -189,6 +189,10 @@ pub struct Node {
     /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
     /// region updates the totals by difference (see [`Node::refresh_gauges`]).
     gauge_shares: BTreeMap<RegionId, GaugeShare>,
+    /// Topics the host holds back at this node ([`Node::hold_topic`]): in-order delivery of a
+    /// stream stops at its next message of one of them. Sorted; a vector, so that holding and
+    /// releasing over and over allocates nothing (a host holds a few at a time).
+    held_topics: Vec<TopicId>,
 }
 
 /// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
@@ -358,6 +362,7 @@ impl Node {
             nack_windows: BTreeMap::new(),
             silence_queue: VecDeque::new(),
             gauge_shares: BTreeMap::new(),
+            held_topics: Vec::new(),
         })
         .map(|mut node| {
             node.schedule_all_region_timers();
@@ -404,6 +409,10 @@ impl Node {
                 .get(&topic)
                 .is_none_or(|regions| {
                     self.node_admits(regions.len())
+                        && !(self.held_topics.binary_search(&topic).is_ok()
+                            && regions
+                                .iter()
+                                .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic))))
                         && regions.iter().all(|r| {
                             self.outbound
                                 .get(r)
@@ -468,6 +477,23 @@ impl Node {
             self.out.stats.publish_would_block += 1;
             return Err((PublishError::WouldBlock { region }, payload));
         }
+        // Approximate regions (ADR 34): a region may carry topics this node does not subscribe to.
+        let delivered_here = self
+            .membership
+            .subscriptions
+            .as_ref()
+            .is_none_or(|s| s.contains(&topic))
+            && regions
+                .iter()
+                .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
+        if let Some(&region) = regions
+            .first()
+            .filter(|_| delivered_here && self.held_topics.binary_search(&topic).is_ok())
+        {
+            // This node's own subscription to the topic has no room: its own messages wait too.
+            self.out.stats.publish_would_block += 1;
+            return Err((PublishError::WouldBlock { region }, payload));
+        }
         if self.config.congestion_control && !regions.is_empty() {
             if let Err(retry_at) = self.rate.admit(now, &self.config) {
                 self.out.stats.publish_rate_limited += 1;
@@ -478,14 +504,6 @@ impl Node {
         let msg_id = MsgId(self.next_msg_id);
         self.next_msg_id += 1;
         let timestamp_us = now.as_micros();
-        let delivered_here = self
-            .membership
-            .subscriptions
-            .as_ref()
-            .is_none_or(|s| s.contains(&topic))
-            && regions
-                .iter()
-                .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
         // The last holder takes the payload itself rather than a clone: the delivery if this
         // node subscribes, else the last region's stream.
         let mut payload = Some(payload);
@@ -1131,6 +1149,7 @@ impl Node {
         let config = &self.config;
         let out = &mut self.out;
         let delivers = self.membership.subscriptions.as_ref();
+        let held_topics = &self.held_topics;
         let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
             out.stats.invalid_dropped += 1;
             return;
@@ -1146,36 +1165,23 @@ impl Node {
                 timestamp_us: m.timestamp_us,
                 payload: datagram.slice_ref(m.payload),
             };
-            let arrival = stream.receive(
+            let was_held = stream.is_held();
+            let arrival = stream.receive_holding(
                 now,
                 m.seq,
                 msg,
                 config.receive_window_msgs,
+                |topic| {
+                    held_topics.binary_search(&topic).is_ok()
+                        && topics.binary_search(&topic).is_ok()
+                },
                 |seq, msg, fresh| {
-                    if !fresh {
-                        out.stats.view_duplicates_dropped += 1;
-                    } else if topics.binary_search(&msg.topic).is_ok()
-                        && delivers.is_none_or(|d| d.contains(&msg.topic))
-                    {
-                        out.stats.messages_delivered += 1;
-                        out.events.push_back(Event::Deliver(Delivery {
-                            origin,
-                            topic: msg.topic,
-                            msg_id: msg.msg_id,
-                            timestamp_us: msg.timestamp_us,
-                            payload: msg.payload.clone(),
-                        }));
-                    } else {
-                        out.stats.messages_filtered += 1;
-                        out.stats.bytes_filtered += msg.payload.len() as u64;
-                    }
-                    let cache = caching.caches(seq);
-                    if cache {
-                        out.stats.cache_inserts += 1;
-                    }
-                    cache
+                    deliver_in_order(out, origin, topics, delivers, caching, seq, msg, fresh)
                 },
             );
+            if !was_held && stream.is_held() {
+                out.stats.held_topic_stops += 1;
+            }
             match arrival {
                 Arrival::New => {
                     out.stats.messages_received += 1;
@@ -1189,6 +1195,9 @@ impl Node {
                 Arrival::Duplicate => out.stats.duplicates_dropped += 1,
                 Arrival::OutOfWindow => {
                     out.stats.out_of_window_dropped += 1;
+                    if stream.is_held() {
+                        out.stats.held_topic_window_dropped += 1;
+                    }
                     stream.ignored_since_dcq += 1;
                 }
             }
@@ -1571,6 +1580,71 @@ impl Node {
     #[must_use]
     pub fn events_pending(&self) -> usize {
         self.out.events.len()
+    }
+
+    /// Holds `topic` back at this node, for a host whose application cannot take more of it
+    /// (a full subscription): each stream (sender, region) stops its in-order delivery at its
+    /// next message of `topic`, so its receive window stops advancing, what arrives beyond the
+    /// window is dropped (`Stats::held_topic_window_dropped`) and the token record and ACKs do
+    /// not cover the held message: the sender's window closes and its publisher slows down.
+    /// Other topics of the same stream wait behind the held message; other streams go on.
+    /// Messages this node publishes on `topic` are refused (`WouldBlock`) while it subscribes
+    /// to it. Idempotent.
+    pub fn hold_topic(&mut self, topic: TopicId) {
+        if let Err(at) = self.held_topics.binary_search(&topic) {
+            self.held_topics.insert(at, topic);
+        }
+    }
+
+    /// Ends [`hold_topic`](Self::hold_topic): the streams stopped at `topic` deliver what they
+    /// hold in order (as events), and what their windows dropped comes back through the
+    /// protocol's usual recovery.
+    pub fn release_topic(&mut self, now: Time, topic: TopicId) {
+        let Ok(at) = self.held_topics.binary_search(&topic) else {
+            return;
+        };
+        self.held_topics.remove(at);
+        self.input_at = now;
+        let held_topics = &self.held_topics;
+        let delivers = self.membership.subscriptions.as_ref();
+        let out = &mut self.out;
+        // The regions whose streams went on (scratch storage of the periodic scans, reused).
+        let mut moved = std::mem::take(&mut self.scanned_regions);
+        moved.clear();
+        for (&id, region) in &mut self.regions {
+            let (caching, topics, streams) = region.held_parts();
+            for stream in streams.filter(|s| s.is_held()) {
+                let origin = stream.origin;
+                let still = stream.deliver_ready(
+                    |t| held_topics.binary_search(&t).is_ok() && topics.binary_search(&t).is_ok(),
+                    |seq, msg, fresh| {
+                        deliver_in_order(out, origin, topics, delivers, caching, seq, msg, fresh)
+                    },
+                );
+                if still {
+                    out.stats.held_topic_stops += 1;
+                }
+                if moved.last() != Some(&id) {
+                    moved.push(id);
+                }
+            }
+        }
+        // As after a datagram: the gauges, the rings and the timers of what changed.
+        for &region in &moved {
+            self.refresh_gauges(region);
+            if let Some(r) = self.regions.get_mut(&region) {
+                r.wake_leads(now, &self.config);
+            }
+            self.schedule_region_timer(region);
+        }
+        moved.clear();
+        self.scanned_regions = moved;
+    }
+
+    /// Whether [`hold_topic`](Self::hold_topic) holds `topic` now.
+    #[must_use]
+    pub fn is_topic_held(&self, topic: TopicId) -> bool {
+        self.held_topics.binary_search(&topic).is_ok()
     }
 
     /// Writes the next datagram to send into `buf` (at least `max_datagram_bytes` long): control
@@ -2068,4 +2142,43 @@ fn cursor_of(cursors: &mut Vec<(RegionId, usize)>, region: RegionId) -> &mut usi
         }
     };
     &mut cursors[at].1
+}
+
+/// What happens to a message of `origin` that became in order: handed to the application
+/// (`fresh` and a topic this node subscribes to), or counted as filtered or as delivered in an
+/// earlier view; returns whether the message is cached (its sequence number is in this node's
+/// caching partition).
+#[allow(clippy::too_many_arguments)] // the receive loop's disjoint borrows, passed apart
+fn deliver_in_order(
+    out: &mut Outbox,
+    origin: NodeId,
+    topics: &[TopicId],
+    delivers: Option<&BTreeSet<TopicId>>,
+    caching: CachingRule,
+    seq: u64,
+    msg: &InMsg,
+    fresh: bool,
+) -> bool {
+    if !fresh {
+        out.stats.view_duplicates_dropped += 1;
+    } else if topics.binary_search(&msg.topic).is_ok()
+        && delivers.is_none_or(|d| d.contains(&msg.topic))
+    {
+        out.stats.messages_delivered += 1;
+        out.events.push_back(Event::Deliver(Delivery {
+            origin,
+            topic: msg.topic,
+            msg_id: msg.msg_id,
+            timestamp_us: msg.timestamp_us,
+            payload: msg.payload.clone(),
+        }));
+    } else {
+        out.stats.messages_filtered += 1;
+        out.stats.bytes_filtered += msg.payload.len() as u64;
+    }
+    let cache = caching.caches(seq);
+    if cache {
+        out.stats.cache_inserts += 1;
+    }
+    cache
 }

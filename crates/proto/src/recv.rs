@@ -339,13 +339,31 @@ impl InboundStream {
     /// `deliver(seq, msg, fresh)` for each, where `fresh` is false for a message already delivered
     /// in an earlier view (not to be handed to the application again); `deliver` returns whether
     /// the message must be cached.
+    #[cfg(test)]
     pub(crate) fn receive(
         &mut self,
         now: Time,
         seq: u64,
         msg: InMsg,
         receive_window: usize,
-        mut deliver: impl FnMut(u64, &InMsg, bool) -> bool,
+        deliver: impl FnMut(u64, &InMsg, bool) -> bool,
+    ) -> Arrival {
+        self.receive_holding(now, seq, msg, receive_window, |_| false, deliver)
+    }
+
+    /// [`receive`](Self::receive), where in-order delivery stops at the first message whose
+    /// topic `held` names and that would be handed to the application (not one already
+    /// delivered in an earlier view): it stays at the front of the window, so the window stops
+    /// advancing, `delivered_upto` (what the token record and the ACKs report) stays before it,
+    /// and [`deliver_ready`](Self::deliver_ready) goes on once the topic is released.
+    pub(crate) fn receive_holding(
+        &mut self,
+        now: Time,
+        seq: u64,
+        msg: InMsg,
+        receive_window: usize,
+        held: impl Fn(TopicId) -> bool,
+        deliver: impl FnMut(u64, &InMsg, bool) -> bool,
     ) -> Arrival {
         if seq <= self.delivered_upto {
             return Arrival::Duplicate;
@@ -365,7 +383,35 @@ impl InboundStream {
                 self.missing -= 1;
             }
         }
-        while let Some(Slot::Have(_)) = self.window.front() {
+        self.deliver_ready(held, deliver);
+        Arrival::New
+    }
+
+    /// Whether in-order delivery stands at a message of a held topic: the front of the window
+    /// is received and waits (see [`receive_holding`](Self::receive_holding)).
+    pub(crate) fn is_held(&self) -> bool {
+        matches!(self.window.front(), Some(Slot::Have(_)))
+    }
+
+    /// Delivers every message in order from the front of the window, up to the first gap or the
+    /// first message of a topic `held` names that would be handed to the application; calls
+    /// `deliver` as [`receive`](Self::receive) does. True if it stopped at a held message.
+    pub(crate) fn deliver_ready(
+        &mut self,
+        held: impl Fn(TopicId) -> bool,
+        mut deliver: impl FnMut(u64, &InMsg, bool) -> bool,
+    ) -> bool {
+        let mut stopped = false;
+        while let Some(Slot::Have(front)) = self.window.front() {
+            if held(front.topic)
+                && self
+                    .msg_id_floors
+                    .get(&front.topic)
+                    .is_none_or(|&floor| front.msg_id.0 > floor)
+            {
+                stopped = true;
+                break;
+            }
             let Some(Slot::Have(msg)) = self.window.pop_front() else {
                 break;
             };
@@ -382,7 +428,7 @@ impl InboundStream {
             }
         }
         self.apply_silence();
-        Arrival::New
+        stopped
     }
 
     /// A message this node holds (cached or waiting in the window), for retransmission.
@@ -708,6 +754,89 @@ mod tests {
         assert!(s.window.capacity() > 0);
         s.receive(Time::ZERO, 101, msg(101), 1000, |_, _, _| false);
         assert_eq!(s.delivered_upto, 102);
+    }
+
+    /// In-order delivery stops at a message of a held topic: the window stops there, what lies
+    /// beyond it is refused, and releasing delivers in order from the held message.
+    #[test]
+    fn a_held_topic_stops_the_stream_at_its_next_message() {
+        let topic = |seq: u64| TopicId(if seq.is_multiple_of(3) { 2 } else { 1 });
+        let m = |seq: u64| InMsg {
+            topic: topic(seq),
+            ..msg(seq)
+        };
+        let held = |t: TopicId| t == TopicId(2);
+        let mut s = InboundStream::new(NodeId(1));
+        let mut got = Vec::new();
+        for seq in 1..=10 {
+            let arrival = s.receive_holding(Time::ZERO, seq, m(seq), 5, held, |seq, _, _| {
+                got.push(seq);
+                false
+            });
+            let want = if seq <= 7 {
+                Arrival::New
+            } else {
+                Arrival::OutOfWindow
+            };
+            assert_eq!(arrival, want, "seq {seq}");
+        }
+        assert_eq!(got, vec![1, 2]);
+        assert!(s.is_held());
+        assert_eq!((s.delivered_upto, s.known_max()), (2, 7));
+        // Still held: nothing moves.
+        assert!(s.deliver_ready(held, |seq, _, _| {
+            got.push(seq);
+            false
+        }));
+        assert_eq!(got, vec![1, 2]);
+        assert!(!s.deliver_ready(
+            |_| false,
+            |seq, _, _| {
+                got.push(seq);
+                false
+            }
+        ));
+        assert_eq!(got, (1..=7).collect::<Vec<_>>());
+        assert!(!s.is_held());
+        // What was refused comes in again (recovery) and is delivered.
+        for seq in 8..=10 {
+            s.receive_holding(
+                Time::ZERO,
+                seq,
+                m(seq),
+                5,
+                |_| false,
+                |seq, _, _| {
+                    got.push(seq);
+                    false
+                },
+            );
+        }
+        assert_eq!(got, (1..=10).collect::<Vec<_>>());
+    }
+
+    /// A message delivered in an earlier view (its id at or below the topic's floor) is not
+    /// handed to the application again, so a held topic does not stop at it.
+    #[test]
+    fn a_held_topic_does_not_stop_at_what_was_delivered_before() {
+        let mut s = InboundStream::new(NodeId(1));
+        s.msg_id_floors.insert(TopicId(1), 5);
+        let mut got = Vec::new();
+        for seq in 1..=3 {
+            s.receive_holding(
+                Time::ZERO,
+                seq,
+                msg(seq + 3),
+                10,
+                |_| true,
+                |seq, _, fresh| {
+                    got.push((seq, fresh));
+                    false
+                },
+            );
+        }
+        assert_eq!(got, vec![(1, false), (2, false)]);
+        assert!(s.is_held());
     }
 
     #[test]

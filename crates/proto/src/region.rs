@@ -525,6 +525,23 @@ impl RegionState {
         Some((stream, caching, &self.topics))
     }
 
+    /// What releasing a held topic needs at once: the caching rule, the subscribed topics and
+    /// the inbound streams.
+    pub(crate) fn held_parts(
+        &mut self,
+    ) -> (
+        CachingRule,
+        &[TopicId],
+        impl Iterator<Item = &mut InboundStream>,
+    ) {
+        let caching = self.caching_rule();
+        (
+            caching,
+            &self.topics,
+            self.inbound.values_mut().map(|s| &mut **s),
+        )
+    }
+
     /// The inbound stream of `origin`, created if there is room.
     pub(crate) fn stream_mut(
         &mut self,

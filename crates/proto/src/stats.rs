@@ -58,6 +58,12 @@ pub struct Stats {
     pub out_of_window_dropped: u64,
     /// Messages delivered to the application, in order.
     pub messages_delivered: u64,
+    /// Times a stream's in-order delivery stopped at a message of a topic the host holds
+    /// back (`Node::hold_topic`).
+    pub held_topic_stops: u64,
+    /// Messages beyond the receive window of a stream stopped at a held topic, dropped (also
+    /// counted in `out_of_window_dropped`; recovered once the topic is released).
+    pub held_topic_window_dropped: u64,
     /// Messages received in order on topics this node does not subscribe to (possible only with
     /// approximate regions, ADR 34), not delivered.
     pub messages_filtered: u64,

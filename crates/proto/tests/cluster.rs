@@ -1330,3 +1330,108 @@ fn a_member_that_does_not_subscribe_to_a_carried_topic_receives_acknowledges_and
     c.flush(3);
     assert_eq!(c.delivered[3].len(), 10);
 }
+
+/// Node 0 floods topic 1, node 1 publishes 2,000 messages on topic 2, nodes 2 and 3 subscribe
+/// to both (one region, two streams). Node 2 holds topic 1 back for the first `hold` of virtual
+/// time: its delivery of node 1's stream goes on, node 0's stream stops at node 2 and node 0's
+/// window closes; once released, node 2 gets every
+/// message of node 0 in order and node 0 sees them all stable.
+fn held_topic(loss: f64, seed: u64) {
+    let config = Config {
+        rng_seed: seed,
+        window_msgs_max: 256,
+        receive_window_msgs: 256,
+        ..Config::default()
+    };
+    let mut c = Cluster::with_config(
+        4,
+        |i| {
+            if i < 2 {
+                vec![]
+            } else {
+                vec![TopicId(1), TopicId(2)]
+            }
+        },
+        8,
+        loss,
+        config,
+    );
+    let (slow, fast) = (TopicId(1), TopicId(2));
+    c.nodes[2].hold_topic(slow);
+    assert!(c.nodes[2].is_topic_held(slow));
+    let hold = Time::ZERO + Duration::from_secs(2);
+    let limit = Time::ZERO + Duration::from_secs(30);
+    let (mut slow_published, mut fast_published) = (0u64, 0u64);
+    let fast_total = 2_000;
+    let mut released = false;
+    let mut slow_at_release = 0;
+    while c.now < limit {
+        if !released && c.now >= hold {
+            // While held: every fast message delivered, no slow one, the flooder held back.
+            let fast_seen = c.delivered[2].iter().filter(|d| d.2 == fast).count();
+            assert_eq!(
+                fast_seen as u64, fast_total,
+                "seed {seed}: fast topic stalled"
+            );
+            assert!(c.delivered[2].iter().all(|d| d.2 == fast));
+            assert!(c.nodes[2].stats().held_topic_stops >= 1);
+            assert!(c.stable[0].len() as u64 <= slow_published);
+            slow_at_release = slow_published;
+            c.nodes[2].release_topic(c.now, slow);
+            c.flush(2);
+            released = true;
+        }
+        while !released && slow_published < 50_000 && c.nodes[0].can_publish(slow, 100) {
+            c.nodes[0]
+                .publish(c.now, slow, Bytes::from(vec![1u8; 100]))
+                .unwrap();
+            slow_published += 1;
+        }
+        while fast_published < fast_total && c.nodes[1].can_publish(fast, 100) {
+            c.nodes[1]
+                .publish(c.now, fast, Bytes::from(vec![2u8; 100]))
+                .unwrap();
+            fast_published += 1;
+        }
+        c.flush(0);
+        c.flush(1);
+        if released && c.stable[0].len() as u64 == slow_published {
+            break;
+        }
+        if !c.step(limit) {
+            break;
+        }
+    }
+    assert!(released, "seed {seed}");
+    // The flooder was slowed down, not stopped for good: a window's worth, not 50,000.
+    assert!(
+        slow_at_release < 10_000,
+        "seed {seed}: {slow_at_release} published while held"
+    );
+    assert_eq!(c.stable[0].len() as u64, slow_published, "seed {seed}");
+    for r in [2, 3] {
+        let slow_ids: Vec<u64> = c.delivered[r]
+            .iter()
+            .filter(|d| d.2 == slow)
+            .map(|d| d.1 .0)
+            .collect();
+        assert_eq!(
+            slow_ids,
+            (1..=slow_published).collect::<Vec<_>>(),
+            "seed {seed}: node {r}"
+        );
+    }
+    assert_eq!(c.nodes[3].stats().held_topic_stops, 0);
+}
+
+#[test]
+fn a_held_topic_stops_only_its_streams_and_loses_nothing() {
+    held_topic(0.0, 1);
+}
+
+#[test]
+fn a_held_topic_loses_nothing_on_a_lossy_network() {
+    for seed in 1..=5 {
+        held_topic(0.01, seed);
+    }
+}

@@ -103,16 +103,14 @@ pub struct RuntimeConfig {
     pub control_dscp: Option<u8>,
     /// How region datagrams are sent. Default [`Transport::Unicast`].
     pub transport: Transport,
-    /// Deliveries the core thread keeps receiving ahead of a subscription whose queue is full,
-    /// in messages (held by the protocol until the subscription's worker takes them). Paper 000
-    /// drains the sockets whenever a packet arrives because a datagram the kernel drops must be
-    /// recovered, which costs far more than holding it: with no backlog, a worker stalled for a
-    /// millisecond (its 1024-event queue at a million messages a second) stopped the reading,
-    /// and the socket buffer overflowed a few milliseconds later. Past the backlog the core
-    /// thread stops reading, the kernel drops, and the senders' windows slow them down, as
-    /// before. Memory: up to this many received messages more per node. Default 16384 (one
-    /// sender's window, about 17 MB of 1000-byte messages); 0 stops reading as soon as a
-    /// delivery blocks.
+    /// Deliveries the core thread keeps for the topics it holds (a subscription of theirs has
+    /// no room), in messages: what the protocol had delivered in order before the hold took
+    /// effect. A held topic's streams stop at this node and every other topic goes on, so the
+    /// core thread keeps reading its sockets (paper 000 drains them whenever a packet arrives:
+    /// a datagram the kernel drops must be recovered, which costs far more than holding it).
+    /// Past this bound it stops reading until the backlogs drain, the kernel drops, and the
+    /// senders' windows slow them down. Default 16384 (one sender's window, about 17 MB of
+    /// 1000-byte messages); 0 stops reading as soon as a delivery finds no room.
     pub delivery_backlog_msgs: usize,
     /// Capacity of each publisher's request queue, in messages: the slack between application
     /// threads and the protocol's own send queue. When the protocol refuses more (back pressure)

@@ -35,9 +35,10 @@ use tidings_sched::{TaskHandle, TaskId, TryPushError};
 use crate::addr::{AddressBook, Routes};
 use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
+use crate::flow::Unread;
 use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
 use crate::publish::{request_cost, PublishRequest, PublishRoom, PublisherCore};
-use crate::stats::RuntimeStats;
+use crate::stats::{HeldTopicState, RuntimeStats};
 
 const WAKER: Token = Token(0);
 const UNICAST: Token = Token(1);
@@ -45,9 +46,12 @@ const UNICAST: Token = Token(1);
 const GROUP_BASE: usize = 2;
 /// Interval of the statistics tick (per-second maxima).
 const TICK: Duration = Duration::from_secs(1);
-/// Longest sleep while a delivery waits for room: the workers wake the core thread once half
-/// the full queue is delivered, so this only bounds the damage of a missed wake-up.
-const BLOCKED_SLEEP_MAX: Duration = Duration::from_millis(50);
+/// Longest sleep while a topic is held for a subscription without room: the reader (or the
+/// workers, for a full task queue) wake the core thread when room returns, so this only bounds
+/// the damage of a missed wake-up.
+const HELD_SLEEP_MAX: Duration = Duration::from_millis(50);
+/// Emptied backlogs of held topics kept for the next holds.
+const SPARE_BACKLOGS: usize = 16;
 /// Readiness events taken per `epoll_wait`.
 const EVENTS_CAPACITY: usize = 64;
 /// Entries of the list of publishers with work. More publishers turning busy between two turns
@@ -67,6 +71,15 @@ pub(crate) enum Control {
     },
     /// Stop delivering `topic` to `task`.
     Unsubscribe { topic: TopicId, task: TaskId },
+    /// The deliveries of `task` are bounded by what its reader has not read (sent before the
+    /// task's subscription request); after `max_wait` without room the subscription is dropped
+    /// and `on_disconnect` told how long it waited.
+    Bound {
+        task: TaskId,
+        unread: Arc<Unread>,
+        max_wait: Option<Duration>,
+        on_disconnect: Box<dyn FnOnce(Duration) + Send>,
+    },
     /// Install a new membership (and, if given, address book).
     SetMembership {
         membership: Membership,
@@ -186,6 +199,12 @@ impl CoreShared {
         let _ = self.waker.wake();
     }
 
+    /// Wakes the core thread (a reader made room).
+    pub(crate) fn wake(&self) {
+        fence(Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+
     /// Called by a subscription's worker after running a delivery: counts down the deliveries
     /// the core thread waits for, and wakes it at the last.
     pub(crate) fn delivered(&self) {
@@ -269,12 +288,23 @@ impl GroupRoom {
 /// The kernel's answer to a join past `igmp_max_memberships` on one socket.
 const ENOBUFS: i32 = rustix::io::Errno::NOBUFS.raw_os_error();
 
-/// A delivery that found its subscription's queue full, with the index of the first
-/// subscription of its topic that still has to get it.
+/// A topic held back at this node because one of its subscriptions has no room: its streams
+/// stop at this node ([`Member::hold_topic`]) while the others go on.
 #[derive(Debug)]
-struct Blocked {
-    delivery: Delivery,
+struct HeldTopic {
+    since: Time,
+    /// Deliveries of the topic not handed on yet, in order: those the protocol had delivered
+    /// before the hold took effect. The first has reached the topic's subscriptions before
+    /// index `next`.
+    backlog: VecDeque<Delivery>,
     next: usize,
+}
+
+/// A subscription bounded by what its reader has not read ([`Control::Bound`]).
+struct BoundSub {
+    unread: Arc<Unread>,
+    max_wait: Option<Duration>,
+    on_disconnect: Option<Box<dyn FnOnce(Duration) + Send>>,
 }
 
 /// Where the answer to a named request (subscribe, advertise) goes: the topic's id, or why not.
@@ -388,7 +418,16 @@ pub(crate) struct Core {
     /// 0.9% of a subscriber's CPU at 1 -> 1; keys are topic ids this node subscribed to, so
     /// hostile input can only look up, not shape the table).
     subscriptions: FxHashMap<TopicId, Vec<TaskHandle<Delivery>>>,
-    blocked: Option<Blocked>,
+    /// The bounded subscriptions, by task.
+    bounds: FxHashMap<TaskId, BoundSub>,
+    /// Topics held back now, with the deliveries that wait for room (a hash map, which keeps
+    /// its storage: a reader that keeps filling its queue makes holds come and go).
+    held: FxHashMap<TopicId, HeldTopic>,
+    /// Storage reused across holds: emptied backlogs, and the held topics of a retry.
+    spare_backlogs: Vec<VecDeque<Delivery>>,
+    held_scratch: Vec<TopicId>,
+    /// Deliveries in the held topics' backlogs.
+    backlog_total: usize,
     alarm: Option<ProtocolAlarm>,
     last_look: Time,
     /// When the thread last woke from `poll` (the start of the cycle).
@@ -502,7 +541,11 @@ impl Core {
             owners: VecDeque::new(),
             owners_base: 1,
             subscriptions: FxHashMap::default(),
-            blocked: None,
+            bounds: FxHashMap::default(),
+            held: FxHashMap::default(),
+            spare_backlogs: Vec::new(),
+            held_scratch: Vec::new(),
+            backlog_total: 0,
             alarm: None,
             last_look: now,
             woke_at: now,
@@ -587,9 +630,8 @@ impl Core {
 
     /// Zero if some queue has work now, else how long the thread may sleep.
     fn sleep_timeout(&mut self, now: Time) -> Option<Duration> {
-        if self.retry_blocked() && self.blocked.is_none() {
-            // A delivery went through; the events behind it wait.
-            self.drain_events();
+        if !self.held.is_empty() {
+            self.retry_held(now);
         }
         let reading = self.reading();
         let readable =
@@ -612,17 +654,19 @@ impl Core {
             next = next.min(t);
         }
         let mut sleep = next.saturating_duration_since(now);
-        if self.blocked.is_some() {
-            sleep = sleep.min(BLOCKED_SLEEP_MAX);
+        if !self.held.is_empty() {
+            sleep = sleep.min(HELD_SLEEP_MAX);
+            for deadline in self.disconnect_deadlines() {
+                sleep = sleep.min(deadline.saturating_duration_since(now));
+            }
         }
         Some(sleep)
     }
 
-    /// Whether the sockets are read: always while deliveries flow, and while a subscription's
-    /// full queue holds them back only until the backlog reaches `delivery_backlog_msgs`.
+    /// Whether the sockets are read: unless the held topics' backlogs (what the protocol
+    /// delivered before their holds took effect) reach `delivery_backlog_msgs`.
     fn reading(&self) -> bool {
-        self.blocked.is_none()
-            || self.member.node().events_pending() < self.config.delivery_backlog_msgs
+        self.backlog_total == 0 || self.backlog_total < self.config.delivery_backlog_msgs
     }
 
     /// Whether application threads queued work.
@@ -686,24 +730,21 @@ impl Core {
                 self.subscriptions.entry(topic).or_default().push(task);
                 let _ = reply.send(());
             }
-            Control::Unsubscribe { topic, task } => {
-                if let Some(tasks) = self.subscriptions.get_mut(&topic) {
-                    tasks.retain(|t| t.id() != task);
-                    if tasks.is_empty() {
-                        self.subscriptions.remove(&topic);
-                        self.member.unsubscribe(topic);
-                    }
-                }
-                if self
-                    .blocked
-                    .as_ref()
-                    .is_some_and(|b| b.delivery.topic == topic)
-                {
-                    // Resume from the start of the topic's list; `deliver` skips closed tasks.
-                    if let Some(b) = self.blocked.as_mut() {
-                        b.next = 0;
-                    }
-                }
+            Control::Unsubscribe { topic, task } => self.remove_subscription(now, topic, task),
+            Control::Bound {
+                task,
+                unread,
+                max_wait,
+                on_disconnect,
+            } => {
+                self.bounds.insert(
+                    task,
+                    BoundSub {
+                        unread,
+                        max_wait,
+                        on_disconnect: Some(on_disconnect),
+                    },
+                );
             }
             Control::SetMembership {
                 membership,
@@ -1106,37 +1147,59 @@ impl Core {
         }
     }
 
-    /// Takes the member's events: its own first (installs, answers: they must not wait behind
-    /// a full subscription), then the protocol's until a delivery finds its subscription full.
+    /// Takes the member's events: its own first (installs, answers), then the protocol's.
     fn hand_events_on(&mut self) {
         self.drain_control_events();
-        if self.blocked.is_some() {
-            return;
-        }
         while let Some(event) = self.member.poll_event() {
             self.on_member_event(event);
-            if self.blocked.is_some() {
-                return;
-            }
         }
     }
 
     fn on_protocol_event(&mut self, event: Event) {
         match event {
-            Event::Deliver(d) => {
-                if let Err(blocked) = self.deliver(d, 0) {
-                    self.blocked = Some(blocked);
-                    self.stats.delivery_stalls += 1;
-                }
-            }
+            Event::Deliver(d) => self.on_delivery(d),
             Event::Stable(msg_id) => self.on_stable(msg_id),
             // Suspicions are the member's to report to the service.
             Event::Suspect { .. } | Event::TokenRound { .. } => self.stats.other_events += 1,
         }
     }
 
-    /// Pushes `d` to the subscriptions of its topic from index `start`.
-    fn deliver(&mut self, d: Delivery, start: usize) -> Result<(), Blocked> {
+    /// Hands `d` on to its topic's subscriptions, or, if one has no room, holds the topic.
+    fn on_delivery(&mut self, d: Delivery) {
+        // No lookup while nothing is held (nearly always).
+        let held = if self.held.is_empty() {
+            None
+        } else {
+            self.held.get_mut(&d.topic)
+        };
+        if let Some(held) = held {
+            // Delivered by the protocol before the hold took effect: waits behind the others.
+            held.backlog.push_back(d);
+            self.backlog_total += 1;
+            return;
+        }
+        if let Err((d, next)) = self.deliver(d, 0) {
+            let now = clock::now();
+            let topic = d.topic;
+            self.member.hold_topic(topic);
+            self.stats.delivery_stalls += 1;
+            let mut backlog = self.spare_backlogs.pop().unwrap_or_default();
+            backlog.push_back(d);
+            self.held.insert(
+                topic,
+                HeldTopic {
+                    since: now,
+                    backlog,
+                    next,
+                },
+            );
+            self.backlog_total += 1;
+        }
+    }
+
+    /// Pushes `d` to the subscriptions of its topic from index `start`; on a subscription
+    /// without room, gives `d` back with that subscription's index.
+    fn deliver(&mut self, d: Delivery, start: usize) -> Result<(), (Delivery, usize)> {
         let Some(tasks) = self.subscriptions.get(&d.topic) else {
             self.stats.deliveries_unsubscribed += 1;
             return Ok(());
@@ -1144,15 +1207,31 @@ impl Core {
         let last = tasks.len().saturating_sub(1);
         let mut d = Some(d);
         for (i, task) in tasks.iter().enumerate().skip(start) {
+            // No lookup on a node without bounded subscriptions (callbacks alone).
+            let bound = if self.bounds.is_empty() {
+                None
+            } else {
+                self.bounds.get(&task.id())
+            };
+            if let Some(b) = bound {
+                if !b.unread.admit() && !b.unread.wake_when_low_then_admit() {
+                    b.unread.became_bottleneck(clock::now());
+                    match d.take() {
+                        Some(d) => return Err((d, i)),
+                        None => break,
+                    }
+                }
+            }
             let Some(event) = (if i == last { d.take() } else { d.clone() }) else {
                 break;
             };
             match task.try_push(event) {
                 Ok(()) => self.stats.deliveries += 1,
                 Err(TryPushError::Full(event)) => {
-                    // Ask the workers to wake us once half the full queue is delivered, then
-                    // look again. If that still finds the queue full, all it holds is delivered
-                    // after the count was set, so the count runs out.
+                    // The task's queue is full (a slow callback): ask the workers to wake us
+                    // once half of it is delivered, then look again. If that still finds it
+                    // full, all it holds is delivered after the count was set, so the count
+                    // runs out.
                     let wake_after = (task.queue_len() / 2).max(1);
                     self.shared
                         .deliveries_until_wake
@@ -1167,31 +1246,169 @@ impl Core {
                                 .store(0, Ordering::Release);
                         }
                         Err(TryPushError::Full(event)) => {
-                            return Err(Blocked {
-                                delivery: event,
-                                next: i,
-                            })
+                            if let Some(b) = bound {
+                                b.unread.unadmit();
+                            }
+                            return Err((event, i));
                         }
-                        Err(TryPushError::Closed(_)) => {}
+                        Err(TryPushError::Closed(_)) => {
+                            if let Some(b) = bound {
+                                b.unread.unadmit();
+                            }
+                        }
                     }
                 }
                 // Unsubscribed meanwhile.
-                Err(TryPushError::Closed(_)) => {}
+                Err(TryPushError::Closed(_)) => {
+                    if let Some(b) = bound {
+                        b.unread.unadmit();
+                    }
+                }
             }
         }
         Ok(())
     }
 
-    /// Retries a blocked delivery; true if it went through.
-    fn retry_blocked(&mut self) -> bool {
-        let Some(b) = self.blocked.take() else {
-            return false;
+    /// Hands the held topics' backlogs on as far as their subscriptions have room, drops the
+    /// subscriptions that waited longer than their policy allows, and releases the topics
+    /// whose subscriptions have room again (their streams go on, and the events that brings
+    /// are handed on).
+    fn retry_held(&mut self, now: Time) {
+        self.disconnect_slow(now);
+        let mut topics = std::mem::take(&mut self.held_scratch);
+        topics.clear();
+        topics.extend(self.held.keys().copied());
+        topics.sort_unstable();
+        for &topic in &topics {
+            let Some(mut held) = self.held.remove(&topic) else {
+                continue;
+            };
+            while let Some(d) = held.backlog.pop_front() {
+                match self.deliver(d, held.next) {
+                    Ok(()) => {
+                        held.next = 0;
+                        self.backlog_total -= 1;
+                    }
+                    Err((d, next)) => {
+                        held.backlog.push_front(d);
+                        held.next = next;
+                        break;
+                    }
+                }
+            }
+            if held.backlog.is_empty() && self.topic_has_room(topic) {
+                self.release(now, topic, held);
+            } else {
+                self.held.insert(topic, held);
+            }
+        }
+        self.held_scratch = topics;
+        // What the released streams held comes out as events.
+        self.drain_events();
+    }
+
+    /// Whether every bounded subscription of `topic` is down to its low watermark (if one is
+    /// not, its reader wakes the core thread when it is).
+    fn topic_has_room(&self, topic: TopicId) -> bool {
+        let Some(tasks) = self.subscriptions.get(&topic) else {
+            return true;
         };
-        match self.deliver(b.delivery, b.next) {
-            Ok(()) => true,
-            Err(b) => {
-                self.blocked = Some(b);
-                false
+        tasks.iter().all(|t| {
+            self.bounds
+                .get(&t.id())
+                .is_none_or(|b| b.unread.has_room_or_wake_later())
+        })
+    }
+
+    /// Ends the hold of `topic`: its streams go on at this node.
+    fn release(&mut self, now: Time, topic: TopicId, mut held: HeldTopic) {
+        self.backlog_total -= held.backlog.len();
+        held.backlog.clear();
+        if self.spare_backlogs.len() < SPARE_BACKLOGS {
+            self.spare_backlogs.push(held.backlog);
+        }
+        self.member.release_topic(now, topic);
+        self.stats.topic_releases += 1;
+        self.stats.topic_held_time += now.saturating_duration_since(held.since);
+        for task in self.subscriptions.get(&topic).into_iter().flatten() {
+            if let Some(b) = self.bounds.get(&task.id()) {
+                b.unread.recovered(now);
+            }
+        }
+    }
+
+    /// The bounded subscriptions of the held topics (a full one is always of a held topic).
+    fn held_bounds(&self) -> impl Iterator<Item = (TopicId, TaskId, &BoundSub)> + '_ {
+        self.held.keys().flat_map(move |&topic| {
+            self.subscriptions
+                .get(&topic)
+                .into_iter()
+                .flatten()
+                .filter_map(move |t| Some((topic, t.id(), self.bounds.get(&t.id())?)))
+        })
+    }
+
+    /// When the held topics' bounded subscriptions with a `max_wait` are due to be dropped.
+    fn disconnect_deadlines(&self) -> impl Iterator<Item = Time> + '_ {
+        self.held_bounds().filter_map(|(_, _, b)| {
+            let since = b.unread.bottleneck_since()?;
+            Some(since + b.max_wait?)
+        })
+    }
+
+    /// Drops the subscriptions that stayed without room for longer than their `max_wait`
+    /// (`SlowConsumerPolicy::Disconnect`): they are told, and their topics go on without them.
+    fn disconnect_slow(&mut self, now: Time) {
+        let due: Vec<(TopicId, TaskId)> = self
+            .held_bounds()
+            .filter(|(_, _, b)| {
+                b.unread
+                    .bottleneck_since()
+                    .zip(b.max_wait)
+                    .is_some_and(|(since, wait)| now >= since + wait)
+            })
+            .map(|(topic, task, _)| (topic, task))
+            .collect();
+        for (topic, task) in due {
+            if let Some(mut b) = self.bounds.remove(&task) {
+                let waited = b.unread.recovered(now).unwrap_or_default();
+                if let Some(tell) = b.on_disconnect.take() {
+                    tell(waited);
+                }
+                self.stats.slow_consumer_disconnects += 1;
+            }
+            if let Some(t) = self
+                .subscriptions
+                .get(&topic)
+                .and_then(|tasks| tasks.iter().find(|t| t.id() == task))
+            {
+                t.remove();
+            }
+            self.remove_subscription(now, topic, task);
+        }
+    }
+
+    /// Stops delivering `topic` to `task`: the topic's backlog goes on to the others (or is
+    /// dropped with the last subscription, and the hold with it).
+    fn remove_subscription(&mut self, now: Time, topic: TopicId, task: TaskId) {
+        self.bounds.remove(&task);
+        let Some(tasks) = self.subscriptions.get_mut(&topic) else {
+            return;
+        };
+        let Some(index) = tasks.iter().position(|t| t.id() == task) else {
+            return;
+        };
+        tasks.remove(index);
+        if let Some(held) = self.held.get_mut(&topic) {
+            if index < held.next {
+                held.next -= 1;
+            }
+        }
+        if tasks.is_empty() {
+            self.subscriptions.remove(&topic);
+            self.member.unsubscribe(topic);
+            if let Some(held) = self.held.remove(&topic) {
+                self.release(now, topic, held);
             }
         }
     }
@@ -1346,7 +1563,6 @@ impl Core {
                 } else {
                     self.member.handle_datagram(now, datagram);
                 }
-                // With a blocked delivery the events wait in the node (at most one batch's).
                 self.drain_events();
             }
             // Keep the capacity.
@@ -1620,6 +1836,27 @@ impl Core {
         s.suspicions_reported = self.member.stats().suspicions_reported;
         s.stalls_reported = self.member.stats().stalls_reported;
         s.stalls = self.stalls.values().cloned().collect();
+        let now = clock::now();
+        let mut held: Vec<(&TopicId, &HeldTopic)> = self.held.iter().collect();
+        held.sort_unstable_by_key(|(t, _)| **t);
+        s.held_topics = held
+            .into_iter()
+            .map(|(&topic, held)| HeldTopicState {
+                topic,
+                held_for: now.saturating_duration_since(held.since),
+                backlog: held.backlog.len(),
+                full_subscriptions: self.subscriptions.get(&topic).map_or(0, |tasks| {
+                    tasks
+                        .iter()
+                        .filter(|t| {
+                            self.bounds
+                                .get(&t.id())
+                                .is_some_and(|b| b.unread.bottleneck_since().is_some())
+                        })
+                        .count()
+                }),
+            })
+            .collect();
         if let Some(client) = self.member.client() {
             s.gms_requests_unacknowledged = client.requests_unacknowledged();
             s.gms_requests_retransmitted = client.stats().requests_retransmitted;
@@ -1659,7 +1896,7 @@ impl Core {
                 Control::SetMembership { reply, .. } => {
                     let _ = reply.send(Err(SHUTTING_DOWN.to_owned()));
                 }
-                Control::Unsubscribe { .. } | Control::Shutdown => {}
+                Control::Unsubscribe { .. } | Control::Bound { .. } | Control::Shutdown => {}
             }
         }
         for (_, pending) in self.pending.drain() {
@@ -1700,6 +1937,44 @@ mod tests {
         // The same deadline as before keeps its due: a thread that overslept it is late.
         let before = ProtocolAlarm::at(t(20), None, t(10));
         assert_eq!(ProtocolAlarm::at(t(20), Some(before), t(300)).due, t(20));
+    }
+
+    /// A bounded subscription admits up to its capacity; its reader wakes the core thread once,
+    /// when it takes the count down to half the capacity, and only if the core waits for it.
+    #[test]
+    fn a_full_subscription_wakes_the_core_when_its_reader_is_down_to_half() {
+        let mut poll = Poll::new().expect("epoll");
+        let shared = Arc::new(CoreShared::new(
+            Waker::new(poll.registry(), WAKER).expect("eventfd"),
+            RuntimeConfig::default().publish_queued_node_bytes_max,
+        ));
+        let unread = Unread::new(4, Arc::clone(&shared));
+        assert!((0..4).all(|_| unread.admit()));
+        assert!(!unread.admit());
+        // Nobody waits: reads wake no one.
+        unread.taken(3);
+        assert_eq!(woken(&mut poll), 0);
+        assert!((0..3).all(|_| unread.admit()));
+        // The core waits: no room, and none until the reader is down to 2.
+        assert!(!unread.wake_when_low_then_admit());
+        unread.became_bottleneck(Time::ZERO);
+        assert!(unread.bottleneck().since.is_some());
+        unread.taken(1);
+        assert_eq!(woken(&mut poll), 0);
+        assert!(!unread.has_room_or_wake_later());
+        unread.taken(1);
+        assert_eq!(woken(&mut poll), 1);
+        assert!(unread.has_room_or_wake_later());
+        // Once: the next reads wake no one.
+        unread.taken(2);
+        assert_eq!(woken(&mut poll), 0);
+        assert_eq!(unread.count(), 0);
+        assert!(unread.recovered(Time::ZERO).is_some());
+        assert_eq!(unread.bottleneck().since, None);
+        assert_eq!(unread.bottleneck().times, 1);
+        // More taken than counted (the error after a disconnection) stays at zero.
+        unread.taken(1);
+        assert_eq!(unread.count(), 0);
     }
 
     #[test]

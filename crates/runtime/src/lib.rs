@@ -31,6 +31,7 @@ mod addr;
 mod clock;
 mod config;
 mod core;
+mod flow;
 mod gms_replica;
 mod gms_server;
 mod metrics;
@@ -46,6 +47,7 @@ pub use config::{
     CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT,
     PUBLISH_QUEUED_NODE_BYTES_MIN, PUBLISH_QUEUE_CAPACITY_MAX,
 };
+pub use flow::{BottleneckState, Unread};
 pub use gms_replica::{
     check_peers, replica_data_dir, GmsReplicaServer, ReplicaHostConfig, ReplicaSnapshot,
     REPLICA_MAGIC, STATE_FILE,
@@ -57,5 +59,5 @@ pub use metrics::{
 pub use net::set_socket_buffers;
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};
-pub use stats::{MaxPerSecond, RuntimeStats, HISTOGRAM_BUCKETS};
+pub use stats::{HeldTopicState, MaxPerSecond, RuntimeStats, HISTOGRAM_BUCKETS};
 pub use tidings_proto::{Delivery, Membership, NodeId, RegionId, TopicId};

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tidings_gms::{GmsClient, Member, MemberConfig, MemberError};
 use tidings_proto::{Delivery, Membership, NodeId, TopicId};
@@ -16,6 +17,7 @@ use crate::addr::AddressBook;
 use crate::clock;
 use crate::config::{ConfigError, GmsLinkConfig, RuntimeConfig, Transport};
 use crate::core::{Control, Core, CoreShared, GmsLink};
+use crate::flow::Unread;
 use crate::gms_server::{frame, unframe};
 use crate::publish::Publisher;
 use crate::stats::RuntimeStats;
@@ -302,8 +304,10 @@ impl NodeRuntime {
     /// of the workers' time when topics compete. In force when this returns.
     ///
     /// The node must be in a region that carries `topic` (its membership says so) for messages
-    /// to arrive; this only routes them. When the subscription's queue is full the node stops
-    /// reading from the network until the callback catches up (which slows the senders).
+    /// to arrive; this only routes them. When the subscription's task queue is full (the
+    /// callback is slower than the topic) the topic is held at this node: the streams that
+    /// carry it (same sender, same region) stop here until the callback catches up, which
+    /// slows their senders, and every other stream goes on.
     pub fn subscribe<F>(
         &self,
         topic: TopicId,
@@ -343,6 +347,48 @@ impl NodeRuntime {
         F: FnMut(Delivery) + Send + 'static,
     {
         let task = self.delivery_task(share, callback)?;
+        self.subscribe_named_task(name, task)
+    }
+
+    /// [`subscribe_named`](NodeRuntime::subscribe_named) for a subscription whose callback
+    /// hands each delivery to a reader: at most `capacity` deliveries are handed on and not yet
+    /// read, as the returned [`Unread`] counts them (the reader calls [`Unread::taken`] for
+    /// each). When the count reaches `capacity` the core thread holds the topic in the protocol:
+    /// the streams that carry it (same sender, same region) stop at this node, their senders'
+    /// windows close and their publishers slow down, while every other stream goes on. The
+    /// topic is released once the reader is down to half the capacity. With `max_wait`, a
+    /// subscription still without room after that long is dropped and `on_disconnect` is told
+    /// how long it waited (on the core thread: it must not block), and the topic is released
+    /// at once unless another subscription of it is full.
+    pub fn subscribe_named_bounded<F, D>(
+        &self,
+        name: &str,
+        share: f64,
+        (capacity, max_wait): (usize, Option<Duration>),
+        callback: F,
+        on_disconnect: D,
+    ) -> Result<(Subscription, Arc<Unread>), RequestError>
+    where
+        F: FnMut(Delivery) + Send + 'static,
+        D: FnOnce(Duration) + Send + 'static,
+    {
+        let task = self.delivery_task(share, callback)?;
+        let unread = Arc::new(Unread::new(capacity, Arc::clone(&self.shared)));
+        self.shared.send(Control::Bound {
+            task: task.id(),
+            unread: Arc::clone(&unread),
+            max_wait,
+            on_disconnect: Box::new(on_disconnect),
+        });
+        let subscription = self.subscribe_named_task(name, task)?;
+        Ok((subscription, unread))
+    }
+
+    fn subscribe_named_task(
+        &self,
+        name: &str,
+        task: tidings_sched::TaskHandle<Delivery>,
+    ) -> Result<Subscription, RequestError> {
         let (reply, answer) = mpsc::sync_channel(1);
         self.shared.send(Control::SubscribeNamed {
             name: name.to_owned(),

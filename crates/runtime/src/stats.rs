@@ -153,10 +153,19 @@ pub struct RuntimeStats {
     pub deliveries: u64,
     /// Deliveries for topics no subscription of this process listens to, dropped.
     pub deliveries_unsubscribed: u64,
-    /// Times reading from the sockets paused because a subscription's queue was full (the
-    /// slow-subscriber policy: the node stops taking input, so its acknowledgements stop and
-    /// the senders are slowed).
+    /// Times a delivery found a subscription without room (its reader's capacity reached, or
+    /// its task's queue full) and its topic was held: the topic's streams stop at this node, so
+    /// their senders are slowed, while the other topics go on.
     pub delivery_stalls: u64,
+    /// Times a held topic was released (its subscriptions had room again, or the full one was
+    /// dropped).
+    pub topic_releases: u64,
+    /// Time topics spent held, summed over the releases.
+    pub topic_held_time: std::time::Duration,
+    /// Subscriptions dropped for staying without room longer than their `max_wait`.
+    pub slow_consumer_disconnects: u64,
+    /// The topics held now, because a subscription of theirs has no room.
+    pub held_topics: Vec<HeldTopicState>,
     /// Publishes reported stable to their publishers.
     pub stable: u64,
     /// Protocol events other than deliveries and stability (token rounds, suspicions).
@@ -213,4 +222,17 @@ pub struct RuntimeStats {
 
     /// The protocol's own counters.
     pub proto: tidings_proto::Stats,
+}
+
+/// A topic held at this node because a subscription of it has no room ([`RuntimeStats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldTopicState {
+    /// The topic.
+    pub topic: tidings_proto::TopicId,
+    /// How long it has been held.
+    pub held_for: std::time::Duration,
+    /// Deliveries the protocol made before the hold took effect, waiting for room.
+    pub backlog: usize,
+    /// Its subscriptions that are full now.
+    pub full_subscriptions: usize,
 }

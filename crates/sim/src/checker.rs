@@ -162,6 +162,27 @@ pub struct Ledger {
     pub partition_token_rtt_us: Histogram<u64>,
     /// Per view change: from the change until every live subscriber delivered again, microseconds.
     pub view_change_pause_us: Histogram<u64>,
+    /// A subscription that stops reading, while it does ([`hold_started`](Ledger::hold_started)).
+    hold: Option<HoldCheck>,
+    /// Messages of streams without the held topic that the held node delivered during holds.
+    pub delivered_beside_holds: u64,
+}
+
+/// The check of a subscription that stops reading: its node holds one topic back, and must go
+/// on delivering the streams that do not carry it.
+#[derive(Debug)]
+struct HoldCheck {
+    node: NodeId,
+    topic: TopicId,
+    /// Messages published from here until `lag` before the hold ends must be delivered
+    /// before it ends.
+    from: Time,
+    lag: Duration,
+    /// Senders that published the held topic: their streams may wait with it.
+    carriers: BTreeSet<NodeId>,
+    /// Messages of other senders the node must deliver and has not yet, with their publish
+    /// times.
+    owed: BTreeMap<(NodeId, u64), Time>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -198,6 +219,8 @@ impl Ledger {
             token_rtt_us: histogram(),
             partition_token_rtt_us: histogram(),
             view_change_pause_us: histogram(),
+            hold: None,
+            delivered_beside_holds: 0,
         };
         for (i, topics) in subscriptions.iter().enumerate() {
             for &t in topics {
@@ -386,6 +409,52 @@ impl Ledger {
         }
     }
 
+    /// `node` holds `topic` back from `now` (its subscription stops reading): until
+    /// [`hold_ended`](Self::hold_ended) it may deliver nothing of `topic`, and must deliver
+    /// every message it is owed from senders that do not publish `topic` within `lag` of its
+    /// publication.
+    pub fn hold_started(&mut self, node: NodeId, topic: TopicId, now: Time, lag: Duration) {
+        let carriers = self
+            .senders
+            .iter()
+            .filter(|(_, log)| log.topics.contains(&topic))
+            .map(|(&s, _)| s)
+            .collect();
+        self.hold = Some(HoldCheck {
+            node,
+            topic,
+            from: now,
+            lag,
+            carriers,
+            owed: BTreeMap::new(),
+        });
+    }
+
+    /// The hold ends at `now`: what the node was owed of the other streams, published `lag`
+    /// before now or earlier and not delivered, is a violation.
+    pub fn hold_ended(&mut self, now: Time) {
+        let Some(hold) = self.hold.take() else {
+            return;
+        };
+        let late: Vec<(NodeId, u64)> = hold
+            .owed
+            .iter()
+            .filter(|(key, &at)| at + hold.lag <= now && !hold.carriers.contains(&key.0))
+            .map(|(&key, _)| key)
+            .collect();
+        if let Some(&(origin, id)) = late.first() {
+            self.violation(format!(
+                "{} held topic {} from {:?} to {now:?} and did not deliver {} message(s) of \
+                 streams without it within {:?} (first {origin}#{id})",
+                hold.node,
+                hold.topic,
+                hold.from,
+                late.len(),
+                hold.lag
+            ));
+        }
+    }
+
     /// A sender published `msg_id` on `topic` with a payload of `len` bytes.
     pub fn published(
         &mut self,
@@ -406,6 +475,7 @@ impl Ledger {
             // No snapshot yet: nothing can be required of anyone.
             log.epochs.push(epoch.unwrap_or(u32::MAX));
         }
+        let idx = log.topics.len();
         log.topics.push(topic);
         log.lens.push(u32::try_from(len).unwrap_or(u32::MAX));
         log.published_at.push(now);
@@ -415,6 +485,16 @@ impl Ledger {
                 "{origin} published message id {} where {expected} was due",
                 msg_id.0
             ));
+        }
+        if let Some(node) = self.hold.as_ref().map(|h| h.node) {
+            let owed = self.required(node, origin, idx, topic, now);
+            if let Some(hold) = self.hold.as_mut() {
+                if topic == hold.topic {
+                    hold.carriers.insert(origin);
+                } else if owed {
+                    hold.owed.insert((origin, msg_id.0), now);
+                }
+            }
         }
     }
 
@@ -457,6 +537,17 @@ impl Ledger {
             ));
         }
         record(&mut self.latency_us, now - at);
+        if let Some(hold) = self.hold.as_mut().filter(|h| h.node == receiver) {
+            if d.topic == hold.topic {
+                let topic = hold.topic;
+                self.violation(format!(
+                    "{receiver} delivered {}#{} on topic {topic} while it held the topic",
+                    d.origin, d.msg_id.0
+                ));
+            } else if hold.owed.remove(&(d.origin, d.msg_id.0)).is_some() {
+                self.delivered_beside_holds += 1;
+            }
+        }
         // Each map looked up once per delivery (this runs for every delivery of a run); the
         // violation, if any, is recorded after the bookkeeping it was found in.
         let seen = self.delivered[receiver.0 as usize]

@@ -19,5 +19,7 @@ pub mod sweep;
 
 pub use gms::MembershipKind;
 pub use report::RunReport;
-pub use scenario::{run, run_observed, LinkChange, LinkEvent, Progress, Scenario, ScenarioError};
+pub use scenario::{
+    run, run_observed, LinkChange, LinkEvent, Progress, Scenario, ScenarioError, SlowConsumerPlan,
+};
 pub use sweep::{sweep, SweepRun};

@@ -145,6 +145,9 @@ pub struct RunReport {
     pub view_changes: u64,
     /// Per view change, the time until every live subscriber delivered again.
     pub view_change_pause_ms: Percentiles,
+    /// With a slow consumer ([`Scenario::slow_consumer`](crate::Scenario::slow_consumer)):
+    /// messages of streams without the held topic its node delivered during the hold.
+    pub delivered_beside_hold: u64,
     /// The membership service: "oracle" or "gms".
     pub membership: &'static str,
     /// With the GMS: per crash, the time until the GMS removed the node (zero samples with the
@@ -293,6 +296,7 @@ impl RunReport {
             network_drops: drops,
             view_changes: 0,
             view_change_pause_ms: percentiles_ms(&ledger.view_change_pause_us),
+            delivered_beside_hold: ledger.delivered_beside_holds,
             membership: "oracle",
             crash_detection_ms: Percentiles::default(),
             gms_fault_to_leader_ms: None,

@@ -89,6 +89,14 @@ pub struct Scenario {
     pub churn_events: Vec<ChurnEvent>,
     /// Crash the largest region's leader and one of its partition leaders during publishing.
     pub crash_leaders: bool,
+    /// A subscription that stops reading for a while ([`Scenario::slow_consumer_plan`]): the
+    /// first receiver holds the first topic it subscribes to from 20% to 70% of the publishing
+    /// time (`Member::hold_topic`, as the runtime does for a full subscription), and only
+    /// sender 0 publishes that topic, so the node's streams from the other senders do not
+    /// carry it. The checker asks that the node delivers the held topic not at all during the
+    /// hold and the other streams' messages throughout it, and everything by the end.
+    /// Default false.
+    pub slow_consumer: bool,
     /// How long a crash goes unnoticed by the membership. Default 300 ms. With the GMS it is the
     /// heartbeat timeout (a ring neighbour's suspicion removes a silent node after a third of it).
     pub detection: Duration,
@@ -122,6 +130,23 @@ pub struct Scenario {
     /// instead of drawing one at random for each message. Default false.
     pub round_robin_topics: bool,
 }
+
+/// A subscription that stops reading for a while ([`Scenario::slow_consumer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowConsumerPlan {
+    /// The node whose subscription stops reading.
+    pub node: NodeId,
+    /// Its topic, held at the node.
+    pub topic: TopicId,
+    /// When the hold starts.
+    pub from: Time,
+    /// When it ends (the topic is released).
+    pub until: Time,
+}
+
+/// How long after publishing a message of a stream that does not carry the held topic the
+/// slow consumer's node has to deliver it, during the hold ([`Scenario::slow_consumer`]).
+pub const SLOW_CONSUMER_LAG: Duration = Duration::from_millis(100);
 
 /// Topics no profile takes, for [`Scenario::adopt`].
 pub const FRESH_TOPICS: u32 = 3;
@@ -188,6 +213,7 @@ impl Default for Scenario {
             abandon: 0,
             churn_events: Vec::new(),
             crash_leaders: false,
+            slow_consumer: false,
             detection: DETECTION_DEFAULT,
             membership: MembershipKind::Oracle,
             waste_max_permille: 0,
@@ -402,6 +428,24 @@ impl Scenario {
             .collect()
     }
 
+    /// The subscription that stops reading ([`Scenario::slow_consumer`]): the node, its held
+    /// topic, and when the hold starts and ends. `None` without the fault, or without a
+    /// receiver that subscribes to something.
+    #[must_use]
+    pub fn slow_consumer_plan(&self) -> Option<SlowConsumerPlan> {
+        if !self.slow_consumer || self.senders >= self.nodes {
+            return None;
+        }
+        let node = NodeId(self.senders);
+        let topic = *self.subscriptions().get(node.0 as usize)?.first()?;
+        Some(SlowConsumerPlan {
+            node,
+            topic,
+            from: Time::ZERO + secs(self.seconds * 0.2),
+            until: Time::ZERO + secs(self.seconds * 0.7),
+        })
+    }
+
     /// Topics no profile takes, adopted during the run (`adopt`): ids after `topics`.
     #[must_use]
     pub fn fresh_topics(&self) -> u32 {
@@ -595,6 +639,9 @@ impl Scenario {
         if self.crash_leaders {
             cmd += " --crash-leaders";
         }
+        if self.slow_consumer {
+            cmd += " --slow-consumer";
+        }
         if self.proto.congestion_control {
             cmd += " --congestion-control";
         }
@@ -682,6 +729,18 @@ impl SimHost {
     #[must_use]
     pub fn node(&self) -> &Node {
         self.member.node()
+    }
+
+    /// Holds `topic` back at the node: its subscription stops reading
+    /// ([`Scenario::slow_consumer`]).
+    pub fn hold_topic(&mut self, topic: TopicId) {
+        self.member.hold_topic(topic);
+    }
+
+    /// Ends [`hold_topic`](Self::hold_topic): what the held streams kept is delivered.
+    pub fn release_topic(&mut self, now: Time, topic: TopicId) {
+        self.member.release_topic(now, topic);
+        self.after_input(now);
     }
 
     /// Installs a new membership (a view change of the oracle) on the node.
@@ -1078,11 +1137,17 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                 all_topics.clone()
             };
             // A sender with no topic of its own (more senders than topics) publishes to all.
-            let topics = if topics.is_empty() {
+            let mut topics = if topics.is_empty() {
                 all_topics.clone()
             } else {
                 topics
             };
+            // Only sender 0 publishes the slow consumer's topic.
+            if let Some(plan) = s.slow_consumer_plan().filter(|_| i != 0) {
+                if topics.len() > 1 {
+                    topics.retain(|&t| t != plan.topic);
+                }
+            }
             let (next_topic, turn) = if s.round_robin_topics {
                 (topics[0], 0)
             } else {
@@ -1250,6 +1315,13 @@ pub fn run_observed(
     // The GMS fault, due at 40% of the publishing time (and again at each step until a leader
     // is there to strike).
     let mut gms_fault = s.gms_fault.map(|f| (f, Time::ZERO + secs(s.seconds * 0.4)));
+    // The slow consumer's hold and release, in turn.
+    let slow_consumer = s.slow_consumer_plan();
+    let mut slow_events: std::collections::VecDeque<(Time, bool)> = slow_consumer
+        .map(|p| [(p.from, true), (p.until, false)])
+        .into_iter()
+        .flatten()
+        .collect();
     let mut next_sample = Time::ZERO;
     let mut pending_samples: Vec<u64> = Vec::new();
     let mut next_progress = Time::ZERO + Duration::from_secs(1);
@@ -1263,6 +1335,7 @@ pub fn run_observed(
             next_install,
             next_link,
             gms_fault.map(|(_, at)| at.max(t)),
+            slow_events.front().map(|&(at, _)| at),
         ]
         .into_iter()
         .flatten()
@@ -1293,6 +1366,24 @@ pub fn run_observed(
                     world.set_blackout(e.node, Some(window))?;
                 }
             }
+        }
+        while let Some(&(_, hold)) = slow_events.front().filter(|&&(at, _)| at <= t) {
+            slow_events.pop_front();
+            let Some(plan) = slow_consumer else { break };
+            if crashed[plan.node.0 as usize] {
+                continue;
+            }
+            let host = world.host_mut(plan.node);
+            if hold {
+                host.hold_topic(plan.topic);
+                ledger
+                    .borrow_mut()
+                    .hold_started(plan.node, plan.topic, t, SLOW_CONSUMER_LAG);
+            } else {
+                ledger.borrow_mut().hold_ended(t);
+                host.release_topic(t, plan.topic);
+            }
+            world.wake(plan.node)?;
         }
         if let Some((fault, at)) = gms_fault.filter(|&(_, at)| at <= t) {
             if strike_gms(&mut world, s, fault, t)? {
@@ -1420,6 +1511,7 @@ pub fn run_observed(
         });
         if t >= publish_end
             && all_stable
+            && slow_events.is_empty()
             && events.is_empty()
             && installs.is_empty()
             && link_events.is_empty()

@@ -494,3 +494,34 @@ fn approximate_regions_deliver_exactly_the_subscriptions() {
     assert!(report.messages_filtered > 0, "no pads in the regions");
     assert!(report.bytes_filtered >= report.messages_filtered);
 }
+
+/// A subscription that stops reading for half the run: its node holds the topic, the streams
+/// from the other senders go on being delivered there during the hold, and everything is
+/// delivered and stable by the end (the sender of the held topic waits, then catches up).
+#[test]
+fn a_subscription_that_stops_reading_holds_only_its_streams() {
+    for seed in 1..=5 {
+        let s = Scenario {
+            nodes: 12,
+            senders: 3,
+            topics: 6,
+            profiles: Some(2),
+            seconds: 0.5,
+            slow_consumer: true,
+            // Below the links' capacity, so that what the other streams must deliver within
+            // `SLOW_CONSUMER_LAG` does not wait in queues.
+            publish_rate: Some(2000.0),
+            faults: "iid:0.01".parse().unwrap(),
+            seed,
+            ..Scenario::default()
+        };
+        let plan = s.slow_consumer_plan().unwrap();
+        assert_eq!(plan.node, NodeId(3));
+        let r = run(&s, &mut |_| {}).unwrap();
+        assert!(r.passed(), "{:?}\nreplay: {}", r.violations, r.replay);
+        assert!(
+            r.delivered_beside_hold > 0,
+            "seed {seed}: nothing of the other streams was owed during the hold"
+        );
+    }
+}

@@ -2,8 +2,7 @@
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tidings_gms::GmsConfig;
@@ -78,10 +77,6 @@ impl Default for NodeBuilder {
         }
     }
 }
-
-/// How often a delivery waiting for room in a full iterator subscription looks again. The
-/// reader is slower than the network in that state, so a short sleep costs nothing that matters.
-const ROOM_POLL: Duration = Duration::from_micros(200);
 
 /// Largest accepted subscription queue, in messages.
 const SUBSCRIPTION_CAPACITY_MAX: usize = 1 << 24;
@@ -187,8 +182,8 @@ impl NodeBuilder {
         self
     }
 
-    /// Messages an iterator [`Subscription`] holds before the node stops taking deliveries
-    /// (back pressure). Default 1024.
+    /// Messages an iterator [`Subscription`] holds before the node holds its topic's streams
+    /// (back pressure, [`SlowConsumerPolicy`]). Default 1024.
     #[must_use]
     pub fn subscription_capacity(mut self, capacity: usize) -> Self {
         self.subscription_capacity = capacity;
@@ -268,7 +263,6 @@ impl NodeBuilder {
             metrics,
             id: runtime.id(),
             local_addr: runtime.local_addr(),
-            closing: Arc::new(AtomicBool::new(false)),
             runtime: Some(runtime),
             server,
             gms_addrs,
@@ -299,8 +293,6 @@ pub struct Node {
     metrics: Option<MetricsServer>,
     id: NodeId,
     local_addr: SocketAddr,
-    /// Set when the node shuts down: iterator subscriptions stop waiting for room.
-    closing: Arc<AtomicBool>,
     runtime: Option<NodeRuntime>,
     server: Option<GmsServer>,
     /// The membership service's replicas' addresses (never empty: `start` validated them).
@@ -399,7 +391,10 @@ impl Node {
     }
 
     /// Subscribes to `topic` with a callback, run on a delivery worker thread for every message
-    /// in order (a message that does not decode as `T` comes as `Err(Error::Decode)`).
+    /// in order (a message that does not decode as `T` comes as `Err(Error::Decode)`). Its back
+    /// pressure is its delivery task's queue: a callback slower than the topic fills it, and the
+    /// topic's streams are then held at this node until the callback has taken half of it
+    /// ([`CallbackSubscription`]).
     pub fn subscribe_with<T, F>(
         &self,
         topic: &Topic<T>,
@@ -473,7 +468,6 @@ impl Node {
     }
 
     fn stop(&mut self) -> Result<RuntimeStats, Error> {
-        self.closing.store(true, Ordering::Release);
         drop(self.metrics.take());
         let stats = match self.runtime.take() {
             Some(r) => r.shutdown().map_err(|e| Error::Shutdown(e.to_string()))?,
@@ -547,56 +541,51 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
         }
         let node = self.node;
         let runtime = node.runtime()?;
-        // Unbounded underneath, bounded by waiting for room below: a shutdown must not wait
-        // for an application that stopped reading.
+        // Unbounded underneath, bounded by the runtime: it hands on at most `capacity`
+        // deliveries the reader has not taken (the queue tells it of each one taken), and holds
+        // the topic's streams at this node while the reader is behind. Nothing waits here.
         let (sender, queue) = crate::queue::queue();
-        let mut sender = Some(sender);
+        let sender = Arc::new(Mutex::new(Some(sender)));
+        let told = Arc::clone(&sender);
         let capacity = self.capacity;
-        let policy = self.policy;
-        let closing = Arc::clone(&node.closing);
-        let dropped = Arc::new(AtomicBool::new(false));
-        let reader_gone = Arc::clone(&dropped);
+        let max_wait = match self.policy {
+            SlowConsumerPolicy::SlowDown => None,
+            SlowConsumerPolicy::Disconnect { max_wait } => Some(max_wait),
+        };
         let decode = self.topic.decoder();
         let name = self.topic.name().to_owned();
         let topic_name = name.clone();
-        let inner = runtime.subscribe_named(&name, node.share, move |d| {
-            // Disconnected (the reader was told): nothing more is queued for it.
-            let Some(queue) = sender.as_ref() else {
-                return;
-            };
-            let message = to_message(d, decode, &topic_name);
-            // Waits while the queue is full: the back pressure the type documents (the worker
-            // stops, the node stops reading, the publishers slow down), within the policy's
-            // bound.
-            #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
-            let started = std::time::Instant::now();
-            while queue.len() >= capacity
-                && !closing.load(Ordering::Acquire)
-                && !reader_gone.load(Ordering::Acquire)
-            {
-                if let SlowConsumerPolicy::Disconnect { max_wait } = policy {
-                    if started.elapsed() >= max_wait {
-                        // The error goes after what is queued; dropping the sender then ends
-                        // the reader's iterator.
-                        let _ = queue.send(Err(Error::SlowConsumer {
-                            topic: topic_name.clone(),
-                            capacity,
-                            waited: started.elapsed(),
-                        }));
-                        sender = None;
-                        return;
-                    }
+        let error_name = name.clone();
+        let (inner, unread) = runtime.subscribe_named_bounded(
+            &name,
+            node.share,
+            (capacity, max_wait),
+            move |d| {
+                let message = to_message(d, decode, &topic_name);
+                // None once disconnected: nothing more is queued for it (it was told).
+                if let Some(queue) = lock(&sender).as_ref() {
+                    // Fails only once the application dropped the subscription.
+                    let _ = queue.send(message);
                 }
-                std::thread::sleep(ROOM_POLL);
-            }
-            // Fails only once the application dropped the subscription: nobody wants it.
-            let _ = queue.send(message);
-        })?;
+            },
+            move |waited| {
+                // The error goes after what is queued; dropping the sender then ends the
+                // reader's iterator.
+                if let Some(queue) = lock(&told).take() {
+                    let _ = queue.send(Err(Error::SlowConsumer {
+                        topic: error_name,
+                        capacity,
+                        waited,
+                    }));
+                }
+            },
+        )?;
+        queue.count_takes_in(Arc::clone(&unread));
         Ok(Subscription {
             inner,
             queue,
             name,
-            dropped,
+            unread,
         })
     }
 
@@ -626,4 +615,9 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
             handle: Box::new(subscription),
         })
     }
+}
+
+/// Locks the sender of a subscription's queue (a panic elsewhere does not poison it for good).
+fn lock<U>(m: &Mutex<U>) -> std::sync::MutexGuard<'_, U> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

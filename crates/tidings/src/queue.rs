@@ -12,9 +12,11 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+use tidings_runtime::Unread;
 
 /// Pops between two looks at whether the queue holds far more storage than it used.
 const SHRINK_CHECK_POPS: usize = 4096;
@@ -49,8 +51,10 @@ struct Shared<T> {
     taken: Mutex<Taken<T>>,
     pushed: Mutex<Pushed<T>>,
     readable: Condvar,
-    /// Items queued and not yet taken (the writer reads it to wait for room).
+    /// Items queued and not yet taken.
     queued: AtomicUsize,
+    /// Told of every item taken: the runtime's count of what the reader has not read.
+    on_take: OnceLock<Arc<Unread>>,
 }
 
 /// A poisoned lock only means a panic elsewhere while it was held; the deques stay valid.
@@ -75,6 +79,7 @@ pub(crate) fn queue<T>() -> (Sender<T>, Receiver<T>) {
         }),
         readable: Condvar::new(),
         queued: AtomicUsize::new(0),
+        on_take: OnceLock::new(),
     });
     (
         Sender {
@@ -114,6 +119,7 @@ impl<T> Sender<T> {
     }
 
     /// Items queued and not yet taken.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shared.queued.load(Ordering::Acquire)
     }
@@ -179,7 +185,7 @@ impl<T> Receiver<T> {
     pub(crate) fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvError> {
         let shared = self.shared();
         let mut taken = lock(&shared.taken);
-        if let Some(item) = pop(&mut taken, &shared.queued) {
+        if let Some(item) = pop(&mut taken, shared) {
             return Ok(item);
         }
         let mut pushed = lock(&shared.pushed);
@@ -188,7 +194,7 @@ impl<T> Receiver<T> {
                 std::mem::swap(&mut taken.items, &mut pushed.items);
                 drop(pushed);
                 taken.peak = taken.peak.max(taken.items.len());
-                return pop(&mut taken, &shared.queued).ok_or(RecvError::Closed);
+                return pop(&mut taken, shared).ok_or(RecvError::Closed);
             }
             if pushed.closed {
                 return Err(RecvError::Closed);
@@ -221,7 +227,7 @@ impl<T> Receiver<T> {
     pub(crate) fn try_recv(&self) -> Result<T, RecvError> {
         let shared = self.shared();
         let mut taken = lock(&shared.taken);
-        if let Some(item) = pop(&mut taken, &shared.queued) {
+        if let Some(item) = pop(&mut taken, shared) {
             return Ok(item);
         }
         let mut pushed = lock(&shared.pushed);
@@ -229,7 +235,7 @@ impl<T> Receiver<T> {
         let closed = pushed.closed;
         drop(pushed);
         taken.peak = taken.peak.max(taken.items.len());
-        match pop(&mut taken, &shared.queued) {
+        match pop(&mut taken, shared) {
             Some(item) => Ok(item),
             None if closed => Err(RecvError::Closed),
             None => Err(RecvError::Empty),
@@ -241,7 +247,7 @@ impl<T> Receiver<T> {
     pub(crate) fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<T, RecvError>> {
         let shared = self.shared();
         let mut taken = lock(&shared.taken);
-        if let Some(item) = pop(&mut taken, &shared.queued) {
+        if let Some(item) = pop(&mut taken, shared) {
             return Poll::Ready(Ok(item));
         }
         let mut pushed = lock(&shared.pushed);
@@ -249,7 +255,7 @@ impl<T> Receiver<T> {
             std::mem::swap(&mut taken.items, &mut pushed.items);
             drop(pushed);
             taken.peak = taken.peak.max(taken.items.len());
-            return Poll::Ready(pop(&mut taken, &shared.queued).ok_or(RecvError::Closed));
+            return Poll::Ready(pop(&mut taken, shared).ok_or(RecvError::Closed));
         }
         if pushed.closed {
             return Poll::Ready(Err(RecvError::Closed));
@@ -265,6 +271,11 @@ impl<T> Receiver<T> {
     /// Items queued and not yet taken.
     pub(crate) fn len(&self) -> usize {
         self.shared().queued.load(Ordering::Acquire)
+    }
+
+    /// Tells `unread` of every item taken from now on (set once; later calls are ignored).
+    pub(crate) fn count_takes_in(&self, unread: Arc<Unread>) {
+        let _ = self.shared().on_take.set(unread);
     }
 
     /// The items as they come, until the sender is gone and the queue is empty.
@@ -293,9 +304,12 @@ impl<T> Drop for Alive<T> {
 /// Pops from the reader's deque; every [`SHRINK_CHECK_POPS`] pops, once it is empty, shrinks
 /// it if it held less than a quarter of its storage since the last check (the storage then
 /// goes to the writer at the next swap, so both deques get looked at in turn).
-fn pop<T>(taken: &mut Taken<T>, queued: &AtomicUsize) -> Option<T> {
+fn pop<T>(taken: &mut Taken<T>, shared: &Shared<T>) -> Option<T> {
     let item = taken.items.pop_front()?;
-    queued.fetch_sub(1, Ordering::Release);
+    shared.queued.fetch_sub(1, Ordering::Release);
+    if let Some(unread) = shared.on_take.get() {
+        unread.taken(1);
+    }
     taken.pops += 1;
     if taken.items.is_empty() && taken.pops >= SHRINK_CHECK_POPS {
         let wanted = (taken.peak * 2).max(SLOTS_KEPT);

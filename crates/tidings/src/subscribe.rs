@@ -1,6 +1,5 @@
 //! Subscriptions: as an iterator (a bounded queue the application reads) or as a callback.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,16 +11,25 @@ use crate::topic::Message;
 
 /// What an iterator [`Subscription`] does when its reader falls behind: its queue holds
 /// `capacity` messages (the most it may lag) and is full.
+///
+/// Either way the node holds back only what feeds the full subscription: the streams that carry
+/// its topic stop at this node, and everything else (other topics, other senders) goes on.
+/// A stream is one sender's messages into one region, and a region may carry several topics
+/// (those with the same subscribers share one), so **topics that share the held stream (same
+/// sender, same region) wait with it** at this node; other nodes are not held.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SlowConsumerPolicy {
-    /// Slow the stream: the delivery waits for room as long as it takes, so the node stops
-    /// taking deliveries for the topic and the publishers slow down (back pressure). The default.
+    /// Slow the stream: while the queue is full the topic is held at this node (its streams
+    /// stop here, their senders' windows close and their publishers slow down), and released
+    /// once the reader has taken half the queue; nothing is lost, every message comes in order.
+    /// The default.
     #[default]
     SlowDown,
-    /// Slow the stream for at most this long per message; if the queue is still full then, the
-    /// subscription is disconnected: its reader gets the messages already queued, then
-    /// `Err(Error::SlowConsumer)`, then the end (`None`). Later messages of the topic are not
-    /// queued for it (it was told), and the node's other subscriptions go on.
+    /// Slow the stream for at most this long; if the queue is still full then, the
+    /// subscription is disconnected and its topic released at once: its reader gets the
+    /// messages already queued, then `Err(Error::SlowConsumer)`, then the end (`None`). Later
+    /// messages of the topic are not queued for it (it was told), and the node's other
+    /// subscriptions go on.
     Disconnect {
         /// Longest wait for room before disconnecting.
         max_wait: std::time::Duration,
@@ -33,21 +41,16 @@ pub enum SlowConsumerPolicy {
 /// Messages wait in a bounded queue (`NodeBuilder::subscription_capacity`, or
 /// [`SubscribeBuilder::capacity`](crate::SubscribeBuilder::capacity)). When the application
 /// does not keep up and the queue is full, its [`SlowConsumerPolicy`] applies: by default the
-/// node stops taking deliveries, which slows the publishers down (back pressure); or the
-/// subscription is disconnected with an error. Nothing is dropped silently. Dropping the
-/// subscription unsubscribes.
+/// node holds the topic's streams, which slows their publishers down (back pressure) while its
+/// other topics go on; or the subscription is disconnected with an error. Nothing is dropped
+/// silently. [`bottleneck`](Subscription::bottleneck) tells whether it holds its topic now.
+/// Dropping the subscription unsubscribes.
 pub struct Subscription<T> {
     pub(crate) inner: tidings_runtime::Subscription,
     pub(crate) queue: Receiver<Result<Message<T>, Error>>,
     pub(crate) name: String,
-    /// Set when the subscription is dropped, so a delivery waiting for room gives up.
-    pub(crate) dropped: Arc<AtomicBool>,
-}
-
-impl<T> Drop for Subscription<T> {
-    fn drop(&mut self) {
-        self.dropped.store(true, Ordering::Release);
-    }
+    /// What the reader has not read, as the runtime counts it.
+    pub(crate) unread: Arc<tidings_runtime::Unread>,
 }
 
 impl<T> Subscription<T> {
@@ -99,6 +102,13 @@ impl<T> Subscription<T> {
     #[must_use]
     pub fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Whether this subscription is its topic's bottleneck now (its queue is full, so the
+    /// topic's streams are held at this node), since when, and how often it was.
+    #[must_use]
+    pub fn bottleneck(&self) -> tidings_runtime::BottleneckState {
+        self.unread.bottleneck()
     }
 
     /// A blocking iterator over the messages (ends when the node shuts down).
@@ -163,7 +173,13 @@ impl<'a, T> IntoIterator for &'a Subscription<T> {
 /// unsubscribes.
 ///
 /// From [`Node::subscribe_with`](crate::Node::subscribe_with) the callback runs on a delivery
-/// worker thread and a slow callback slows the stream (back pressure). From
+/// worker thread, with no subscription queue of its own: what waits for it is its delivery
+/// task's queue in the scheduler (`RuntimeConfig::sched.task_queue_capacity` events). A
+/// callback slower than its topic fills that queue, and the topic is then held at this node
+/// as for a full [`Subscription`] under [`SlowConsumerPolicy::SlowDown`] (its streams stop
+/// here and their publishers slow down; other topics go on) until the callback has taken
+/// half of it. The callback also shares the workers with the node's other callbacks, so one
+/// that blocks keeps the others waiting. From
 /// [`SubscribeBuilder::subscribe_with`](crate::SubscribeBuilder::subscribe_with) it runs on a
 /// thread of its own behind the subscription's bounded queue, so the builder's capacity and
 /// [`SlowConsumerPolicy`] apply: a callback that falls behind under
