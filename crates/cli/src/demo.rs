@@ -224,9 +224,9 @@ fn runtime_config(a: &DemoNodeArgs, loss: f64, seed: u64) -> RuntimeConfig {
     }
 }
 
-/// What a failing demo node reports of itself: its id (two processes holding one id was the
-/// demo test's failure of sessions 16 and 17), and enough to tell a silent membership service
-/// from a stalled core thread or a lossy path.
+/// What a failing demo node reports of itself: its id (two processes holding one id would merge
+/// into one node), and enough to tell a silent membership service from a stalled core thread or
+/// a lossy path.
 fn node_state(node: &Node) -> String {
     let id = u64::from(node.id().0);
     match node.stats() {

@@ -346,20 +346,10 @@ impl GmsReplicaServer {
         &self,
         bind: SocketAddr,
     ) -> Result<crate::metrics::MetricsServer, crate::metrics::MetricsError> {
-        let snapshots = self.snapshots.clone();
-        crate::metrics::MetricsServer::start(
+        crate::metrics::serve_snapshots(
             bind,
-            Box::new(move |registry| {
-                let (reply, answer) = mpsc::sync_channel(1);
-                snapshots
-                    .send(reply)
-                    .map_err(|_| "the replica has stopped".to_owned())?;
-                let snapshot = answer
-                    .recv_timeout(Duration::from_secs(5))
-                    .map_err(|_| "the replica did not answer in time".to_owned())?;
-                crate::metrics::register_replica(registry, &snapshot);
-                Ok(())
-            }),
+            self.snapshots.clone(),
+            crate::metrics::register_replica,
         )
     }
 

@@ -142,21 +142,7 @@ impl GmsServer {
         &self,
         bind: SocketAddr,
     ) -> Result<crate::metrics::MetricsServer, crate::metrics::MetricsError> {
-        let snapshots = self.snapshots.clone();
-        crate::metrics::MetricsServer::start(
-            bind,
-            Box::new(move |registry| {
-                let (reply, answer) = mpsc::sync_channel(1);
-                snapshots
-                    .send(reply)
-                    .map_err(|_| "the service has stopped".to_owned())?;
-                let snapshot = answer
-                    .recv_timeout(Duration::from_secs(5))
-                    .map_err(|_| "the service did not answer in time".to_owned())?;
-                crate::metrics::register_gms(registry, &snapshot);
-                Ok(())
-            }),
-        )
+        crate::metrics::serve_snapshots(bind, self.snapshots.clone(), crate::metrics::register_gms)
     }
 
     /// Stops the service thread.

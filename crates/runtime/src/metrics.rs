@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -96,6 +97,33 @@ impl Drop for MetricsServer {
         self.stop_thread();
     }
 }
+
+/// Serves metrics from a service thread that answers snapshot requests on `snapshots` (the
+/// membership service's and a replica's hosts): each scrape asks for one, waiting at most
+/// `SNAPSHOT_WAIT`, and `register` turns it into metrics.
+pub(crate) fn serve_snapshots<S: Send + 'static>(
+    bind: SocketAddr,
+    snapshots: SyncSender<SyncSender<S>>,
+    register: fn(&mut Registry, &S),
+) -> Result<MetricsServer, MetricsError> {
+    MetricsServer::start(
+        bind,
+        Box::new(move |registry| {
+            let (reply, answer) = mpsc::sync_channel(1);
+            snapshots
+                .send(reply)
+                .map_err(|_| "the service has stopped".to_owned())?;
+            let snapshot = answer
+                .recv_timeout(SNAPSHOT_WAIT)
+                .map_err(|_| "the service did not answer in time".to_owned())?;
+            register(registry, &snapshot);
+            Ok(())
+        }),
+    )
+}
+
+/// How long a scrape waits for the service thread's snapshot.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(5);
 
 fn serve(server: &tiny_http::Server, collect: &Collect, stop: &AtomicBool) {
     while !stop.load(Ordering::Acquire) {
