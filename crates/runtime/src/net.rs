@@ -31,20 +31,31 @@ pub(crate) fn kernel_drops<'a>(sockets: impl Iterator<Item = &'a mio::net::UdpSo
         if inodes.is_empty() {
             return 0;
         }
+        // The kernel writes these tables a page at a time, so a socket opened or closed
+        // elsewhere meanwhile can shift a line out of one read: read again until every socket
+        // was seen (a few attempts), so the sum never misses one and never goes backwards.
         let mut drops = 0;
-        for table in ["/proc/net/udp", "/proc/net/udp6"] {
-            let Ok(text) = std::fs::read_to_string(table) else {
-                continue;
-            };
-            // Columns: sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
-            for line in text.lines().skip(1) {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let (Some(inode), Some(d)) = (fields.get(9), fields.last()) else {
+        for _ in 0..PROC_NET_UDP_READS {
+            drops = 0;
+            let mut seen = 0;
+            for table in ["/proc/net/udp", "/proc/net/udp6"] {
+                let Ok(text) = std::fs::read_to_string(table) else {
                     continue;
                 };
-                if inodes.iter().any(|i| i == inode) {
-                    drops += d.parse::<u64>().unwrap_or(0);
+                // Columns: sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
+                for line in text.lines().skip(1) {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let (Some(inode), Some(d)) = (fields.get(9), fields.last()) else {
+                        continue;
+                    };
+                    if inodes.iter().any(|i| i == inode) {
+                        seen += 1;
+                        drops += d.parse::<u64>().unwrap_or(0);
+                    }
                 }
+            }
+            if seen >= inodes.len() {
+                break;
             }
         }
         drops
@@ -55,6 +66,10 @@ pub(crate) fn kernel_drops<'a>(sockets: impl Iterator<Item = &'a mio::net::UdpSo
         0
     }
 }
+
+/// Reads of `/proc/net/udp` [`kernel_drops`] makes at most until it has seen every socket.
+#[cfg(target_os = "linux")]
+const PROC_NET_UDP_READS: usize = 5;
 
 /// Receive buffers per system call: quinn-udp's `recvmmsg` batch.
 pub(crate) const RECV_BUFFERS: usize = quinn_udp::BATCH_SIZE;
