@@ -267,9 +267,9 @@ struct ScenarioArgs {
     /// Interest profiles (regions); default 1 for one topic, else nodes/12 (at least 2).
     #[arg(long)]
     profiles: Option<u32>,
-    /// Approximate regions (ADR 34): the oracle forms regions with the planner, each node
-    /// wasting at most this share of what it receives (e.g. 0.3); nodes deliver only their own
-    /// subscriptions. 0: exact regions.
+    /// Approximate regions (ADR 34): the planner (the oracle's, or the GMS's with --gms) forms
+    /// regions with each node wasting at most this share of what it receives (e.g. 0.3); nodes
+    /// deliver only their own subscriptions. 0: exact regions.
     #[arg(long, default_value_t = 0.0)]
     waste_max: f64,
     /// Apply the loss model to uplinks too (whole-region losses, repaired by NAKs).

@@ -165,6 +165,17 @@ pub struct GmsClient {
     /// The topics subscribed to and advertised, as requested: what a rejoin asks for again.
     subscribed: BTreeSet<String>,
     advertised: BTreeSet<String>,
+    /// The ids of the subscribed names the service has bound: the topics this node delivers
+    /// ([`Membership::subscriptions`]), which with approximate regions (ADR 34) may be fewer
+    /// than its regions carry.
+    subscribed_topics: BTreeSet<TopicId>,
+    /// Names unsubscribed, by the request that did it: each leaves `subscribed_topics` when the
+    /// service acknowledges the request (it has applied it), so that the node delivers the topic
+    /// for as long as the service counts it a subscriber.
+    unsubscribing: VecDeque<(u64, String)>,
+    /// Changes to `subscribed_topics` not yet taken
+    /// ([`take_subscription_changes`](GmsClient::take_subscription_changes)).
+    subscription_changes: Vec<(TopicId, bool)>,
     /// A `Leave` was requested: a removal then ends the client, never a rejoin.
     leaving: bool,
     /// Failovers since a message was last taken from the replica talked to.
@@ -205,6 +216,9 @@ impl GmsClient {
             term: 0,
             heard_at: None,
             subscribed: BTreeSet::new(),
+            subscribed_topics: BTreeSet::new(),
+            unsubscribing: VecDeque::new(),
+            subscription_changes: Vec::new(),
             advertised: BTreeSet::new(),
             leaving: false,
             silent_failovers: 0,
@@ -289,7 +303,36 @@ impl GmsClient {
                 .map(|(&r, v)| (r, v.view.clone()))
                 .collect(),
             topic_regions: self.topic_regions.clone(),
-            subscriptions: None,
+            subscriptions: Some(self.subscribed_topics.clone()),
+        }
+    }
+
+    /// The topics this node delivers: the ids of the names it subscribed to, from the request
+    /// on (once the service bound the name), until the service acknowledges an unsubscription.
+    /// Its regions may carry more (approximate regions, ADR 34).
+    #[must_use]
+    pub fn subscribed_topics(&self) -> &BTreeSet<TopicId> {
+        &self.subscribed_topics
+    }
+
+    /// The changes to [`subscribed_topics`](GmsClient::subscribed_topics) since the last call,
+    /// in order (`true`: subscribed), for [`Node::set_subscribed`](tidings_proto::Node::set_subscribed).
+    pub fn take_subscription_changes(&mut self) -> std::vec::Drain<'_, (TopicId, bool)> {
+        self.subscription_changes.drain(..)
+    }
+
+    /// Follows a change of the subscribed names in `subscribed_topics`, for a bound name.
+    fn note_subscribed(&mut self, name: &str, subscribed: bool) {
+        let Some(&topic) = self.topics.get(name) else {
+            return;
+        };
+        let changed = if subscribed {
+            self.subscribed_topics.insert(topic)
+        } else {
+            self.subscribed_topics.remove(&topic)
+        };
+        if changed {
+            self.subscription_changes.push((topic, subscribed));
         }
     }
 
@@ -420,14 +463,22 @@ impl GmsClient {
         match &body {
             Request::Subscribe(n) => {
                 self.subscribed.insert(n.clone());
+                self.note_subscribed(n, true);
             }
-            Request::SubscribeMany(names) => self.subscribed.extend(names.iter().cloned()),
+            Request::SubscribeMany(names) => {
+                for n in names {
+                    self.subscribed.insert(n.clone());
+                    self.note_subscribed(n, true);
+                }
+            }
             Request::Unsubscribe(n) => {
                 self.subscribed.remove(n);
+                self.unsubscribing.push_back((self.next_req, n.clone()));
             }
             Request::UnsubscribeMany(names) => {
                 for n in names {
                     self.subscribed.remove(n);
+                    self.unsubscribing.push_back((self.next_req, n.clone()));
                 }
             }
             Request::Advertise(n) => {
@@ -548,6 +599,18 @@ impl GmsClient {
                 while self.requests.front().is_some_and(|r| r.req <= upto) {
                     self.requests.pop_front();
                 }
+                while self
+                    .unsubscribing
+                    .front()
+                    .is_some_and(|(req, _)| *req <= upto)
+                {
+                    if let Some((_, name)) = self.unsubscribing.pop_front() {
+                        // Unless subscribed again since.
+                        if !self.subscribed.contains(&name) {
+                            self.note_subscribed(&name, false);
+                        }
+                    }
+                }
                 self.send_requests(now);
             }
             _ => self.stats.unexpected += 1,
@@ -597,6 +660,11 @@ impl GmsClient {
         self.regions.clear();
         self.topic_regions.clear();
         self.topics.clear();
+        // Ids of the service that lost this node; the names are bound again after the rejoin.
+        self.unsubscribing.clear();
+        for topic in std::mem::take(&mut self.subscribed_topics) {
+            self.subscription_changes.push((topic, false));
+        }
         self.addresses.clear();
         self.changed_regions.clear();
         self.changed_topics.clear();
@@ -651,6 +719,9 @@ impl GmsClient {
         match item {
             Item::TopicBound { name, topic } => {
                 self.topics.insert(name.clone(), topic);
+                if self.subscribed.contains(&name) {
+                    self.note_subscribed(&name, true);
+                }
                 self.events
                     .push_back(ClientEvent::TopicBound { name, topic });
             }

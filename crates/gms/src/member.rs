@@ -395,6 +395,8 @@ impl Member {
             }
         }
         let _ = client.take_change();
+        // The membership carries the topics subscribed so far; later changes follow one by one.
+        drop(client.take_subscription_changes());
         let membership = client.membership();
         let node = Node::new(protocol, id, membership, now).map_err(MemberError::Protocol)?;
         let installed_commits = client.commits();
@@ -754,6 +756,9 @@ impl Member {
         let link = self.link.as_mut()?;
         if !link.unsubscribing.is_empty() {
             link.send_unsubscribes();
+            for (topic, subscribed) in link.client.take_subscription_changes() {
+                self.node.set_subscribed(topic, subscribed);
+            }
         }
         if link.client.poll_timeout().is_some_and(|t| t <= self.now) {
             link.client.handle_timeout(self.now);
@@ -867,6 +872,11 @@ impl Member {
                 ClientEvent::Removed | ClientEvent::Rejoining { .. } => removed = true,
                 ClientEvent::Joined(_) => {}
             }
+        }
+        // The topics this node delivers, before the views that carry them are installed: a
+        // message a new view lets in is delivered, not filtered (approximate regions, ADR 34).
+        for (topic, subscribed) in link.client.take_subscription_changes() {
+            self.node.set_subscribed(topic, subscribed);
         }
         let moved = link.client.commits() != link.installed_commits;
         link.installed_commits = link.client.commits();

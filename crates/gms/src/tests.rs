@@ -190,7 +190,11 @@ fn join_gives_an_id_and_an_empty_membership() {
     let w = World::new(2);
     assert_ne!(w.node(0), w.node(1));
     assert!(w.events.contains(&(0, ClientEvent::Joined(w.node(0)))));
-    assert_eq!(w.last_membership(0), Some(&Membership::default()));
+    let nothing = Membership {
+        subscriptions: Some(BTreeSet::new()),
+        ..Membership::default()
+    };
+    assert_eq!(w.last_membership(0), Some(&nothing));
     assert_eq!(w.gms.members().count(), 2);
 }
 
@@ -1057,7 +1061,11 @@ fn changes_add_up_to_the_membership_and_come_a_whole_batch_at_a_time() {
     let names: Vec<String> = (0..200).map(|i| format!("t/{i}")).collect();
     let mut w = World::new(2);
     w.clients[1].set_membership_events(false);
-    let mut installed = Membership::default();
+    // Node 1 only publishes: its membership says it subscribes to nothing.
+    let mut installed = Membership {
+        subscriptions: Some(BTreeSet::new()),
+        ..Membership::default()
+    };
     let apply = |change: tidings_proto::MembershipChange, m: &mut Membership| {
         for (r, v) in change.regions {
             match v {

@@ -796,6 +796,22 @@ impl Node {
         self.membership.subscriptions = topics;
     }
 
+    /// Adds `topic` to the topics this node delivers, or takes it out: one change to
+    /// [`set_subscriptions`](Node::set_subscriptions)'s set, for a host that follows
+    /// subscriptions one at a time. A node that delivered every topic of its regions (`None`)
+    /// delivers from then on only the topics added.
+    pub fn set_subscribed(&mut self, topic: TopicId, subscribed: bool) {
+        let topics = self
+            .membership
+            .subscriptions
+            .get_or_insert_with(BTreeSet::new);
+        if subscribed {
+            topics.insert(topic);
+        } else {
+            topics.remove(&topic);
+        }
+    }
+
     /// The membership in force: the last one [`set_membership`](Node::set_membership) gave, with
     /// the changes [`update_membership`](Node::update_membership) applied since.
     #[must_use]

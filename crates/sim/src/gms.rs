@@ -444,12 +444,14 @@ impl ServiceRole {
     }
 }
 
-/// The topics of the regions `me` is a member of in `m` (what it may deliver).
+/// The topics of the regions `me` is a member of in `m` that it subscribes to (what it may
+/// deliver; with approximate regions its regions carry others too).
 pub(crate) fn local_topics(m: &Membership, me: NodeId) -> BTreeSet<TopicId> {
     m.regions
         .values()
         .filter(|v| v.members().any(|n| n == me))
         .flat_map(|v| v.topics.iter().copied())
+        .filter(|t| m.subscriptions.as_ref().is_none_or(|s| s.contains(t)))
         .collect()
 }
 
@@ -683,6 +685,19 @@ pub(crate) struct Bootstrap {
     pub(crate) log: Rc<RefCell<GmsLog>>,
 }
 
+/// How the simulated service runs: its timing, regions and replicas.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ServiceSetup {
+    /// The heartbeat timeout ([`configs`]).
+    pub(crate) detection: Duration,
+    /// Members of a region per partition.
+    pub(crate) partition_size: usize,
+    /// Replicas of the service (1: the one-process service).
+    pub(crate) replicas: u32,
+    /// The planner's bound on each node's waste, in thousandths (0: exact regions; ADR 34).
+    pub(crate) waste_max_permille: u32,
+}
+
 /// Builds the GMS and the clients, applies the initial joins (in id order), advertisements
 /// (sender 0's first, topic by topic, so ids follow names) and subscriptions, and hands each
 /// client its update stream directly. Errors name what did not come out as expected.
@@ -691,12 +706,11 @@ pub(crate) fn bootstrap(
     subscriptions: &[Vec<TopicId>],
     senders: u32,
     topics: u32,
-    detection: Duration,
-    partition_size: usize,
-    replicas: u32,
+    service: &ServiceSetup,
 ) -> Result<Bootstrap, String> {
-    let (gms_config, mut client_config) = configs(detection, partition_size);
-    let replicas = replicas.max(1);
+    let (mut gms_config, mut client_config) = configs(service.detection, service.partition_size);
+    gms_config.planner.waste_max_permille = service.waste_max_permille;
+    let replicas = service.replicas.max(1);
     client_config.replicas = replicas as usize;
     // A client moves to the next replica after three of its heartbeats unanswered.
     client_config.failover_timeout = client_config.heartbeat_interval * 3;
@@ -743,15 +757,19 @@ pub(crate) fn bootstrap(
     // Nodes 0 and 1 subscribe to every topic first (dropping at the end those they do not want),
     // then the others: the planner groups the topics into subsets as they gain subscribers, as
     // paper 001's incremental greedy does; a node ends in one region per subset it has topics in.
+    // Through the clients' own requests, so that each client knows what it subscribes to (and
+    // delivers only that, with approximate regions).
     let sub = |gms: &mut Gms, clients: &mut [GmsClient], node: u32, t: TopicId, on: bool| {
-        let node = to_gms(NodeId(node));
         let name = topic_name(t);
-        let cmd = if on {
-            Command::Subscribe { node, name }
+        let client = &mut clients[node as usize];
+        let sent = if on {
+            client.subscribe(&name)
         } else {
-            Command::Unsubscribe { node, name }
+            client.unsubscribe(&name)
         };
-        gms.apply(t0, cmd);
+        debug_assert!(sent.is_ok(), "node {node}: {sent:?}");
+        // Requests leave at the client's timer.
+        client.handle_timeout(t0);
         exchange(gms, clients, &nonces);
     };
     let anchors = n.min(2);
@@ -964,7 +982,13 @@ mod tests {
             vec![t(2)],
             vec![t(1), t(2), t(3)],
         ];
-        let b = bootstrap(9, &subs, 1, 4, Duration::from_millis(300), 2, 1).unwrap();
+        let service = ServiceSetup {
+            detection: Duration::from_millis(300),
+            partition_size: 2,
+            replicas: 1,
+            waste_max_permille: 0,
+        };
+        let b = bootstrap(9, &subs, 1, 4, &service).unwrap();
         assert_eq!(b.clients.len(), subs.len());
         let gms = b.services[0].gms();
         for i in 1..=4 {

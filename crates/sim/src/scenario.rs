@@ -102,9 +102,9 @@ pub struct Scenario {
     pub detection: Duration,
     /// Which membership service runs: the oracle (default) or the real GMS on an extra node.
     pub membership: MembershipKind,
-    /// Approximate regions (ADR 34): the oracle forms regions with the planner under this bound
-    /// on each node's waste, in thousandths, and tells each node its own subscriptions, which
-    /// it alone delivers. 0 (default): regions of identical subscription sets. Oracle only.
+    /// Approximate regions (ADR 34): the planner (the oracle's, or the GMS's) forms regions under
+    /// this bound on each node's waste, in thousandths, and each node delivers its own
+    /// subscriptions only. 0 (default): exact regions.
     pub waste_max_permille: u32,
     /// With the GMS: how many replicas run it, on as many extra nodes (1: the one-process
     /// service; 3 or 5: replicated on Raft). Default 1.
@@ -264,11 +264,6 @@ impl Scenario {
         if self.waste_max_permille >= 1000 {
             return Err(ScenarioError::Invalid(
                 "the waste bound must be below 1 (1000 permille)".into(),
-            ));
-        }
-        if self.waste_max_permille > 0 && self.membership != MembershipKind::Oracle {
-            return Err(ScenarioError::Invalid(
-                "approximate regions (--waste-max) run with the oracle membership".into(),
             ));
         }
         if !(1..=tidings_gms::REPLICAS_MAX as u32).contains(&self.gms_replicas) {
@@ -811,6 +806,14 @@ impl SimHost {
                 .request_named(now, NamedRequest::Subscribe, names);
         }
         self.after_input(now);
+        // A topic subscribed to is delivered from the request on where this node's regions
+        // already carry it (approximate regions), before any install says so.
+        if self.gms_ids() {
+            let m = crate::gms::translate(self.member.node().membership().clone());
+            self.ledger
+                .borrow_mut()
+                .local_topics(self.me, crate::gms::local_topics(&m, self.me));
+        }
     }
 
     /// Hands the member's events to the checker, in the order they happened: what the node
@@ -1068,9 +1071,12 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                 &subs,
                 s.senders,
                 s.topics + s.fresh_topics(),
-                s.detection,
-                s.replication,
-                s.gms_replicas,
+                &crate::gms::ServiceSetup {
+                    detection: s.detection,
+                    partition_size: s.replication,
+                    replicas: s.gms_replicas,
+                    waste_max_permille: s.waste_max_permille,
+                },
             )
             .map_err(|e| ScenarioError::Invalid(format!("gms bootstrap: {e}")))?;
             let mut l = ledger.borrow_mut();

@@ -834,8 +834,8 @@ impl Planner {
     }
 
     /// The membership `node` must use: the views of its [relevant
-    /// regions](Planner::relevant_regions) at the epochs `view_of` gives, and the region lists of
-    /// the topics it publishes to.
+    /// regions](Planner::relevant_regions) at the epochs `view_of` gives, the region lists of
+    /// the topics it publishes to, and the topics it subscribes to (what it delivers).
     pub fn membership(
         &self,
         node: NodeId,
@@ -853,6 +853,7 @@ impl Planner {
             m.topic_regions
                 .insert(t, self.topic_regions(t).collect::<Vec<_>>());
         }
+        m.subscriptions = Some(self.subscriptions(node).collect());
         m
     }
 
