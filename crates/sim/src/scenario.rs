@@ -755,10 +755,11 @@ impl SimHost {
         self.service.as_ref().map(|s| s.gms())
     }
 
-    /// GMS datagrams dropped for exceeding the world's datagram limit.
+    /// GMS datagrams dropped for exceeding the world's datagram limit (between replicas: for
+    /// being longer than the replicas' fragment size, which fits that limit).
     #[must_use]
     pub fn gms_oversize(&self) -> u64 {
-        self.gms_oversize
+        self.gms_oversize + self.service.as_ref().map_or(0, |s| s.oversize)
     }
 
     /// Whether this node's ids are the GMS's (the node joined through it).
@@ -1071,6 +1072,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                 s.detection,
                 s.replication,
                 s.gms_replicas,
+                s.proto.max_datagram_bytes,
             )
             .map_err(|e| ScenarioError::Invalid(format!("gms bootstrap: {e}")))?;
             let mut l = ledger.borrow_mut();
