@@ -184,6 +184,71 @@ fn check_durable_once(bytes: &[u8]) {
     let _ = tidings_gms::Replica::restart(config, file.durable);
 }
 
+/// Replica datagrams as fragments (`replica::decode_fragment`) and put together
+/// (`replica::Reassembly`). The input is a sequence of records, each a byte (bit 0: which of
+/// two peers sent it; the rest: milliseconds that pass before it), a `u16` length and that
+/// many bytes, fed to one reassembly (messages of at most 64 KiB, two in progress per peer,
+/// a 1 s timeout). Decoding a fragment allocates within the budget; an accepted fragment's
+/// bytes are as long as its header says; what the reassembly holds never exceeds what
+/// arrived; a message it puts together is at most the bound and has the CRC-32 its fragments
+/// claimed, and goes to `decode_raft` as a replica's would. Each record is also cut into
+/// fragments itself, fed in reverse order to a fresh reassembly, and must come back whole.
+pub fn check_fragments(bytes: &[u8]) {
+    use std::time::Duration;
+    use tidings_gms::replica::{
+        decode_fragment, encode_fragments, FragmentLimits, FragmentStats, Reassembly,
+        FRAGMENT_BYTES_MIN, FRAGMENT_HEADER_LEN,
+    };
+    let message_bytes_max = 64 << 10;
+    let limits = FragmentLimits::new(message_bytes_max);
+    let raft_limits = tidings_gms::replica::RaftLimits {
+        message_bytes_max,
+        entries_max: 1024,
+    };
+    let timeout = Duration::from_secs(1);
+    let mut reassembly = Reassembly::new(2, limits, 2, timeout);
+    let mut stats = FragmentStats::default();
+    let mut now = tidings_proto::Time::ZERO;
+    let mut arrived = 0usize;
+    let mut rest = bytes;
+    while let [head, lo, hi, tail @ ..] = rest {
+        let len = usize::from(u16::from_le_bytes([*lo, *hi])).min(tail.len());
+        let (record, next) = tail.split_at(len);
+        rest = next;
+        now += Duration::from_millis(u64::from(head >> 1));
+        let peer = usize::from(head & 1);
+        let decoded = counted(record, |b| {
+            decode_fragment(b, limits).map(|f| (f.index, f.count, f.total, f.bytes.len()))
+        });
+        if let Ok((index, count, total, len)) = decoded {
+            assert!(index < count && count >= 2, "an accepted fragment out of range");
+            assert!(total as usize <= message_bytes_max, "an accepted total past the bound");
+            assert_eq!(FRAGMENT_HEADER_LEN + len, record.len());
+        }
+        arrived += record.len();
+        if let Some(whole) = reassembly.take(now, peer, record, &mut stats) {
+            assert!(whole.len() <= message_bytes_max, "a message past the bound");
+            let _ = tidings_gms::replica::decode_raft(&whole, raft_limits);
+        }
+        assert!(reassembly.bytes() <= arrived, "the reassembly holds more than arrived");
+        assert!(reassembly.partials() <= 4, "more than two messages in progress per peer");
+        // Any bytes, cut and put together again (in reverse order), come back whole.
+        let fragments = encode_fragments(u64::from(*head), record, FRAGMENT_BYTES_MIN);
+        if !fragments.is_empty() {
+            let mut fresh = Reassembly::new(1, limits, 1, timeout);
+            let mut s = FragmentStats::default();
+            let mut got = None;
+            for f in fragments.iter().rev() {
+                assert!(f.len() <= FRAGMENT_BYTES_MIN, "a fragment past its size");
+                got = fresh.take(now, 0, f, &mut s);
+            }
+            assert_eq!(got.as_deref(), Some(record), "a message cut and put together differs");
+        }
+    }
+    reassembly.expire(now + timeout, &mut stats);
+    assert_eq!(reassembly.partials(), 0, "messages in progress outlive their timeout");
+}
+
 /// CRC-32 (IEEE), bit by bit: the checksum the state file ends with, computed here without
 /// the crate the codec uses.
 fn crc32(bytes: &[u8]) -> u32 {

@@ -37,8 +37,8 @@ mod tests;
 pub use client::{ClientEvent, ClientStats, GmsClient, RequestError};
 pub use config::{ClientConfig, ConfigError, GmsConfig, MulticastPool};
 pub use member::{
-    frame, unframe, Member, MemberConfig, MemberError, MemberEvent, MemberStats, NamedRequest,
-    Stall, GMS_MAGIC,
+    frame, unframe, Joining, Member, MemberConfig, MemberError, MemberEvent, MemberStats,
+    NamedRequest, Stall, GMS_MAGIC,
 };
 pub use message::{
     DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request, NAMES_PER_REQUEST_MAX,

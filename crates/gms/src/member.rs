@@ -3,7 +3,9 @@
 //! by difference, named requests, suspicion reports, removal, leaving).
 //!
 //! The runtime's core thread and the simulator both drive exactly this type, so the install path
-//! the seeded simulator checks is the one that ships.
+//! the seeded simulator checks is the one that ships. Before a node has its id (the protocol
+//! node needs one), [`Joining`] runs the join handshake with the service, sans-IO as well, and
+//! becomes the [`Member`]: a host only carries its datagrams and timeouts.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
@@ -16,6 +18,7 @@ use tidings_proto::{
 use tidings_wire::{NodeId, RegionId, TopicId};
 
 use crate::client::{ClientEvent, GmsClient, RequestError};
+use crate::config::ClientConfig;
 use crate::message::{GmsMessage, NAMES_PER_REQUEST_MAX};
 
 /// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
@@ -346,6 +349,106 @@ fn index_member_region(
         } else if index.get(&t) == Some(&view.region) {
             index.remove(&t);
         }
+    }
+}
+
+/// A node joining through the membership service, before it has an id: it sends its join
+/// until the service welcomes it, and keeps what the service sends meanwhile (the first
+/// batches of its membership). Driven like a [`Member`]'s service side
+/// ([`handle_gms_datagram`](Joining::handle_gms_datagram), [`handle_timeout`](Joining::handle_timeout)
+/// in; [`poll_gms_transmit`](Joining::poll_gms_transmit), [`poll_timeout`](Joining::poll_timeout)
+/// out, datagrams framed with [`GMS_MAGIC`]); once [`is_joined`](Joining::is_joined),
+/// [`into_member`](Joining::into_member) gives the [`Member`]. Giving up (a join timeout) is
+/// the host's: it knows its clock.
+#[derive(Debug)]
+pub struct Joining {
+    protocol: Config,
+    config: MemberConfig,
+    client: GmsClient,
+    now: Time,
+    stats: MemberStats,
+}
+
+impl Joining {
+    /// A node that will join the service of `client` at its first
+    /// [`handle_timeout`](Joining::handle_timeout). Fails if a configuration is invalid.
+    pub fn new(
+        protocol: Config,
+        config: MemberConfig,
+        client: ClientConfig,
+    ) -> Result<Joining, MemberError> {
+        config.validate()?;
+        protocol.validate()?;
+        let client = GmsClient::new(client).map_err(|e| MemberError::Config(e.to_string()))?;
+        Ok(Joining {
+            protocol,
+            config,
+            client,
+            now: Time::ZERO,
+            stats: MemberStats::default(),
+        })
+    }
+
+    /// A datagram from replica `replica` of the membership service (framed with
+    /// [`GMS_MAGIC`]; anything else is counted in [`MemberStats::gms_unframed`] and dropped).
+    pub fn handle_gms_datagram(&mut self, now: Time, replica: usize, datagram: &[u8]) {
+        self.now = self.now.max(now);
+        self.stats.gms_datagrams_received += 1;
+        match unframe(datagram) {
+            Some(body) => self.client.handle_datagram(now, replica, body),
+            None => self.stats.gms_unframed += 1,
+        }
+    }
+
+    /// Time has passed: the join is sent again when due.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.now = self.now.max(now);
+        if self.client.poll_timeout().is_some_and(|t| t <= now) {
+            self.client.handle_timeout(now);
+        }
+    }
+
+    /// The next datagram for the service: the replica's index and the framed bytes.
+    pub fn poll_gms_transmit(&mut self) -> Option<(usize, Vec<u8>)> {
+        let (replica, msg) = self.client.poll_transmit()?;
+        self.stats.gms_datagrams_sent += 1;
+        Some((replica, frame(&msg)))
+    }
+
+    /// The next time [`handle_timeout`](Joining::handle_timeout) must be called.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.client.poll_timeout()
+    }
+
+    /// Whether the service welcomed this node (it has its id).
+    #[must_use]
+    pub fn is_joined(&self) -> bool {
+        self.client.node().is_some()
+    }
+
+    /// The client's counters (joins sent, redirects, failovers...).
+    #[must_use]
+    pub fn client_stats(&self) -> &crate::ClientStats {
+        self.client.stats()
+    }
+
+    /// The member, once [`is_joined`](Joining::is_joined): its protocol node has the id the
+    /// service gave, its membership is what the service sent so far, and its counters include
+    /// the handshake's datagrams. Fails with [`MemberError::NotJoined`] before that.
+    pub fn into_member(self, now: Time) -> Result<Member, MemberError> {
+        let Joining {
+            protocol,
+            config,
+            client,
+            stats,
+            ..
+        } = self;
+        let mut member = Member::joined(protocol, config, client, now)?;
+        member.stats.gms_datagrams_received += stats.gms_datagrams_received;
+        member.stats.gms_datagrams_sent += stats.gms_datagrams_sent;
+        member.stats.gms_unframed += stats.gms_unframed;
+        Ok(member)
     }
 }
 
@@ -1161,6 +1264,50 @@ mod tests {
 
     const T0: Time = Time::ZERO;
 
+    /// The handshake, as the runtime carries it: `n` nodes join `gms` through [`Joining`]
+    /// over `rounds` exchanges of framed datagrams, before their members exist (the service
+    /// knows a joiner by the nonce of its `Join`, as a host does). Returns the joinings and
+    /// the datagrams each sent.
+    fn handshake(gms: &mut Gms, n: usize, rounds: usize) -> (Vec<Joining>, Vec<u64>) {
+        let mut joinings: Vec<(Joining, Option<Peer>)> = (0..n)
+            .map(|i| {
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16));
+                let client = ClientConfig {
+                    seed: 40 + i as u64,
+                    data_addr: Some(addr),
+                    ..ClientConfig::default()
+                };
+                let j = Joining::new(Config::default(), MemberConfig::default(), client);
+                (j.unwrap(), None)
+            })
+            .collect();
+        let mut sent = vec![0; n];
+        for _ in 0..rounds {
+            for (i, (j, peer)) in joinings.iter_mut().enumerate() {
+                j.handle_timeout(T0);
+                while let Some((replica, datagram)) = j.poll_gms_transmit() {
+                    assert_eq!(replica, 0);
+                    sent[i] += 1;
+                    let msg = GmsMessage::decode(unframe(&datagram).unwrap()).unwrap();
+                    if let GmsMessage::Join { nonce, .. } = msg {
+                        peer.get_or_insert(Peer::Joiner(nonce));
+                    }
+                    gms.handle_message(T0, peer.unwrap(), msg);
+                }
+            }
+            while let Some(t) = gms.poll_transmit() {
+                let Some((j, peer)) = joinings.iter_mut().find(|(_, p)| *p == Some(t.to)) else {
+                    continue;
+                };
+                if let GmsMessage::Welcome { node, .. } = &t.msg {
+                    *peer = Some(Peer::Node(*node));
+                }
+                j.handle_gms_datagram(T0, 0, &frame(&t.msg));
+            }
+        }
+        (joinings.into_iter().map(|(j, _)| j).collect(), sent)
+    }
+
     /// A service and members on a network that delivers at once, except to and from the members
     /// in `cut_from` / `cut_to` (by index).
     struct Group {
@@ -1179,42 +1326,10 @@ mod tests {
     impl Group {
         fn new(n: usize) -> Group {
             let mut gms = Gms::new(GmsConfig::default()).unwrap();
-            let mut clients: Vec<GmsClient> = (0..n)
-                .map(|i| {
-                    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16));
-                    GmsClient::new(ClientConfig {
-                        seed: 40 + i as u64,
-                        data_addr: Some(addr),
-                        ..ClientConfig::default()
-                    })
-                    .unwrap()
-                })
-                .collect();
-            // The handshake, as the runtime's: the clients join before their members exist.
-            for _ in 0..10 {
-                for c in &mut clients {
-                    c.handle_timeout(T0);
-                    while let Some((_, msg)) = c.poll_transmit() {
-                        let from = match c.node() {
-                            Some(n) => Peer::Node(n),
-                            None => Peer::Joiner(c.nonce()),
-                        };
-                        gms.handle_message(T0, from, msg);
-                    }
-                }
-                while let Some(t) = gms.poll_transmit() {
-                    let to = clients.iter_mut().find(|c| match t.to {
-                        Peer::Node(n) => c.node() == Some(n),
-                        Peer::Joiner(nonce) => c.nonce() == nonce,
-                    });
-                    if let Some(c) = to {
-                        c.handle_message(T0, 0, t.msg);
-                    }
-                }
-            }
-            let members: Vec<Member> = clients
+            let (joinings, _) = handshake(&mut gms, n, 10);
+            let members: Vec<Member> = joinings
                 .into_iter()
-                .map(|c| Member::joined(Config::default(), MemberConfig::default(), c, T0).unwrap())
+                .map(|j| j.into_member(T0).unwrap())
                 .collect();
             let mut g = Group {
                 now: T0,
@@ -1637,5 +1752,35 @@ mod tests {
             .count();
         assert_eq!(installs, 1, "{events:?}");
         assert_eq!(answers(&events).len(), 2, "{events:?}");
+    }
+
+    /// A node joins through [`Joining`]: not a member before the welcome, then one whose
+    /// membership holds what the service sent during the handshake and whose counters include
+    /// its datagrams; a datagram without the GMS framing is counted and dropped.
+    #[test]
+    fn a_joining_node_becomes_a_member_once_welcomed() {
+        let mut gms = Gms::new(GmsConfig::default()).unwrap();
+        let (mut two, sent) = handshake(&mut gms, 2, 3);
+        assert!(two.iter().all(Joining::is_joined));
+        let mut j = two.remove(0);
+        j.handle_gms_datagram(T0, 0, b"not a gms datagram");
+        let m = j.into_member(T0).unwrap();
+        assert_ne!(m.id(), two[0].client.node().unwrap());
+        assert_eq!(m.client().and_then(GmsClient::node), Some(m.id()));
+        let stats = m.stats();
+        assert_eq!(stats.gms_unframed, 1);
+        assert!(stats.gms_datagrams_received >= 2, "{stats:?}");
+        assert_eq!(stats.gms_datagrams_sent, sent[0]);
+        // Without a welcome (no service answers), a node is no member.
+        let mut lone = Joining::new(
+            Config::default(),
+            MemberConfig::default(),
+            ClientConfig::default(),
+        )
+        .unwrap();
+        lone.handle_timeout(T0);
+        assert!(lone.poll_gms_transmit().is_some(), "the join goes out");
+        assert!(!lone.is_joined());
+        assert!(matches!(lone.into_member(T0), Err(MemberError::NotJoined)));
     }
 }

@@ -629,6 +629,11 @@ impl Gms {
         self.topic_ids.get(name).copied()
     }
 
+    /// Every topic name bound to an id, sorted by name.
+    pub fn topics(&self) -> impl Iterator<Item = (&str, TopicId)> + '_ {
+        self.topic_ids.iter().map(|(name, &id)| (name.as_str(), id))
+    }
+
     /// The current epoch of a region's view.
     #[must_use]
     pub fn view_of(&self, region: RegionId) -> Option<ViewId> {

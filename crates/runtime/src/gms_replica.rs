@@ -6,7 +6,10 @@
 //! ([`frame`], [`GMS_MAGIC`](crate::GMS_MAGIC)); only the serving leader answers them, the others redirect
 //! (ADR 32). Replica-to-replica datagrams start with [`REPLICA_MAGIC`] and are taken only from
 //! the configured peer addresses, each known by its index in the list; others are counted and
-//! dropped. Members are known by the address their datagrams come from, which the host puts in
+//! dropped. A replica message longer than a datagram (a snapshot of a large state) is cut into
+//! fragments by the replica itself (`ReplicaConfig::fragment_bytes`, set here to what fits one
+//! datagram with the magic) and put together by the receiving replica: the host sends and
+//! receives each fragment as its own datagram. Members are known by the address their datagrams come from, which the host puts in
 //! their `Join`: so the replicated state holds it ([`Gms::member_addr`]), and a replica that
 //! becomes leader reaches the members another replica welcomed.
 //!
@@ -54,6 +57,14 @@ const SERVER_TICK: Duration = Duration::from_millis(10);
 const JOINERS_MAX: usize = 65_536;
 /// Largest datagram read or sent (a UDP payload over IPv4 is at most 65,507 bytes).
 const DATAGRAM_BYTES_MAX: usize = 65_507;
+// The replicas' default fragment size is exactly what fits one datagram behind the magic.
+const _: () = assert!(
+    tidings_gms::replica::FRAGMENT_BYTES_DEFAULT + REPLICA_MAGIC.len() == DATAGRAM_BYTES_MAX
+);
+/// The receive buffer a replica's socket asks for: a snapshot's fragments leave in one burst,
+/// and a buffer smaller than the snapshot drops its tail (the kernel caps the request at
+/// `net.core.rmem_max` unless the process may force it).
+const RECV_BUFFER_BYTES: usize = 8 << 20;
 
 /// The replica's state file in its data directory.
 pub const STATE_FILE: &str = "replica.state";
@@ -111,9 +122,11 @@ pub struct ReplicaSnapshot {
     pub invalid_datagrams: u64,
     /// Replica datagrams from addresses that are not configured peers, dropped.
     pub foreign_replica_datagrams: u64,
-    /// Replica messages too large for one datagram, not sent (a snapshot larger than a
-    /// datagram: replicas are not fragmented).
+    /// Replica datagrams too large for one datagram, not sent. None are expected: the replica
+    /// cuts longer messages into fragments that fit.
     pub oversized: u64,
+    /// The receive buffer the kernel granted the replica's socket, in bytes.
+    pub socket_recv_buffer_bytes: usize,
     /// Writes of the state file (0 without a data directory).
     pub state_writes: u64,
     /// Bytes of the last state file written.
@@ -193,13 +206,14 @@ impl GmsReplicaServer {
         let mut config = host.replica;
         check_peers(&peers)?;
         config.replicas = peers.len();
-        // Every replica message must fit a datagram with its framing; appends are cut below.
-        config.message_bytes_max = config
-            .message_bytes_max
+        // Every replica datagram (a whole message or a fragment) must fit one datagram with its
+        // framing; appends are cut to fit one too, so that one lost datagram loses one append.
+        config.fragment_bytes = config
+            .fragment_bytes
             .min(DATAGRAM_BYTES_MAX - REPLICA_MAGIC.len());
         config.append_bytes_max = config
             .append_bytes_max
-            .min(config.message_bytes_max as u64 / 2);
+            .min(config.fragment_bytes as u64 / 2);
         let index = config.index;
         config.validate()?;
         let store = host.data_dir.map(StateStore::open).transpose()?;
@@ -213,6 +227,7 @@ impl GmsReplicaServer {
             None => Replica::new(config)?,
         };
         socket.set_read_timeout(Some(SERVER_TICK))?;
+        let socket_recv_buffer_bytes = set_recv_buffer(&socket);
         let local_addr = socket.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let failure = Arc::new(Mutex::new(None));
@@ -243,6 +258,7 @@ impl GmsReplicaServer {
             invalid_datagrams: 0,
             foreign_replica_datagrams: 0,
             oversized: 0,
+            socket_recv_buffer_bytes,
         };
         // The state is on disk before the replica says anything, and a restarted replica's
         // members (restored from its snapshot) are reachable at once.
@@ -371,6 +387,18 @@ impl Drop for GmsReplicaServer {
     fn drop(&mut self) {
         self.stop_thread();
     }
+}
+
+/// Asks for [`RECV_BUFFER_BYTES`] of receive buffer (forced if the process may) and returns
+/// what the kernel granted (0 if it cannot tell).
+fn set_recv_buffer(socket: &UdpSocket) -> usize {
+    let s = socket2::SockRef::from(socket);
+    let _ = s.set_recv_buffer_size(RECV_BUFFER_BYTES);
+    // The kernel reports twice what it granted (its bookkeeping).
+    if s.recv_buffer_size().unwrap_or(0) < RECV_BUFFER_BYTES.saturating_mul(2) {
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(socket, RECV_BUFFER_BYTES);
+    }
+    s.recv_buffer_size().unwrap_or(0)
 }
 
 /// Checks a replica address list: 1..=[`REPLICAS_MAX`] addresses, none twice, none
@@ -509,6 +537,7 @@ struct Host {
     invalid_datagrams: u64,
     foreign_replica_datagrams: u64,
     oversized: u64,
+    socket_recv_buffer_bytes: usize,
 }
 
 impl Host {
@@ -724,7 +753,7 @@ impl Host {
             }
         }
         if self.replica.stats().snapshots_restored != self.snapshots_restored {
-            // A restored snapshot brings members without their `Joined` events.
+            // A restored snapshot brings members and topics without their events.
             self.snapshots_restored = self.replica.stats().snapshots_restored;
             self.rebuild_addresses();
         }
@@ -744,7 +773,7 @@ impl Host {
         }
     }
 
-    /// The member address table from the replicated state.
+    /// The member address table and the topic table from the replicated state.
     fn rebuild_addresses(&mut self) {
         let gms = self.replica.gms();
         self.members = gms
@@ -752,6 +781,10 @@ impl Host {
             .filter_map(|n| Some((n, gms.member_addr(n)?)))
             .collect();
         self.by_addr = self.members.iter().map(|(&n, &a)| (a, n)).collect();
+        self.topics = gms
+            .topics()
+            .map(|(name, id)| (name.to_owned(), id))
+            .collect();
     }
 
     fn snapshot(&self) -> ReplicaSnapshot {
@@ -771,6 +804,7 @@ impl Host {
             invalid_datagrams: self.invalid_datagrams,
             foreign_replica_datagrams: self.foreign_replica_datagrams,
             oversized: self.oversized,
+            socket_recv_buffer_bytes: self.socket_recv_buffer_bytes,
             state_writes: self.state_writes,
             state_bytes: self.state_bytes,
             state_write_time: self.state_write_time,

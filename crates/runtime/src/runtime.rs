@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tidings_gms::{GmsClient, Member, MemberConfig, MemberError};
+use tidings_gms::{Joining, Member, MemberConfig, MemberError};
 use tidings_proto::{Delivery, Membership, NodeId, TopicId};
 use tidings_sched::{Scheduler, ShutdownMode, TaskHandle, TaskStats};
 
@@ -18,7 +18,6 @@ use crate::clock;
 use crate::config::{ConfigError, GmsLinkConfig, RuntimeConfig, Transport};
 use crate::core::{Control, Core, CoreShared, GmsLink};
 use crate::flow::Unread;
-use crate::gms_server::{frame, unframe};
 use crate::publish::Publisher;
 use crate::stats::RuntimeStats;
 
@@ -210,24 +209,24 @@ impl NodeRuntime {
         config.validate()?;
         gms.validate()?;
         protocol.validate()?;
-        let mut client =
-            GmsClient::new(gms.client.clone()).map_err(|e| ConfigError::Gms(e.to_string()))?;
-        handshake(&socket, &gms, &mut client)?;
         let member_config = MemberConfig {
             suspect_interval: gms.suspect_interval,
             leave_timeout: gms.leave_timeout,
             stall_after: config.stall_after,
         };
-        let member =
-            Member::joined(protocol, member_config, client, clock::now()).map_err(|e| match e {
-                MemberError::Protocol(e) => StartError::Protocol(e),
-                MemberError::Config(why) => StartError::Config(ConfigError::Gms(why)),
-                // The handshake returns once the client has its id.
-                MemberError::NotJoined => StartError::GmsUnreachable {
-                    servers: gms.servers.clone(),
-                    waited: gms.join_timeout,
-                },
-            })?;
+        let member_error = |e| match e {
+            MemberError::Protocol(e) => StartError::Protocol(e),
+            MemberError::Config(why) => StartError::Config(ConfigError::Gms(why)),
+            // The handshake returns once the node has its id.
+            MemberError::NotJoined => StartError::GmsUnreachable {
+                servers: gms.servers.clone(),
+                waited: gms.join_timeout,
+            },
+        };
+        let mut joining =
+            Joining::new(protocol, member_config, gms.client.clone()).map_err(member_error)?;
+        handshake(&socket, &gms, &mut joining)?;
+        let member = joining.into_member(clock::now()).map_err(member_error)?;
         NodeRuntime::spawn(
             config,
             member,
@@ -707,31 +706,31 @@ impl Drop for Subscription {
     }
 }
 
-/// Joins through the service on `socket` before the core thread exists (the protocol node needs
-/// the id the service gives): sends the join until welcomed or `join_timeout` passes. Updates
-/// that arrive meanwhile are kept by the client for the core thread.
+/// Carries the join handshake's datagrams and timeouts on `socket` before the core thread exists
+/// (the protocol node needs the id the service gives) until the service welcomes the node or
+/// `join_timeout` passes. What the service sends meanwhile is kept by `joining` for the member.
 fn handshake(
     socket: &std::net::UdpSocket,
     gms: &GmsLinkConfig,
-    client: &mut GmsClient,
+    joining: &mut Joining,
 ) -> Result<(), StartError> {
     socket.set_read_timeout(Some(std::time::Duration::from_millis(20)))?;
     let start = clock::now();
     let mut buf = vec![0u8; 65_536];
     loop {
         let now = clock::now();
-        if client.poll_timeout().is_some_and(|t| t <= now) {
-            client.handle_timeout(now);
+        if joining.poll_timeout().is_some_and(|t| t <= now) {
+            joining.handle_timeout(now);
         }
-        while let Some((replica, msg)) = client.poll_transmit() {
+        while let Some((replica, datagram)) = joining.poll_gms_transmit() {
             // An unreachable service shows as a refused send (ICMP): keep trying until the
             // timeout, the service may be starting. The client names replicas below
             // `client.replicas`, which `validate` checked equals the number of addresses.
             if let Some(&server) = gms.servers.get(replica) {
-                let _ = socket.send_to(&frame(&msg), server);
+                let _ = socket.send_to(&datagram, server);
             }
         }
-        if client.node().is_some() {
+        if joining.is_joined() {
             socket.set_read_timeout(None)?;
             return Ok(());
         }
@@ -743,10 +742,8 @@ fn handshake(
             });
         }
         if let Ok((len, from)) = socket.recv_from(&mut buf) {
-            if let Some(replica) = gms.replica_of(from) {
-                if let Some(body) = buf.get(..len).and_then(unframe) {
-                    client.handle_datagram(clock::now(), replica, body);
-                }
+            if let (Some(replica), Some(datagram)) = (gms.replica_of(from), buf.get(..len)) {
+                joining.handle_gms_datagram(clock::now(), replica, datagram);
             }
         }
     }

@@ -48,6 +48,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
+use tidings_gms::replica::{FRAGMENT_BYTES_DEFAULT, FRAGMENT_BYTES_MIN};
 use tidings_gms::{
     ClientConfig, Command, Durable, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, MemberConfig,
     Peer, PlannerConfig, RemoveCause, Replica, ReplicaConfig, ReplicaEvent, ReplicaTransmit,
@@ -188,8 +189,9 @@ fn wrap_replica(from: NodeId, datagram: &[u8]) -> Vec<u8> {
 /// First bytes of a fragment of a GMS datagram larger than the simulated network's datagram
 /// limit: `"GF"`, the sender's id (`u32`), the datagram's number at the sender (`u32`), the
 /// fragment's index and the fragment count (`u16` each), all little-endian, then the bytes.
-/// Such datagrams (Raft appends and snapshots, a region view of hundreds of members) travel in
-/// fragments as IP would carry them: one fragment lost loses the datagram.
+/// Such datagrams (a region view of hundreds of members) travel in fragments as IP would carry
+/// them: one fragment lost loses the datagram. Replicas do not need them: they cut their
+/// messages to the datagram limit themselves (see `bootstrap`).
 pub const FRAGMENT_MAGIC: [u8; 2] = *b"GF";
 
 /// Bytes of a fragment's header.
@@ -348,6 +350,9 @@ pub(crate) struct ServiceRole {
     log: Rc<RefCell<GmsLog>>,
     /// Datagrams to send: the destination and the simulated datagram.
     pub(crate) outgoing: VecDeque<(NodeId, Vec<u8>)>,
+    /// Replica datagrams longer than the replica's fragment size, so longer than a datagram
+    /// (dropped).
+    pub(crate) oversize: u64,
 }
 
 impl ServiceRole {
@@ -489,7 +494,9 @@ impl ServiceRole {
                 Service::Replicated(r) => match r.replica.poll_transmit() {
                     Some(ReplicaTransmit::Client(tx)) => Some(tx),
                     Some(ReplicaTransmit::Replica { to, bytes }) => {
-                        if now >= r.isolated_until {
+                        if bytes.len() > r.config.fragment_bytes {
+                            self.oversize += 1;
+                        } else if now >= r.isolated_until {
                             if let Some(&peer) = r.peers.get(to) {
                                 self.outgoing.push_back((peer, wrap_replica(me, &bytes)));
                             }
@@ -696,11 +703,14 @@ pub(crate) struct ServiceSetup {
     pub(crate) replicas: u32,
     /// The planner's bound on each node's waste, in thousandths (0: exact regions; ADR 34).
     pub(crate) waste_max_permille: u32,
+    /// The simulated network's largest datagram: replicas fragment what is longer.
+    pub(crate) datagram_bytes: usize,
 }
 
 /// Builds the GMS and the clients, applies the initial joins (in id order), advertisements
 /// (sender 0's first, topic by topic, so ids follow names) and subscriptions, and hands each
 /// client its update stream directly. Errors name what did not come out as expected.
+#[allow(clippy::too_many_arguments)] // the scenario's settings the service depends on, each apart
 pub(crate) fn bootstrap(
     seed: u64,
     subscriptions: &[Vec<TopicId>],
@@ -841,11 +851,21 @@ pub(crate) fn bootstrap(
     if replicas > 1 {
         let durable = Durable::seeded(gms.snapshot(), replicas as usize);
         let peers: Vec<NodeId> = (0..replicas).map(|k| NodeId(n + k)).collect();
+        // Replica links obey the simulated network's datagram limit as a socket host's obey
+        // UDP's: each replica datagram (magic and sender included) fits one datagram, longer
+        // messages travel in the replicas' own fragments, and appends are cut to half a
+        // datagram, as `GmsReplicaServer` cuts them.
+        let fragment_bytes = service
+            .datagram_bytes
+            .saturating_sub(HEADER_LEN)
+            .clamp(FRAGMENT_BYTES_MIN, FRAGMENT_BYTES_DEFAULT);
         for k in 0..replicas as usize {
             let config = ReplicaConfig {
                 index: k,
                 replicas: replicas as usize,
                 seed: seed ^ 0x5245_504c ^ ((k as u64) << 32),
+                fragment_bytes,
+                append_bytes_max: fragment_bytes as u64 / 2,
                 gms: gms_config.clone(),
                 ..ReplicaConfig::default()
             };
@@ -873,6 +893,7 @@ pub(crate) fn bootstrap(
             regions_changed: false,
             log: log.clone(),
             outgoing: VecDeque::new(),
+            oversize: 0,
             nonces: nonces.clone(),
             subscriptions: sorted_subscriptions.clone(),
         })
@@ -987,6 +1008,7 @@ mod tests {
             partition_size: 2,
             replicas: 1,
             waste_max_permille: 0,
+            datagram_bytes: 1472,
         };
         let b = bootstrap(9, &subs, 1, 4, &service).unwrap();
         assert_eq!(b.clients.len(), subs.len());

@@ -750,10 +750,11 @@ impl SimHost {
         self.service.as_ref().map(|s| s.gms())
     }
 
-    /// GMS datagrams dropped for exceeding the world's datagram limit.
+    /// GMS datagrams dropped for exceeding the world's datagram limit (between replicas: for
+    /// being longer than the replicas' fragment size, which fits that limit).
     #[must_use]
     pub fn gms_oversize(&self) -> u64 {
-        self.gms_oversize
+        self.gms_oversize + self.service.as_ref().map_or(0, |s| s.oversize)
     }
 
     /// Whether this node's ids are the GMS's (the node joined through it).
@@ -1076,6 +1077,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                     partition_size: s.replication,
                     replicas: s.gms_replicas,
                     waste_max_permille: s.waste_max_permille,
+                    datagram_bytes: s.proto.max_datagram_bytes,
                 },
             )
             .map_err(|e| ScenarioError::Invalid(format!("gms bootstrap: {e}")))?;

@@ -9,18 +9,24 @@
 //! issues views. A follower answers a client [`GmsMessage::Redirect`] to the leader it knows.
 
 mod codec;
+mod fragment;
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use raft::eraftpb::MessageType;
 use raft::eraftpb::{ConfState, Entry, HardState, Message, Snapshot};
 use raft::storage::MemStorage;
-use raft::{RawNode, StateRole, Storage};
+use raft::{ProgressState, RawNode, SnapshotStatus, StateRole, Storage};
 use tidings_proto::Time;
 
 pub use codec::{
     decode_decision, decode_durable, decode_raft, encode_decision, encode_durable, encode_raft,
     DurableError, DurableFile, DurableLimits, RaftLimits, DURABLE_MAGIC, DURABLE_VERSION,
+};
+pub use fragment::{
+    decode_fragment, encode_fragments, Fragment, FragmentError, FragmentLimits, FragmentStats,
+    Reassembly, FRAGMENT_BYTES_DEFAULT, FRAGMENT_BYTES_MIN, FRAGMENT_HEADER_LEN, FRAGMENT_TAG,
 };
 
 use crate::config::{ConfigError, GmsConfig};
@@ -56,8 +62,30 @@ pub struct ReplicaConfig {
     /// the log before it. Default 1000.
     pub snapshot_entries: u64,
     /// Largest replica-to-replica message accepted, in bytes (a snapshot travels in one).
-    /// Default 16 MiB.
+    /// Default 16 MiB; at most `u32::MAX`.
     pub message_bytes_max: usize,
+    /// Largest datagram a replica sends another, in bytes: a message longer than this leaves
+    /// in fragments of at most this size (header included), each its own datagram, put
+    /// together again by the receiving replica. At least [`FRAGMENT_BYTES_MIN`], below
+    /// `message_bytes_max`. Default [`FRAGMENT_BYTES_DEFAULT`], what fits one UDP datagram
+    /// over IPv4 with a socket host's magic.
+    pub fragment_bytes: usize,
+    /// Most fragments sent to one replica per tick: a long message's fragments leave at this
+    /// pace (the first ones at once), so that a snapshot of megabytes does not overflow the
+    /// receiving socket's buffer in one burst. Default 4 (256 KB per 10 ms tick at the
+    /// default fragment size: a 16 MiB snapshot in about 0.65 s).
+    pub fragments_per_tick: usize,
+    /// Most messages a replica puts together at once from one peer's fragments; a peer that
+    /// starts another drops its oldest. Each holds at most `message_bytes_max` bytes, as its
+    /// fragments arrive. Default 4.
+    pub reassembly_partials_max: usize,
+    /// A message in progress of which no fragment arrived for this long is dropped (Raft sends
+    /// it again). Checked at [`Replica::handle_timeout`] and at every fragment. Default 1 s.
+    pub reassembly_timeout: Duration,
+    /// A leader that sent a follower a snapshot (its last fragment) and has not heard it was
+    /// installed this long after sends it again (raft-rs waits for the snapshot's fate otherwise, and a lost
+    /// fragment would stall the follower for good). Default 2 s.
+    pub snapshot_timeout: Duration,
     /// Largest batch of entries in one append, in bytes. Default 60,000 (one UDP datagram).
     pub append_bytes_max: u64,
     /// Most log entries in one message. Default 1024.
@@ -80,6 +108,11 @@ impl Default for ReplicaConfig {
             election_spread_ticks: 15,
             snapshot_entries: 1000,
             message_bytes_max: 16 << 20,
+            fragment_bytes: FRAGMENT_BYTES_DEFAULT,
+            fragments_per_tick: 4,
+            reassembly_partials_max: 4,
+            reassembly_timeout: Duration::from_secs(1),
+            snapshot_timeout: Duration::from_secs(2),
             append_bytes_max: 60_000,
             entries_per_message_max: 1024,
             inflight_appends_max: 64,
@@ -133,6 +166,19 @@ impl ReplicaConfig {
         if self.append_bytes_max == 0 || self.append_bytes_max >= self.message_bytes_max as u64 {
             return e("append_bytes_max must be positive and below message_bytes_max");
         }
+        if u32::try_from(self.message_bytes_max).is_err() {
+            return e("message_bytes_max must fit 32 bits");
+        }
+        if self.fragment_bytes < FRAGMENT_BYTES_MIN || self.fragment_bytes >= self.message_bytes_max
+        {
+            return e("fragment_bytes must be FRAGMENT_BYTES_MIN or more, below message_bytes_max");
+        }
+        if self.reassembly_partials_max == 0 || self.fragments_per_tick == 0 {
+            return e("reassembly_partials_max and fragments_per_tick must be positive");
+        }
+        if self.reassembly_timeout.is_zero() || self.snapshot_timeout.is_zero() {
+            return e("reassembly_timeout and snapshot_timeout must be positive");
+        }
         self.gms.validate()?;
         Ok(())
     }
@@ -147,7 +193,8 @@ pub enum ReplicaTransmit {
     Replica {
         /// The replica's index.
         to: usize,
-        /// The encoded message ([`encode_raft`]).
+        /// The encoded message ([`encode_raft`]), or one fragment of it
+        /// ([`encode_fragments`]): at most [`ReplicaConfig::fragment_bytes`] either way.
         bytes: Vec<u8>,
     },
 }
@@ -199,8 +246,15 @@ pub struct ReplicaStats {
     pub snapshots_taken: u64,
     /// Snapshots received from the leader and restored.
     pub snapshots_restored: u64,
+    /// Bytes of the service state in the last snapshot taken or restored.
+    pub snapshot_bytes: u64,
     /// Times this replica became the serving leader.
     pub leaderships: u64,
+    /// Snapshots sent again because the follower had not installed the last one within
+    /// [`ReplicaConfig::snapshot_timeout`] (a fragment lost, or the follower away).
+    pub snapshots_retried: u64,
+    /// Messages sent in fragments and put together from them (see [`FragmentStats`]).
+    pub fragments: FragmentStats,
 }
 
 /// What a replica keeps on stable storage: Raft's hard state (term, vote, commit), the latest
@@ -400,6 +454,17 @@ pub struct Replica {
     applied: u64,
     /// Counts changes of the durable state (see `durable_generation`).
     durable_generation: u64,
+    /// Messages being put together from other replicas' fragments.
+    reassembly: Reassembly,
+    /// Numbers this replica's next fragmented message.
+    next_message: u64,
+    /// By replica index: when this leader last sent that follower a snapshot, until it is
+    /// known installed (see `retry_snapshots`).
+    snapshots_sent: Vec<Option<Time>>,
+    /// By replica index: fragments waiting for their turn (see `fragments_per_tick`).
+    paced: Vec<VecDeque<Vec<u8>>>,
+    /// By replica index: fragments released since the last tick.
+    released: Vec<usize>,
     outbox: VecDeque<ReplicaTransmit>,
     events: VecDeque<ReplicaEvent>,
     stats: ReplicaStats,
@@ -505,6 +570,15 @@ impl Replica {
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&raft_config, storage, &logger)
             .map_err(|e| ReplicaError::Raft(e.to_string()))?;
+        let reassembly = Reassembly::new(
+            config.replicas,
+            FragmentLimits::new(config.message_bytes_max),
+            config.reassembly_partials_max,
+            config.reassembly_timeout,
+        );
+        let snapshots_sent = vec![None; config.replicas];
+        let paced = vec![VecDeque::new(); config.replicas];
+        let released = vec![0; config.replicas];
         Ok(Replica {
             config,
             raw,
@@ -516,6 +590,11 @@ impl Replica {
             last_now: Time::ZERO,
             applied,
             durable_generation: 0,
+            reassembly,
+            next_message: 0,
+            snapshots_sent,
+            paced,
+            released,
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             stats: ReplicaStats::default(),
@@ -632,10 +711,30 @@ impl Replica {
         self.pump(now);
     }
 
-    /// A datagram from replica `from` (the index the host knows the source by). Malformed
-    /// ones, and ones whose claimed sender is not `from`, are counted and dropped.
+    /// A datagram from replica `from` (the index the host knows the source by): a whole
+    /// message, or a fragment of one (kept until the message is whole). Malformed ones, and
+    /// ones whose claimed sender is not `from`, are counted and dropped.
     pub fn handle_replica(&mut self, now: Time, from: usize, bytes: &[u8]) {
         self.last_now = self.last_now.max(now);
+        let whole;
+        let bytes = if bytes.first() == Some(&FRAGMENT_TAG) {
+            if from >= self.config.replicas || from == self.config.index {
+                self.stats.impostors += 1;
+                return;
+            }
+            match self
+                .reassembly
+                .take(now, from, bytes, &mut self.stats.fragments)
+            {
+                Some(w) => {
+                    whole = w;
+                    &whole[..]
+                }
+                None => return,
+            }
+        } else {
+            bytes
+        };
         let limits = RaftLimits {
             message_bytes_max: self.config.message_bytes_max,
             entries_max: self.config.entries_per_message_max,
@@ -680,6 +779,14 @@ impl Replica {
             next += tick;
         }
         self.next_tick = Some(next);
+        if ticks > 0 {
+            self.released.fill(0);
+            for to in 0..self.paced.len() {
+                self.release(to);
+            }
+        }
+        self.reassembly.expire(now, &mut self.stats.fragments);
+        self.retry_snapshots(now);
         self.pump(now);
         if self.serving {
             self.gms.handle_timeout(now);
@@ -744,7 +851,7 @@ impl Replica {
             if !ready.snapshot().is_empty() || !ready.entries().is_empty() || ready.hs().is_some() {
                 self.durable_generation += 1;
             }
-            self.send(ready.take_messages());
+            self.send(now, ready.take_messages());
             if !ready.snapshot().is_empty() {
                 self.install(ready.snapshot().clone());
             }
@@ -755,7 +862,7 @@ impl Replica {
             if let Some(hs) = ready.hs() {
                 self.raw.mut_store().mem.wl().set_hardstate(hs.clone());
             }
-            self.send(ready.take_persisted_messages());
+            self.send(now, ready.take_persisted_messages());
             let mut light = self.raw.advance(ready);
             if let Some(commit) = light.commit_index() {
                 self.durable_generation += 1;
@@ -766,7 +873,7 @@ impl Replica {
                     .mut_hard_state()
                     .set_commit(commit);
             }
-            self.send(light.take_messages());
+            self.send(now, light.take_messages());
             self.apply(light.take_committed_entries());
             self.raw.advance_apply();
         }
@@ -774,15 +881,80 @@ impl Replica {
         self.compact();
     }
 
-    fn send(&mut self, msgs: Vec<Message>) {
+    /// Queues Raft's messages: each whole if it fits `fragment_bytes`, in fragments if not.
+    fn send(&mut self, now: Time, msgs: Vec<Message>) {
         for m in msgs {
             let Some(to) = (m.to as usize).checked_sub(1) else {
                 continue;
             };
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                if let Some(sent) = self.snapshots_sent.get_mut(to) {
+                    *sent = Some(now);
+                }
+            }
             let mut bytes = Vec::new();
             encode_raft(&m, &mut bytes);
+            if bytes.len() <= self.config.fragment_bytes {
+                self.outbox
+                    .push_back(ReplicaTransmit::Replica { to, bytes });
+                continue;
+            }
+            let id = self.next_message;
+            self.next_message = self.next_message.wrapping_add(1);
+            let fragments = encode_fragments(id, &bytes, self.config.fragment_bytes);
+            // Empty only past u32::MAX bytes, which `message_bytes_max` refuses anyway.
+            self.stats.fragments.messages_fragmented += u64::from(!fragments.is_empty());
+            self.stats.fragments.fragments_sent += fragments.len() as u64;
+            if let Some(queue) = self.paced.get_mut(to) {
+                queue.extend(fragments);
+                self.release(to);
+            }
+        }
+    }
+
+    /// Moves fragments for replica `to` to the outbox, up to `fragments_per_tick` a tick.
+    fn release(&mut self, to: usize) {
+        let (Some(queue), Some(released)) = (self.paced.get_mut(to), self.released.get_mut(to))
+        else {
+            return;
+        };
+        while *released < self.config.fragments_per_tick {
+            let Some(bytes) = queue.pop_front() else {
+                break;
+            };
+            *released += 1;
             self.outbox
                 .push_back(ReplicaTransmit::Replica { to, bytes });
+        }
+    }
+
+    /// A leader whose snapshot to a follower has not been installed within `snapshot_timeout`
+    /// tells raft-rs it failed, so that it sends another: raft-rs sends a follower nothing
+    /// while a snapshot to it is pending, and would wait for ever on a lost one.
+    fn retry_snapshots(&mut self, now: Time) {
+        let leader = self.raw.raft.state == StateRole::Leader;
+        for to in 0..self.snapshots_sent.len() {
+            let Some(sent) = self.snapshots_sent[to] else {
+                continue;
+            };
+            let id = raft_id(to);
+            let pending = leader
+                && self
+                    .raw
+                    .raft
+                    .prs()
+                    .get(id)
+                    .is_some_and(|pr| pr.state == ProgressState::Snapshot);
+            if !pending {
+                self.snapshots_sent[to] = None;
+            } else if !self.paced[to].is_empty() {
+                // Still leaving: the timeout runs from its last fragment.
+                self.snapshots_sent[to] = Some(now);
+            } else if now.saturating_duration_since(sent) >= self.config.snapshot_timeout {
+                self.snapshots_sent[to] = None;
+                self.stats.snapshots_retried += 1;
+                self.raw.report_snapshot(id, SnapshotStatus::Failure);
+            }
         }
     }
 
@@ -794,6 +966,7 @@ impl Replica {
             return;
         }
         self.stats.snapshots_restored += 1;
+        self.stats.snapshot_bytes = snap.get_data().len() as u64;
         let store = self.raw.mut_store();
         let _ = store.mem.wl().apply_snapshot(snap.clone());
         store.snapshot = snap;
@@ -868,6 +1041,7 @@ impl Replica {
             data: self.gms.snapshot().into(),
             ..Snapshot::default()
         };
+        self.stats.snapshot_bytes = snap.get_data().len() as u64;
         let md = snap.mut_metadata();
         md.index = self.applied;
         md.term = term;

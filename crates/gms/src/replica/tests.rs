@@ -1184,3 +1184,97 @@ fn the_durable_generation_moves_only_when_the_state_changes() {
     assert!(g1.iter().zip(&g0).all(|(a, b)| a > b), "{g0:?} {g1:?}");
     assert_ne!(durables(&c), d0);
 }
+
+/// A follower away while the leader compacted catches up from a snapshot many fragments long
+/// (fragments of 2 KiB, a state of tens of KB), with 5% loss on every link: lost fragments
+/// lose the snapshot, the partial is dropped after its timeout and the leader sends the
+/// snapshot again after `snapshot_timeout`, until one arrives whole.
+#[test]
+fn a_follower_catches_up_from_a_snapshot_of_many_fragments_with_loss() {
+    let seed = 23;
+    let mut c = Cluster::new(seed, 3, 6, 0.0);
+    for r in c.replicas.iter_mut().flatten() {
+        r.config.snapshot_entries = 20;
+        r.config.fragment_bytes = 2048;
+        // As a socket host cuts them: an append fits one datagram, unless one entry does not.
+        r.config.append_bytes_max = 1024;
+    }
+    c.run_until(at(500), &mut |_| {});
+    // A state of tens of KB: each client subscribes to 40 topics of long names.
+    for (i, client) in c.clients.iter_mut().enumerate() {
+        let names: Vec<String> = (0..40)
+            .map(|t| format!("a-topic-with-a-rather-long-name-to-make-the-state-large-{i}-{t}"))
+            .collect();
+        client.subscribe_many(&names).expect("a valid request");
+    }
+    let mut churn = churn(seed);
+    c.run_until(at(2000), &mut churn);
+    let leader = c.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    c.crash(follower);
+    c.run_until(at(4000), &mut churn);
+    let state = c.replicas[leader]
+        .as_ref()
+        .map_or(0, |r| r.gms().snapshot().len());
+    assert!(state > 10 * 2048, "a state of {state} bytes");
+    c.loss = 0.05;
+    c.restart(follower);
+    c.run_until(at(14_000), &mut churn);
+    c.loss = 0.0;
+    c.run_until(at(16_000), &mut |_| {});
+    check_converged(&c);
+    let f = c.replicas[follower].as_ref().expect("restarted");
+    assert!(f.stats().snapshots_restored >= 1, "{:?}", f.stats());
+    let all: Vec<&ReplicaStats> = c.replicas.iter().flatten().map(Replica::stats).collect();
+    let sum = |get: &dyn Fn(&ReplicaStats) -> u64| all.iter().map(|s| get(s)).sum::<u64>();
+    // The snapshots it took came in ten fragments or more.
+    assert!(f.stats().snapshot_bytes > 10 * 2048, "{:?}", f.stats());
+    assert!(
+        f.stats().fragments.fragments_received >= 10,
+        "{:?}",
+        f.stats()
+    );
+    assert!(
+        f.stats().fragments.messages_reassembled >= 1,
+        "{:?}",
+        f.stats()
+    );
+    // This seed loses fragments of a snapshot: the partial expired, the snapshot was sent
+    // again.
+    assert!(sum(&|s| s.fragments.expired) >= 1, "{all:?}");
+    assert!(sum(&|s| s.snapshots_retried) >= 1, "{all:?}");
+    assert_eq!(
+        sum(&|s| s.fragments.malformed + s.fragments.corrupt + s.fragments.inconsistent),
+        0,
+        "{all:?}"
+    );
+}
+
+/// Fragments from a non-replica are impostors; malformed ones are counted; neither disturbs
+/// the follower.
+#[test]
+fn bad_fragments_are_counted_and_dropped() {
+    let mut c = Cluster::new(21, 3, 2, 0.0);
+    c.run_until(at(1500), &mut |_| {});
+    let leader = c.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    let now = c.now;
+    let r = c.replicas[follower].as_mut().expect("live");
+    let before = r.stats().clone();
+    let fragments = encode_fragments(1, &vec![9u8; 5000], 1024);
+    r.handle_replica(now, 7, &fragments[0]);
+    r.handle_replica(now, follower, &fragments[0]);
+    let mut bad = fragments[1].clone();
+    bad.pop();
+    r.handle_replica(now, leader, &bad);
+    // Whole, but not a Raft message: counted as malformed once put together.
+    for f in &fragments {
+        r.handle_replica(now, leader, f);
+    }
+    let s = r.stats();
+    assert_eq!(s.impostors - before.impostors, 2);
+    assert_eq!(s.fragments.malformed - before.fragments.malformed, 1);
+    assert_eq!(s.fragments.messages_reassembled, 1);
+    assert_eq!(s.malformed - before.malformed, 1);
+    assert_eq!(r.leader(), Some(leader));
+}
