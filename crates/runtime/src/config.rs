@@ -145,9 +145,9 @@ pub struct RuntimeConfig {
     pub request_timeout: Duration,
     /// Name of the core thread. Default `"tidings-core"`.
     pub thread_name: String,
-    /// Most topics the metrics endpoint labels one by one (`topic="..."`); the rest, the
-    /// least busy by deliveries, are summed into `topic="other"`, so that a node with 100,000
-    /// topics does not make a 100 MB scrape. Default 100: what a dashboard can show. Within
+    /// Most topics the metrics endpoint labels one by one (`topic="..."`): the held ones
+    /// first, then the busiest by deliveries; the rest are summed into `topic="other"`, so
+    /// that a node with 100,000 topics does not make a 100 MB scrape. Default 100: what a dashboard can show. Within
     /// 1..=[`METRICS_TOPICS_MAX`].
     pub metrics_topics_max: usize,
 }

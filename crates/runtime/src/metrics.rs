@@ -6,7 +6,7 @@
 //! stats request), so a scrape costs one snapshot and nothing is kept between scrapes.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -183,7 +183,8 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
 
 /// A node's metrics, labelled with its id; those of its topics and subscriptions also with
 /// the topic (its name, or its id where the node knows no name), at most `topics_max` topics
-/// one by one and the rest summed into `topic="other"` (`RuntimeConfig::metrics_topics_max`).
+/// one by one (the held ones first, then the busiest) and the rest summed into
+/// `topic="other"` (`RuntimeConfig::metrics_topics_max`).
 pub fn register_node(registry: &mut Registry, node: u32, s: &RuntimeStats, topics_max: usize) {
     let r = registry.sub_registry_with_label((Cow::Borrowed("node"), Cow::Owned(node.to_string())));
     let p = &s.proto;
@@ -446,8 +447,9 @@ fn labels<const N: usize>(pairs: [(&str, String); N]) -> Labels {
 /// The label value of a topic that is not one of the `topics_max` busiest.
 pub const OTHER_TOPICS: &str = "other";
 
-/// Which topics are labelled one by one: the `topics_max` with the most deliveries (then the
-/// held ones first, then by id), each by its name or id; the others are `other`.
+/// Which topics are labelled one by one: of the held ones first, then the others, the
+/// `topics_max` with the most deliveries (then by id), each by its name or id; the others are
+/// `other`.
 struct TopicLabels {
     kept: BTreeMap<TopicId, String>,
 }
@@ -461,17 +463,17 @@ impl TopicLabels {
         for held in &s.held_topics {
             delivered.entry(held.topic).or_default();
         }
-        let held = |t: &TopicId| s.held_topics.iter().any(|h| h.topic == *t);
-        let mut ranked: Vec<(TopicId, u64)> = delivered.into_iter().collect();
-        ranked.sort_by(|a, b| {
-            b.1.cmp(&a.1)
-                .then_with(|| held(&b.0).cmp(&held(&a.0)))
-                .then(a.0.cmp(&b.0))
-        });
+        let held: BTreeSet<TopicId> = s.held_topics.iter().map(|h| h.topic).collect();
+        let mut ranked: Vec<(TopicId, u64, bool)> = delivered
+            .into_iter()
+            .map(|(t, n)| (t, n, held.contains(&t)))
+            .collect();
+        // Held topics first (what an operator looks for), then the busiest.
+        ranked.sort_unstable_by(|a, b| b.2.cmp(&a.2).then(b.1.cmp(&a.1)).then(a.0.cmp(&b.0)));
         ranked.truncate(topics_max);
         let kept = ranked
             .into_iter()
-            .map(|(t, _)| {
+            .map(|(t, _, _)| {
                 let name = s
                     .topic_names
                     .binary_search_by_key(&t, |(id, _)| *id)
