@@ -760,6 +760,7 @@ impl Report {
             "message_bytes": a.message_bytes,
             "transport": a.transport.name(),
             "rate_per_publisher": a.rate,
+            "metrics_scrape_ms": a.metrics_scrape_ms,
             "window_secs": self.window_secs,
             "published": self.published,
             "published_in_window": self.published_in_window,
