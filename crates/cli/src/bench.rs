@@ -178,6 +178,12 @@ pub(crate) struct BenchArgs {
     /// single one varies by 2x with where the scheduler puts the sender and receiver threads.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     ceiling_trials: u32,
+    /// Serve every process's metrics (on a free loopback port) and scrape them this often, in
+    /// milliseconds, as Prometheus would (each scrape: one snapshot of the node's counters and
+    /// its OpenMetrics text over HTTP, read by a thread of the process). Default: no metrics
+    /// endpoint.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    metrics_scrape_ms: Option<u64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -273,6 +279,9 @@ pub(crate) struct ChildSpec {
     pub(crate) delivery_backlog: Option<u64>,
     #[serde(default)]
     pub(crate) socket_buffer_bytes: Option<u64>,
+    /// Serve metrics and scrape them this often, in milliseconds (`--metrics-scrape-ms`).
+    #[serde(default)]
+    pub(crate) metrics_scrape_ms: Option<u64>,
     /// Injected receive loss at subscribers (tests).
     pub(crate) receive_loss: f64,
     /// The child exits by itself after this long, whatever happens.
@@ -751,6 +760,7 @@ impl Report {
             "message_bytes": a.message_bytes,
             "transport": a.transport.name(),
             "rate_per_publisher": a.rate,
+            "metrics_scrape_ms": a.metrics_scrape_ms,
             "window_secs": self.window_secs,
             "published": self.published,
             "published_in_window": self.published_in_window,
@@ -1031,6 +1041,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             delivery_queue: args.delivery_queue,
             delivery_backlog: args.delivery_backlog,
             socket_buffer_bytes: args.socket_buffer_bytes,
+            metrics_scrape_ms: args.metrics_scrape_ms,
             receive_loss: 0.0,
             lifetime_ms: nanos(lifetime) / 1_000_000,
             drain_ms: nanos(DRAIN) / 1_000_000,

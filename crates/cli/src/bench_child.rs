@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -329,7 +329,11 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         (ApiArg::Library, Some(gms)) => {
             // The builder binds the address this child reported (free again once dropped).
             drop(socket);
-            let node = tidings::Node::builder()
+            let builder = match spec.metrics_scrape_ms {
+                Some(_) => tidings::Node::builder().metrics(SocketAddr::from(([127, 0, 0, 1], 0))),
+                None => tidings::Node::builder(),
+            };
+            let node = builder
                 .gms(gms)
                 .bind(addr)
                 .runtime_config(config)
@@ -351,6 +355,24 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
             .map_err(|e| format!("cannot start the node: {e}"))?,
         )),
     };
+    // The runtime's endpoint (the library's node serves its own).
+    let mut served = None;
+    let metrics_addr = match (&node, spec.metrics_scrape_ms) {
+        (_, None) => None,
+        (BenchNode::Library(n), Some(_)) => n.metrics_addr(),
+        (BenchNode::Runtime(n), Some(_)) => {
+            let server = n
+                .serve_metrics(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .map_err(|e| e.to_string())?;
+            let addr = server.local_addr();
+            served = Some(server);
+            Some(addr)
+        }
+    };
+    let scraper = match (metrics_addr, spec.metrics_scrape_ms) {
+        (Some(addr), Some(ms)) => Some(scrape_until_quit(addr, ms, Arc::clone(&quit))?),
+        _ => None,
+    };
     let result = if spec.publisher {
         publisher(spec, &node, &rx, &quit)
     } else {
@@ -368,9 +390,39 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
             }
         }
     }
+    quit.store(true, Ordering::Relaxed);
+    let scraped = scraper.map(|t| t.join().unwrap_or(Err("the scraper panicked".to_owned())));
+    drop(served);
     node.shutdown()
         .map_err(|e| format!("shutdown: {e}"))
         .and(result)
+        .and(scraped.transpose().map(drop))
+}
+
+/// Scrapes the metrics endpoint at `addr` every `every_ms` until `quit`, as Prometheus would;
+/// the thread's result says whether every scrape succeeded.
+fn scrape_until_quit(
+    addr: SocketAddr,
+    every_ms: u64,
+    quit: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<Result<u64, String>>, String> {
+    std::thread::Builder::new()
+        .name("bench-scrape".to_owned())
+        .spawn(move || {
+            let mut scrapes = 0u64;
+            while !quit.load(Ordering::Relaxed) {
+                crate::scrape::fetch(
+                    &addr.to_string(),
+                    crate::scrape::SCRAPE_TIMEOUT_DEFAULT,
+                    crate::scrape::BODY_BYTES_MAX_DEFAULT,
+                )
+                .map_err(|e| format!("scrape {scrapes}: {e}"))?;
+                scrapes += 1;
+                std::thread::sleep(Duration::from_millis(every_ms));
+            }
+            Ok(scrapes)
+        })
+        .map_err(|e| format!("cannot start the scraper: {e}"))
 }
 
 fn publisher(

@@ -7,7 +7,10 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod node_cmd;
+mod scrape;
 mod sim_cmd;
+mod stats_cmd;
+mod top;
 
 /// tidings: reliable multicast and publish-subscribe for many topics.
 #[derive(Parser, Debug)]
@@ -45,6 +48,11 @@ enum Command {
     /// One process of `tidings bench` (started by it; not for direct use).
     #[command(hide = true)]
     BenchChild(bench::ChildArgs),
+    /// Reads a metrics endpoint (a node's, the membership service's) once and prints it.
+    Stats(stats_cmd::StatsArgs),
+    /// A live view of a running group from its metrics endpoints: nodes, topics, lagging
+    /// subscribers, stalled publishers; keys sort, `q` quits.
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,5 +67,7 @@ fn main() -> ExitCode {
         Command::Sim { command } => sim_cmd::run(command),
         Command::Bench(args) => bench::run(&args),
         Command::BenchChild(args) => bench::run_child(&args),
+        Command::Stats(args) => stats_cmd::run(&args),
+        Command::Top(args) => top::run(&args),
     }
 }

@@ -545,6 +545,14 @@ pub(crate) struct SubArgs {
     /// Exit after this many seconds.
     #[arg(long)]
     seconds: Option<u64>,
+    /// Most messages delivered and not yet read (the subscription's queue); when full, the
+    /// topic is held at this node and its publishers slowed.
+    #[arg(long, default_value_t = 1024)]
+    capacity: usize,
+    /// Wait this long after each message: a deliberately slow reader (to see back pressure,
+    /// or a slow subscriber in `tidings top`).
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
 }
 
 /// Prints every message of a topic to stdout, one per line (bytes that are not UTF-8 are
@@ -562,7 +570,11 @@ pub(crate) fn subscribe(a: &SubArgs) -> ExitCode {
 fn subscribe_inner(a: &SubArgs) -> Result<(), String> {
     let topic = Topic::raw(a.topic.clone()).map_err(|e| e.to_string())?;
     let node = a.join.start()?;
-    let sub = node.subscribe(&topic).map_err(|e| e.to_string())?;
+    let sub = node
+        .subscription(&topic)
+        .capacity(a.capacity)
+        .subscribe()
+        .map_err(|e| e.to_string())?;
     // Subscribed (in force): say so on stderr, so scripts can start publishing.
     eprintln!("subscribed to {:?}", a.topic);
     let mut out = std::io::stdout().lock();
@@ -597,6 +609,9 @@ fn subscribe_inner(a: &SubArgs) -> Result<(), String> {
                 let _ = out.write_all(&m.value);
                 let _ = out.write_all(b"\n");
                 let _ = out.flush();
+                if a.delay_ms > 0 {
+                    std::thread::sleep(Duration::from_millis(a.delay_ms));
+                }
             }
             Err(tidings::Error::Timeout(_)) => waited += slice,
             Err(e) => return Err(e.to_string()),

@@ -145,7 +145,15 @@ pub struct RuntimeConfig {
     pub request_timeout: Duration,
     /// Name of the core thread. Default `"tidings-core"`.
     pub thread_name: String,
+    /// Most topics the metrics endpoint labels one by one (`topic="..."`): the held ones
+    /// first, then the busiest by deliveries; the rest are summed into `topic="other"`, so
+    /// that a node with 100,000 topics does not make a 100 MB scrape. Default 100: what a dashboard can show. Within
+    /// 1..=[`METRICS_TOPICS_MAX`].
+    pub metrics_topics_max: usize,
 }
+
+/// Largest accepted [`RuntimeConfig::metrics_topics_max`].
+pub const METRICS_TOPICS_MAX: usize = 100_000;
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
@@ -174,6 +182,7 @@ impl Default for RuntimeConfig {
             },
             request_timeout: Duration::from_secs(5),
             thread_name: "tidings-core".to_owned(),
+            metrics_topics_max: 100,
         }
     }
 }
@@ -414,6 +423,13 @@ impl RuntimeConfig {
             if !(1..=255).contains(&m.ttl) {
                 return Err(invalid("transport.ttl", m.ttl, "must be within 1..=255"));
             }
+        }
+        if !(1..=METRICS_TOPICS_MAX).contains(&self.metrics_topics_max) {
+            return Err(invalid(
+                "metrics_topics_max",
+                self.metrics_topics_max,
+                "must be within 1..=100000",
+            ));
         }
         self.sched.validate()?;
         Ok(())

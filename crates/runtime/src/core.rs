@@ -38,7 +38,7 @@ use crate::config::{RuntimeConfig, Transport};
 use crate::flow::Unread;
 use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
 use crate::publish::{request_cost, PublishRequest, PublishRoom, PublisherCore};
-use crate::stats::{HeldTopicState, RuntimeStats};
+use crate::stats::{HeldTopicState, RuntimeStats, SubscriptionState};
 
 const WAKER: Token = Token(0);
 const UNICAST: Token = Token(1);
@@ -411,8 +411,9 @@ pub(crate) struct Core {
     serving: Vec<u32>,
     /// Slots of publishers whose stable ticket advanced during the current batch of events.
     advanced: Vec<u32>,
-    /// Owner (slot in `publishers`) of each message id from `owners_base`, until stable.
-    owners: VecDeque<Option<u32>>,
+    /// Owner (slot in `publishers`) of each message id from `owners_base`, and when the core
+    /// took it (for `RuntimeStats::time_to_stable`), until stable.
+    owners: VecDeque<Option<(u32, Time)>>,
     owners_base: u64,
     /// The subscriptions of each topic, looked up per delivery: Fx hashing (the std hasher was
     /// 0.9% of a subscriber's CPU at 1 -> 1; keys are topic ids this node subscribed to, so
@@ -446,6 +447,8 @@ pub(crate) struct Core {
     install_error: Option<String>,
     /// Regions whose multicast group could not be joined, with the reason.
     unjoined: BTreeMap<RegionId, String>,
+    /// The names of the topics this node asked for by name, as the service bound them.
+    topic_names: BTreeMap<TopicId, String>,
     /// The regions stalled now (`MemberEvent::Stalled`).
     stalls: BTreeMap<RegionId, Stall>,
 }
@@ -560,6 +563,7 @@ impl Core {
             addresses_next: None,
             install_error: None,
             unjoined: BTreeMap::new(),
+            topic_names: BTreeMap::new(),
             stalls: BTreeMap::new(),
         };
         core.sync_groups()?;
@@ -830,7 +834,11 @@ impl Core {
                 }
                 None => {}
             },
-            MemberEvent::TopicBound { .. } => {}
+            MemberEvent::TopicBound { name, topic } => {
+                // Names of the topics this node asked for (as many as it asked for), for
+                // the metrics' labels.
+                self.topic_names.insert(topic, name);
+            }
             MemberEvent::Removed => self.stats.gms_removed = true,
             MemberEvent::Left => self.shutdown = true,
             MemberEvent::Stalled(stall) => {
@@ -1018,7 +1026,7 @@ impl Core {
                     p.pending.push_back((msg_id, false));
                     // Message ids are consecutive, so the owner table is indexed by id.
                     debug_assert_eq!(msg_id.0, self.owners_base + self.owners.len() as u64);
-                    self.owners.push_back(Some(slot));
+                    self.owners.push_back(Some((slot, now)));
                     self.stats.publishes += 1;
                     took += 1;
                     took_bytes += cost;
@@ -1422,7 +1430,12 @@ impl Core {
         else {
             return;
         };
-        if let Some(slot) = self.owners.get_mut(index).and_then(Option::take) {
+        if let Some((slot, taken)) = self.owners.get_mut(index).and_then(Option::take) {
+            // The acknowledgement that made it stable arrived in this cycle: its start stands
+            // for now (no clock read per message).
+            self.stats
+                .time_to_stable
+                .record(self.woke_at.saturating_duration_since(taken));
             let entry = self.publishers.get_mut(slot as usize);
             if let Some(Some(p)) = entry {
                 if p.on_stable(msg_id) {
@@ -1857,6 +1870,34 @@ impl Core {
                 }),
             })
             .collect();
+        s.subscriptions = self
+            .subscriptions
+            .iter()
+            .flat_map(|(&topic, tasks)| {
+                tasks.iter().map(move |task| {
+                    let t = task.stats();
+                    let bound = self.bounds.get(&task.id());
+                    SubscriptionState {
+                        topic,
+                        id: task.id().0,
+                        delivered: t.events_run,
+                        queued: t.queue_len,
+                        unread: bound.map_or(0, |b| b.unread.count() as u64),
+                        capacity: bound.map_or(0, |b| b.unread.capacity() as u64),
+                        bottleneck: bound.map(|b| b.unread.bottleneck()).unwrap_or_default(),
+                    }
+                })
+            })
+            .collect();
+        s.subscriptions
+            .sort_unstable_by_key(|sub| (sub.topic, sub.id));
+        s.topic_names = self
+            .topic_names
+            .iter()
+            .map(|(&t, name)| (t, name.clone()))
+            .collect();
+        s.streams = self.member.node().stream_reports();
+        s.unstable_by_region = self.member.node().unstable_by_region();
         if let Some(client) = self.member.client() {
             s.gms_requests_unacknowledged = client.requests_unacknowledged();
             s.gms_requests_retransmitted = client.stats().requests_retransmitted;

@@ -44,7 +44,7 @@ pub use addr::AddressBook;
 pub use clock::now;
 pub use config::{
     ConfigError, GmsLinkConfig, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,
-    CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT,
+    CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT, METRICS_TOPICS_MAX,
     PUBLISH_QUEUED_NODE_BYTES_MIN, PUBLISH_QUEUE_CAPACITY_MAX,
 };
 pub use flow::{BottleneckState, Unread};
@@ -55,9 +55,13 @@ pub use gms_replica::{
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
 pub use metrics::{
     register_gms, register_node, register_replica, Collect, MetricsError, MetricsServer, Registry,
+    OTHER_TOPICS,
 };
 pub use net::set_socket_buffers;
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};
-pub use stats::{HeldTopicState, MaxPerSecond, RuntimeStats, HISTOGRAM_BUCKETS};
-pub use tidings_proto::{Delivery, Membership, NodeId, RegionId, TopicId};
+pub use stats::{
+    HeldTopicState, LatencyHistogram, MaxPerSecond, RuntimeStats, SubscriptionState,
+    HISTOGRAM_BUCKETS, LATENCY_BUCKETS,
+};
+pub use tidings_proto::{Delivery, Membership, NodeId, RegionId, StreamReport, TopicId};

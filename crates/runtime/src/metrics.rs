@@ -6,6 +6,7 @@
 //! stats request), so a scrape costs one snapshot and nothing is kept between scrapes.
 
 use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -14,14 +15,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 pub use prometheus_client::registry::Registry;
+use tidings_proto::TopicId;
 
 use crate::gms_replica::ReplicaSnapshot;
 use crate::gms_server::GmsSnapshot;
-use crate::stats::RuntimeStats;
+use crate::stats::{LatencyHistogram, RuntimeStats, SubscriptionState};
 
 /// The media type of the OpenMetrics text format.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -177,8 +181,11 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
     registry.register(name, help, g);
 }
 
-/// A node's metrics, labelled with its id.
-pub fn register_node(registry: &mut Registry, node: u32, s: &RuntimeStats) {
+/// A node's metrics, labelled with its id; those of its topics and subscriptions also with
+/// the topic (its name, or its id where the node knows no name), at most `topics_max` topics
+/// one by one (the held ones first, then the busiest) and the rest summed into
+/// `topic="other"` (`RuntimeConfig::metrics_topics_max`).
+pub fn register_node(registry: &mut Registry, node: u32, s: &RuntimeStats, topics_max: usize) {
     let r = registry.sub_registry_with_label((Cow::Borrowed("node"), Cow::Owned(node.to_string())));
     let p = &s.proto;
     let counters: [(&str, &str, u64); 33] = [
@@ -404,6 +411,331 @@ pub fn register_node(registry: &mut Registry, node: u32, s: &RuntimeStats) {
          the oldest has waited, and the region's members (whom it waits for)",
         stalled,
     );
+    register_labelled(r, s, topics_max);
+}
+
+/// Label values: a metric family's labels besides the node's.
+type Labels = Vec<(String, String)>;
+
+/// A gauge family, one gauge per row.
+fn gauges(r: &mut Registry, name: &str, help: &str, rows: impl IntoIterator<Item = (Labels, f64)>) {
+    let family: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+    for (labels, value) in rows {
+        family.get_or_create(&labels).set(value);
+    }
+    r.register(name, help, family);
+}
+
+/// A counter family, one counter per row (rows with the same labels add up).
+fn counters(
+    r: &mut Registry,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (Labels, u64)>,
+) {
+    let family: Family<Labels, Counter<u64, AtomicU64>> = Family::default();
+    for (labels, value) in rows {
+        family.get_or_create(&labels).inc_by(value);
+    }
+    r.register(name, help, family);
+}
+
+fn labels<const N: usize>(pairs: [(&str, String); N]) -> Labels {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// The label value of a topic that is not one of the `topics_max` busiest.
+pub const OTHER_TOPICS: &str = "other";
+
+/// Which topics are labelled one by one: of the held ones first, then the others, the
+/// `topics_max` with the most deliveries (then by id), each by its name or id; the others are
+/// `other`.
+struct TopicLabels {
+    kept: BTreeMap<TopicId, String>,
+}
+
+impl TopicLabels {
+    fn new(s: &RuntimeStats, topics_max: usize) -> TopicLabels {
+        let mut delivered: BTreeMap<TopicId, u64> = BTreeMap::new();
+        for sub in &s.subscriptions {
+            *delivered.entry(sub.topic).or_default() += sub.delivered;
+        }
+        for held in &s.held_topics {
+            delivered.entry(held.topic).or_default();
+        }
+        let held: BTreeSet<TopicId> = s.held_topics.iter().map(|h| h.topic).collect();
+        let mut ranked: Vec<(TopicId, u64, bool)> = delivered
+            .into_iter()
+            .map(|(t, n)| (t, n, held.contains(&t)))
+            .collect();
+        // Held topics first (what an operator looks for), then the busiest.
+        ranked.sort_unstable_by(|a, b| b.2.cmp(&a.2).then(b.1.cmp(&a.1)).then(a.0.cmp(&b.0)));
+        ranked.truncate(topics_max);
+        let kept = ranked
+            .into_iter()
+            .map(|(t, _, _)| {
+                let name = s
+                    .topic_names
+                    .binary_search_by_key(&t, |(id, _)| *id)
+                    .ok()
+                    .and_then(|i| s.topic_names.get(i))
+                    .map_or_else(|| t.0.to_string(), |(_, name)| name.clone());
+                (t, name)
+            })
+            .collect();
+        TopicLabels { kept }
+    }
+
+    /// The topic's label value, and whether it is labelled one by one.
+    fn of(&self, topic: TopicId) -> (String, bool) {
+        match self.kept.get(&topic) {
+            Some(name) => (name.clone(), true),
+            None => (OTHER_TOPICS.to_owned(), false),
+        }
+    }
+}
+
+/// The metrics labelled by region, sender, topic, subscription and stalled member.
+fn register_labelled(r: &mut Registry, s: &RuntimeStats, topics_max: usize) {
+    gauges(
+        r,
+        "region_unstable_messages",
+        "Messages of this node sent to a region and not yet acknowledged by it (its window in use)",
+        s.unstable_by_region
+            .iter()
+            .map(|(region, n)| (labels([("region", region.0.to_string())]), *n as f64)),
+    );
+    let stream = |st: &tidings_proto::StreamReport| {
+        labels([
+            ("region", st.region.0.to_string()),
+            ("sender", st.origin.0.to_string()),
+        ])
+    };
+    gauges(
+        r,
+        "stream_delivered_seq",
+        "Sequence number a sender's stream in a region is delivered up to, in order, at this node",
+        s.streams
+            .iter()
+            .map(|st| (stream(st), st.delivered_upto as f64)),
+    );
+    gauges(
+        r,
+        "stream_stable_seq",
+        "Sequence number a sender's stream in a region is known stable up to",
+        s.streams
+            .iter()
+            .map(|st| (stream(st), st.stable_upto as f64)),
+    );
+    gauges(
+        r,
+        "stream_missing_messages",
+        "Gaps of a sender's stream in a region this node knows of and repairs, now",
+        s.streams.iter().map(|st| (stream(st), st.missing as f64)),
+    );
+    gauges(
+        r,
+        "stream_cached_messages",
+        "Messages of a sender's stream in a region this node caches for repairs, now",
+        s.streams
+            .iter()
+            .map(|st| (stream(st), st.cached_now as f64)),
+    );
+    gauges(
+        r,
+        "stall_member_wait_seconds",
+        "Per member of a region stalled for this node's messages (unacknowledged past \
+         stall_after): how long the oldest message has waited for the region, one of whose \
+         members has not received it or not passed the token on",
+        s.stalls.iter().flat_map(|stall| {
+            stall.members.iter().map(move |m| {
+                (
+                    labels([
+                        ("region", stall.region.0.to_string()),
+                        ("member", m.0.to_string()),
+                    ]),
+                    stall.waited.as_secs_f64(),
+                )
+            })
+        }),
+    );
+
+    let topics = TopicLabels::new(s, topics_max);
+    gauge(
+        r,
+        "topics_subscribed",
+        "Topics this node subscribes to (labelled one by one up to metrics_topics_max)",
+        topics_count(s),
+    );
+    counters(
+        r,
+        "topic_delivered",
+        "Messages of a topic run by this node's subscriptions (each subscription counts)",
+        s.subscriptions
+            .iter()
+            .map(|sub| (labels([("topic", topics.of(sub.topic).0)]), sub.delivered)),
+    );
+    gauges(
+        r,
+        "topic_held_seconds",
+        "Topics held at this node because a subscription of theirs is full: for how long \
+         (their streams stop here; summed over the topics of other)",
+        sum_by_label(s.held_topics.iter().map(|h| {
+            (
+                labels([("topic", topics.of(h.topic).0)]),
+                h.held_for.as_secs_f64(),
+            )
+        })),
+    );
+    gauges(
+        r,
+        "topic_held_backlog_messages",
+        "Deliveries of a held topic waiting for room",
+        sum_by_label(
+            s.held_topics
+                .iter()
+                .map(|h| (labels([("topic", topics.of(h.topic).0)]), h.backlog as f64)),
+        ),
+    );
+    let sub_labels = |sub: &SubscriptionState| {
+        let (topic, kept) = topics.of(sub.topic);
+        let id = if kept {
+            sub.id.to_string()
+        } else {
+            OTHER_TOPICS.to_owned()
+        };
+        labels([("topic", topic), ("subscription", id)])
+    };
+    counters(
+        r,
+        "subscription_delivered",
+        "Messages a subscription's callback or reader was handed and ran",
+        s.subscriptions
+            .iter()
+            .map(|sub| (sub_labels(sub), sub.delivered)),
+    );
+    gauges(
+        r,
+        "subscription_lag_messages",
+        "Deliveries a subscription has not read yet (queued for its callback, or handed to \
+         its reader): how far it is behind",
+        sum_by_label(
+            s.subscriptions
+                .iter()
+                .map(|sub| (sub_labels(sub), sub.lag() as f64)),
+        ),
+    );
+    gauges(
+        r,
+        "subscription_capacity_messages",
+        "A bounded subscription's capacity (deliveries handed on and not read); 0 for a callback",
+        max_by_label(
+            s.subscriptions
+                .iter()
+                .map(|sub| (sub_labels(sub), sub.capacity as f64)),
+        ),
+    );
+    gauges(
+        r,
+        "subscription_bottleneck_seconds",
+        "How long a subscription has been full with its topic held (its slow reader slows the \
+         topic's senders); 0 when it has room",
+        max_by_label(s.subscriptions.iter().map(|sub| {
+            (
+                sub_labels(sub),
+                sub.bottleneck.since.map_or(0.0, |d| d.as_secs_f64()),
+            )
+        })),
+    );
+    counters(
+        r,
+        "subscription_bottlenecks",
+        "Times a subscription became its topic's bottleneck",
+        s.subscriptions
+            .iter()
+            .map(|sub| (sub_labels(sub), sub.bottleneck.times)),
+    );
+    r.register(
+        "time_to_stable_seconds",
+        "Time from when the core thread took a message of this node from its publisher to \
+         when the acknowledgement that made it stable arrived",
+        SnapshotHistogram::from(&s.time_to_stable),
+    );
+}
+
+/// Topics with a subscription at this node.
+fn topics_count(s: &RuntimeStats) -> u64 {
+    let mut n = 0;
+    let mut last = None;
+    for sub in &s.subscriptions {
+        if last != Some(sub.topic) {
+            n += 1;
+            last = Some(sub.topic);
+        }
+    }
+    n
+}
+
+/// Rows with the same labels summed (the topics rolled up into `other`).
+fn sum_by_label(rows: impl Iterator<Item = (Labels, f64)>) -> Vec<(Labels, f64)> {
+    let mut by: BTreeMap<Labels, f64> = BTreeMap::new();
+    for (l, v) in rows {
+        *by.entry(l).or_default() += v;
+    }
+    by.into_iter().collect()
+}
+
+/// Rows with the same labels reduced to their largest value.
+fn max_by_label(rows: impl Iterator<Item = (Labels, f64)>) -> Vec<(Labels, f64)> {
+    let mut by: BTreeMap<Labels, f64> = BTreeMap::new();
+    for (l, v) in rows {
+        let e = by.entry(l).or_insert(v);
+        *e = e.max(v);
+    }
+    by.into_iter().collect()
+}
+
+/// A histogram copied from a snapshot's [`LatencyHistogram`], in seconds.
+#[derive(Debug)]
+struct SnapshotHistogram {
+    sum_s: f64,
+    count: u64,
+    /// Upper bounds in seconds (the last `f64::MAX`: `+Inf`) and counts, not cumulative.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl From<&LatencyHistogram> for SnapshotHistogram {
+    fn from(h: &LatencyHistogram) -> Self {
+        let buckets = h
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let ceiling = LatencyHistogram::bucket_ceiling_us(i);
+                let le = if ceiling == u64::MAX {
+                    f64::MAX
+                } else {
+                    ceiling as f64 / 1e6
+                };
+                (le, n)
+            })
+            .collect();
+        SnapshotHistogram {
+            sum_s: h.sum_us as f64 / 1e6,
+            count: h.count,
+            buckets,
+        }
+    }
+}
+
+impl EncodeMetric for SnapshotHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<NoLabelSet>(self.sum_s, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 /// The membership service's metrics (one process, not replicated).

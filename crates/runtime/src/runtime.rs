@@ -592,6 +592,7 @@ impl NodeRuntime {
         let shared = Arc::clone(&self.shared);
         let timeout = self.config.request_timeout;
         let me = self.me.0;
+        let topics_max = self.config.metrics_topics_max;
         crate::metrics::MetricsServer::start(
             bind,
             Box::new(move |registry| {
@@ -603,7 +604,7 @@ impl NodeRuntime {
                 let stats = answer
                     .recv_timeout(timeout)
                     .map_err(|_| "the node did not answer in time".to_owned())?;
-                crate::metrics::register_node(registry, me, &stats);
+                crate::metrics::register_node(registry, me, &stats, topics_max);
                 Ok(())
             }),
         )

@@ -220,8 +220,92 @@ pub struct RuntimeStats {
     /// bound to a topic, and for a bound topic not yet in force at this node.
     pub gms_named_waiting: (usize, usize),
 
+    /// Time from when the core thread took a message from its publisher to when the node
+    /// woke with the acknowledgement that made it stable, for every message of this node.
+    pub time_to_stable: LatencyHistogram,
+    /// The subscriptions of this node, in the order of their topics (a snapshot).
+    pub subscriptions: Vec<SubscriptionState>,
+    /// The names of the topics this node asked for by name and the service bound, by topic.
+    pub topic_names: Vec<(tidings_proto::TopicId, String)>,
+    /// Receive-side figures of every inbound stream (a region and a sender), now.
+    pub streams: Vec<tidings_proto::StreamReport>,
+    /// Messages sent and not yet acknowledged (the window in use), per region this node
+    /// sends to, now.
+    pub unstable_by_region: Vec<(tidings_proto::RegionId, u64)>,
+
     /// The protocol's own counters.
     pub proto: tidings_proto::Stats,
+}
+
+/// Buckets of a [`LatencyHistogram`]: bucket `i` counts values in `[2^i, 2^(i+1))`
+/// microseconds (bucket 0 also takes values under 1 µs); the last takes everything from about
+/// 8.4 s up.
+pub const LATENCY_BUCKETS: usize = 24;
+
+/// A fixed log2 histogram of durations in microseconds: recording one is a few instructions
+/// and no allocation (it lives in the core thread's counters and is copied with them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    /// Counts by magnitude (see [`LATENCY_BUCKETS`]).
+    pub counts: [u64; LATENCY_BUCKETS],
+    /// Values recorded.
+    pub count: u64,
+    /// Sum of the values recorded, in microseconds.
+    pub sum_us: u64,
+}
+
+impl LatencyHistogram {
+    /// Records one value.
+    pub fn record(&mut self, value: Duration) {
+        let us = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
+        let bucket = (u64::BITS - us.max(1).leading_zeros() - 1) as usize;
+        self.counts[bucket.min(LATENCY_BUCKETS - 1)] += 1;
+        self.count += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    /// The upper edge of bucket `i`, in microseconds (exclusive; `u64::MAX` for the last).
+    #[must_use]
+    pub fn bucket_ceiling_us(i: usize) -> u64 {
+        if i + 1 >= LATENCY_BUCKETS {
+            u64::MAX
+        } else {
+            1u64 << (i + 1)
+        }
+    }
+}
+
+/// One subscription of a node and how far its reader is behind ([`RuntimeStats`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionState {
+    /// Its topic.
+    pub topic: tidings_proto::TopicId,
+    /// Its id among the node's subscriptions (the delivery task's).
+    pub id: u64,
+    /// Deliveries its callback ran.
+    pub delivered: u64,
+    /// Deliveries queued for its callback, now.
+    pub queued: u64,
+    /// Deliveries handed on to a bounded subscription and not read by its reader yet, now,
+    /// those still in its task's queue included (0 for a callback).
+    pub unread: u64,
+    /// A bounded subscription's capacity (0 for a callback).
+    pub capacity: u64,
+    /// Whether it is its topic's bottleneck now, and how often it was.
+    pub bottleneck: crate::flow::BottleneckState,
+}
+
+impl SubscriptionState {
+    /// Deliveries it has not read yet: a bounded subscription's unread ones, a callback's
+    /// queued ones.
+    #[must_use]
+    pub fn lag(&self) -> u64 {
+        if self.capacity > 0 {
+            self.unread
+        } else {
+            self.queued
+        }
+    }
 }
 
 /// A topic held at this node because a subscription of it has no room ([`RuntimeStats`]).

@@ -74,3 +74,89 @@ fn a_replica_serves_its_metrics_with_its_role() {
         r.shutdown();
     }
 }
+
+#[test]
+fn a_stalled_publisher_names_the_members_it_waits_for() {
+    use std::collections::BTreeMap;
+    use tidings_proto::{Config, Membership, NodeId, TopicId};
+    use tidings_runtime::{AddressBook, NodeRuntime, RuntimeConfig};
+
+    // Node 0 publishes on topic 1, which nodes 1 and 2 subscribe to (one region).
+    let subs: BTreeMap<NodeId, Vec<TopicId>> = [(0, vec![]), (1, vec![1]), (2, vec![1])]
+        .into_iter()
+        .map(|(n, t)| (NodeId(n), t.into_iter().map(TopicId).collect()))
+        .collect();
+    let membership = Membership::from_subscriptions(&subs, 5);
+    let sockets: Vec<std::net::UdpSocket> = (0..3)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut book = AddressBook::default();
+    for (i, s) in sockets.iter().enumerate() {
+        book.nodes.insert(NodeId(i as u32), s.local_addr().unwrap());
+    }
+    let mut nodes: Vec<NodeRuntime> = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let config = RuntimeConfig {
+                stall_after: Duration::from_millis(200),
+                ..RuntimeConfig::default()
+            };
+            let (id, m, b) = (NodeId(i as u32), membership.clone(), book.clone());
+            NodeRuntime::start_with_socket(config, Config::default(), id, m, b, s).unwrap()
+        })
+        .collect();
+    let sender = nodes.remove(0);
+    let metrics = sender.serve_metrics(loopback()).unwrap();
+    let mut publisher = sender.publisher();
+    let publish = |publisher: &mut tidings_runtime::Publisher| {
+        publisher
+            .publish_timeout(
+                TopicId(1),
+                bytes::Bytes::from_static(b"m"),
+                Some(Duration::from_secs(10)),
+            )
+            .unwrap()
+    };
+    let first = publish(&mut publisher);
+    publisher
+        .wait_stable(first, Duration::from_secs(10))
+        .unwrap();
+    let r = request(metrics.local_addr(), "GET", "/metrics");
+    assert!(
+        !r.contains("tidings_stall_member_wait_seconds{"),
+        "stalled before: {r}"
+    );
+    assert!(
+        r.contains("tidings_time_to_stable_seconds_count{node=\"0\"} 1"),
+        "{r}"
+    );
+    // Node 1 goes away without telling anyone (no membership service): the region can no
+    // longer acknowledge, and the gauge names its members.
+    drop(nodes.remove(0).shutdown());
+    publish(&mut publisher);
+    let start = std::time::Instant::now();
+    let r = loop {
+        let r = request(metrics.local_addr(), "GET", "/metrics");
+        let waiting = |m: u32| {
+            r.lines().any(|l| {
+                l.starts_with("tidings_stall_member_wait_seconds{node=\"0\",")
+                    && l.contains(&format!("member=\"{m}\""))
+            })
+        };
+        if waiting(1) && waiting(2) {
+            break r;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no stall: {r}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The message waits in the region's window.
+    let window = r
+        .lines()
+        .find(|l| l.starts_with("tidings_region_unstable_messages{node=\"0\","))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(window, Some(1.0), "{r}");
+    drop(metrics);
+    drop(nodes.remove(0).shutdown());
+    drop(sender.shutdown());
+}

@@ -616,3 +616,96 @@ fn a_node_serves_its_metrics_for_prometheus() {
     // Stopped with the node.
     assert!(std::net::TcpStream::connect(addr).is_err());
 }
+
+/// The value of the first sample of `response` whose name and labels start with `prefix`.
+fn sample(response: &str, prefix: &str) -> Option<f64> {
+    response
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn metrics_name_the_slow_subscription_by_topic_within_the_bound() {
+    let runtime = |topics_max| tidings::RuntimeConfig {
+        metrics_topics_max: topics_max,
+        ..tidings::RuntimeConfig::default()
+    };
+    let loopback = "127.0.0.1:0".parse().unwrap();
+    let node = Node::builder()
+        .private_gms()
+        .runtime_config(runtime(100))
+        .metrics(loopback)
+        .start()
+        .unwrap();
+    // One topic labelled by name; the quiet ones are summed into `other`.
+    let peer = Node::builder()
+        .gms(node.gms_addr())
+        .runtime_config(runtime(1))
+        .metrics(loopback)
+        .start()
+        .unwrap();
+    let slow_topic: Topic<u32> = Topic::new("metrics/slow").unwrap();
+    let quiet: Vec<Topic<u32>> = (0..2)
+        .map(|i| Topic::new(format!("metrics/quiet-{i}")).unwrap())
+        .collect();
+    // Never read until the end: full after 2 messages, which holds the topic at the peer.
+    let slow = peer
+        .subscription(&slow_topic)
+        .capacity(2)
+        .subscribe()
+        .unwrap();
+    let quiet_subs: Vec<_> = quiet.iter().map(|t| peer.subscribe(t).unwrap()).collect();
+    let mut publisher = node.publisher(&slow_topic).unwrap();
+    let mut last = None;
+    for k in 0..20 {
+        last = Some(publisher.publish(&k).unwrap());
+    }
+    let (node_id, peer_id) = (node.id().0, peer.id().0);
+    let peer_addr = peer.metrics_addr().unwrap();
+    let held = format!("tidings_topic_held_seconds{{node=\"{peer_id}\",topic=\"metrics/slow\"}}");
+    let start = std::time::Instant::now();
+    let r = loop {
+        let r = http_get(peer_addr, "/metrics");
+        if sample(&r, &held).is_some_and(|s| s > 0.0) {
+            break r;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "not held: {r}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let bottleneck = format!(
+        "tidings_subscription_bottleneck_seconds{{node=\"{peer_id}\",topic=\"metrics/slow\","
+    );
+    assert!(sample(&r, &bottleneck).unwrap() > 0.0, "{r}");
+    let lag =
+        format!("tidings_subscription_lag_messages{{node=\"{peer_id}\",topic=\"metrics/slow\",");
+    assert_eq!(sample(&r, &lag), Some(2.0), "{r}");
+    // The two quiet topics are one `other` row, bounded by metrics_topics_max = 1.
+    let other = format!("tidings_topic_delivered_total{{node=\"{peer_id}\",topic=\"other\"}}");
+    assert_eq!(sample(&r, &other), Some(0.0), "{r}");
+    assert!(!r.contains("metrics/quiet"), "{r}");
+    let sender = format!("tidings_stream_delivered_seq{{node=\"{peer_id}\",");
+    assert!(
+        r.lines()
+            .any(|l| l.starts_with(&sender) && l.contains(&format!("sender=\"{node_id}\""))),
+        "{r}"
+    );
+    // Once read, the subscription has run them all, and all of them are stable.
+    for _ in 0..20 {
+        slow.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+    publisher
+        .wait_stable(last.unwrap(), Duration::from_secs(10))
+        .unwrap();
+    let r = http_get(peer_addr, "/metrics");
+    let delivered =
+        format!("tidings_topic_delivered_total{{node=\"{peer_id}\",topic=\"metrics/slow\"}}");
+    assert_eq!(sample(&r, &delivered), Some(20.0), "{r}");
+    let r = http_get(node.metrics_addr().unwrap(), "/metrics");
+    let stable = format!("tidings_time_to_stable_seconds_count{{node=\"{node_id}\"}}");
+    assert_eq!(sample(&r, &stable), Some(20.0), "{r}");
+    drop((slow, quiet_subs));
+    peer.shutdown().unwrap();
+    node.shutdown().unwrap();
+}
