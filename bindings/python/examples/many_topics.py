@@ -1,0 +1,55 @@
+"""Many topics: one callback subscription per topic, a publisher per topic, and a batch
+reader on a topic that carries the most.
+
+    python bindings/python/examples/many_topics.py [TOPICS]
+"""
+
+import sys
+import threading
+import time
+
+import tidings
+
+topics = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+
+with tidings.Node(gms="private") as node:
+    counts = [0] * topics
+    done = threading.Event()
+    lock = threading.Lock()
+    remaining = [topics]
+
+    def on_message(i: int):
+        def callback(message: tidings.Message) -> None:
+            counts[i] += 1
+            if counts[i] == 10:
+                with lock:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        done.set()
+
+        return callback
+
+    started = time.monotonic()
+    subscriptions = [
+        node.subscribe(tidings.Topic(f"sensor/{i}", tidings.STR), callback=on_message(i))
+        for i in range(topics)
+    ]
+    publishers = [node.publisher(tidings.Topic(f"sensor/{i}", tidings.STR)) for i in range(topics)]
+    print(f"{topics} topics subscribed and published in {time.monotonic() - started:.2f} s")
+
+    bulk = node.subscribe("bulk", capacity=4096)
+    bulk_publisher = node.publisher("bulk")
+
+    for round_ in range(10):
+        for i, publisher in enumerate(publishers):
+            publisher.publish(f"reading {round_} of sensor {i}")
+    for i in range(20_000):
+        bulk_publisher.publish(i.to_bytes(4, "big") * 16)
+
+    received = 0
+    while received < 20_000:
+        received += len(bulk.recv_many(1024, timeout=10))  # one call per batch
+    assert done.wait(10), "some sensor topics did not get all their readings"
+    print(f"every sensor topic got 10 readings; bulk got {received} messages")
+    for s in subscriptions:
+        s.close()
