@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyByteArray, PyBytes};
 
 use crate::errors::{exception_text, to_py};
@@ -69,10 +70,12 @@ impl PyPublisher {
     }
 }
 
-/// `bytes` or `bytearray` as bytes; anything else is not a payload.
+/// `bytes` or `bytearray` as bytes; anything else is not a payload. A `bytes` object is
+/// shared, not copied (it is immutable): the payload keeps a reference to it until the message
+/// is stable, released without the interpreter through PyO3's pool of pending releases.
 fn payload(value: &Bound<'_, PyAny>) -> Option<Bytes> {
     if let Ok(b) = value.cast::<PyBytes>() {
-        Some(Bytes::copy_from_slice(b.as_bytes()))
+        Some(Bytes::from_owner(PyBackedBytes::from(b.clone())))
     } else if let Ok(b) = value.cast::<PyByteArray>() {
         Some(Bytes::from(b.to_vec()))
     } else {

@@ -316,11 +316,13 @@ class Publisher(Generic[T]):
     every region its topic spans.
     """
 
-    __slots__ = ("_inner", "topic")
-
     def __init__(self, inner: Any, topic: "Topic[T]") -> None:
         self._inner = inner
         self.topic = topic
+        # The extension's methods themselves, so a publish costs no Python call of its own (the
+        # methods of the class below document them).
+        self.publish = inner.publish  # type: ignore[method-assign]
+        self.try_publish = inner.try_publish  # type: ignore[method-assign]
 
     @property
     def name(self) -> str:
@@ -391,6 +393,11 @@ class Subscription(Generic[T]):
     def __init__(self, inner: Any, topic: "Topic[T]") -> None:
         self._inner = inner
         self.topic = topic
+        # The extension's methods themselves, so a receive costs no Python call of its own (the
+        # methods of the class below document them).
+        self.recv = inner.recv  # type: ignore[method-assign]
+        self.try_recv = inner.try_recv  # type: ignore[method-assign]
+        self.recv_many = inner.recv_many  # type: ignore[method-assign]
         self._async_lock: Optional[asyncio.Lock] = None
         self._async_loop: Optional[asyncio.AbstractEventLoop] = None
 
