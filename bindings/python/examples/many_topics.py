@@ -5,6 +5,7 @@ reader on a topic that carries the most.
 """
 
 import sys
+from typing import Callable
 import threading
 import time
 
@@ -18,7 +19,7 @@ with tidings.Node(gms="private") as node:
     lock = threading.Lock()
     remaining = [topics]
 
-    def on_message(i: int):
+    def on_message(i: int) -> Callable[[tidings.Message], None]:
         def callback(message: tidings.Message) -> None:
             counts[i] += 1
             if counts[i] == 10:

@@ -14,6 +14,7 @@ from typing import (
     Any,
     AsyncIterator,
     Callable,
+    Dict,
     Generic,
     Iterator,
     List,
@@ -54,7 +55,13 @@ class Topic(Generic[T]):
 
     __slots__ = ("name", "codec")
 
-    def __init__(self, name: str, codec: "Codec" = BYTES) -> None:
+    @overload
+    def __init__(self: "Topic[bytes]", name: str) -> None: ...
+
+    @overload
+    def __init__(self, name: str, codec: "Codec[T]") -> None: ...
+
+    def __init__(self, name: str, codec: "Codec[Any]" = BYTES) -> None:
         if not isinstance(name, str):
             raise TypeError(f"a topic name is a str, not {type(name).__name__}")
         if not (callable(getattr(codec, "encode", None)) and callable(getattr(codec, "decode", None))):
@@ -210,7 +217,13 @@ class Node:
         """Whether the node has been closed."""
         return self._inner.closed
 
-    def publisher(self, topic: Union[str, "Topic[T]"]) -> "Publisher[T]":
+    @overload
+    def publisher(self, topic: str) -> "Publisher[bytes]": ...
+
+    @overload
+    def publisher(self, topic: "Topic[T]") -> "Publisher[T]": ...
+
+    def publisher(self, topic: Union[str, "Topic[Any]"]) -> "Publisher[Any]":
         """A publisher on ``topic`` (a name for a bytes topic, or a ``Topic``): tells the
         membership service this node publishes on it, and returns once the node knows the
         topic's regions."""
@@ -220,7 +233,18 @@ class Node:
     @overload
     def subscribe(
         self,
-        topic: Union[str, "Topic[T]"],
+        topic: str,
+        *,
+        capacity: Optional[int] = None,
+        slow_consumer: Union[SlowDown, Disconnect, None] = None,
+        callback: None = None,
+        on_error: None = None,
+    ) -> "Subscription[bytes]": ...
+
+    @overload
+    def subscribe(
+        self,
+        topic: "Topic[T]",
         *,
         capacity: Optional[int] = None,
         slow_consumer: Union[SlowDown, Disconnect, None] = None,
@@ -231,7 +255,7 @@ class Node:
     @overload
     def subscribe(
         self,
-        topic: Union[str, "Topic[T]"],
+        topic: Union[str, "Topic[Any]"],
         *,
         capacity: Optional[int] = None,
         slow_consumer: Union[SlowDown, Disconnect, None] = None,
@@ -241,13 +265,13 @@ class Node:
 
     def subscribe(
         self,
-        topic: Union[str, "Topic[T]"],
+        topic: Union[str, "Topic[Any]"],
         *,
         capacity: Optional[int] = None,
         slow_consumer: Union[SlowDown, Disconnect, None] = None,
         callback: Optional[Callable[["Message"], Any]] = None,
         on_error: Optional[Callable[[BaseException], Any]] = None,
-    ) -> Union["Subscription[T]", "CallbackSubscription"]:
+    ) -> Union["Subscription[Any]", "CallbackSubscription"]:
         """Subscribes to ``topic`` (a name for a bytes topic, or a ``Topic``); in force when
         this returns (every message published after it is delivered).
 
@@ -272,14 +296,14 @@ class Node:
                 f"slow_consumer must be SlowDown() or Disconnect(max_wait), not {slow_consumer!r}"
             )
         inner = self._inner.subscribe(topic.name, capacity, disconnect_after, topic._decode())
-        subscription: Subscription[T] = Subscription(inner, topic)
+        subscription: Subscription[Any] = Subscription(inner, topic)
         if callback is None:
             if on_error is not None:
                 raise TypeError("on_error goes with callback")
             return subscription
         return CallbackSubscription(subscription, callback, on_error)
 
-    def stats(self) -> dict:
+    def stats(self) -> Dict[str, int]:
         """A few of the node's counters, by name."""
         return self._inner.stats()
 
@@ -316,7 +340,7 @@ class Publisher(Generic[T]):
     every region its topic spans.
     """
 
-    def __init__(self, inner: Any, topic: "Topic[T]") -> None:
+    def __init__(self, inner: _tidings.Publisher, topic: "Topic[T]") -> None:
         self._inner = inner
         self.topic = topic
         # The extension's methods themselves, so a publish costs no Python call of its own (the
@@ -390,7 +414,7 @@ class Subscription(Generic[T]):
     Closing it (or leaving its ``with`` block) unsubscribes.
     """
 
-    def __init__(self, inner: Any, topic: "Topic[T]") -> None:
+    def __init__(self, inner: _tidings.Subscription, topic: "Topic[T]") -> None:
         self._inner = inner
         self.topic = topic
         # The extension's methods themselves, so a receive costs no Python call of its own (the

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Optional, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
 
 __all__ = [
     "Codec",
@@ -19,7 +21,7 @@ __all__ = [
 
 
 @runtime_checkable
-class Codec(Protocol):
+class Codec(Protocol[T]):
     """What a topic's codec does: ``encode`` a value into bytes, ``decode`` bytes into a value.
 
     ``encode`` raises (any exception) for a value it does not take: the publisher raises
@@ -28,11 +30,11 @@ class Codec(Protocol):
     Every process must use the same codec for a topic name.
     """
 
-    def encode(self, value: Any) -> bytes:
+    def encode(self, value: T) -> bytes:
         """The value as bytes."""
         ...
 
-    def decode(self, data: bytes) -> Any:
+    def decode(self, data: bytes) -> T:
         """The value these bytes encode."""
         ...
 
@@ -41,8 +43,8 @@ class BytesCodec:
     """Bytes as they are (``bytes`` or ``bytearray`` published, ``bytes`` received): the
     default, and the fastest (the extension handles it without calling Python)."""
 
-    def encode(self, value: Any) -> bytes:
-        """The bytes themselves."""
+    def encode(self, value: bytes) -> bytes:
+        """The bytes themselves (a ``bytearray`` too)."""
         if isinstance(value, (bytes, bytearray)):
             return bytes(value)
         raise TypeError(f"a bytes topic takes bytes or bytearray, not {type(value).__name__}")
@@ -58,7 +60,7 @@ class BytesCodec:
 class StrCodec:
     """Text, as UTF-8."""
 
-    def encode(self, value: Any) -> bytes:
+    def encode(self, value: str) -> bytes:
         """The text in UTF-8; a ``TypeError`` for anything but ``str``."""
         if not isinstance(value, str):
             raise TypeError(f"a str topic takes str, not {type(value).__name__}")

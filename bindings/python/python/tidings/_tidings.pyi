@@ -4,13 +4,16 @@ Applications use the ``tidings`` package, which wraps these classes; ``Message``
 ``PublishHandle`` and the exceptions are re-exported from it as they are.
 """
 
-from typing import Any, Callable, Final, List, Optional, final
+from typing import Any, Callable, Dict, Final, List, Optional, final
 
 TOPIC_NAME_BYTES_MAX: Final[int]
 LOCAL_GMS_PORT: Final[int]
 
 def check_topic_name(name: str) -> None:
     """Raises ``TopicNameError`` unless ``name`` is 1..=TOPIC_NAME_BYTES_MAX bytes of UTF-8."""
+
+def waiting() -> int:
+    """How many calls wait in the extension with the GIL released now."""
 
 class TidingsError(Exception):
     """Base class of every error tidings raises."""
@@ -146,7 +149,7 @@ class Node:
         disconnect_after: Optional[float] = None,
         decode: Optional[Callable[[bytes], Any]] = None,
     ) -> "Subscription": ...
-    def stats(self) -> dict: ...
+    def stats(self) -> Dict[str, int]: ...
     def close(self) -> None: ...
 
 @final
