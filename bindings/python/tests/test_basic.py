@@ -239,3 +239,25 @@ def test_publish_releases_the_gil_while_it_waits(pair):
         stop.set()
         ticker.join()
         sub.close()
+
+
+def test_membership_service_options():
+    with tidings.Node(embed_gms="127.0.0.1:0") as a:
+        host, port = a.gms_addr.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+        # One replica's address in a list is the same as the address alone.
+        with tidings.Node(gms=[a.gms_addr]) as b, tidings.Node(gms=a.gms_addr) as c:
+            assert b.gms_addrs == c.gms_addrs == [a.gms_addr]
+            assert len({a.id, b.id, c.id}) == 3
+            sub = c.subscribe("shared")
+            handle = b.publisher("shared").publish(b"across nodes")
+            handle.wait_stable(timeout=10)
+            message = sub.recv(timeout=10)
+            assert (message.value, message.origin) == (b"across nodes", b.id)
+            stats = c.stats()
+            assert stats["datagrams_received"] > 0 and set(stats) >= {"bytes_received", "kernel_drops"}
+    with pytest.raises(tidings.ConfigError, match="exclusive"):
+        tidings.Node(gms="private", embed_gms="127.0.0.1:0")
+    with pytest.raises(tidings.ConfigError, match="names no replica"):
+        tidings.Node(gms=[])
+    assert a.closed and "closed" in repr(a)

@@ -85,7 +85,10 @@ def test_a_publisher_killed_mid_run(node):
 def test_ctrl_c_interrupts_a_blocking_recv():
     child = python_child(
         """
-        import time, tidings
+        import signal, time, tidings
+        # Python leaves SIGINT ignored if it started so (a child of a background job): the
+        # handler a terminal's Ctrl-C reaches is installed here whatever the parent did.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         with tidings.Node(gms="private") as node:
             sub = node.subscribe("nothing")
             print("ready", flush=True)
