@@ -18,7 +18,7 @@ mod subscribe;
 mod waker;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
@@ -62,6 +62,24 @@ pub(crate) fn timeout_from(seconds: Option<f64>) -> PyResult<Option<Duration>> {
                 "timeout = {s} must be a finite number of seconds >= 0"
             )))
         }),
+    }
+}
+
+/// The instant `timeout` from now, if any.
+#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+pub(crate) fn deadline_in(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// The next slice of a wait until `deadline`, `None` once it has passed.
+#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+pub(crate) fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
+    match deadline {
+        None => Some(WAIT_SLICE),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| left.min(WAIT_SLICE))
+        }
     }
 }
 

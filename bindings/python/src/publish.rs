@@ -2,7 +2,6 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pyo3::prelude::*;
@@ -10,30 +9,12 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyByteArray, PyBytes};
 
 use crate::errors::{exception_text, to_py};
-use crate::{timeout_from, waker, WAIT_SLICE};
+use crate::{deadline_in, next_slice, timeout_from, waker};
 
 type Shared = Arc<Mutex<tidings::Publisher<Bytes>>>;
 
 fn lock(p: &Shared) -> MutexGuard<'_, tidings::Publisher<Bytes>> {
     p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The instant `timeout` from now, if any.
-#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
-fn deadline_in(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.and_then(|t| Instant::now().checked_add(t))
-}
-
-/// The next slice of a wait until `deadline`, `None` once it has passed.
-#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
-fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
-    match deadline {
-        None => Some(WAIT_SLICE),
-        Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
-            (!left.is_zero()).then(|| left.min(WAIT_SLICE))
-        }
-    }
 }
 
 /// A publisher on one topic (the Rust `tidings::Publisher`); wrapped by `tidings.Publisher`.

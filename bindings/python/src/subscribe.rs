@@ -3,14 +3,14 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::errors::to_py;
-use crate::{timeout_from, waker, WAIT_SLICE};
+use crate::{deadline_in, next_slice, timeout_from, waker};
 
 type Item = Result<tidings::Message<Bytes>, tidings::Error>;
 
@@ -152,38 +152,6 @@ impl PySubscription {
                 Err(tidings::Error::Timeout(_)) => py.check_signals()?,
                 item => return Ok(item),
             }
-        }
-    }
-}
-
-/// The next slice of a wait until `deadline`, `None` once it has passed.
-#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
-fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
-    match deadline {
-        None => Some(WAIT_SLICE),
-        Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
-            (!left.is_zero()).then(|| left.min(WAIT_SLICE))
-        }
-    }
-}
-
-#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
-fn deadline_in(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.and_then(|t| Instant::now().checked_add(t))
-}
-
-/// A subscription dropped without `close` unsubscribes with the interpreter detached.
-impl Drop for PySubscription {
-    fn drop(&mut self) {
-        let inner = self
-            .inner
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(inner) = inner {
-            // Not attached (the interpreter is shutting down): dropped as it is.
-            let _ = Python::try_attach(|py| crate::detached(py, || drop(inner)));
         }
     }
 }
