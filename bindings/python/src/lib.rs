@@ -1,0 +1,107 @@
+//! The extension module `tidings._tidings`: the Rust library [`tidings`] seen from Python.
+//!
+//! It carries bytes: every topic is a raw topic underneath, and a Python codec (given as an
+//! `encode` or `decode` callable) turns values into bytes and back. The pure-Python package
+//! `tidings` on top adds the codecs, asyncio and callbacks.
+//!
+//! Every wait (joining, subscribing, receiving, publishing under back pressure, waiting for
+//! stability) runs with the interpreter detached (the GIL released), in slices of
+//! [`WAIT_SLICE`] between which pending signals are handled, so Ctrl-C interrupts it.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod errors;
+mod node;
+mod publish;
+mod subscribe;
+mod waker;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+
+/// Longest stretch a blocking call waits with the interpreter detached before it checks for
+/// signals (Ctrl-C): short enough to feel immediate, long enough to cost nothing.
+pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// Calls made from Python that wait with the interpreter detached now. A thread that returns
+/// from such a wait attaches again, which a thread must not do once the interpreter is
+/// finalizing (CPython ends it there, through Rust frames); so at exit, once the nodes are closed
+/// and every wait ends, the package waits until this is zero (`waiting()`).
+static DETACHED_WAITS: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` with the interpreter detached (the GIL released), counted in [`DETACHED_WAITS`].
+pub(crate) fn detached<T: Send, F: Send + FnOnce() -> T>(py: Python<'_>, f: F) -> T {
+    /// Counts the wait out however it ends.
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            DETACHED_WAITS.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    DETACHED_WAITS.fetch_add(1, Ordering::SeqCst);
+    let _counted = Counted;
+    py.detach(f)
+}
+
+/// How many calls wait with the interpreter detached now (see [`DETACHED_WAITS`]).
+#[pyfunction]
+fn waiting() -> usize {
+    DETACHED_WAITS.load(Ordering::SeqCst)
+}
+
+/// A timeout from Python (seconds, `None` for no limit) as a duration; a clear error for a
+/// negative or non-finite one.
+pub(crate) fn timeout_from(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) => Duration::try_from_secs_f64(s).map(Some).map_err(|_| {
+            errors::to_py(tidings::Error::Config(format!(
+                "timeout = {s} must be a finite number of seconds >= 0"
+            )))
+        }),
+    }
+}
+
+/// The instant `timeout` from now, if any.
+#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+pub(crate) fn deadline_in(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// The next slice of a wait until `deadline`, `None` once it has passed.
+#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+pub(crate) fn next_slice(deadline: Option<Instant>) -> Option<Duration> {
+    match deadline {
+        None => Some(WAIT_SLICE),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| left.min(WAIT_SLICE))
+        }
+    }
+}
+
+/// Checks a topic name as the library does (1..=`TOPIC_NAME_BYTES_MAX` bytes of UTF-8):
+/// raises `TopicNameError` with the library's message if it is not one.
+#[pyfunction]
+fn check_topic_name(name: &str) -> PyResult<()> {
+    tidings::Topic::raw(name).map(drop).map_err(errors::to_py)
+}
+
+/// The extension module.
+#[pymodule]
+fn _tidings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("TOPIC_NAME_BYTES_MAX", tidings::TOPIC_NAME_BYTES_MAX)?;
+    m.add("LOCAL_GMS_PORT", tidings::LOCAL_GMS_PORT)?;
+    errors::register(m)?;
+    m.add_function(wrap_pyfunction!(check_topic_name, m)?)?;
+    m.add_function(wrap_pyfunction!(waiting, m)?)?;
+    m.add_class::<node::PyNode>()?;
+    m.add_class::<publish::PyPublisher>()?;
+    m.add_class::<publish::PyPublishHandle>()?;
+    m.add_class::<subscribe::PySubscription>()?;
+    m.add_class::<subscribe::PyMessage>()?;
+    Ok(())
+}

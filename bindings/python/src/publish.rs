@@ -1,0 +1,255 @@
+//! `_tidings.Publisher` and `_tidings.PublishHandle`.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
+
+use bytes::Bytes;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyByteArray, PyBytes};
+
+use crate::errors::{exception_text, to_py};
+use crate::{deadline_in, next_slice, timeout_from, waker};
+
+type Shared = Arc<Mutex<tidings::Publisher<Bytes>>>;
+
+fn lock(p: &Shared) -> MutexGuard<'_, tidings::Publisher<Bytes>> {
+    p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A publisher on one topic (the Rust `tidings::Publisher`); wrapped by `tidings.Publisher`.
+#[pyclass(name = "Publisher", module = "tidings._tidings", frozen)]
+pub(crate) struct PyPublisher {
+    inner: Shared,
+    name: String,
+    topic_id: u32,
+    max_payload: usize,
+    /// The codec's `encode`, or `None` for a bytes topic.
+    encode: Option<Py<PyAny>>,
+}
+
+impl PyPublisher {
+    pub(crate) fn new(
+        publisher: tidings::Publisher<Bytes>,
+        name: String,
+        encode: Option<Py<PyAny>>,
+    ) -> Self {
+        PyPublisher {
+            topic_id: publisher.topic_id().0,
+            max_payload: publisher.max_payload(),
+            inner: Arc::new(Mutex::new(publisher)),
+            name,
+            encode,
+        }
+    }
+
+    fn handle(&self, handle: tidings::PublishHandle) -> PyPublishHandle {
+        PyPublishHandle {
+            publisher: Arc::clone(&self.inner),
+            handle,
+        }
+    }
+}
+
+/// `bytes` or `bytearray` as bytes; anything else is not a payload. A `bytes` object is
+/// shared, not copied (it is immutable): the payload keeps a reference to it until the message
+/// is stable, released without the interpreter through PyO3's pool of pending releases.
+fn payload(value: &Bound<'_, PyAny>) -> Option<Bytes> {
+    if let Ok(b) = value.cast::<PyBytes>() {
+        Some(Bytes::from_owner(PyBackedBytes::from(b.clone())))
+    } else if let Ok(b) = value.cast::<PyByteArray>() {
+        Some(Bytes::from(b.to_vec()))
+    } else {
+        None
+    }
+}
+
+#[pymethods]
+impl PyPublisher {
+    /// The topic's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The topic's id, as the membership service bound it.
+    #[getter]
+    fn topic_id(&self) -> u32 {
+        self.topic_id
+    }
+
+    /// Largest encoded message accepted, in bytes.
+    #[getter]
+    fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    /// Messages this publisher has published.
+    #[getter]
+    fn published_count(&self) -> u64 {
+        lock(&self.inner).published_count()
+    }
+
+    /// `value` encoded by the topic's codec (bytes as they are on a bytes topic); raises
+    /// `EncodeError` if it cannot be.
+    fn encode<'py>(&self, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = self.encode_value(value)?;
+        Ok(PyBytes::new(value.py(), &bytes))
+    }
+
+    /// Publishes `value`, waiting (with the interpreter detached) while back pressure holds,
+    /// at most `timeout` seconds (`None`: as long as it takes). Returns the message's handle.
+    #[pyo3(signature = (value, timeout=None))]
+    fn publish(
+        &self,
+        py: Python<'_>,
+        value: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyPublishHandle> {
+        let bytes = self.encode_value(value)?;
+        let deadline = deadline_in(timeout_from(timeout)?);
+        // The first attempt does not wait, so a publisher with room pays no detaching.
+        match lock(&self.inner).try_publish(&bytes) {
+            Ok(handle) => return Ok(self.handle(handle)),
+            Err(tidings::Error::WouldBlock) => {}
+            Err(e) => return Err(to_py(e)),
+        }
+        loop {
+            let Some(slice) = next_slice(deadline) else {
+                return Err(to_py(tidings::Error::Timeout("no room to publish")));
+            };
+            let inner = &self.inner;
+            match crate::detached(py, || lock(inner).publish_timeout(&bytes, slice)) {
+                Ok(handle) => return Ok(self.handle(handle)),
+                Err(tidings::Error::Timeout(_)) => py.check_signals()?,
+                Err(e) => return Err(to_py(e)),
+            }
+        }
+    }
+
+    /// Publishes `value` without waiting: raises `WouldBlock` under back pressure.
+    fn try_publish(&self, value: &Bound<'_, PyAny>) -> PyResult<PyPublishHandle> {
+        let bytes = self.encode_value(value)?;
+        let handle = lock(&self.inner).try_publish(&bytes).map_err(to_py)?;
+        Ok(self.handle(handle))
+    }
+
+    /// Publishes the encoded `data` if there is room, else registers `wake` (called from
+    /// another thread once there may be room) and returns `None`: one step of
+    /// `publish_async`.
+    fn poll_publish(&self, data: &[u8], wake: Py<PyAny>) -> PyResult<Option<PyPublishHandle>> {
+        let bytes = Bytes::copy_from_slice(data);
+        let mut publisher = lock(&self.inner);
+        match waker::poll_once(publisher.publish_async(&bytes), wake) {
+            Poll::Ready(Ok(handle)) => {
+                drop(publisher);
+                Ok(Some(self.handle(handle)))
+            }
+            Poll::Ready(Err(e)) => Err(to_py(e)),
+            Poll::Pending => Ok(None),
+        }
+    }
+}
+
+impl PyPublisher {
+    fn encode_value(&self, value: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+        let encoded;
+        let value = match &self.encode {
+            None => value,
+            Some(encode) => {
+                encoded = encode.bind(value.py()).call1((value,)).map_err(|e| {
+                    let err = to_py(tidings::Error::Encode(exception_text(value.py(), &e)));
+                    err.set_cause(value.py(), Some(e));
+                    err
+                })?;
+                &encoded
+            }
+        };
+        payload(value).ok_or_else(|| {
+            let what = if self.encode.is_some() {
+                "the codec's encode returned"
+            } else {
+                "a bytes topic takes bytes or bytearray, not"
+            };
+            let type_name = value
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+            to_py(tidings::Error::Encode(format!("{what} {type_name}")))
+        })
+    }
+}
+
+/// Identifies one published message, to wait until it (and every earlier message of its
+/// publisher) is stable: received by every member of every region its topic spans. Await it
+/// from asyncio, or call `wait_stable`.
+#[pyclass(name = "PublishHandle", module = "tidings._tidings", frozen)]
+pub(crate) struct PyPublishHandle {
+    publisher: Shared,
+    handle: tidings::PublishHandle,
+}
+
+#[pymethods]
+impl PyPublishHandle {
+    /// The message's position among its publisher's messages, from 1.
+    #[getter]
+    fn ticket(&self) -> u64 {
+        self.handle.ticket()
+    }
+
+    /// Whether the message (and every earlier one of its publisher) is stable.
+    fn is_stable(&self) -> bool {
+        lock(&self.publisher).is_stable(self.handle)
+    }
+
+    /// Waits (with the interpreter detached) until the message and every earlier one of its
+    /// publisher are stable, at most `timeout` seconds (`None`: as long as it takes). Raises
+    /// `TimeoutError`, or `NotStableError` naming the regions that hold it back.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_stable(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let deadline = deadline_in(timeout_from(timeout)?);
+        let mut last = tidings::Error::Timeout("the message did not become stable");
+        loop {
+            if self.is_stable() {
+                return Ok(());
+            }
+            let Some(slice) = next_slice(deadline) else {
+                return Err(to_py(last));
+            };
+            let (publisher, handle) = (&self.publisher, self.handle);
+            match crate::detached(py, || lock(publisher).wait_stable(handle, slice)) {
+                Ok(()) => return Ok(()),
+                Err(e @ (tidings::Error::Timeout(_) | tidings::Error::NotStable(_))) => {
+                    last = e;
+                    py.check_signals()?;
+                }
+                Err(e) => return Err(to_py(e)),
+            }
+        }
+    }
+
+    /// True if the message is stable, else registers `wake` (called from another thread
+    /// once it may be) and returns false: one step of awaiting the handle.
+    fn poll_stable(&self, wake: Py<PyAny>) -> PyResult<bool> {
+        let publisher = lock(&self.publisher);
+        match waker::poll_once(publisher.wait_stable_async(self.handle), wake) {
+            Poll::Ready(Ok(())) => Ok(true),
+            Poll::Ready(Err(e)) => Err(to_py(e)),
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    /// Awaiting a handle waits until its message is stable (no time limit: bound it with
+    /// `asyncio.wait_for`).
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("tidings._aio")?
+            .getattr("wait_stable")?
+            .call1((slf,))?
+            .call_method0("__await__")
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PublishHandle(ticket={})", self.handle.ticket())
+    }
+}
