@@ -266,9 +266,29 @@ fn the_one_process_service_restarted_from_its_data_dir_keeps_its_group() {
     publisher.wait_stable(last, WAIT).unwrap();
     let c = node(&peers);
     let sub_c = c.subscribe(&first).unwrap();
-    let last = publisher.publish(&101).unwrap();
-    assert_eq!(sub_c.recv_timeout(WAIT).unwrap().value, 101);
-    assert_eq!(sub_b.recv_timeout(WAIT).unwrap().value, 101);
+    // The subscription is in force at c when `subscribe` returns; the publisher learns of c
+    // with its next view, so it publishes until c's first message arrives, and c then gets
+    // every later one in order.
+    let since = Instant::now();
+    let mut next = 101u64;
+    let (first_at_c, last) = loop {
+        let sent = publisher.publish(&next).unwrap();
+        next += 1;
+        if let Ok(m) = sub_c.recv_timeout(Duration::from_millis(100)) {
+            break (m.value, sent);
+        }
+        assert!(
+            since.elapsed() < WAIT,
+            "c got none of {} messages",
+            next - 101
+        );
+    };
+    for k in first_at_c + 1..next {
+        assert_eq!(sub_c.recv_timeout(WAIT).unwrap().value, k);
+    }
+    for k in 101..next {
+        assert_eq!(sub_b.recv_timeout(WAIT).unwrap().value, k);
+    }
     publisher.wait_stable(last, WAIT).unwrap();
     assert_eq!(restarted.snapshot().unwrap().members.len(), 3);
     drop(sub_c);
