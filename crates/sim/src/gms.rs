@@ -852,9 +852,11 @@ pub(crate) fn bootstrap(
         let durable = Durable::seeded(gms.snapshot(), replicas as usize);
         let peers: Vec<NodeId> = (0..replicas).map(|k| NodeId(n + k)).collect();
         // Replica links obey the simulated network's datagram limit as a socket host's obey
-        // UDP's: each replica datagram (magic and sender included) fits one datagram, longer
-        // messages travel in the replicas' own fragments, and appends are cut to half a
-        // datagram, as `GmsReplicaServer` cuts them.
+        // UDP's: each replica datagram (magic and sender included) fits one datagram, and
+        // longer messages (appends of up to the default 60,000 bytes, as on a socket host, and
+        // snapshots) travel in the replicas' own fragments. The fragments are not paced: the
+        // simulated links queue them as a switch port would, and a socket host paces only so
+        // as not to overflow a receive buffer the simulator does not model.
         let fragment_bytes = service
             .datagram_bytes
             .saturating_sub(HEADER_LEN)
@@ -865,7 +867,7 @@ pub(crate) fn bootstrap(
                 replicas: replicas as usize,
                 seed: seed ^ 0x5245_504c ^ ((k as u64) << 32),
                 fragment_bytes,
-                append_bytes_max: fragment_bytes as u64 / 2,
+                fragments_per_tick: usize::MAX,
                 gms: gms_config.clone(),
                 ..ReplicaConfig::default()
             };
