@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use tidings_bench::regions::{regions_report, RegionsParams};
 use tidings_proto::Config;
 use tidings_sim::fault::FaultSpec;
 use tidings_sim::horus::PaperScenario;
@@ -87,7 +88,7 @@ fn sim_regions(a: &RegionsArgs) -> ExitCode {
         eprintln!("error: --nodes and --topics must be positive, --interest within (0, 1], --zipf at least 0, --personal within [0, 1], --waste-max within [0, 1)");
         return ExitCode::from(2);
     }
-    let mut params = tidings_gms::RegionsParams::new(a.nodes, a.topics, a.interest, a.zipf, a.seed);
+    let mut params = RegionsParams::new(a.nodes, a.topics, a.interest, a.zipf, a.seed);
     params.compare_batch = a.batch;
     params.communities = a.communities;
     params.personal = a.personal;
@@ -96,7 +97,7 @@ fn sim_regions(a: &RegionsArgs) -> ExitCode {
     if !a.waste_sweep.is_empty() {
         return waste_sweep(&params, &a.waste_sweep, &a.out);
     }
-    let report = tidings_gms::regions_report(&params);
+    let report = regions_report(&params);
     if a.json {
         match serde_json::to_string_pretty(&report) {
             Ok(j) => println!("{j}"),
@@ -112,7 +113,7 @@ fn sim_regions(a: &RegionsArgs) -> ExitCode {
 }
 
 /// `tidings sim regions --waste-sweep`: one report per bound, as CSV and PNG.
-fn waste_sweep(params: &tidings_gms::RegionsParams, bounds: &[f64], out: &str) -> ExitCode {
+fn waste_sweep(params: &RegionsParams, bounds: &[f64], out: &str) -> ExitCode {
     let mut reports = Vec::with_capacity(bounds.len());
     let mut csv = String::from(
         "waste_bound,regions_per_node_mean,regions_per_node_max,regions_per_topic_mean,regions_per_topic_max,region_size_mean,region_size_max,top2_region_traffic_share,waste_mean,waste_max,pads_per_node_mean,subsets,singleton_subsets,elapsed_ms\n",
@@ -120,7 +121,7 @@ fn waste_sweep(params: &tidings_gms::RegionsParams, bounds: &[f64], out: &str) -
     for &b in bounds {
         let mut p = params.clone();
         p.planner.waste_max_permille = (b * 1000.0).round() as u32;
-        let r = tidings_gms::regions_report(&p);
+        let r = regions_report(&p);
         let i = &r.incremental;
         csv += &format!(
             "{:.3},{:.2},{},{:.3},{},{:.2},{},{:.4},{:.4},{:.4},{:.1},{},{},{}\n",
@@ -147,7 +148,22 @@ fn waste_sweep(params: &tidings_gms::RegionsParams, bounds: &[f64], out: &str) -
             100.0 * i.waste_max,
             100.0 * i.top2_region_traffic_share
         );
-        reports.push(r);
+        reports.push(tidings_sim::plot::WasteSweepPoint {
+            nodes: r.nodes,
+            topics: r.topics,
+            interest: r.interest,
+            zipf: r.zipf,
+            seed: r.seed,
+            waste_max_permille: r.waste_max_permille,
+            regions_per_node_mean: r.regions_per_node_mean,
+            regions_per_node_max: r.regions_per_node_max,
+            regions_per_topic_mean: r.regions_per_topic_mean,
+            regions_per_topic_max: r.regions_per_topic_max,
+            region_size_mean: r.region_size_mean,
+            top2_region_traffic_share: r.top2_region_traffic_share,
+            waste_mean: r.waste_mean,
+            waste_max: r.waste_max,
+        });
     }
     let png = tidings_sim::plot::waste_sweep_png(&reports);
     for (path, bytes) in [

@@ -3,7 +3,6 @@
 //! - [`regions`]: the region planner. Topics are split into subsets whose memberships overlap
 //!   regularly (paper 001's greedy), and within a subset nodes with identical subscriptions form a
 //!   region; incremental, it reports exactly which regions and topics each change touches.
-//!   [`regions_report`] is the `tidings sim regions` experiment.
 //! - [`Gms`]: the service. Joins, leaves, subscriptions by topic name, failure detection
 //!   (heartbeats, plus suspicions from ring neighbours that it checks by probing the suspect:
 //!   ADR 31), joins told apart by nonce (a taken one is refused), region views with partitions, a base
@@ -45,8 +44,7 @@ pub use message::{
     TOPIC_NAME_BYTES_MAX,
 };
 pub use regions::{
-    regions_report, Changes, Planner, PlannerConfig, PlannerConfigError, PlannerStats, Region,
-    RegionsParams, RegionsReport, SubsetId,
+    Changes, Planner, PlannerConfig, PlannerConfigError, PlannerStats, Region, SubsetId,
 };
 pub use replica::{
     Durable, DurableError, DurableFile, DurableLimits, Replica, ReplicaConfig, ReplicaError,

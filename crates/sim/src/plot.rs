@@ -674,17 +674,51 @@ pub fn sweep_png(outcomes: &[Outcome]) -> Vec<u8> {
     render("Gryphon Fig. 16 (E4)", &columns, XAxis::Linear(x_max))
 }
 
+/// One run of `tidings sim regions` in a sweep over the waste bound: the workload and the
+/// figures [`waste_sweep_png`] draws.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WasteSweepPoint {
+    /// Nodes of the workload.
+    pub nodes: usize,
+    /// Topics of the workload.
+    pub topics: usize,
+    /// Share of the topics each node subscribes to.
+    pub interest: f64,
+    /// Exponent of the topics' Zipf popularity.
+    pub zipf: f64,
+    /// Seed of the workload.
+    pub seed: u64,
+    /// The planner's bound on waste, in thousandths.
+    pub waste_max_permille: u32,
+    /// Regions per node, mean.
+    pub regions_per_node_mean: f64,
+    /// Regions per node, most.
+    pub regions_per_node_max: usize,
+    /// Regions per topic, mean.
+    pub regions_per_topic_mean: f64,
+    /// Regions per topic, most.
+    pub regions_per_topic_max: usize,
+    /// Members per region, mean.
+    pub region_size_mean: f64,
+    /// Share of a node's traffic in its two busiest regions, mean over nodes.
+    pub top2_region_traffic_share: f64,
+    /// Share of what a node receives that it discards, mean over nodes.
+    pub waste_mean: f64,
+    /// Share of what a node receives that it discards, most over nodes.
+    pub waste_max: f64,
+}
+
 /// The trade-off of approximate regions (ADR 34): paper 001's region figures against the
 /// planner's bound on waste, one report of `tidings sim regions` per bound, with the paper's
 /// figures as grey reference lines.
 #[must_use]
-pub fn waste_sweep_png(reports: &[tidings_gms::RegionsReport]) -> Vec<u8> {
+pub fn waste_sweep_png(reports: &[WasteSweepPoint]) -> Vec<u8> {
     let Some(first) = reports.first() else {
         return empty_png();
     };
-    let x = |r: &tidings_gms::RegionsReport| f64::from(r.waste_max_permille) / 10.0;
+    let x = |r: &WasteSweepPoint| f64::from(r.waste_max_permille) / 10.0;
     let x_max = reports.iter().map(x).fold(1.0, f64::max);
-    let line = |label: &str, colour: u8, f: &dyn Fn(&tidings_gms::RegionsReport) -> f64| Series {
+    let line = |label: &str, colour: u8, f: &dyn Fn(&WasteSweepPoint) -> f64| Series {
         label: label.into(),
         colour,
         points: reports.iter().map(|r| (x(r), f(r))).collect(),
@@ -694,7 +728,7 @@ pub fn waste_sweep_png(reports: &[tidings_gms::RegionsReport]) -> Vec<u8> {
         colour: colour::GREY,
         points: vec![(0.0, y), (x_max, y)],
     };
-    let max_of = |f: &dyn Fn(&tidings_gms::RegionsReport) -> f64| {
+    let max_of = |f: &dyn Fn(&WasteSweepPoint) -> f64| {
         nice_ceiling(reports.iter().map(f).fold(1.0, f64::max))
     };
     let per_node = Panel {

@@ -57,7 +57,6 @@
 //! [`Planner::check_invariants`].
 
 mod approx;
-mod report;
 #[cfg(test)]
 mod tests;
 
@@ -66,8 +65,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use tidings_proto::{Membership, RegionView};
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
-
-pub use report::{regions_report, RegionsParams, RegionsReport};
 
 /// A subset of topics whose memberships overlap regularly; each has its own regions.
 #[derive(
@@ -404,6 +401,13 @@ fn set_hash<'a>(nodes: impl IntoIterator<Item = &'a NodeId>) -> u64 {
     nodes
         .into_iter()
         .fold(0u64, |h, &n| h.wrapping_add(node_hash(n)))
+}
+
+impl Default for Planner {
+    /// An empty planner with the default configuration.
+    fn default() -> Planner {
+        Planner::with_valid(PlannerConfig::default())
+    }
 }
 
 impl Planner {

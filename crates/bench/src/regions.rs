@@ -1,11 +1,12 @@
-//! The `tidings sim regions` experiment: paper 001's Figures 5 and 6 on a generated workload.
+//! The `tidings sim regions` experiment: paper 001's Figures 5 and 6 on a generated workload,
+//! fed to the membership service's region planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 use tidings_wire::{NodeId, TopicId};
 
-use super::{Planner, PlannerConfig, PlannerStats, SubsetId};
+use tidings_gms::{Planner, PlannerConfig, PlannerStats, SubsetId};
 
 /// The workload of the experiment. Build with [`RegionsParams::new`] (or `Default`) and adjust.
 #[derive(Clone, Debug, PartialEq)]
@@ -237,9 +238,11 @@ impl From<&PlannerStats> for PlannerStatsReport {
 /// The subscriptions of the workload: for each node (in order), its topics in the order it
 /// subscribes to them, plus each topic's publishing weight (its popularity).
 #[derive(Clone, Debug)]
-pub(crate) struct Workload {
-    pub(crate) subscriptions: Vec<(NodeId, Vec<TopicId>)>,
-    pub(crate) weight: Vec<f64>,
+pub struct Workload {
+    /// Each node's topics, in the order it subscribes to them.
+    pub subscriptions: Vec<(NodeId, Vec<TopicId>)>,
+    /// `weight[t - 1]` is topic `t`'s publishing rate (its popularity).
+    pub weight: Vec<f64>,
 }
 
 /// Generates the workload of paper 001: each node subscribes to `round(interest * topics)`
@@ -247,7 +250,7 @@ pub(crate) struct Workload {
 /// [`communities`](RegionsParams::communities), a node takes its community's profile instead,
 /// except for its [`personal`](RegionsParams::personal) share. Topic of rank `r` is `TopicId(r)`,
 /// node `i` is `NodeId(i + 1)`.
-pub(crate) fn workload(params: &RegionsParams) -> Workload {
+pub fn workload(params: &RegionsParams) -> Workload {
     let mut rng = fastrand::Rng::with_seed(params.seed);
     let weight: Vec<f64> = (1..=params.topics)
         .map(|r| 1.0 / (r as f64).powf(params.zipf))
@@ -317,13 +320,12 @@ pub fn regions_report(params: &RegionsParams) -> RegionsReport {
     let workload_ms = millis(start.elapsed());
 
     // An invalid planner config falls back to the defaults (the report states the config used).
-    let config = match params.planner.validate() {
-        Ok(()) => params.planner.clone(),
-        Err(_) => PlannerConfig::default(),
+    let (config, mut planner) = match Planner::new(params.planner.clone()) {
+        Ok(planner) => (params.planner.clone(), planner),
+        Err(_) => (PlannerConfig::default(), Planner::default()),
     };
     #[allow(clippy::disallowed_methods)]
     let start = std::time::Instant::now();
-    let mut planner = Planner::with_valid(config.clone());
     // Each topic's weight is its publishing rate (its popularity), scaled so the least popular
     // topic of 10,000 weighs about 100: what the waste bound counts in.
     let top = load
@@ -354,7 +356,7 @@ pub fn regions_report(params: &RegionsParams) -> RegionsReport {
             .collect();
         #[allow(clippy::disallowed_methods)]
         let start = std::time::Instant::now();
-        let p = Planner::from_scratch_valid(config.clone(), &table);
+        let p = Planner::from_scratch(config.clone(), &table).unwrap_or_default();
         let ms = millis(start.elapsed());
         let mut f = figures(&p, &load.weight, params.personal_subscribers_max);
         f.elapsed_ms = ms;
@@ -717,5 +719,153 @@ impl RegionsReport {
             self.workload_ms
         );
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use tidings_gms::{Planner, PlannerConfig};
+    use tidings_wire::{NodeId, TopicId};
+
+    use super::*;
+
+    #[test]
+    fn report_is_deterministic_and_names_its_figures() {
+        let params = RegionsParams {
+            compare_batch: true,
+            ..RegionsParams::new(60, 200, 0.1, 1.0, 7)
+        };
+        let a = regions_report(&params);
+        let b = regions_report(&params);
+        assert_eq!(a.subscriptions, 60 * 20);
+        assert_eq!(a.regions_per_node_mean, b.regions_per_node_mean);
+        assert_eq!(
+            a.incremental.region_size_histogram,
+            b.incremental.region_size_histogram
+        );
+        assert!(a.regions_per_node_mean >= 1.0);
+        assert!(a.regions_per_topic_max <= params.planner.max_regions_per_topic);
+        assert!(a.top2_region_traffic_share > 0.0 && a.top2_region_traffic_share <= 1.0);
+        let json = serde_json::to_value(&a).unwrap();
+        for name in [
+            "regions_per_node_mean",
+            "regions_per_node_max",
+            "regions_per_topic_max",
+            "region_size_mean",
+            "top2_region_traffic_share",
+            "elapsed_ms",
+        ] {
+            assert!(json.get(name).is_some(), "missing {name}");
+        }
+        assert!(a.to_text().contains("regions per node"));
+        let batch = a.batch.unwrap();
+        assert!(batch.regions_per_topic_max <= params.planner.max_regions_per_topic);
+    }
+
+    #[test]
+    fn workload_draws_popular_topics_more_often() {
+        let params = RegionsParams::new(200, 1000, 0.1, 1.0, 3);
+        let w = workload(&params);
+        let mut count = vec![0usize; 1001];
+        for (_, ts) in &w.subscriptions {
+            assert_eq!(ts.len(), 100);
+            assert_eq!(
+                ts.iter().collect::<BTreeSet<_>>().len(),
+                100,
+                "distinct topics"
+            );
+            for t in ts {
+                count[t.0 as usize] += 1;
+            }
+        }
+        assert!(
+            count[1] > 190,
+            "the top topic is nearly universal: {}",
+            count[1]
+        );
+        let tail: usize = count[900..].iter().sum::<usize>() / 101;
+        assert!(tail < count[10], "tail {tail} vs rank 10 {}", count[10]);
+    }
+
+    /// Node `i`'s subscriptions in workload `w`, as a set.
+    fn topic_set(w: &Workload, i: usize) -> BTreeSet<TopicId> {
+        w.subscriptions[i].1.iter().copied().collect()
+    }
+
+    #[test]
+    fn community_workload_shares_profiles_and_personal_topics_differ() {
+        let mut params = RegionsParams::new(200, 1000, 0.1, 1.0, 5);
+        params.communities = 10;
+        let w = workload(&params);
+        let set = |i: usize| topic_set(&w, i);
+        for i in 0..200 {
+            assert_eq!(set(i).len(), 100, "node {i} has 100 distinct topics");
+            // Nodes 10 apart are in the same community: identical subscriptions.
+            if i >= 10 {
+                assert_eq!(set(i), set(i - 10), "node {i} and its community");
+            }
+        }
+        assert_ne!(set(0), set(1), "two communities, two profiles");
+
+        params.personal = 0.1;
+        let w = workload(&params);
+        let set = |i: usize| topic_set(&w, i);
+        for i in 10..200 {
+            assert_eq!(set(i).len(), 100);
+            let shared = set(i).intersection(&set(i - 10)).count();
+            assert!(
+                (80..100).contains(&shared),
+                "node {i} shares 90 profile topics plus chance overlaps with its community: {shared}"
+            );
+        }
+    }
+
+    #[test]
+    fn nodes_of_one_community_always_share_their_regions() {
+        // With no personal topics, the nodes of a community subscribe to the same topics, so the
+        // planner (fed node by node, incrementally) must keep them in the same regions throughout.
+        let mut params = RegionsParams::new(120, 600, 0.1, 1.0, 4);
+        params.communities = 12;
+        let w = workload(&params);
+        let mut planner = Planner::new(PlannerConfig::default()).unwrap();
+        for (n, ts) in &w.subscriptions {
+            for &t in ts {
+                let _ = planner.subscribe(*n, t);
+            }
+        }
+        planner.check_invariants().unwrap();
+        let regions = |i: u32| planner.node_regions(NodeId(i + 1)).collect::<Vec<_>>();
+        for i in 12..120 {
+            assert_eq!(
+                regions(i),
+                regions(i - 12),
+                "node {} and its community",
+                i + 1
+            );
+        }
+        assert!(!regions(0).is_empty());
+    }
+
+    #[test]
+    fn personal_regions_bound_regions_per_node_by_the_shared_subsets() {
+        let report = regions_report(&RegionsParams::new(200, 1000, 0.1, 1.0, 6));
+        let f = &report.incremental;
+        assert!(f.singleton_subsets > 0, "this workload leaves topics alone");
+        assert!(f.personal_regions_per_node_mean >= 1.0);
+        // Every topic alone in its subset folds into one region per node.
+        assert!(
+            f.personal_regions_per_node_mean < f.regions_per_node_mean,
+            "{} vs {}",
+            f.personal_regions_per_node_mean,
+            f.regions_per_node_mean
+        );
+        assert!(
+            f.personal_regions_per_node_mean <= (f.subsets - f.singleton_subsets + 1) as f64,
+            "at most one region per shared subset plus the personal one"
+        );
+        // A topic alone in its subset is one region today, so unicast copies cost more sends.
+        assert!(f.personal_multicast_send_factor > 1.0);
     }
 }
