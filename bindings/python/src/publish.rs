@@ -108,23 +108,29 @@ impl PyPublisher {
     ) -> PyResult<PyPublishHandle> {
         let bytes = self.encode_value(value)?;
         let deadline = deadline_in(timeout_from(timeout)?);
-        // The first attempt does not wait, so a publisher with room pays no detaching.
-        match lock(&self.inner).try_publish(&bytes) {
-            Ok(handle) => return Ok(self.handle(handle)),
-            Err(tidings::Error::WouldBlock) => {}
-            Err(e) => return Err(to_py(e)),
+        let handle = self.publish_waiting(py, &bytes, deadline)?;
+        Ok(self.handle(handle))
+    }
+
+    /// Publishes every value of the iterable `values` in order, as `publish` does each (waiting
+    /// under back pressure, the whole call at most `timeout` seconds), in one call: a loop
+    /// that pays the interpreter's per-call cost once. Returns the last message's handle
+    /// (stable means every earlier one is too), `None` for no values. If it raises, the values
+    /// before the failing one were published (`published_count` says how many).
+    #[pyo3(signature = (values, timeout=None))]
+    fn publish_many(
+        &self,
+        py: Python<'_>,
+        values: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<PyPublishHandle>> {
+        let deadline = deadline_in(timeout_from(timeout)?);
+        let mut last = None;
+        for value in values.try_iter()? {
+            let bytes = self.encode_value(&value?)?;
+            last = Some(self.publish_waiting(py, &bytes, deadline)?);
         }
-        loop {
-            let Some(slice) = next_slice(deadline) else {
-                return Err(to_py(tidings::Error::Timeout("no room to publish")));
-            };
-            let inner = &self.inner;
-            match crate::detached(py, || lock(inner).publish_timeout(&bytes, slice)) {
-                Ok(handle) => return Ok(self.handle(handle)),
-                Err(tidings::Error::Timeout(_)) => py.check_signals()?,
-                Err(e) => return Err(to_py(e)),
-            }
-        }
+        Ok(last.map(|handle| self.handle(handle)))
     }
 
     /// Publishes `value` without waiting: raises `WouldBlock` under back pressure.
@@ -152,6 +158,33 @@ impl PyPublisher {
 }
 
 impl PyPublisher {
+    /// Publishes `bytes`, waiting (with the interpreter detached, Ctrl-C checked between
+    /// slices) while back pressure holds, until `deadline`. The first attempt does not wait,
+    /// so a publisher with room pays no detaching.
+    fn publish_waiting(
+        &self,
+        py: Python<'_>,
+        bytes: &Bytes,
+        deadline: Option<std::time::Instant>,
+    ) -> PyResult<tidings::PublishHandle> {
+        match lock(&self.inner).try_publish(bytes) {
+            Ok(handle) => return Ok(handle),
+            Err(tidings::Error::WouldBlock) => {}
+            Err(e) => return Err(to_py(e)),
+        }
+        loop {
+            let Some(slice) = next_slice(deadline) else {
+                return Err(to_py(tidings::Error::Timeout("no room to publish")));
+            };
+            let inner = &self.inner;
+            match crate::detached(py, || lock(inner).publish_timeout(bytes, slice)) {
+                Ok(handle) => return Ok(handle),
+                Err(tidings::Error::Timeout(_)) => py.check_signals()?,
+                Err(e) => return Err(to_py(e)),
+            }
+        }
+    }
+
     fn encode_value(&self, value: &Bound<'_, PyAny>) -> PyResult<Bytes> {
         let encoded;
         let value = match &self.encode {

@@ -19,6 +19,11 @@ def test_would_block_then_publish_waits_until_the_reader_drains(pair):
     pub = a.publisher("bp")
     published = fill_until_would_block(pub)
     assert published >= 64
+    # publish_many waits for room too, and its timeout bounds the whole call.
+    with pytest.raises(tidings.TimeoutError):
+        pub.publish_many([PAYLOAD] * 10, timeout=0.3)
+    assert pub.published_count - published < 10
+    published = pub.published_count
 
     # The reader drains in another thread: the blocking publish (GIL released) gets room.
     received = [0]

@@ -261,3 +261,26 @@ def test_membership_service_options():
     with pytest.raises(tidings.ConfigError, match="names no replica"):
         tidings.Node(gms=[])
     assert a.closed and "closed" in repr(a)
+
+
+def test_publish_many_publishes_in_order_and_returns_the_last_handle(node):
+    sub = node.subscribe(tidings.Topic("many", tidings.STR))
+    pub = node.publisher(tidings.Topic("many", tidings.STR))
+    assert pub.publish_many([]) is None
+    handle = pub.publish_many(f"m{i}" for i in range(1000))
+    assert handle is not None and handle.ticket == 1000
+    handle.wait_stable(timeout=10)
+    got = []
+    while len(got) < 1000:
+        batch = sub.recv_many(512, timeout=10)
+        assert batch, f"only {len(got)} of 1000 messages came"
+        got.extend(m.value for m in batch)
+    assert got == [f"m{i}" for i in range(1000)]
+
+    # A value the codec refuses stops the call there: the ones before it are published.
+    with pytest.raises(tidings.EncodeError, match="a str topic takes str, not int"):
+        pub.publish_many(["a", "b", 3, "d"])
+    assert pub.published_count == 1002
+    assert [sub.recv(timeout=10).value for _ in range(2)] == ["a", "b"]
+    with pytest.raises(tidings.TimeoutError):
+        sub.recv(timeout=0.2)

@@ -16,6 +16,7 @@ from typing import (
     Callable,
     Dict,
     Generic,
+    Iterable,
     Iterator,
     List,
     Optional,
@@ -372,6 +373,15 @@ class Publisher(Generic[T]):
         """Publishes ``value``, waiting while back pressure holds, at most ``timeout`` seconds
         (``None``: until there is room or the node closes; Ctrl-C interrupts the wait)."""
         return self._inner.publish(value, timeout)
+
+    def publish_many(
+        self, values: Iterable[T], timeout: Optional[float] = None
+    ) -> Optional[PublishHandle]:
+        """Publishes every value of ``values`` in order, as ``publish`` does each, in one call
+        into the library (the whole call waits at most ``timeout`` seconds). Returns the last
+        message's handle (``None`` for no values). If it raises, the values before the failing
+        one were published (``published_count`` says how many)."""
+        return self._inner.publish_many(values, timeout)
 
     def try_publish(self, value: T) -> PublishHandle:
         """Publishes ``value`` without waiting: raises ``WouldBlock`` under back pressure."""
