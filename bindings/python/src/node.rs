@@ -184,6 +184,32 @@ impl PyNode {
         Ok(PyPublisher::new(publisher, name, encode))
     }
 
+    /// Publishers of the bytes topics `topics` (pairs of a name and its `encode`, as for
+    /// `publisher`), in their order: the membership service is told in batches, one
+    /// membership update per batch, so a node publishing on thousands of topics starts in time
+    /// linear in their number.
+    fn publishers(
+        &self,
+        py: Python<'_>,
+        topics: Vec<(String, Option<Py<PyAny>>)>,
+    ) -> PyResult<Vec<PyPublisher>> {
+        let raw = topics
+            .iter()
+            .map(|(name, _)| tidings::Topic::raw(name.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(to_py)?;
+        let guard = self.node()?;
+        let node = guard
+            .as_ref()
+            .ok_or_else(|| to_py(tidings::Error::Closed))?;
+        let publishers = crate::detached(py, || node.publishers(&raw)).map_err(to_py)?;
+        Ok(publishers
+            .into_iter()
+            .zip(topics)
+            .map(|(publisher, (name, encode))| PyPublisher::new(publisher, name, encode))
+            .collect())
+    }
+
     /// Subscribes to the bytes topic `name`, read from a queue of `capacity` messages (`None`:
     /// the node's `subscription_capacity`); a full queue slows the topic down, or with
     /// `disconnect_after` (seconds) disconnects the subscription if it stays full that long.

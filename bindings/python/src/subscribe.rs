@@ -177,6 +177,14 @@ impl PySubscription {
         taken + lock(&self.inner).as_ref().map_or(0, |s| s.queued())
     }
 
+    /// Whether the subscription is its topic's bottleneck now (its queue is full, so the
+    /// topic's streams are held at this node): for how many seconds (`None`: it is not), and
+    /// how many times it has been. Raises `ClosedError` once closed.
+    fn bottleneck(&self) -> PyResult<(Option<f64>, u64)> {
+        let state = self.inner()?.bottleneck();
+        Ok((state.since.map(|d| d.as_secs_f64()), state.times))
+    }
+
     /// Whether the subscription has been closed.
     #[getter]
     fn closed(&self) -> bool {

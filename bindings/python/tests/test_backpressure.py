@@ -74,3 +74,21 @@ def test_slow_consumer_is_disconnected_after_its_queued_messages(pair):
     with pytest.raises(tidings.ClosedError):
         sub.recv(timeout=5)
     assert list(sub) == []
+
+
+def test_an_unread_subscription_reports_itself_the_bottleneck(pair):
+    a, b = pair
+    sub = b.subscribe("held", capacity=32)
+    assert sub.bottleneck() == tidings.Bottleneck(since=None, times=0)
+    pub = a.publisher("held")
+    fill_until_would_block(pub)
+    state = sub.bottleneck()
+    assert state.since is not None and state.since > 0 and state.times == 1
+    # Read everything (the held messages refill the queue as it drains).
+    while sub.recv_many(64, timeout=0.5):
+        pass
+    state = sub.bottleneck()
+    assert state.since is None and state.times >= 1
+    sub.close()
+    with pytest.raises(tidings.ClosedError):
+        sub.bottleneck()

@@ -284,3 +284,20 @@ def test_publish_many_publishes_in_order_and_returns_the_last_handle(node):
     assert [sub.recv(timeout=10).value for _ in range(2)] == ["a", "b"]
     with pytest.raises(tidings.TimeoutError):
         sub.recv(timeout=0.2)
+
+
+def test_publishers_of_many_topics_in_one_call(node):
+    names = [f"batch-{i}" for i in range(300)]
+    subs = [node.subscribe(n) for n in names[:3]]
+    typed = tidings.Topic("batch-typed", tidings.STR)
+    typed_sub = node.subscribe(typed)
+    pubs = node.publishers(names + [typed])
+    assert [p.name for p in pubs] == names + ["batch-typed"]
+    assert len({p.topic_id for p in pubs}) == len(pubs)
+    for p in pubs[:3]:
+        p.publish(p.name.encode())
+    pubs[-1].publish("typed")
+    assert [s.recv(timeout=10).value for s in subs] == [n.encode() for n in names[:3]]
+    assert typed_sub.recv(timeout=10).value == "typed"
+    with pytest.raises(tidings.TopicNameError):
+        node.publishers(["ok", ""])

@@ -19,6 +19,7 @@ the GIL, and Ctrl-C interrupts it.
 """
 
 from ._api import (
+    Bottleneck,
     CallbackSubscription,
     Disconnect,
     Node,
@@ -69,6 +70,7 @@ __all__ = [
     "Publisher",
     "Subscription",
     "CallbackSubscription",
+    "Bottleneck",
     "SlowDown",
     "Disconnect",
     "Message",

@@ -39,6 +39,7 @@ __all__ = [
     "Publisher",
     "Subscription",
     "CallbackSubscription",
+    "Bottleneck",
     "SlowDown",
     "Disconnect",
 ]
@@ -231,6 +232,14 @@ class Node:
         topic = _topic(topic)
         return Publisher(self._inner.publisher(topic.name, topic._encode()), topic)
 
+    def publishers(self, topics: Sequence[Union[str, "Topic[Any]"]]) -> List["Publisher[Any]"]:
+        """Publishers of every topic of ``topics`` (names or ``Topic`` objects), in their
+        order, as ``publisher`` makes each; the membership service is told in batches, so
+        starting to publish on thousands of topics takes time linear in their number."""
+        resolved = [_topic(t) for t in topics]
+        inners = self._inner.publishers([(t.name, t._encode()) for t in resolved])
+        return [Publisher(inner, t) for inner, t in zip(inners, resolved)]
+
     @overload
     def subscribe(
         self,
@@ -328,6 +337,18 @@ class Node:
 
 def _config_error(message: str) -> BaseException:
     return _tidings.ConfigError(f"invalid configuration: {message}")
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """A subscription's state as the bottleneck of its topic (``Subscription.bottleneck()``):
+    a full queue holds the topic's streams at its node."""
+
+    since: Optional[float]
+    """For how many seconds the subscription has been full with its topic held (``None``: it
+    is not now)."""
+    times: int
+    """How many times it has become the bottleneck."""
 
 
 class Publisher(Generic[T]):
@@ -455,6 +476,12 @@ class Subscription(Generic[T]):
         """Whether the subscription was closed."""
         return self._inner.closed
 
+    def bottleneck(self) -> Bottleneck:
+        """Whether this subscription holds its topic back now (its queue is full), since
+        when, and how many times it has. Raises ``ClosedError`` once closed."""
+        since, times = self._inner.bottleneck()
+        return Bottleneck(since, times)
+
     def recv(self, timeout: Optional[float] = None) -> Message:
         """The next message, waiting at most ``timeout`` seconds (``None``: as long as it
         takes). ``TimeoutError`` if none came; ``ClosedError`` once the subscription ended
@@ -547,6 +574,11 @@ class CallbackSubscription:
     def topic_id(self) -> int:
         """The topic's id."""
         return self._subscription.topic_id
+
+    def bottleneck(self) -> Bottleneck:
+        """Whether the callback holds its topic back now (its queue is full), since when,
+        and how many times it has."""
+        return self._subscription.bottleneck()
 
     def _report(self, error: BaseException) -> None:
         if self._on_error is not None:
