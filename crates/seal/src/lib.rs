@@ -11,9 +11,10 @@
 //! - [`identity`]: node identities (X25519 key pairs), their file format (mode 0600), and the
 //!   allowed-identities file.
 //!
-//! Keys and randomness are inputs: datagram keys come from the caller (the membership service
-//! draws them from the host's RNG); only [`Identity::generate`] and the handshake's ephemeral
-//! keys read the operating system's RNG. `docs/security.md` states the threat model.
+//! Keys and randomness are inputs: datagram keys and the handshake's ephemeral keys come from
+//! the caller, so the simulator can replay a run from its seed; a real host draws them with
+//! [`os_random`]. Only [`Identity::generate`] (for `tidings keygen`) reads the operating
+//! system's RNG itself. `docs/security.md` states the threat model.
 
 pub mod datagram;
 pub mod identity;
@@ -27,3 +28,13 @@ pub use datagram::{
 pub use identity::{AllowList, Identity, IdentityError, PublicKey};
 pub use link::{Answer, Initiator, LinkError, Responder, ResponderStats, Session, SessionStats};
 pub use window::ReplayWindow;
+
+/// `N` bytes from the operating system's cryptographic RNG, for hosts: datagram keys
+/// ([`KeySecret::from_bytes`]) and the handshake's entropy. `None` if the RNG failed.
+#[must_use]
+pub fn os_random<const N: usize>() -> Option<[u8; N]> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; N];
+    ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
+    Some(bytes)
+}

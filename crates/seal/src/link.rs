@@ -54,6 +54,57 @@ const WELCOME: u8 = 2;
 const UNREADABLE: u8 = 3;
 const DATA: u8 = 4;
 
+/// Bytes of randomness one side of a handshake consumes (its ephemeral key).
+pub const ENTROPY_LEN: usize = 32;
+
+/// `snow`'s primitives, except that the randomness is the caller's: the ephemeral key of one
+/// handshake, drawn by the host (the operating system's RNG) or by the simulator's seed.
+struct InputEntropy(std::sync::Mutex<Option<[u8; ENTROPY_LEN]>>);
+
+/// Hands out its bytes once; a second request fails rather than repeat them.
+struct OneShot(Option<zeroize::Zeroizing<[u8; ENTROPY_LEN]>>);
+
+impl snow::types::Random for OneShot {
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), snow::Error> {
+        match self.0.take() {
+            Some(bytes) if dest.len() <= ENTROPY_LEN => {
+                dest.copy_from_slice(&bytes[..dest.len()]);
+                Ok(())
+            }
+            _ => Err(snow::Error::Rng),
+        }
+    }
+}
+
+impl snow::resolvers::CryptoResolver for InputEntropy {
+    fn resolve_rng(&self) -> Option<Box<dyn snow::types::Random>> {
+        let bytes = self.0.lock().ok()?.take().map(zeroize::Zeroizing::new);
+        Some(Box::new(OneShot(bytes)))
+    }
+    fn resolve_dh(&self, choice: &snow::params::DHChoice) -> Option<Box<dyn snow::types::Dh>> {
+        snow::resolvers::DefaultResolver.resolve_dh(choice)
+    }
+    fn resolve_hash(
+        &self,
+        choice: &snow::params::HashChoice,
+    ) -> Option<Box<dyn snow::types::Hash>> {
+        snow::resolvers::DefaultResolver.resolve_hash(choice)
+    }
+    fn resolve_cipher(
+        &self,
+        choice: &snow::params::CipherChoice,
+    ) -> Option<Box<dyn snow::types::Cipher>> {
+        snow::resolvers::DefaultResolver.resolve_cipher(choice)
+    }
+}
+
+fn builder<'a>(entropy: [u8; ENTROPY_LEN]) -> snow::Builder<'a> {
+    snow::Builder::with_resolver(
+        params(),
+        Box::new(InputEntropy(std::sync::Mutex::new(Some(entropy)))),
+    )
+}
+
 pub(crate) fn params() -> snow::params::NoiseParams {
     match PATTERN.parse() {
         Ok(p) => p,
@@ -139,17 +190,20 @@ impl Initiator {
     /// Starts a handshake of `identity` with the service whose key is `service`, writing the
     /// hello into `out` (at least [`HELLO_LEN`] bytes); returns the initiator and the hello's
     /// length. `stamp` must grow from one hello of this identity to the next (a clock in
-    /// microseconds does); each retry sends a new hello from a new initiator.
+    /// microseconds does); each retry sends a new hello from a new initiator. `entropy` must be
+    /// fresh random bytes for every call ([`crate::os_random`] on a real host, the seeded RNG
+    /// in the simulator): they become the handshake's ephemeral key.
     pub fn start(
         identity: &Identity,
         service: &PublicKey,
         stamp: u64,
+        entropy: [u8; ENTROPY_LEN],
         out: &mut [u8],
     ) -> Result<(Initiator, usize), LinkError> {
         if out.len() < HELLO_LEN {
             return Err(LinkError::Size);
         }
-        let mut state = snow::Builder::new(params())
+        let mut state = builder(entropy)
             .local_private_key(identity.private())
             .and_then(|b| b.remote_public_key(&service.0))
             .and_then(|b| b.prologue(PROLOGUE))
@@ -280,9 +334,15 @@ impl Responder {
 
     /// Handles a hello, writing the reply (if any) into `out` (at least [`WELCOME_LEN`]
     /// bytes). The host sends `out[..reply_len]` to the hello's source address and, when the
-    /// outcome is a session, keeps it for that address (replacing an older one).
-    pub fn handle_hello(&mut self, datagram: &[u8], out: &mut [u8]) -> Answer {
-        let answer = self.hello(datagram, out);
+    /// outcome is a session, keeps it for that address (replacing an older one). `entropy`
+    /// must be fresh random bytes for every call, as for [`Initiator::start`].
+    pub fn handle_hello(
+        &mut self,
+        datagram: &[u8],
+        entropy: [u8; ENTROPY_LEN],
+        out: &mut [u8],
+    ) -> Answer {
+        let answer = self.hello(datagram, entropy, out);
         let counter = match &answer.outcome {
             Ok(_) => &mut self.stats.admitted,
             Err(LinkError::NotAdmitted(_)) => &mut self.stats.refused,
@@ -294,7 +354,7 @@ impl Responder {
         answer
     }
 
-    fn hello(&mut self, datagram: &[u8], out: &mut [u8]) -> Answer {
+    fn hello(&mut self, datagram: &[u8], entropy: [u8; ENTROPY_LEN], out: &mut [u8]) -> Answer {
         let refuse = |e| Answer {
             reply_len: 0,
             outcome: Err(e),
@@ -305,7 +365,7 @@ impl Responder {
         if datagram.len() != HELLO_LEN || out.len() < WELCOME_LEN {
             return refuse(LinkError::Malformed);
         }
-        let state = snow::Builder::new(params())
+        let state = builder(entropy)
             .local_private_key(self.identity.private())
             .and_then(|b| b.prologue(PROLOGUE))
             .and_then(snow::Builder::build_responder);
@@ -513,10 +573,16 @@ mod tests {
 
     fn handshake(c: &mut Cluster, stamp: u64) -> (Result<Session, LinkError>, Answer) {
         let mut hello = [0u8; HELLO_LEN];
-        let (mut init, n) =
-            Initiator::start(&c.node, c.service.public(), stamp, &mut hello).unwrap();
+        let (mut init, n) = Initiator::start(
+            &c.node,
+            c.service.public(),
+            stamp,
+            [stamp as u8; 32],
+            &mut hello,
+        )
+        .unwrap();
         let mut reply = [0u8; WELCOME_LEN];
-        let answer = c.responder.handle_hello(&hello[..n], &mut reply);
+        let answer = c.responder.handle_hello(&hello[..n], [9; 32], &mut reply);
         (init.finish(&reply[..answer.reply_len]), answer)
     }
 
@@ -551,6 +617,21 @@ mod tests {
     }
 
     #[test]
+    fn handshakes_are_a_function_of_their_inputs() {
+        let c = cluster(true);
+        let hello = |entropy| {
+            let mut out = [0u8; HELLO_LEN];
+            Initiator::start(&c.node, c.service.public(), 1, entropy, &mut out).unwrap();
+            out
+        };
+        // The simulator replays a run from its seed: same inputs, same bytes.
+        assert_eq!(hello([1; 32]), hello([1; 32]));
+        assert_ne!(hello([1; 32]), hello([2; 32]));
+        let a = crate::os_random::<32>().unwrap();
+        assert_ne!(a, crate::os_random::<32>().unwrap());
+    }
+
+    #[test]
     fn refused_identity_gets_an_authenticated_refusal() {
         let mut c = cluster(false);
         let (node, answer) = handshake(&mut c, 1);
@@ -570,27 +651,29 @@ mod tests {
         // The node holds another key for the service: the service cannot read the hello.
         let impostor = Identity::generate().unwrap();
         let mut hello = [0u8; HELLO_LEN];
-        let (mut init, n) = Initiator::start(&c.node, impostor.public(), 1, &mut hello).unwrap();
+        let (mut init, n) =
+            Initiator::start(&c.node, impostor.public(), 1, [1; 32], &mut hello).unwrap();
         let mut reply = [0u8; WELCOME_LEN];
-        let answer = c.responder.handle_hello(&hello[..n], &mut reply);
+        let answer = c.responder.handle_hello(&hello[..n], [9; 32], &mut reply);
         assert_eq!(answer.outcome.err(), Some(LinkError::Unreadable));
         assert_eq!(
             init.finish(&reply[..answer.reply_len]).err(),
             Some(LinkError::WrongServiceKey)
         );
         // An impostor service answering in the real one's place: its welcome does not verify.
-        let (mut init, n) = Initiator::start(&c.node, c.service.public(), 2, &mut hello).unwrap();
+        let (mut init, n) =
+            Initiator::start(&c.node, c.service.public(), 2, [2; 32], &mut hello).unwrap();
         let mut allowed = AllowList::new();
         allowed.insert(*c.node.public(), "");
         let mut fake = Responder::new(impostor, allowed);
-        let answer = fake.handle_hello(&hello[..n], &mut reply);
+        let answer = fake.handle_hello(&hello[..n], [9; 32], &mut reply);
         assert_eq!(answer.outcome.err(), Some(LinkError::Unreadable));
         assert_eq!(
             init.finish(&reply[..answer.reply_len]).err(),
             Some(LinkError::WrongServiceKey)
         );
         // The real answer still completes the same handshake afterwards.
-        let answer = c.responder.handle_hello(&hello[..n], &mut reply);
+        let answer = c.responder.handle_hello(&hello[..n], [9; 32], &mut reply);
         assert!(answer.outcome.is_ok());
         assert!(init.finish(&reply[..answer.reply_len]).is_ok());
         assert_eq!(
@@ -603,14 +686,15 @@ mod tests {
     fn replayed_hello_and_tampering() {
         let mut c = cluster(true);
         let mut hello = [0u8; HELLO_LEN];
-        let (mut init, n) = Initiator::start(&c.node, c.service.public(), 10, &mut hello).unwrap();
+        let (mut init, n) =
+            Initiator::start(&c.node, c.service.public(), 10, [10; 32], &mut hello).unwrap();
         let mut reply = [0u8; WELCOME_LEN];
-        let first = c.responder.handle_hello(&hello[..n], &mut reply);
+        let first = c.responder.handle_hello(&hello[..n], [9; 32], &mut reply);
         let reply_len = first.reply_len;
         let mut service = first.outcome.unwrap();
         let again = c
             .responder
-            .handle_hello(&hello[..n], &mut [0u8; WELCOME_LEN]);
+            .handle_hello(&hello[..n], [8; 32], &mut [0u8; WELCOME_LEN]);
         assert_eq!(
             (again.reply_len, again.outcome.err()),
             (0, Some(LinkError::ReplayedHello))
@@ -633,9 +717,9 @@ mod tests {
         // A tampered hello.
         let mut h = hello;
         h[40] ^= 1;
-        let a = c.responder.handle_hello(&h, &mut reply);
+        let a = c.responder.handle_hello(&h, [7; 32], &mut reply);
         assert_eq!(a.outcome.err(), Some(LinkError::Unreadable));
-        let a = c.responder.handle_hello(&h[..50], &mut reply);
+        let a = c.responder.handle_hello(&h[..50], [6; 32], &mut reply);
         assert_eq!(a.outcome.err(), Some(LinkError::Malformed));
         assert_eq!(
             node.seal(&[0; PAYLOAD_BYTES_MAX + 1], &mut [0u8; 8]),

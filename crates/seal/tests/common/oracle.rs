@@ -56,13 +56,14 @@ pub(crate) fn handshake_any(data: &[u8], service: &Identity, node: &Identity) {
     allowed.insert(*node.public(), "node");
     let mut responder = Responder::new(service.clone(), allowed);
     let mut reply = [0u8; WELCOME_LEN];
-    let answer = responder.handle_hello(data, &mut reply);
+    let answer = responder.handle_hello(data, [3; 32], &mut reply);
     assert!(answer.outcome.is_err(), "random hello admitted");
 
     let mut hello = [0u8; HELLO_LEN];
-    let (mut init, n) = Initiator::start(node, service.public(), 1, &mut hello).expect("hello");
+    let (mut init, n) =
+        Initiator::start(node, service.public(), 1, [4; 32], &mut hello).expect("hello");
     assert!(init.finish(data).is_err(), "random welcome accepted");
-    let answer = responder.handle_hello(&hello[..n], &mut reply);
+    let answer = responder.handle_hello(&hello[..n], [5; 32], &mut reply);
     let mut at_service = answer.outcome.expect("admitted");
     let mut at_node = init.finish(&reply[..answer.reply_len]).expect("welcomed");
 
