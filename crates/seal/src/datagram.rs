@@ -25,6 +25,9 @@ use crate::window::{Refusal, ReplayWindow, WINDOW_BITS_DEFAULT, WINDOW_BITS_MAX}
 /// Bytes of the clear protocol header in front of every datagram (`tidings_wire::HEADER_LEN`):
 /// never encrypted, so receivers can route before opening.
 pub const CLEAR_HEADER_LEN: usize = 16;
+/// Where the clear header holds its sender (`tidings_wire::Header::sender`, big-endian u32): the
+/// node that put the datagram on the wire, which is the node that sealed it.
+pub const HEADER_SENDER_OFFSET: usize = 12;
 /// Bytes of a datagram key.
 pub const KEY_LEN: usize = 32;
 /// Bytes of the AEAD tag.
@@ -341,6 +344,9 @@ pub enum OpenError {
     /// The key already holds its maximum number of senders.
     #[error("too many senders under one key")]
     SendersFull,
+    /// The trailer's sender is not the header's (with [`KeyRingConfig::header_sender`]).
+    #[error("trailer and header name different senders")]
+    SenderMismatch,
 }
 
 /// Counters of a [`KeyRing`], one per outcome.
@@ -362,6 +368,8 @@ pub struct OpenStats {
     pub too_old: u64,
     /// [`OpenError::SendersFull`].
     pub senders_full: u64,
+    /// [`OpenError::SenderMismatch`].
+    pub sender_mismatch: u64,
 }
 
 impl OpenStats {
@@ -375,6 +383,7 @@ impl OpenStats {
             Err(OpenError::Replayed) => &mut self.replayed,
             Err(OpenError::TooOld) => &mut self.too_old,
             Err(OpenError::SendersFull) => &mut self.senders_full,
+            Err(OpenError::SenderMismatch) => &mut self.sender_mismatch,
         };
         *c += 1;
     }
@@ -389,6 +398,7 @@ impl OpenStats {
             + self.replayed
             + self.too_old
             + self.senders_full
+            + self.sender_mismatch
     }
 }
 
@@ -423,13 +433,18 @@ pub struct KeyRingConfig {
     /// next views' keys installed before their use).
     pub keys_max: usize,
     /// Senders per key, at most (default 256: the members of a region view); their replay
-    /// windows are allocated when the key is installed.
+    /// windows are allocated when the key is installed (with the defaults, about 40 KB a
+    /// key: 256 windows of 128 bytes and their headers).
     pub senders_max: usize,
     /// Width of each sender's replay window in counters (default
     /// [`WINDOW_BITS_DEFAULT`], at most [`WINDOW_BITS_MAX`]).
     pub window_bits: usize,
     /// Retired key ids remembered, to tell a retired key from an unknown one (default 256).
     pub retired_max: usize,
+    /// Require the trailer's sender to equal the header's (at [`HEADER_SENDER_OFFSET`]), so
+    /// the protocol can trust the header's sender (default true: every tidings datagram is
+    /// sealed by the node its header names).
+    pub header_sender: bool,
 }
 
 impl Default for KeyRingConfig {
@@ -441,6 +456,7 @@ impl Default for KeyRingConfig {
             senders_max: 256,
             window_bits: WINDOW_BITS_DEFAULT,
             retired_max: 256,
+            header_sender: true,
         }
     }
 }
@@ -630,6 +646,11 @@ impl KeyRing {
         let mut counter_bytes = [0u8; 8];
         counter_bytes.copy_from_slice(&buf[len + 8..fields_end]);
         let counter = u64::from_be_bytes(counter_bytes);
+        if self.config.header_sender
+            && be_u32(&buf[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4]) != sender
+        {
+            return Err(OpenError::SenderMismatch);
+        }
         let mut tag_bytes = [0u8; TAG_LEN];
         tag_bytes.copy_from_slice(&buf[fields_end..]);
         let tag = Tag::from(tag_bytes);
@@ -739,6 +760,7 @@ mod tests {
         )
     }
 
+    /// A datagram whose header names sender 9.
     fn datagram(payload: &[u8]) -> Vec<u8> {
         let mut d = b"TD\x01\x01\0\0\0\x02\0\0\0\x03\0\0\0\x09".to_vec();
         d.extend_from_slice(payload);
@@ -821,7 +843,7 @@ mod tests {
     #[test]
     fn modes_and_aeads_do_not_mix() {
         let mut buf = datagram(b"payload");
-        let n = sealer(Mode::Authenticate, Aead::Aes256Gcm, 1)
+        let n = sealer(Mode::Authenticate, Aead::Aes256Gcm, 9)
             .seal(&mut buf, 23)
             .unwrap();
         let sealed = buf[..n].to_vec();
@@ -835,6 +857,26 @@ mod tests {
             ring(Mode::Authenticate, Aead::ChaCha20Poly1305).open(&mut b),
             Err(OpenError::BadTag)
         );
+    }
+
+    #[test]
+    fn trailer_sender_must_be_the_header_sender() {
+        // A member sealing in another member's name with its own id in the trailer.
+        let mut s = sealer(Mode::Authenticate, Aead::Aes256Gcm, 4);
+        let mut r = ring(Mode::Authenticate, Aead::Aes256Gcm);
+        let mut buf = datagram(b"forged");
+        let n = s.seal(&mut buf, 22).unwrap();
+        assert_eq!(r.open(&mut buf[..n]), Err(OpenError::SenderMismatch));
+        assert_eq!(r.stats().sender_mismatch, 1);
+        // Without the check, the host sees the trailer's sender and compares it itself.
+        let mut r = KeyRing::new(KeyRingConfig {
+            mode: Mode::Authenticate,
+            header_sender: false,
+            ..KeyRingConfig::default()
+        })
+        .unwrap();
+        r.install(KeyId(1), &KeySecret::from_bytes(SECRET)).unwrap();
+        assert_eq!(r.open(&mut buf[..n]).unwrap().origin.unwrap().sender, 4);
     }
 
     #[test]
@@ -877,6 +919,8 @@ mod tests {
         for sender in 0..5u32 {
             let mut s = sealer(Mode::Authenticate, Aead::Aes256Gcm, sender);
             let mut buf = datagram(b"abc");
+            buf[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4]
+                .copy_from_slice(&sender.to_be_bytes());
             let n = s.seal(&mut buf, 19).unwrap();
             let got = r.open(&mut buf[..n]);
             if sender < 4 {

@@ -29,6 +29,7 @@ fn seal_and_open_allocate_nothing() {
             for i in 0..1000usize {
                 let sender = &mut senders[i % 4];
                 let len = 16 + (i * 7) % 1400;
+                buf[12..16].copy_from_slice(&((i % 4) as u32).to_be_bytes());
                 let n = sender.seal(&mut buf, len).unwrap();
                 let opened = ring.open(&mut buf[..n]).unwrap();
                 assert_eq!(opened.len, len);

@@ -2,7 +2,9 @@
 //! and arbitrary bytes.
 
 use proptest::prelude::*;
-use tidings_seal::datagram::{CLEAR_HEADER_LEN, COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
+use tidings_seal::datagram::{
+    CLEAR_HEADER_LEN, COUNTER_LIMIT_DEFAULT, HEADER_SENDER_OFFSET, TRAILER_LEN,
+};
 use tidings_seal::window::Refusal;
 use tidings_seal::{
     Aead, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, OpenError, ReplayWindow, SealingKey,
@@ -30,8 +32,10 @@ fn pair(aead: Aead, mode: Mode, sender: u32) -> (SealingKey, KeyRing) {
     (key, ring)
 }
 
-fn sealed(key: &mut SealingKey, datagram: &[u8]) -> Vec<u8> {
+/// `datagram` with its header's sender set to the key's, sealed.
+fn sealed(key: &mut SealingKey, sender: u32, datagram: &[u8]) -> Vec<u8> {
     let mut buf = datagram.to_vec();
+    buf[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4].copy_from_slice(&sender.to_be_bytes());
     buf.resize(datagram.len() + TRAILER_LEN, 0);
     let n = key.seal(&mut buf, datagram.len()).expect("room");
     assert_eq!(n, buf.len());
@@ -45,7 +49,9 @@ proptest! {
     fn round_trip(aead in aead(), mode in mode(), sender in any::<u32>(),
                   datagram in proptest::collection::vec(any::<u8>(), CLEAR_HEADER_LEN..9000)) {
         let (mut key, mut ring) = pair(aead, mode, sender);
-        let mut buf = sealed(&mut key, &datagram);
+        let mut datagram = datagram;
+        datagram[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4].copy_from_slice(&sender.to_be_bytes());
+        let mut buf = sealed(&mut key, sender, &datagram);
         prop_assert_eq!(&buf[..CLEAR_HEADER_LEN], &datagram[..CLEAR_HEADER_LEN]);
         if mode == Mode::Authenticate {
             prop_assert_eq!(&buf[..datagram.len()], &datagram[..]);
@@ -62,7 +68,7 @@ proptest! {
                                datagram in proptest::collection::vec(any::<u8>(), CLEAR_HEADER_LEN..300),
                                bit in any::<prop::sample::Index>()) {
         let (mut key, mut ring) = pair(aead, mode, 3);
-        let mut buf = sealed(&mut key, &datagram);
+        let mut buf = sealed(&mut key, 3, &datagram);
         let bit = bit.index(buf.len() * 8);
         buf[bit / 8] ^= 1 << (bit % 8);
         let got = ring.open(&mut buf);
@@ -74,7 +80,7 @@ proptest! {
     fn replays_are_refused(aead in aead(), mode in mode(), n in 1usize..40,
                            order in proptest::collection::vec(any::<prop::sample::Index>(), 1..80)) {
         let (mut key, mut ring) = pair(aead, mode, 1);
-        let all: Vec<Vec<u8>> = (0..n).map(|i| sealed(&mut key, &[i as u8; 40])).collect();
+        let all: Vec<Vec<u8>> = (0..n).map(|i| sealed(&mut key, 1, &[i as u8; 40])).collect();
         let mut seen = std::collections::BTreeSet::new();
         for pick in order {
             let i = pick.index(n);
@@ -92,12 +98,12 @@ proptest! {
     fn retired_key_is_refused(aead in aead(), mode in mode(), before in 0usize..5, after in 1usize..5) {
         let (mut key, mut ring) = pair(aead, mode, 1);
         for _ in 0..before {
-            let mut d = sealed(&mut key, &[1; 20]);
+            let mut d = sealed(&mut key, 1, &[1; 20]);
             prop_assert!(ring.open(&mut d).is_ok());
         }
         ring.retire(KeyId(7));
         for _ in 0..after {
-            let mut d = sealed(&mut key, &[1; 20]);
+            let mut d = sealed(&mut key, 1, &[1; 20]);
             prop_assert_eq!(ring.open(&mut d), Err(OpenError::RetiredKey(KeyId(7))));
         }
         prop_assert_eq!(ring.stats().retired_key, after as u64);
@@ -139,7 +145,7 @@ proptest! {
 fn window_edge_at_exact_width() {
     let (mut key, mut ring) = pair(Aead::Aes256Gcm, Mode::Authenticate, 1);
     // Seal 1025 datagrams; open the last first, then the oldest ones around the edge.
-    let all: Vec<Vec<u8>> = (0..1025).map(|_| sealed(&mut key, &[0; 16])).collect();
+    let all: Vec<Vec<u8>> = (0..1025).map(|_| sealed(&mut key, 1, &[0; 16])).collect();
     let mut last = all[1024].clone();
     assert!(ring.open(&mut last).is_ok());
     // Default width 1024: counter 1024 - 1023 = 1 is the oldest inside, 0 is outside.
@@ -150,6 +156,20 @@ fn window_edge_at_exact_width() {
 }
 
 #[test]
-fn header_constant_matches_the_wire() {
+fn header_constants_match_the_wire() {
+    use tidings_wire::{Header, Kind, NodeId, RegionId, ViewId};
     assert_eq!(CLEAR_HEADER_LEN, tidings_wire::HEADER_LEN);
+    let header = Header {
+        kind: Kind::Ack,
+        region: RegionId(1),
+        view: ViewId(2),
+        sender: NodeId(0x0102_0304),
+    };
+    let mut buf = [0u8; 64];
+    let n = tidings_wire::write_ack(&mut buf, &header, NodeId(5), 7).expect("room");
+    assert!(n >= CLEAR_HEADER_LEN);
+    assert_eq!(
+        buf[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4],
+        [1, 2, 3, 4]
+    );
 }

@@ -42,6 +42,7 @@ pub(crate) fn open_any(data: &[u8]) {
     let len = bytes.len().max(16);
     let mut buf = vec![0u8; len + TRAILER_LEN];
     buf[..bytes.len()].copy_from_slice(bytes);
+    buf[12..16].copy_from_slice(&5u32.to_be_bytes());
     let original = buf[..len].to_vec();
     let n = key.seal(&mut buf, len).expect("room");
     let opened = ring.open(&mut buf[..n]).expect("genuine datagram opens");
