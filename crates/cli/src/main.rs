@@ -53,6 +53,33 @@ enum Command {
     /// A live view of a running group from its metrics endpoints: nodes, topics, lagging
     /// subscribers, stalled publishers; keys sort, `q` quits.
     Top(top::TopArgs),
+    /// Writes a new node identity (an X25519 key pair) to a file with mode 0600 and prints its
+    /// public key, for the membership service's allowed identities.
+    Keygen(KeygenArgs),
+}
+
+/// Arguments of `tidings keygen`.
+#[derive(clap::Args, Debug)]
+struct KeygenArgs {
+    /// The identity file to write; an existing file is never replaced.
+    #[arg(long)]
+    out: std::path::PathBuf,
+}
+
+/// `tidings keygen`: the public key on stdout, so that `>> allowed` adds it to a list.
+fn keygen(args: &KeygenArgs) -> ExitCode {
+    let written =
+        tidings_seal::Identity::generate().and_then(|id| id.write_file(&args.out).map(|()| id));
+    match written {
+        Ok(id) => {
+            println!("{}", id.public());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tidings keygen: {}: {e}", args.out.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -69,5 +96,6 @@ fn main() -> ExitCode {
         Command::BenchChild(args) => bench::run_child(&args),
         Command::Stats(args) => stats_cmd::run(&args),
         Command::Top(args) => top::run(&args),
+        Command::Keygen(args) => keygen(&args),
     }
 }

@@ -1,0 +1,48 @@
+//! Sealing and opening allocate nothing per datagram: counted by a global allocator.
+
+use std::alloc::System;
+
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
+use tidings_seal::{Aead, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, SealingKey};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+#[test]
+fn seal_and_open_allocate_nothing() {
+    for aead in [Aead::Aes256Gcm, Aead::ChaCha20Poly1305] {
+        for mode in [Mode::Authenticate, Mode::Encrypt] {
+            let secret = KeySecret::from_bytes([3; 32]);
+            let mut ring = KeyRing::new(KeyRingConfig {
+                mode,
+                aead,
+                ..KeyRingConfig::default()
+            })
+            .unwrap();
+            ring.install(KeyId(1), &secret).unwrap();
+            let mut senders: Vec<SealingKey> = (0..4)
+                .map(|s| SealingKey::new(aead, mode, KeyId(1), s, &secret, COUNTER_LIMIT_DEFAULT))
+                .collect();
+            let mut buf = vec![0u8; 1472 + TRAILER_LEN];
+            let region = Region::new(GLOBAL);
+            for i in 0..1000usize {
+                let sender = &mut senders[i % 4];
+                let len = 16 + (i * 7) % 1400;
+                buf[12..16].copy_from_slice(&((i % 4) as u32).to_be_bytes());
+                let n = sender.seal(&mut buf, len).unwrap();
+                let opened = ring.open(&mut buf[..n]).unwrap();
+                assert_eq!(opened.len, len);
+                // Refusals allocate nothing either.
+                assert!(ring.open(&mut buf[..n]).is_err());
+            }
+            let stats = region.change();
+            assert_eq!(
+                (stats.allocations, stats.reallocations),
+                (0, 0),
+                "{aead:?} {mode:?}: {stats:?}"
+            );
+            assert_eq!(ring.stats().opened, 1000);
+        }
+    }
+}
