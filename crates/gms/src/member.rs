@@ -22,9 +22,9 @@ use crate::config::ClientConfig;
 use crate::message::{GmsMessage, NAMES_PER_REQUEST_MAX};
 
 /// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
-/// header, so one socket can carry both. The last byte is the codec's version (2: region views
-/// carry their base, ADR 30); a node of another version is not understood.
-pub const GMS_MAGIC: [u8; 4] = *b"TGM\x02";
+/// header, so one socket can carry both. The last byte is the codec's version (3: the welcome
+/// carries the service's incarnation); a node of another version is not understood.
+pub const GMS_MAGIC: [u8; 4] = *b"TGM\x03";
 
 /// `msg` framed for the wire.
 #[must_use]
@@ -501,7 +501,8 @@ impl Member {
         // The membership carries the topics subscribed so far; later changes follow one by one.
         drop(client.take_subscription_changes());
         let membership = client.membership();
-        let node = Node::new(protocol, id, membership, now).map_err(MemberError::Protocol)?;
+        let mut node = Node::new(protocol, id, membership, now).map_err(MemberError::Protocol)?;
+        node.set_incarnation(client.incarnation());
         let installed_commits = client.commits();
         let link = Link {
             client,

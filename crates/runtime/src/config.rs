@@ -451,6 +451,18 @@ fn join_seed() -> u64 {
     })
 }
 
+/// A membership service's incarnation for a service that starts without state: nonzero and
+/// from the operating system's random source (as [`join_seed`]), so that a service restarted
+/// without its state almost surely takes another one than the one it lost.
+pub(crate) fn draw_incarnation() -> u32 {
+    loop {
+        let i = join_seed() as u32;
+        if i != 0 {
+            return i;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

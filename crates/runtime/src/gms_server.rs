@@ -90,8 +90,10 @@ pub struct GmsServer {
 }
 
 impl GmsServer {
-    /// Binds `bind` and starts the service thread.
-    pub fn start(config: GmsConfig, bind: SocketAddr) -> Result<GmsServer, GmsServerError> {
+    /// Binds `bind` and starts the service thread. The service starts without state, under an
+    /// incarnation drawn from the OS (`config.incarnation` is replaced).
+    pub fn start(mut config: GmsConfig, bind: SocketAddr) -> Result<GmsServer, GmsServerError> {
+        config.incarnation = crate::config::draw_incarnation();
         let gms = Gms::new(config)?;
         let socket = UdpSocket::bind(bind)?;
         socket.set_read_timeout(Some(SERVER_TICK))?;
