@@ -254,8 +254,10 @@ pub struct ClientConfig {
     /// When the service says it does not know this node (it was removed, or the service lost
     /// its state), join again under a new id and send the subscriptions and advertisements
     /// again ([`ClientEvent::Rejoining`](crate::ClientEvent::Rejoining)) instead of stopping
-    /// ([`ClientEvent::Removed`](crate::ClientEvent::Removed)). Default `false`: the host
-    /// decides whether its protocol node can follow a change of node id.
+    /// ([`ClientEvent::Removed`](crate::ClientEvent::Removed)). A [`Member`](crate::Member)
+    /// follows it (a new protocol node under the new id and incarnation,
+    /// [`MemberEvent::Rejoined`](crate::MemberEvent::Rejoined)); the runtime turns it on.
+    /// Default `false` for a bare client, whose host must follow a change of node id itself.
     pub rejoin: bool,
 }
 

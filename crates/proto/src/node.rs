@@ -414,6 +414,14 @@ impl Node {
         MsgId(self.next_msg_id)
     }
 
+    /// The oldest message of this node not yet stable (sent or not), or the next id when every
+    /// message is: with [`is_stable`](Node::is_stable), what a host gives up when it replaces
+    /// the node.
+    #[must_use]
+    pub fn first_unstable(&self) -> MsgId {
+        MsgId(self.stability.first().min(self.next_msg_id))
+    }
+
     /// The configuration in force.
     #[must_use]
     pub fn config(&self) -> &Config {

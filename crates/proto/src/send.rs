@@ -291,6 +291,11 @@ impl StabilityTracker {
         Self::starting_at(1)
     }
 
+    /// The oldest message id not known stable (every earlier one is).
+    pub(crate) fn first(&self) -> u64 {
+        self.first
+    }
+
     /// A tracker whose first message id is `first`.
     pub(crate) fn starting_at(first: u64) -> Self {
         StabilityTracker {

@@ -235,9 +235,12 @@ impl GmsLinkConfig {
             servers,
             // The join nonce must differ between nodes (the service tells joiners apart by it):
             // a random seed per link, unlike the sans-IO client's fixed default.
+            // A node the service lost (restarted without its state) joins again by itself: the
+            // member follows the new id and incarnation (ADR 32 item 10).
             client: tidings_gms::ClientConfig {
                 seed: join_seed(),
                 replicas,
+                rejoin: true,
                 ..tidings_gms::ClientConfig::default()
             },
             join_timeout: Duration::from_secs(5),
