@@ -178,6 +178,8 @@ pub struct GmsClient {
     subscription_changes: Vec<(TopicId, bool)>,
     /// A `Leave` was requested: a removal then ends the client, never a rejoin.
     leaving: bool,
+    /// The incarnation of the service that welcomed this node (0 before).
+    incarnation: u32,
     /// Failovers since a message was last taken from the replica talked to.
     silent_failovers: usize,
 }
@@ -221,8 +223,16 @@ impl GmsClient {
             subscription_changes: Vec::new(),
             advertised: BTreeSet::new(),
             leaving: false,
+            incarnation: 0,
             silent_failovers: 0,
         })
+    }
+
+    /// The incarnation of the service that last welcomed this node (0 before the first
+    /// welcome): what its protocol node writes in every packet.
+    #[must_use]
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
     }
 
     /// The join nonce (the runtime maps it to this client until it has a node id).
@@ -557,8 +567,16 @@ impl GmsClient {
         self.silent_failovers = 0;
         match (self.state, msg) {
             (State::Removed, _) => self.stats.unexpected += 1,
-            (State::Joining { .. }, GmsMessage::Welcome { nonce, node }) if nonce == self.nonce => {
+            (
+                State::Joining { .. },
+                GmsMessage::Welcome {
+                    nonce,
+                    node,
+                    incarnation,
+                },
+            ) if nonce == self.nonce => {
                 self.state = State::Member(node);
+                self.incarnation = incarnation;
                 self.events.push_back(ClientEvent::Joined(node));
                 self.send_requests(now);
             }

@@ -116,6 +116,12 @@ pub struct GmsConfig {
     /// of the old service is never taken for a member of the new one before it rejoins.
     /// Default 1.
     pub first_node: u32,
+    /// The incarnation a service that starts without state takes (nonzero): drawn by the host
+    /// from its randomness, so that a service restarted without its state numbers its
+    /// regions, views and topics under another incarnation than the one it lost, and the
+    /// protocol nodes of the two never take each other's packets. A replicated service takes
+    /// its first leader's. Default 1 (tests; hosts draw one).
+    pub incarnation: u32,
 }
 
 impl Default for GmsConfig {
@@ -141,6 +147,7 @@ impl Default for GmsConfig {
                 groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
             }),
             first_node: 1,
+            incarnation: 1,
         }
     }
 }
@@ -189,6 +196,7 @@ impl GmsConfig {
             ("nodes_max", self.nodes_max == 0),
             ("topics_max", self.topics_max == 0),
             ("first_node", self.first_node == 0),
+            ("incarnation", self.incarnation == 0),
         ] {
             if zero {
                 return Err(ConfigError::Zero(name));
@@ -246,8 +254,10 @@ pub struct ClientConfig {
     /// When the service says it does not know this node (it was removed, or the service lost
     /// its state), join again under a new id and send the subscriptions and advertisements
     /// again ([`ClientEvent::Rejoining`](crate::ClientEvent::Rejoining)) instead of stopping
-    /// ([`ClientEvent::Removed`](crate::ClientEvent::Removed)). Default `false`: the host
-    /// decides whether its protocol node can follow a change of node id.
+    /// ([`ClientEvent::Removed`](crate::ClientEvent::Removed)). A [`Member`](crate::Member)
+    /// follows it (a new protocol node under the new id and incarnation,
+    /// [`MemberEvent::Rejoined`](crate::MemberEvent::Rejoined)); the runtime turns it on.
+    /// Default `false` for a bare client, whose host must follow a change of node id itself.
     pub rejoin: bool,
 }
 

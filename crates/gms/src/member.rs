@@ -22,9 +22,9 @@ use crate::config::ClientConfig;
 use crate::message::{GmsMessage, NAMES_PER_REQUEST_MAX};
 
 /// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
-/// header, so one socket can carry both. The last byte is the codec's version (2: region views
-/// carry their base, ADR 30); a node of another version is not understood.
-pub const GMS_MAGIC: [u8; 4] = *b"TGM\x02";
+/// header, so one socket can carry both. The last byte is the codec's version (3: the welcome
+/// carries the service's incarnation); a node of another version is not understood.
+pub const GMS_MAGIC: [u8; 4] = *b"TGM\x03";
 
 /// `msg` framed for the wire.
 #[must_use]
@@ -167,6 +167,36 @@ pub enum MemberEvent {
         /// How long the oldest message it held back had waited when it cleared.
         waited: Duration,
     },
+    /// The service no longer knew this node (it restarted without its state, or removed the
+    /// node while alive) and the node joined again (`ClientConfig::rejoin`): its protocol node
+    /// now runs under `new` and the service's `incarnation`, and its message ids go on from
+    /// the old node's. Every protocol event of the old node came before this one. The old
+    /// node's messages that were not stable are `abandoned`: never sent again (so no
+    /// subscriber gets one twice, and each publisher's order holds for what is delivered),
+    /// each reported here once instead of as stable. The subscriptions and advertisements
+    /// are asked for again; each name bound anew is reported with
+    /// [`TopicMoved`](MemberEvent::TopicMoved).
+    Rejoined {
+        /// The id the node had.
+        old: NodeId,
+        /// The id it has now.
+        new: NodeId,
+        /// The service's incarnation now.
+        incarnation: u32,
+        /// The old node's messages that were not stable, in order.
+        abandoned: Vec<MsgId>,
+    },
+    /// After a [`Rejoined`](MemberEvent::Rejoined), a topic name this node had bound is bound
+    /// again, to `new`: a host moves what it keeps under `old` (subscriptions, publishers'
+    /// topics) to `new`. Comes before any delivery of `new`.
+    TopicMoved {
+        /// The name.
+        name: String,
+        /// Its id under the old incarnation.
+        old: TopicId,
+        /// Its id now.
+        new: TopicId,
+    },
 }
 
 /// Counters of a [`Member`]'s control plane.
@@ -184,6 +214,10 @@ pub struct MemberStats {
     pub suspicions_reported: u64,
     /// Stalls reported ([`MemberEvent::Stalled`]).
     pub stalls_reported: u64,
+    /// Rejoins followed: protocol nodes replaced under a new id ([`MemberEvent::Rejoined`]).
+    pub rejoins: u64,
+    /// Messages of replaced protocol nodes that were never stable, reported abandoned.
+    pub messages_abandoned: u64,
 }
 
 /// A named request waiting for the service.
@@ -253,6 +287,14 @@ struct Link {
     /// The leave was sent at this time.
     leaving_since: Option<Time>,
     removed: bool,
+    /// The topic names bound by the service, to carry them over a rejoin.
+    bound: HashMap<String, TopicId>,
+    /// The client joins again (between [`ClientEvent::Rejoining`] and its welcome): the old
+    /// protocol node runs on in its views, and nothing of the new id is installed.
+    rejoining: bool,
+    /// After a rejoin, the names bound under the old incarnation not yet bound again: their
+    /// old id, and whether this node subscribed to it by name.
+    moving: HashMap<String, (TopicId, bool)>,
 }
 
 impl Link {
@@ -501,7 +543,8 @@ impl Member {
         // The membership carries the topics subscribed so far; later changes follow one by one.
         drop(client.take_subscription_changes());
         let membership = client.membership();
-        let node = Node::new(protocol, id, membership, now).map_err(MemberError::Protocol)?;
+        let mut node = Node::new(protocol, id, membership, now).map_err(MemberError::Protocol)?;
+        node.set_incarnation(client.incarnation());
         let installed_commits = client.commits();
         let link = Link {
             client,
@@ -512,6 +555,9 @@ impl Member {
             suspected: BTreeMap::new(),
             leaving_since: None,
             removed: false,
+            bound: bound.iter().cloned().collect(),
+            rejoining: false,
+            moving: HashMap::new(),
         };
         let mut member = Member::around(node, config, Some(link), now);
         member.reindex();
@@ -960,6 +1006,7 @@ impl Member {
         }
         let mut whole = None;
         let mut removed = false;
+        let mut rejoined = None;
         let mut bound = Vec::new();
         while let Some(e) = link.client.poll_event() {
             match e {
@@ -967,27 +1014,67 @@ impl Member {
                 ClientEvent::Membership(m) => whole = Some(m),
                 ClientEvent::TopicBound { name, topic } => {
                     link.waiting.bind(&name, topic);
+                    link.bound.insert(name.clone(), topic);
                     bound.push((name, topic));
                 }
-                // The member does not follow a change of node id (its protocol node, streams
-                // and message ids are the old id's): a client that joins again under a new id
-                // (`ClientConfig::rejoin`) leaves this member removed.
-                ClientEvent::Removed | ClientEvent::Rejoining { .. } => removed = true,
+                ClientEvent::Removed => removed = true,
+                // The old protocol node runs on in its views until the service welcomes the
+                // node again; the requests waiting are asked again by name.
+                ClientEvent::Rejoining { .. } => {
+                    link.rejoining = true;
+                    rejoined = None;
+                    let waiting: Vec<Waiting> = link.waiting.drain().collect();
+                    link.waiting = WaitingRequests::default();
+                    for w in waiting {
+                        link.waiting
+                            .unbound
+                            .entry(w.name.clone())
+                            .or_default()
+                            .push(w);
+                    }
+                }
+                ClientEvent::Joined(new) if link.rejoining => rejoined = Some(new),
                 ClientEvent::Joined(_) => {}
             }
         }
         // The topics this node delivers, before the views that carry them are installed: a
         // message a new view lets in is delivered, not filtered (approximate regions, ADR 34).
+        // A rejoining client's changes are the old ids' end and the new ids' start: the new
+        // protocol node takes the latter with its membership.
         for (topic, subscribed) in link.client.take_subscription_changes() {
-            self.node.set_subscribed(topic, subscribed);
+            if !link.rejoining {
+                self.node.set_subscribed(topic, subscribed);
+            }
         }
         let moved = link.client.commits() != link.installed_commits;
         link.installed_commits = link.client.commits();
-        // A removed member installs nothing more (a rejoining client's batches are for another
-        // node id).
+        // A removed member installs nothing more; a rejoining one nothing before its new
+        // protocol node exists (the batches are for the new id).
         let change = moved
             .then(|| link.client.take_change())
-            .filter(|_| !link.removed);
+            .filter(|_| !link.removed && !link.rejoining);
+        if let Some(new) = rejoined {
+            self.rebuild(now, new);
+        }
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let mut moves = Vec::new();
+        for (name, topic) in &bound {
+            if let Some((old, subscribed)) = link.moving.remove(name) {
+                if subscribed {
+                    link.names.insert(*topic, name.clone());
+                }
+                moves.push(MemberEvent::TopicMoved {
+                    name: name.clone(),
+                    old,
+                    new: *topic,
+                });
+            }
+        }
+        for event in moves {
+            self.push_event(event);
+        }
         for (name, topic) in bound {
             self.push_event(MemberEvent::TopicBound { name, topic });
         }
@@ -1009,6 +1096,89 @@ impl Member {
         if link.leaving_since.is_some() && done && !self.left {
             self.push_left();
         }
+    }
+
+    /// Replaces the protocol node after a rejoin: the old node's pending events are queued in
+    /// their places, its unstable messages reported abandoned, and a new node under `new` and
+    /// the service's incarnation takes the client's membership, numbering its messages on
+    /// from the old node's.
+    fn rebuild(&mut self, now: Time, new: NodeId) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        link.rejoining = false;
+        let incarnation = link.client.incarnation();
+        drop(link.client.take_subscription_changes());
+        let _ = link.client.take_change();
+        link.installed_commits = link.client.commits();
+        let membership = link.client.membership();
+        let mut node = match Node::new(self.node.config().clone(), new, membership, now) {
+            Ok(node) => node,
+            // The configuration was valid for the old node: it is the same.
+            Err(_) => return,
+        };
+        node.set_incarnation(incarnation);
+        node.set_first_msg_id(self.node.next_msg_id());
+        let subscribed_names = std::mem::take(&mut link.names);
+        link.moving = std::mem::take(&mut link.bound)
+            .into_iter()
+            .map(|(name, old)| (name, (old, subscribed_names.contains_key(&old))))
+            .collect();
+        link.suspected.clear();
+        let mut old = std::mem::replace(&mut self.node, node);
+        let abandoned: Vec<MsgId> = (old.first_unstable().0..old.next_msg_id().0)
+            .map(MsgId)
+            .filter(|&m| !old.is_stable(m))
+            .collect();
+        // The old node's events not yet taken, each in its place among the member's own.
+        let base = self.node_events_taken;
+        let mut taken = 0u64;
+        let mut merged = VecDeque::with_capacity(self.events.len() + old.events_pending());
+        for q in std::mem::take(&mut self.events) {
+            while q.after > base + taken {
+                let Some(e) = old.poll_event() else {
+                    break;
+                };
+                taken += 1;
+                merged.push_back(Queued {
+                    after: 0,
+                    event: MemberEvent::Protocol(e),
+                });
+            }
+            merged.push_back(Queued {
+                after: 0,
+                event: q.event,
+            });
+        }
+        while let Some(e) = old.poll_event() {
+            taken += 1;
+            merged.push_back(Queued {
+                after: 0,
+                event: MemberEvent::Protocol(e),
+            });
+        }
+        self.events = merged;
+        self.node_events_taken = base + taken;
+        let old_id = old.id();
+        drop(old);
+        for (region, (_, at)) in std::mem::take(&mut self.stalls) {
+            self.push_event(MemberEvent::StallCleared {
+                region,
+                waited: Duration::from_micros(now.as_micros().saturating_sub(at)),
+            });
+        }
+        self.touched.clear();
+        self.unreachable.clear();
+        self.stats.rejoins += 1;
+        self.stats.messages_abandoned += abandoned.len() as u64;
+        self.push_event(MemberEvent::Rejoined {
+            old: old_id,
+            new,
+            incarnation,
+            abandoned,
+        });
+        self.reindex();
+        self.queue_installed(self.events_made(), None);
     }
 
     fn install_whole(&mut self, now: Time, membership: Membership) {
@@ -1269,12 +1439,23 @@ mod tests {
     /// knows a joiner by the nonce of its `Join`, as a host does). Returns the joinings and
     /// the datagrams each sent.
     fn handshake(gms: &mut Gms, n: usize, rounds: usize) -> (Vec<Joining>, Vec<u64>) {
+        handshake_with(gms, n, rounds, false)
+    }
+
+    /// [`handshake`], with the clients' `rejoin` as given.
+    fn handshake_with(
+        gms: &mut Gms,
+        n: usize,
+        rounds: usize,
+        rejoin: bool,
+    ) -> (Vec<Joining>, Vec<u64>) {
         let mut joinings: Vec<(Joining, Option<Peer>)> = (0..n)
             .map(|i| {
                 let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16));
                 let client = ClientConfig {
                     seed: 40 + i as u64,
                     data_addr: Some(addr),
+                    rejoin,
                     ..ClientConfig::default()
                 };
                 let j = Joining::new(Config::default(), MemberConfig::default(), client);
@@ -1325,8 +1506,12 @@ mod tests {
 
     impl Group {
         fn new(n: usize) -> Group {
+            Group::with(n, false)
+        }
+
+        fn with(n: usize, rejoin: bool) -> Group {
             let mut gms = Gms::new(GmsConfig::default()).unwrap();
-            let (joinings, _) = handshake(&mut gms, n, 10);
+            let (joinings, _) = handshake_with(&mut gms, n, 10, rejoin);
             let members: Vec<Member> = joinings
                 .into_iter()
                 .map(|j| j.into_member(T0).unwrap())
@@ -1362,15 +1547,25 @@ mod tests {
                         moved = true;
                         if !self.cut_from.contains(&i) {
                             let body = unframe(&datagram).unwrap();
-                            let from = Peer::Node(self.members[i].id());
+                            // A rejoining member joins by its nonce, as a joiner does.
+                            let from = match GmsMessage::decode(body) {
+                                Ok(GmsMessage::Join { nonce, .. }) => Peer::Joiner(nonce),
+                                _ => Peer::Node(self.members[i].id()),
+                            };
                             self.gms.handle_datagram(self.now, from, body);
                         }
                     }
                 }
                 while let Some(t) = self.gms.poll_transmit() {
                     moved = true;
-                    let Peer::Node(node) = t.to else { continue };
-                    let Some(i) = self.index_of(node) else {
+                    let found = match t.to {
+                        Peer::Node(node) => self.index_of(node),
+                        Peer::Joiner(nonce) => self
+                            .members
+                            .iter()
+                            .position(|m| m.client().is_some_and(|c| c.nonce() == nonce)),
+                    };
+                    let Some(i) = found else {
                         continue;
                     };
                     if !self.cut_to.contains(&i) {
@@ -1782,5 +1977,118 @@ mod tests {
         assert!(lone.poll_gms_transmit().is_some(), "the join goes out");
         assert!(!lone.is_joined());
         assert!(matches!(lone.into_member(T0), Err(MemberError::NotJoined)));
+    }
+
+    /// The service restarts without its state: every member joins again under a new id and
+    /// the new incarnation, its subscriptions and advertisements carried over and reported
+    /// moved to their new ids, its unstable messages reported abandoned, and its message ids
+    /// going on.
+    #[test]
+    fn members_follow_a_rejoin_to_a_service_restarted_without_its_state() {
+        let mut g = Group::with(3, true);
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["z", "a", "b"]));
+        g.members[1].request_named(g.now, NamedRequest::Subscribe, names(&["b"]));
+        g.members[2].request_named(g.now, NamedRequest::Advertise, names(&["a", "b"]));
+        g.pump();
+        let z = g.gms.topic_id("z").unwrap();
+        let (old_a, old_b) = (g.gms.topic_id("a").unwrap(), g.gms.topic_id("b").unwrap());
+        g.members[0].unsubscribe(z);
+        g.pump();
+        for i in 0..3 {
+            g.take_events(i);
+        }
+        let old_ids: Vec<NodeId> = g.members.iter().map(Member::id).collect();
+        assert!(g.members.iter().all(|m| m.node().incarnation() == 1));
+        // Three messages that no region acknowledges (this harness carries no data).
+        for _ in 0..3 {
+            g.members[2]
+                .publish(g.now, old_a, Bytes::from_static(b"m"))
+                .unwrap();
+        }
+        assert_eq!(g.members[2].node().next_msg_id(), MsgId(4));
+        g.gms = Gms::new(GmsConfig {
+            incarnation: 2,
+            first_node: 100,
+            ..GmsConfig::default()
+        })
+        .unwrap();
+        g.advance(Duration::from_secs(3));
+        let (new_a, new_b) = (g.gms.topic_id("a").unwrap(), g.gms.topic_id("b").unwrap());
+        assert_ne!((new_a, new_b), (old_a, old_b));
+        assert_eq!(g.gms.members().count(), 3);
+        for (i, &old_id) in old_ids.iter().enumerate() {
+            let events = g.take_events(i);
+            let m = &g.members[i];
+            assert!(m.id().0 >= 100, "{:?}", m.id());
+            assert_eq!(m.node().incarnation(), 2);
+            assert!(!m.is_removed());
+            assert_eq!(m.stats().rejoins, 1);
+            let rejoined: Vec<_> = events
+                .iter()
+                .filter_map(|e| match e {
+                    MemberEvent::Rejoined {
+                        old,
+                        new,
+                        incarnation,
+                        abandoned,
+                    } => Some((*old, *new, *incarnation, abandoned.clone())),
+                    _ => None,
+                })
+                .collect();
+            let abandoned: Vec<MsgId> = if i == 2 {
+                (1..4).map(MsgId).collect()
+            } else {
+                Vec::new()
+            };
+            assert_eq!(rejoined, vec![(old_id, m.id(), 2, abandoned)]);
+            let moved: BTreeSet<(String, TopicId, TopicId)> = events
+                .iter()
+                .filter_map(|e| match e {
+                    MemberEvent::TopicMoved { name, old, new } => Some((name.clone(), *old, *new)),
+                    _ => None,
+                })
+                .collect();
+            let expected: Vec<(&str, TopicId, TopicId)> = match i {
+                0 | 2 => vec![("a", old_a, new_a), ("b", old_b, new_b)],
+                _ => vec![("b", old_b, new_b)],
+            };
+            let expected: BTreeSet<(String, TopicId, TopicId)> = expected
+                .into_iter()
+                .map(|(n, o, w)| (n.to_owned(), o, w))
+                .collect();
+            assert_eq!(moved, expected, "member {i}");
+            // The carried-over subscriptions are in force under the new ids.
+            let subs = m
+                .node()
+                .membership()
+                .subscriptions
+                .clone()
+                .unwrap_or_default();
+            match i {
+                0 => assert_eq!(subs, [new_a, new_b].into()),
+                1 => assert_eq!(subs, [new_b].into()),
+                _ => assert!(subs.is_empty()),
+            }
+            assert!(g.gms.planner().subscribers(new_b).any(|n| n == m.id()) || i == 2);
+        }
+        // The publisher numbers on, and publishes on the new id.
+        assert!(g.members[2]
+            .node()
+            .membership()
+            .topic_regions
+            .contains_key(&new_a));
+        let next = g.members[2]
+            .publish(g.now, new_a, Bytes::from_static(b"n"))
+            .unwrap();
+        assert_eq!(next, MsgId(4));
+        assert_eq!(g.members[2].stats().messages_abandoned, 3);
+        // The moved subscription can be dropped by its new id.
+        g.members[1].unsubscribe(new_b);
+        g.pump();
+        assert!(!g
+            .gms
+            .planner()
+            .subscribers(new_b)
+            .any(|n| n == g.members[1].id()));
     }
 }

@@ -123,12 +123,15 @@ pub enum GmsMessage {
         /// source address of the datagram instead (see `tidings_runtime`).
         addr: Option<SocketAddr>,
     },
-    /// GMS to joiner: your node id.
+    /// GMS to joiner: your node id, and the service's incarnation, which the protocol node
+    /// writes in every packet (packets of another incarnation are dropped).
     Welcome {
         /// The joiner's nonce.
         nonce: u64,
         /// The node id given.
         node: NodeId,
+        /// The service's incarnation (nonzero).
+        incarnation: u32,
     },
     /// Client to GMS: request number `req` (1, 2, 3 ... per node).
     Request {
@@ -358,10 +361,15 @@ impl GmsMessage {
                 put_u64(out, *nonce);
                 put_addr(out, *addr);
             }
-            GmsMessage::Welcome { nonce, node } => {
+            GmsMessage::Welcome {
+                nonce,
+                node,
+                incarnation,
+            } => {
                 out.push(T_WELCOME);
                 put_u64(out, *nonce);
                 put_u32(out, node.0);
+                put_u32(out, *incarnation);
             }
             GmsMessage::Request { req, body } => {
                 out.push(T_REQUEST);
@@ -465,6 +473,7 @@ impl GmsMessage {
             T_WELCOME => GmsMessage::Welcome {
                 nonce: r.u64()?,
                 node: NodeId(r.u32()?),
+                incarnation: r.u32()?,
             },
             T_REQUEST => {
                 let req = r.u64()?;
@@ -693,6 +702,7 @@ mod tests {
             GmsMessage::Welcome {
                 nonce: 7,
                 node: NodeId(3),
+                incarnation: 0xdead_beef,
             },
             GmsMessage::Request {
                 req: 1,

@@ -118,6 +118,13 @@ pub enum Command {
         /// Why.
         cause: RemoveCause,
     },
+    /// The service takes its incarnation: the first decision of a replicated service's first
+    /// leader (the one in its configuration), so every replica holds the same one. Ignored once
+    /// the service has one.
+    Incarnate {
+        /// The incarnation (nonzero; zero is ignored).
+        incarnation: u32,
+    },
 }
 
 /// What a replicated service's leader decided: one entry of the replicated log (ADR 32). Every
@@ -302,6 +309,10 @@ pub struct Gms {
     addressed_members: usize,
     joins: BTreeMap<u64, NodeId>,
     next_node: u32,
+    /// The incarnation its members' protocol nodes write in every packet: chosen when the
+    /// service starts without state, kept by its snapshots and log; 0 until a replicated
+    /// service's first leader decides it.
+    incarnation: u32,
     topic_ids: BTreeMap<String, TopicId>,
     next_topic: u32,
     views: BTreeMap<RegionId, ViewId>,
@@ -370,6 +381,7 @@ struct StateRef<'a> {
     publishers: &'a BTreeMap<TopicId, BTreeSet<NodeId>>,
     known_by: &'a BTreeMap<RegionId, BTreeSet<NodeId>>,
     last_now: Time,
+    incarnation: u32,
 }
 
 /// [`StateRef`] decoded.
@@ -389,6 +401,7 @@ struct State {
     publishers: BTreeMap<TopicId, BTreeSet<NodeId>>,
     known_by: BTreeMap<RegionId, BTreeSet<NodeId>>,
     last_now: Time,
+    incarnation: u32,
 }
 
 /// Why a snapshot was not restored.
@@ -405,6 +418,7 @@ impl Gms {
         config.validate()?;
         let planner = Planner::new(config.planner.clone())?;
         let first_node = config.first_node;
+        let incarnation = config.incarnation;
         Ok(Gms {
             config,
             planner,
@@ -412,6 +426,7 @@ impl Gms {
             addressed_members: 0,
             joins: BTreeMap::new(),
             next_node: first_node,
+            incarnation,
             topic_ids: BTreeMap::new(),
             next_topic: 1,
             views: BTreeMap::new(),
@@ -441,6 +456,7 @@ impl Gms {
     pub fn new_replicated(config: GmsConfig) -> Result<Gms, ConfigError> {
         let mut gms = Gms::new(config)?;
         gms.replicated = Some(Role::Follower);
+        gms.incarnation = 0;
         Ok(gms)
     }
 
@@ -462,6 +478,14 @@ impl Gms {
         self.replicated = Some(Role::Leader);
         self.last_now = self.last_now.max(now);
         self.clear_decided();
+        if self.incarnation == 0 {
+            // The service's first leader: its incarnation goes first into the log, ahead of
+            // any join it welcomes.
+            self.decisions
+                .push_back(Decision::Command(Command::Incarnate {
+                    incarnation: self.config.incarnation,
+                }));
+        }
         for e in self.nodes.values_mut() {
             e.last_heard = now;
             e.suspected = None;
@@ -538,6 +562,7 @@ impl Gms {
             publishers: &self.publishers,
             known_by: &self.known_by,
             last_now: self.last_now,
+            incarnation: self.incarnation,
         };
         postcard::to_allocvec(&state).unwrap_or_default()
     }
@@ -562,6 +587,7 @@ impl Gms {
         self.publishers = state.publishers;
         self.known_by = state.known_by;
         self.last_now = state.last_now;
+        self.incarnation = state.incarnation;
         self.syncs_pending.clear();
         self.unsent.clear();
         self.outbox.clear();
@@ -582,6 +608,13 @@ impl Gms {
     #[must_use]
     pub fn config(&self) -> &GmsConfig {
         &self.config
+    }
+
+    /// The service's incarnation, which its welcomes carry and its members' protocol nodes
+    /// write in every packet; 0 until a replicated service's first leader decided it.
+    #[must_use]
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
     }
 
     /// The counters.
@@ -869,7 +902,11 @@ impl Gms {
                 // the update arrives.
                 self.outbox.push_back(GmsTransmit {
                     to: Peer::Joiner(nonce),
-                    msg: GmsMessage::Welcome { nonce, node },
+                    msg: GmsMessage::Welcome {
+                        nonce,
+                        node,
+                        incarnation: self.incarnation,
+                    },
                 });
                 // An empty first batch: the node learns it has an (empty) membership.
                 self.push_items(now, node, vec![Item::Commit]);
@@ -909,6 +946,11 @@ impl Gms {
                     ..SyncScope::default()
                 };
                 self.propagate(Changes::default(), [(node, scope)].into());
+            }
+            Command::Incarnate { incarnation } => {
+                if self.incarnation == 0 {
+                    self.incarnation = incarnation;
+                }
             }
             Command::Remove { node, cause } => {
                 let Some(e) = self.nodes.remove(&node) else {
@@ -1059,7 +1101,11 @@ impl Gms {
             // A repeated Join whose Welcome was lost.
             self.outbox.push_back(GmsTransmit {
                 to: Peer::Joiner(nonce),
-                msg: GmsMessage::Welcome { nonce, node },
+                msg: GmsMessage::Welcome {
+                    nonce,
+                    node,
+                    incarnation: self.incarnation,
+                },
             });
         }
     }

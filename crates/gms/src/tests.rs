@@ -185,6 +185,60 @@ impl World {
     }
 }
 
+/// The incarnation is the configuration's, reaches every client in its welcome, and is part
+/// of the snapshot; a replicated service has none until its first leader decides one, and the
+/// decision is taken once.
+#[test]
+fn the_incarnation_is_welcomed_and_kept_by_snapshots() {
+    let mut w = World::new(2);
+    assert_eq!(w.gms.incarnation(), 1);
+    assert!(w.clients.iter().all(|c| c.incarnation() == 1));
+    let config = GmsConfig {
+        incarnation: 0x5eed,
+        ..GmsConfig::default()
+    };
+    let mut replica = Gms::new_replicated(config.clone()).unwrap();
+    assert_eq!(replica.incarnation(), 0);
+    replica.lead(Time::ZERO);
+    let first = replica
+        .poll_decision()
+        .expect("the incarnation is decided first");
+    assert_eq!(
+        first,
+        crate::Decision::Command(crate::Command::Incarnate {
+            incarnation: 0x5eed
+        })
+    );
+    replica.apply_decision(Time::ZERO, first);
+    // Taken once: a later decision does not change it.
+    replica.apply_decision(
+        Time::ZERO,
+        crate::Decision::Command(crate::Command::Incarnate { incarnation: 9 }),
+    );
+    assert_eq!(replica.incarnation(), 0x5eed);
+    let mut other = Gms::new_replicated(GmsConfig {
+        incarnation: 3,
+        ..config
+    })
+    .unwrap();
+    other.restore(&replica.snapshot()).unwrap();
+    assert_eq!(other.incarnation(), 0x5eed);
+    // A new leader of a state that has one decides none.
+    other.lead(Time::ZERO);
+    assert_eq!(other.poll_decision(), None);
+    w.gms
+        .apply(w.now, crate::Command::Incarnate { incarnation: 5 });
+    assert_eq!(w.gms.incarnation(), 1);
+    assert_eq!(
+        GmsConfig {
+            incarnation: 0,
+            ..GmsConfig::default()
+        }
+        .validate(),
+        Err(crate::ConfigError::Zero("incarnation"))
+    );
+}
+
 #[test]
 fn join_gives_an_id_and_an_empty_membership() {
     let w = World::new(2);

@@ -193,6 +193,9 @@ pub struct Node {
     /// stream stops at its next message of one of them. Sorted; a vector, so that holding and
     /// releasing over and over allocates nothing (a host holds a few at a time).
     held_topics: Vec<TopicId>,
+    /// The membership service's incarnation: written in every datagram sent, and every
+    /// datagram received of another is dropped unread. 0 without a service.
+    incarnation: u32,
 }
 
 /// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
@@ -363,6 +366,7 @@ impl Node {
             silence_queue: VecDeque::new(),
             gauge_shares: BTreeMap::new(),
             held_topics: Vec::new(),
+            incarnation: 0,
         })
         .map(|mut node| {
             node.schedule_all_region_timers();
@@ -377,6 +381,45 @@ impl Node {
     #[must_use]
     pub fn id(&self) -> NodeId {
         self.me
+    }
+
+    /// The incarnation of the membership service whose views this node runs (0 by default):
+    /// [`poll_transmit`](Node::poll_transmit) writes it into every datagram, and a received
+    /// datagram of another is dropped before anything else reads it (`incarnation_dropped`),
+    /// so that the packets of a service restarted without its state, which numbers regions and
+    /// views again, and of the views it lost never mix.
+    pub fn set_incarnation(&mut self, incarnation: u32) {
+        self.incarnation = incarnation;
+    }
+
+    /// The incarnation this node writes and accepts.
+    #[must_use]
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+
+    /// Numbers this node's messages from `first` on, for a node that replaces another of the
+    /// same host (a member that joined again): the host's message ids go on without reuse.
+    /// Ignored once a message was published.
+    pub fn set_first_msg_id(&mut self, first: MsgId) {
+        if self.next_msg_id == 1 && first.0 > 0 {
+            self.next_msg_id = first.0;
+            self.stability = StabilityTracker::starting_at(first.0);
+        }
+    }
+
+    /// The id the next published message gets.
+    #[must_use]
+    pub fn next_msg_id(&self) -> MsgId {
+        MsgId(self.next_msg_id)
+    }
+
+    /// The oldest message of this node not yet stable (sent or not), or the next id when every
+    /// message is: with [`is_stable`](Node::is_stable), what a host gives up when it replaces
+    /// the node.
+    #[must_use]
+    pub fn first_unstable(&self) -> MsgId {
+        MsgId(self.stability.first().min(self.next_msg_id))
     }
 
     /// The configuration in force.
@@ -592,6 +635,10 @@ impl Node {
         self.input_at = now;
         self.out.stats.datagrams_received += 1;
         self.out.stats.bytes_received += datagram.len() as u64;
+        if tidings_wire::peek_incarnation(&datagram).is_some_and(|i| i != self.incarnation) {
+            self.out.stats.incarnation_dropped += 1;
+            return;
+        }
         let packet = match Packet::parse(&datagram) {
             Ok(p) => p,
             Err(_) => {
@@ -1681,6 +1728,7 @@ impl Node {
             .or_else(|| self.poll_data(now, buf))
             .or_else(|| self.poll_silence(now, buf));
         if let Some(t) = t {
+            tidings_wire::stamp_incarnation(&mut buf[..t.len], self.incarnation);
             self.out.stats.datagrams_sent += 1;
             self.out.stats.bytes_sent += t.len as u64;
         }
@@ -1693,6 +1741,8 @@ impl Node {
             region,
             view,
             sender: self.me,
+            // Stamped by `poll_transmit`, as on every datagram.
+            incarnation: 0,
         }
     }
 
@@ -1848,6 +1898,7 @@ impl Node {
                 region,
                 view: stream.view,
                 sender: self.me,
+                incarnation: 0,
             };
             let Ok(mut w) = MessagesWriter::data(buf, &header) else {
                 self.data_ready.push_front(region);
@@ -1912,6 +1963,7 @@ impl Node {
                 region,
                 view: stream.view,
                 sender: me,
+                incarnation: 0,
             };
             let silence = Silence {
                 last_seq: stream.sent_upto,

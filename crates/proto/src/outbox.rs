@@ -87,6 +87,8 @@ impl Control {
             region,
             view,
             sender,
+            // `Node::poll_transmit` stamps the node's incarnation.
+            incarnation: 0,
         };
         let to_node = |to: NodeId, len: usize, priority: Priority| crate::Transmit {
             destination: Destination::Node(to),
@@ -305,6 +307,7 @@ impl Outbox {
             region,
             view,
             sender: me,
+            incarnation: 0,
         };
         let Ok(mut w) =
             tidings_wire::TokenWriter::new(encoded, &header, token.level, token.ring, token.round)

@@ -288,8 +288,18 @@ pub(crate) struct StabilityTracker {
 
 impl StabilityTracker {
     pub(crate) fn new() -> Self {
+        Self::starting_at(1)
+    }
+
+    /// The oldest message id not known stable (every earlier one is).
+    pub(crate) fn first(&self) -> u64 {
+        self.first
+    }
+
+    /// A tracker whose first message id is `first`.
+    pub(crate) fn starting_at(first: u64) -> Self {
         StabilityTracker {
-            first: 1,
+            first,
             pending: VecDeque::new(),
         }
     }
@@ -388,6 +398,7 @@ mod tests {
             region: RegionId(1),
             view: ViewId(1),
             sender: NodeId(0),
+            incarnation: 0,
         };
         let mut buf = vec![0u8; datagram_bytes];
         let mut w = MessagesWriter::data(&mut buf, &header).unwrap();
@@ -485,6 +496,7 @@ mod tests {
             region: RegionId(1),
             view: ViewId(1),
             sender: NodeId(0),
+            incarnation: 0,
         };
         MessagesWriter::data(buf, &header).unwrap()
     }

@@ -19,6 +19,9 @@ pub struct Stats {
     pub malformed_dropped: u64,
     /// Datagrams for a region or view this node is not part of, dropped.
     pub foreign_dropped: u64,
+    /// Datagrams of another incarnation of the membership service than this node's
+    /// ([`Node::set_incarnation`](crate::Node::set_incarnation)), dropped unread.
+    pub incarnation_dropped: u64,
     /// Well-formed datagrams whose content no correct peer sends (ACK beyond what was sent, token of
     /// a ring we are not in...), dropped.
     pub invalid_dropped: u64,

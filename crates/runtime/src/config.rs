@@ -235,9 +235,12 @@ impl GmsLinkConfig {
             servers,
             // The join nonce must differ between nodes (the service tells joiners apart by it):
             // a random seed per link, unlike the sans-IO client's fixed default.
+            // A node the service lost (restarted without its state) joins again by itself: the
+            // member follows the new id and incarnation (ADR 32 item 10).
             client: tidings_gms::ClientConfig {
                 seed: join_seed(),
                 replicas,
+                rejoin: true,
                 ..tidings_gms::ClientConfig::default()
             },
             join_timeout: Duration::from_secs(5),
@@ -449,6 +452,18 @@ fn join_seed() -> u64 {
         h.write_u64(crate::clock::now().as_nanos());
         h.finish()
     })
+}
+
+/// A membership service's incarnation for a service that starts without state: nonzero and
+/// from the operating system's random source (as [`join_seed`]), so that a service restarted
+/// without its state almost surely takes another one than the one it lost.
+pub(crate) fn draw_incarnation() -> u32 {
+    loop {
+        let i = join_seed() as u32;
+        if i != 0 {
+            return i;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -288,6 +288,24 @@ impl GroupRoom {
 /// The kernel's answer to a join past `igmp_max_memberships` on one socket.
 const ENOBUFS: i32 = rustix::io::Errno::NOBUFS.raw_os_error();
 
+/// The current id of `topic` as named by a publisher added after `epoch` rejoins, through the
+/// rejoins since (`None` while a name is not bound again).
+fn current_topic(
+    moves: &[FxHashMap<TopicId, TopicId>],
+    epoch: usize,
+    topic: TopicId,
+) -> Option<TopicId> {
+    moves
+        .get(epoch..)
+        .unwrap_or_default()
+        .iter()
+        .try_fold(topic, |t, m| m.get(&t).copied())
+}
+
+/// How long a publisher whose topic is not yet bound again after a rejoin waits before it is
+/// looked at again.
+const TOPIC_MOVE_RETRY: Duration = Duration::from_millis(10);
+
 /// A topic held back at this node because one of its subscriptions has no room: its streams
 /// stop at this node ([`Member::hold_topic`]) while the others go on.
 #[derive(Debug)]
@@ -419,6 +437,12 @@ pub(crate) struct Core {
     /// 0.9% of a subscriber's CPU at 1 -> 1; keys are topic ids this node subscribed to, so
     /// hostile input can only look up, not shape the table).
     subscriptions: FxHashMap<TopicId, Vec<TaskHandle<Delivery>>>,
+    /// After a rejoin, the subscriptions by their old topic id until the name is bound again
+    /// (`MemberEvent::TopicMoved`).
+    subscriptions_moving: FxHashMap<TopicId, Vec<TaskHandle<Delivery>>>,
+    /// Per rejoin, each topic's old id to its new one: publishers added before a rejoin name
+    /// topics by old ids (`PublisherCore::epoch` is their index here).
+    topic_moves: Vec<FxHashMap<TopicId, TopicId>>,
     /// The bounded subscriptions, by task.
     bounds: FxHashMap<TaskId, BoundSub>,
     /// Topics held back now, with the deliveries that wait for room (a hash map, which keeps
@@ -544,6 +568,8 @@ impl Core {
             owners: VecDeque::new(),
             owners_base: 1,
             subscriptions: FxHashMap::default(),
+            subscriptions_moving: FxHashMap::default(),
+            topic_moves: Vec::new(),
             bounds: FxHashMap::default(),
             held: FxHashMap::default(),
             spare_backlogs: Vec::new(),
@@ -643,9 +669,10 @@ impl Core {
         let sending = self.writable && (self.tx_more || self.tx.has_pending());
         let stalled = self.active_publishers().any(|p| {
             p.retry_at.is_none_or(|t| now >= t)
-                && p.stalled
-                    .as_ref()
-                    .is_some_and(|r| self.member.can_publish(r.topic, r.payload.len()))
+                && p.stalled.as_ref().is_some_and(|r| {
+                    current_topic(&self.topic_moves, p.epoch, r.topic)
+                        .is_none_or(|t| self.member.can_publish(t, r.payload.len()))
+                })
         });
         if (reading && readable) || sending || stalled {
             return Some(Duration::ZERO);
@@ -840,6 +867,26 @@ impl Core {
                 self.topic_names.insert(topic, name);
             }
             MemberEvent::Removed => self.stats.gms_removed = true,
+            MemberEvent::Rejoined { abandoned, .. } => {
+                self.stats.gms_rejoins += 1;
+                self.stats.messages_abandoned += abandoned.len() as u64;
+                // Never sent again: the publishers' windows let them go.
+                for msg_id in abandoned {
+                    self.on_stable(msg_id);
+                }
+                self.topic_moves.push(FxHashMap::default());
+                self.subscriptions_moving
+                    .extend(std::mem::take(&mut self.subscriptions));
+                self.topic_names.clear();
+            }
+            MemberEvent::TopicMoved { old, new, .. } => {
+                if let Some(moves) = self.topic_moves.last_mut() {
+                    moves.insert(old, new);
+                }
+                if let Some(tasks) = self.subscriptions_moving.remove(&old) {
+                    self.subscriptions.entry(new).or_default().extend(tasks);
+                }
+            }
             MemberEvent::Left => self.shutdown = true,
             MemberEvent::Stalled(stall) => {
                 self.stalls.insert(stall.region, stall);
@@ -1009,17 +1056,23 @@ impl Core {
                 drained = true;
                 break;
             };
-            if p.retry_at.is_some_and(|t| now < t)
-                || !self
-                    .member
-                    .can_publish(request.topic, request.payload.len())
-            {
+            // A publisher older than the last rejoin names its topic by an old id.
+            let current = current_topic(&self.topic_moves, p.epoch, request.topic);
+            let Some(topic) = current.filter(|_| p.retry_at.is_none_or(|t| now >= t)) else {
+                // Not bound again yet: looked at again shortly.
+                if current.is_none() {
+                    p.retry_at = Some(now + TOPIC_MOVE_RETRY);
+                }
+                p.stalled = Some(request);
+                self.stats.publish_stalls += 1;
+                break;
+            };
+            if !self.member.can_publish(topic, request.payload.len()) {
                 p.stalled = Some(request);
                 self.stats.publish_stalls += 1;
                 break;
             }
             p.retry_at = None;
-            let topic = request.topic;
             let cost = request_cost(request.payload.len());
             match self.member.publish_or_return(now, topic, request.payload) {
                 Ok(msg_id) => {
@@ -1077,6 +1130,7 @@ impl Core {
         };
         self.shared.ready.adopt(&publisher.shared.ready, slot);
         publisher.listed = true;
+        publisher.epoch = self.topic_moves.len();
         self.publishers[slot as usize] = Some(publisher);
         self.active.push(slot);
     }

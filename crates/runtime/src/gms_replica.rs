@@ -215,6 +215,8 @@ impl GmsReplicaServer {
             .append_bytes_max
             .min(config.fragment_bytes as u64 / 2);
         let index = config.index;
+        // Used only if this replica is the first leader of a service without state.
+        config.gms.incarnation = crate::config::draw_incarnation();
         config.validate()?;
         let store = host.data_dir.map(StateStore::open).transpose()?;
         let kept = match &store {

@@ -90,8 +90,10 @@ pub struct GmsServer {
 }
 
 impl GmsServer {
-    /// Binds `bind` and starts the service thread.
-    pub fn start(config: GmsConfig, bind: SocketAddr) -> Result<GmsServer, GmsServerError> {
+    /// Binds `bind` and starts the service thread. The service starts without state, under an
+    /// incarnation drawn from the OS (`config.incarnation` is replaced).
+    pub fn start(mut config: GmsConfig, bind: SocketAddr) -> Result<GmsServer, GmsServerError> {
+        config.incarnation = crate::config::draw_incarnation();
         let gms = Gms::new(config)?;
         let socket = UdpSocket::bind(bind)?;
         socket.set_read_timeout(Some(SERVER_TICK))?;
@@ -258,7 +260,17 @@ impl Host {
             }
             msg => match self.by_addr.get(&from) {
                 Some(&node) => self.gms.handle_message(now, Peer::Node(node), msg),
-                None => self.unknown_sources += 1,
+                None => {
+                    // A node this service does not know (it restarted without its state, or
+                    // removed the node) is told so, as the service tells a removed node, so
+                    // that it joins again. One short reply per datagram, to its source.
+                    self.unknown_sources += 1;
+                    let notice = GmsMessage::Update {
+                        seq: 0,
+                        items: vec![tidings_gms::Item::Removed],
+                    };
+                    let _ = self.socket.send_to(&frame(&notice), from);
+                }
             },
         }
         // Sent after the whole batch of datagrams read together (`run`): the service syncs

@@ -862,6 +862,7 @@ mod tx_tests {
 
     const HEADER: Header = Header {
         kind: Kind::Dcq,
+        incarnation: 0,
         region: tidings_proto::RegionId(0),
         view: ViewId(1),
         sender: NodeId(0),

@@ -527,6 +527,9 @@ pub(crate) struct PublisherCore {
     pub(crate) stable_upto: u64,
     /// `stable_upto` advanced since the publisher was last woken (see [`Self::wake_if_advanced`]).
     advanced: bool,
+    /// The node's rejoins when the publisher was added: its requests name topics by the ids
+    /// of that incarnation, which the core translates to the current ones.
+    pub(crate) epoch: usize,
 }
 
 impl PublisherCore {
@@ -543,6 +546,7 @@ impl PublisherCore {
             pending: VecDeque::new(),
             stable_upto: 0,
             advanced: false,
+            epoch: 0,
         }
     }
 

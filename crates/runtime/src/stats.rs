@@ -205,6 +205,13 @@ pub struct RuntimeStats {
     pub stalls: Vec<tidings_gms::Stall>,
     /// The GMS removed this node (it left, or was declared failed); it no longer takes part.
     pub gms_removed: bool,
+    /// Times this node joined the GMS again under a new id (the service lost it: restarted
+    /// without its state), its subscriptions and publishers carried over.
+    pub gms_rejoins: u64,
+    /// Messages published under an old id that were not stable when the node joined again:
+    /// given up (never sent again, so never delivered twice), and released from the
+    /// publishers' windows as if stable.
+    pub messages_abandoned: u64,
     /// Requests to the GMS not yet acknowledged by it, now.
     pub gms_requests_unacknowledged: usize,
     /// Requests to the GMS sent again (not acknowledged in time).

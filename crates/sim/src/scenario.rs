@@ -885,7 +885,12 @@ impl SimHost {
                 }
                 // The checker judges delivery and stability itself; the member's own reports
                 // of stalls are for applications.
-                MemberEvent::Left | MemberEvent::Stalled(_) | MemberEvent::StallCleared { .. } => {}
+                // The simulator's clients do not rejoin (`ClientConfig::rejoin` is off).
+                MemberEvent::Left
+                | MemberEvent::Stalled(_)
+                | MemberEvent::StallCleared { .. }
+                | MemberEvent::Rejoined { .. }
+                | MemberEvent::TopicMoved { .. } => {}
             }
         }
     }

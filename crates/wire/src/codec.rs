@@ -4,10 +4,13 @@ use crate::ids::{NodeId, RegionId, SeqRange, TopicId, ViewId};
 
 /// The first two bytes of every tidings packet ("TD").
 pub const MAGIC: u16 = 0x5444;
-/// The wire version this crate reads and writes.
-pub const VERSION: u8 = 1;
+/// The wire version this crate reads and writes (2: the header carries the incarnation).
+pub const VERSION: u8 = 2;
 /// Bytes in the common header.
-pub const HEADER_LEN: usize = 16;
+pub const HEADER_LEN: usize = 20;
+/// Where the incarnation lies in the header: right after the kind, so that a node drops a
+/// packet of another incarnation before it reads anything else.
+const INCARNATION_AT: usize = 4;
 /// Bytes in front of each message payload inside a data or retransmission packet.
 pub const MESSAGE_HEADER_LEN: usize = 30;
 /// Bytes in one encoded [`SeqRange`].
@@ -107,6 +110,23 @@ pub fn peek_kind(buf: &[u8]) -> Option<Kind> {
     Kind::from_u8(buf[3])
 }
 
+/// The incarnation in a packet's header, without validating anything else (`None` if the bytes
+/// are too short to hold a header): a node compares it with its own before it parses.
+#[must_use]
+pub fn peek_incarnation(buf: &[u8]) -> Option<u32> {
+    let bytes = buf.get(INCARNATION_AT..INCARNATION_AT + 4)?;
+    (buf.len() >= HEADER_LEN).then(|| u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+}
+
+/// Writes `incarnation` into the header of the encoded packet `buf` (a no-op on bytes too short
+/// to hold a header): a node stamps its incarnation on every datagram as it leaves, whatever
+/// wrote it.
+pub fn stamp_incarnation(buf: &mut [u8], incarnation: u32) {
+    if buf.len() >= HEADER_LEN {
+        buf[INCARNATION_AT..INCARNATION_AT + 4].copy_from_slice(&incarnation.to_be_bytes());
+    }
+}
+
 /// Why bytes were not a valid packet. A peer's bad packet is counted and dropped, never a panic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -143,6 +163,11 @@ pub struct BufferFull;
 pub struct Header {
     /// What the body is.
     pub kind: Kind,
+    /// The incarnation of the membership service whose views the sender runs: a node drops
+    /// packets of another incarnation (a service restarted without its state numbers regions,
+    /// views and topics again, so only this tells its packets from the old ones). 0 for nodes
+    /// without a service.
+    pub incarnation: u32,
     /// The region the packet belongs to.
     pub region: RegionId,
     /// The region view the packet belongs to.
@@ -466,11 +491,13 @@ fn parse_header(r: &mut Reader<'_>) -> Result<Header, DecodeError> {
     }
     let kind_byte = r.u8().ok_or(short)?;
     let kind = Kind::from_u8(kind_byte).ok_or(DecodeError::UnknownKind(kind_byte))?;
+    let incarnation = r.u32().ok_or(short)?;
     let region = RegionId(r.u32().ok_or(short)?);
     let view = ViewId(r.u32().ok_or(short)?);
     let sender = NodeId(r.u32().ok_or(short)?);
     Ok(Header {
         kind,
+        incarnation,
         region,
         view,
         sender,
@@ -766,6 +793,7 @@ impl<'a> Writer<'a> {
         }
         self.put(&MAGIC.to_be_bytes())?;
         self.put(&[VERSION, header.kind as u8])?;
+        self.put(&header.incarnation.to_be_bytes())?;
         self.put(&header.region.0.to_be_bytes())?;
         self.put(&header.view.0.to_be_bytes())?;
         self.put(&header.sender.0.to_be_bytes())
@@ -1082,6 +1110,7 @@ mod tests {
     fn header(kind: Kind) -> Header {
         Header {
             kind,
+            incarnation: 0xA1B2_C3D4,
             region: RegionId(7),
             view: ViewId(3),
             sender: NodeId(9),

@@ -1,7 +1,13 @@
 //! Packet formats of the tidings region protocol.
 //!
-//! Every packet starts with a [`Header`] (magic, version, kind, region, view, sender) followed by a
-//! body whose layout depends on the [`Kind`]. All integers are big-endian.
+//! Every packet starts with a [`Header`] followed by a body whose layout depends on the [`Kind`].
+//! All integers are big-endian. The header (20 bytes, wire version 2) is `magic u16 ("TD"),
+//! version u8, kind u8, incarnation u32, region u32, view u32, sender u32`. The incarnation is
+//! the membership service's (drawn when a service starts without state, kept by its replicas
+//! and its data directory): a service restarted without its state numbers regions, views and
+//! topics again from the start, and the incarnation is what tells its packets from those of
+//! the views it lost, so a node drops every packet whose incarnation is not its own
+//! ([`peek_incarnation`], before parsing). Nodes without a service use 0.
 //!
 //! Reading: [`Packet::parse`] checks the whole packet once (every count and length against the
 //! bytes actually present, no trailing garbage) and returns views that borrow the buffer; iterating a
@@ -9,7 +15,7 @@
 //! [`TokenWriter`] and the `write_*` functions) encode straight into a caller-supplied buffer at
 //! the moment a socket can send, as docs/design.md section 4 describes.
 //!
-//! Layouts (byte offsets within the body, after the 16-byte header):
+//! Layouts (byte offsets within the body, after the 20-byte header):
 //!
 //! | kind | body |
 //! | --- | --- |
@@ -34,9 +40,10 @@ mod codec;
 mod ids;
 
 pub use codec::{
-    peek_kind, write_ack, write_dcq, write_ranges, write_silence, write_token_ack, write_uca, Body,
-    BufferFull, DecodeError, Header, Kind, Message, MessagesIter, MessagesView, MessagesWriter,
-    Packet, Priority, RangesIter, RangesView, Record, RecordView, RecordsIter, Silence, TokenView,
-    TokenWriter, HEADER_LEN, MAGIC, MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
+    peek_incarnation, peek_kind, stamp_incarnation, write_ack, write_dcq, write_ranges,
+    write_silence, write_token_ack, write_uca, Body, BufferFull, DecodeError, Header, Kind,
+    Message, MessagesIter, MessagesView, MessagesWriter, Packet, Priority, RangesIter, RangesView,
+    Record, RecordView, RecordsIter, Silence, TokenView, TokenWriter, HEADER_LEN, MAGIC,
+    MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
 };
 pub use ids::{MsgId, NodeId, RegionId, SeqNo, SeqRange, TopicId, ViewId};

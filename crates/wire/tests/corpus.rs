@@ -188,7 +188,10 @@ fn every_target_has_seeds() {
         .find(|(_, p)| p.header.kind == Kind::Token)
         .map(|(_, p)| p.encode_to_vec())
         .expect("a token seed");
-    assert_eq!(Target::Token.unframe(&token).as_deref(), Some(&token[16..]));
+    assert_eq!(
+        Target::Token.unframe(&token).as_deref(),
+        Some(&token[tidings_wire::HEADER_LEN..])
+    );
     assert_eq!(Target::Ranges.unframe(&token), None);
 }
 

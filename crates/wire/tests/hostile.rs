@@ -136,6 +136,7 @@ proptest! {
 fn header(kind: Kind) -> Header {
     Header {
         kind,
+        incarnation: 5,
         region: RegionId(1),
         view: ViewId(2),
         sender: NodeId(3),
@@ -299,7 +300,8 @@ fn header_errors() {
     assert_eq!(with(0, b'X'), Err(DecodeError::BadMagic));
     assert_eq!(with(1, b'X'), Err(DecodeError::BadMagic));
     assert_eq!(with(2, 0), Err(DecodeError::BadVersion(0)));
-    assert_eq!(with(2, 2), Err(DecodeError::BadVersion(2)));
+    assert_eq!(with(2, 1), Err(DecodeError::BadVersion(1)));
+    assert_eq!(with(2, 3), Err(DecodeError::BadVersion(3)));
     assert_eq!(with(3, 0), Err(DecodeError::UnknownKind(0)));
     assert_eq!(with(3, 11), Err(DecodeError::UnknownKind(11)));
     assert_eq!(
@@ -307,6 +309,23 @@ fn header_errors() {
         Err(DecodeError::TooShort)
     );
     assert_eq!(check_bytes(&[]), Err(DecodeError::TooShort));
+    // Any incarnation parses (a node compares it with its own), and is read without parsing.
+    assert_eq!(tidings_wire::peek_incarnation(&good), Some(5));
+    let mut other = good.clone();
+    tidings_wire::stamp_incarnation(&mut other, 0xFEED_F00D);
+    assert_eq!(tidings_wire::peek_incarnation(&other), Some(0xFEED_F00D));
+    assert_eq!(
+        Packet::parse(&other).map(|p| p.header.incarnation),
+        Ok(0xFEED_F00D)
+    );
+    assert_eq!(other[8..], good[8..]);
+    assert_eq!(
+        tidings_wire::peek_incarnation(&good[..HEADER_LEN - 1]),
+        None
+    );
+    let mut short = good[..HEADER_LEN - 1].to_vec();
+    tidings_wire::stamp_incarnation(&mut short, 1);
+    assert_eq!(short, good[..HEADER_LEN - 1]);
     // A bad magic in a short buffer is still "too short": length is checked first.
     assert_eq!(check_bytes(&[0xFF; 4]), Err(DecodeError::TooShort));
 }

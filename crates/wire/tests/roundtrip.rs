@@ -57,8 +57,8 @@ fn as_messages(msgs: &[OwnedMessage]) -> Vec<Message<'_>> {
 
 #[test]
 fn layout_constants_match_the_documented_fields() {
-    // magic u16, version u8, kind u8, region u32, view u32, sender u32
-    assert_eq!(HEADER_LEN, 2 + 1 + 1 + 4 + 4 + 4);
+    // magic u16, version u8, kind u8, incarnation u32, region u32, view u32, sender u32
+    assert_eq!(HEADER_LEN, 2 + 1 + 1 + 4 + 4 + 4 + 4);
     // seq u64, msg_id u64, timestamp_us u64, topic u32, len u16
     assert_eq!(MESSAGE_HEADER_LEN, 8 + 8 + 8 + 4 + 2);
     // start u64, len u32
@@ -440,6 +440,7 @@ proptest! {
 fn test_header() -> Header {
     Header {
         kind: Kind::Data,
+        incarnation: 4,
         region: RegionId(1),
         view: ViewId(2),
         sender: NodeId(3),

@@ -35,6 +35,7 @@ const C_ADVERTISE: u8 = 6;
 const C_ADVERTISE_MANY: u8 = 7;
 const C_UNADVERTISE: u8 = 8;
 const C_REMOVE: u8 = 9;
+const C_INCARNATE: u8 = 10;
 
 /// Most voters (or learners) a snapshot's configuration lists.
 const VOTERS_MAX: usize = 64;
@@ -139,6 +140,10 @@ fn encode_command(cmd: &Command, out: &mut Vec<u8>) {
                 RemoveCause::Unresponsive => 3,
             });
         }
+        Command::Incarnate { incarnation } => {
+            out.push(C_INCARNATE);
+            put_u32(out, *incarnation);
+        }
     }
 }
 
@@ -178,6 +183,9 @@ fn decode_command(r: &mut Reader<'_>) -> Result<Command, DecodeError> {
                 3 => RemoveCause::Unresponsive,
                 t => return Err(DecodeError::Tag(t)),
             },
+        },
+        C_INCARNATE => Command::Incarnate {
+            incarnation: r.u32()?,
         },
         t => return Err(DecodeError::Tag(t)),
     })

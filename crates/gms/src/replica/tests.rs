@@ -72,9 +72,14 @@ impl Cluster {
             trace: Vec::new(),
         };
         for i in 0..replicas {
+            // Each replica draws its own incarnation: the service takes its first leader's.
             let cfg = ReplicaConfig {
                 index: i,
                 seed: seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                gms: GmsConfig {
+                    incarnation: 100 + i as u32,
+                    ..config.gms.clone()
+                },
                 ..config.clone()
             };
             c.replicas.push(Some(Replica::new(cfg).unwrap()));
@@ -704,11 +709,13 @@ fn clients_rejoin_a_service_restarted_without_its_state() {
     c.run_until(at(2000), &mut |_| {});
     let old: Vec<NodeId> = c.clients.iter().filter_map(GmsClient::node).collect();
     assert_eq!(old.len(), 4);
-    // The service restarts empty.
+    assert!(c.clients.iter().all(|c| c.incarnation() == 100));
+    // The service restarts empty, under another incarnation.
     c.replicas[0] = None;
     let config = ReplicaConfig {
         gms: GmsConfig {
             first_node: 1000,
+            incarnation: 777,
             ..GmsConfig::default()
         },
         ..c.replica_config(0)
@@ -725,6 +732,7 @@ fn clients_rejoin_a_service_restarted_without_its_state() {
         let node = client.node().expect("a member again");
         assert!(node.0 >= 1000, "{node:?}");
         assert_eq!(client.stats().rejoins, 1);
+        assert_eq!(client.incarnation(), 777);
         let topic = format!("t{}", i % 2);
         let id = gms.topic_id(&topic).expect("bound again");
         assert!(gms.planner().subscribers(id).any(|n| n == node));
@@ -846,6 +854,7 @@ fn a_client_refuses_updates_of_an_older_term() {
             GmsMessage::Welcome {
                 nonce,
                 node: NodeId(7),
+                incarnation: 9,
             },
         ),
     );
@@ -853,6 +862,7 @@ fn a_client_refuses_updates_of_an_older_term() {
         (client.node(), client.replica(), client.term()),
         (Some(NodeId(7)), 1, 5)
     );
+    assert_eq!(client.incarnation(), 9);
     // A deposed leader of term 4 sends the first update late: refused.
     let update = GmsMessage::Update {
         seq: 1,
@@ -1126,6 +1136,12 @@ fn a_replica_restarts_from_its_state_file_and_catches_up() {
     let states = c.states();
     let r = c.replicas[follower].as_ref().expect("restarted");
     assert_eq!(r.leader(), c.leader());
+    // Every replica holds the first leader's incarnation, the restarted one too.
+    let incarnation = r.gms().incarnation();
+    assert!((100..103).contains(&incarnation), "{incarnation}");
+    for other in c.replicas.iter().flatten() {
+        assert_eq!(other.gms().incarnation(), incarnation);
+    }
     assert_eq!(Some(r.applied()), states.iter().map(|s| s.0).max());
 }
 
@@ -1140,6 +1156,11 @@ fn a_whole_service_restarts_from_its_state_files() {
     let term = c.replicas[leader].as_ref().map_or(0, Replica::term);
     let nodes: Vec<_> = c.clients.iter().map(GmsClient::node).collect();
     assert!(nodes.iter().all(Option::is_some));
+    let incarnation = c.replicas[leader]
+        .as_ref()
+        .map_or(0, |r| r.gms().incarnation());
+    assert!((100..103).contains(&incarnation), "{incarnation}");
+    assert!(c.clients.iter().all(|c| c.incarnation() == incarnation));
     for i in 0..3 {
         c.crash(i);
     }
@@ -1155,6 +1176,10 @@ fn a_whole_service_restarts_from_its_state_files() {
     assert!(c.replicas[leader].as_ref().map_or(0, Replica::term) > term);
     let after: Vec<_> = c.clients.iter().map(GmsClient::node).collect();
     assert_eq!(after, nodes, "a client joined again");
+    // The incarnation is in the state the files kept.
+    for r in c.replicas.iter().flatten() {
+        assert_eq!(r.gms().incarnation(), incarnation);
+    }
 }
 
 /// The durable generation moves with the log and stays still while nothing is kept anew (a

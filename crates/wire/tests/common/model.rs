@@ -412,6 +412,7 @@ pub(crate) fn check_bytes(bytes: &[u8]) -> Result<OwnedPacket, DecodeError> {
 pub(crate) fn fuzz_header(kind: Kind) -> Header {
     Header {
         kind,
+        incarnation: 0x0A0B_0C0D,
         region: RegionId(0x0102_0304),
         view: ViewId(7),
         sender: NodeId(42),
@@ -424,9 +425,10 @@ pub(crate) fn header_bytes(h: &Header) -> [u8; HEADER_LEN] {
     out[0..2].copy_from_slice(&MAGIC.to_be_bytes());
     out[2] = VERSION;
     out[3] = h.kind as u8;
-    out[4..8].copy_from_slice(&h.region.0.to_be_bytes());
-    out[8..12].copy_from_slice(&h.view.0.to_be_bytes());
-    out[12..16].copy_from_slice(&h.sender.0.to_be_bytes());
+    out[4..8].copy_from_slice(&h.incarnation.to_be_bytes());
+    out[8..12].copy_from_slice(&h.region.0.to_be_bytes());
+    out[12..16].copy_from_slice(&h.view.0.to_be_bytes());
+    out[16..20].copy_from_slice(&h.sender.0.to_be_bytes());
     out
 }
 

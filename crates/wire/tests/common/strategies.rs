@@ -29,12 +29,15 @@ pub(crate) fn ordered_pair() -> impl Strategy<Value = (u64, u64)> {
 }
 
 pub(crate) fn header(kind: Kind) -> impl Strategy<Value = Header> {
-    (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(move |(region, view, sender)| Header {
-        kind,
-        region: RegionId(region),
-        view: ViewId(view),
-        sender: NodeId(sender),
-    })
+    (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+        move |(incarnation, region, view, sender)| Header {
+            kind,
+            incarnation,
+            region: RegionId(region),
+            view: ViewId(view),
+            sender: NodeId(sender),
+        },
+    )
 }
 
 pub(crate) fn payload(max_len: usize) -> impl Strategy<Value = Vec<u8>> {

@@ -1,0 +1,143 @@
+//! The user's scenario of issue 25 on loopback: the one-process membership service (no data
+//! directory) is stopped abruptly and started again without its state on the same address.
+//! Every node joins again by itself under a new id and the new service's incarnation, carries
+//! its subscriptions and publishers over, and the group goes on: the surviving subscriber
+//! receives, in order and without duplicates, everything published after the rejoin, and the
+//! publisher is not blocked (its unstable messages of the old incarnation are abandoned).
+
+// Tests bound their waits by wall time.
+#![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tidings::{GmsConfig, GmsLinkConfig, GmsServer, Node, Topic};
+use tidings_gms::ClientConfig;
+
+const TOPIC: &str = "stateless-restart/t1";
+/// Bound of every wait of the test.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn gms_config() -> GmsConfig {
+    GmsConfig {
+        heartbeat_timeout: Duration::from_millis(600),
+        suspicion_timeout: Duration::from_millis(300),
+        retransmit_interval: Duration::from_millis(50),
+        ..GmsConfig::default()
+    }
+}
+
+fn node(gms: SocketAddr) -> Node {
+    let mut link = GmsLinkConfig::new(gms);
+    link.client = ClientConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        retransmit_interval: Duration::from_millis(50),
+        ..link.client
+    };
+    link.leave_timeout = Duration::from_millis(500);
+    Node::builder().gms(gms).gms_link(link).start().unwrap()
+}
+
+fn wait_for<T>(what: &str, mut done: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(t) = done() {
+            return t;
+        }
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn nodes_rejoin_a_service_restarted_without_its_state() {
+    let service = GmsServer::start(gms_config(), SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = service.local_addr();
+    let topic: Topic<u64> = Topic::new(TOPIC).unwrap();
+    let publishing = node(addr);
+    let survivor = node(addr);
+    let victim = node(addr);
+    let sub = survivor.subscribe(&topic).unwrap();
+    let sub_victim = victim.subscribe(&topic).unwrap();
+    let mut publisher = publishing.publisher(&topic).unwrap();
+    let mut next = 0u64;
+    // Published until both subscribers have a message (the publisher learns of them with
+    // its next view).
+    let start = Instant::now();
+    loop {
+        publisher.publish(&next).unwrap();
+        next += 1;
+        if sub.recv_timeout(Duration::from_millis(50)).is_ok()
+            && sub_victim.recv_timeout(Duration::from_millis(50)).is_ok()
+        {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "the subscribers got nothing");
+    }
+
+    // The service dies with its state, then a subscriber dies too.
+    service.shutdown();
+    drop(sub_victim);
+    drop(victim);
+    for _ in 0..20 {
+        publisher.publish(&next).unwrap();
+        next += 1;
+    }
+    let restarted = GmsServer::start(gms_config(), addr).unwrap();
+    wait_for("every live node joined again", || {
+        let (p, s) = (publishing.stats().ok()?, survivor.stats().ok()?);
+        (p.runtime.gms_rejoins == 1 && s.runtime.gms_rejoins == 1).then_some(())
+    });
+    let after = publishing.stats().unwrap();
+    assert!(!after.runtime.gms_removed);
+    eprintln!(
+        "publisher: {} messages abandoned at the rejoin",
+        after.runtime.messages_abandoned
+    );
+
+    // After the rejoin: the survivor receives every message published from some point on,
+    // in order and once; the publisher's window moves (each message becomes stable).
+    let since = Instant::now();
+    let first_new = next;
+    let (first_seen, last) = loop {
+        let sent = publisher.publish(&next).unwrap();
+        next += 1;
+        let seen = loop {
+            match sub.recv_timeout(Duration::from_millis(50)) {
+                Ok(m) if m.value >= first_new => break Some(m.value),
+                Ok(_) => continue,
+                Err(_) => break None,
+            }
+        };
+        if let Some(v) = seen {
+            break (v, sent);
+        }
+        assert!(
+            since.elapsed() < WAIT,
+            "the survivor got none of {} messages published after the restart",
+            next - first_new
+        );
+    };
+    for _ in 0..200 {
+        publisher.publish(&next).unwrap();
+        next += 1;
+    }
+    let last_sent = publisher.publish(&next).unwrap();
+    next += 1;
+    for k in first_seen + 1..next {
+        assert_eq!(sub.recv_timeout(WAIT).unwrap().value, k);
+    }
+    publisher.wait_stable(last, WAIT).unwrap();
+    publisher.wait_stable(last_sent, WAIT).unwrap();
+    assert!(
+        sub.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a duplicate"
+    );
+    wait_for("the service knows the two live nodes", || {
+        restarted.snapshot().filter(|s| s.members.len() == 2)
+    });
+    drop(sub);
+    publishing.shutdown().unwrap();
+    survivor.shutdown().unwrap();
+    restarted.shutdown();
+}
