@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
+use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, HEADER_SENDER_OFFSET, TRAILER_LEN};
 use tidings_seal::{Aead, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, SealingKey};
 
 const SIZES: [usize; 4] = [64, 1000, 1472, 8972];
@@ -53,7 +53,7 @@ fn measure(aead: Aead, mode: Mode, size: usize) -> (f64, f64) {
     let mut batch = vec![0x42u8; size * BATCH];
     for d in batch.chunks_exact_mut(size) {
         // The header's sender is the sealing node (1).
-        d[12..16].copy_from_slice(&1u32.to_be_bytes());
+        d[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4].copy_from_slice(&1u32.to_be_bytes());
     }
     for _ in 0..RUNS {
         let mut key = SealingKey::new(aead, mode, KeyId(1), 1, &secret, COUNTER_LIMIT_DEFAULT);

@@ -3,7 +3,7 @@
 //! A sealed datagram is the protocol datagram followed by a 32-byte trailer:
 //!
 //! ```text
-//! | header (16, clear) | payload (clear or encrypted) | key id u32 | sender u32 | counter u64 | tag (16) |
+//! | header (20, clear) | payload (clear or encrypted) | key id u32 | sender u32 | counter u64 | tag (16) |
 //! ```
 //!
 //! Integers are big-endian. The nonce is `sender || counter` (12 bytes): every member of a view
@@ -24,10 +24,10 @@ use crate::window::{Refusal, ReplayWindow, WINDOW_BITS_DEFAULT, WINDOW_BITS_MAX}
 
 /// Bytes of the clear protocol header in front of every datagram (`tidings_wire::HEADER_LEN`):
 /// never encrypted, so receivers can route before opening.
-pub const CLEAR_HEADER_LEN: usize = 16;
+pub const CLEAR_HEADER_LEN: usize = 20;
 /// Where the clear header holds its sender (`tidings_wire::Header::sender`, big-endian u32): the
 /// node that put the datagram on the wire, which is the node that sealed it.
-pub const HEADER_SENDER_OFFSET: usize = 12;
+pub const HEADER_SENDER_OFFSET: usize = 16;
 /// Bytes of a datagram key.
 pub const KEY_LEN: usize = 32;
 /// Bytes of the AEAD tag.
@@ -734,6 +734,8 @@ mod tests {
     use super::*;
 
     const SECRET: [u8; 32] = [7; 32];
+    /// The clear header's length, in front of every test payload.
+    const H: usize = CLEAR_HEADER_LEN;
 
     fn ring(mode: Mode, aead: Aead) -> KeyRing {
         let mut ring = KeyRing::new(KeyRingConfig {
@@ -760,9 +762,9 @@ mod tests {
         )
     }
 
-    /// A datagram whose header names sender 9.
+    /// A datagram whose header (incarnation 1, region 2, view 3) names sender 9.
     fn datagram(payload: &[u8]) -> Vec<u8> {
-        let mut d = b"TD\x01\x01\0\0\0\x02\0\0\0\x03\0\0\0\x09".to_vec();
+        let mut d = b"TD\x02\x01\0\0\0\x01\0\0\0\x02\0\0\0\x03\0\0\0\x09".to_vec();
         d.extend_from_slice(payload);
         d.resize(d.len() + TRAILER_LEN, 0);
         d
@@ -775,16 +777,16 @@ mod tests {
                 let mut s = sealer(mode, aead, 9);
                 let mut r = ring(mode, aead);
                 let mut buf = datagram(b"hello world");
-                let plain = buf[..27].to_vec();
-                let n = s.seal(&mut buf, 27).unwrap();
-                assert_eq!(n, 27 + mode.overhead());
+                let plain = buf[..H + 11].to_vec();
+                let n = s.seal(&mut buf, H + 11).unwrap();
+                assert_eq!(n, H + 11 + mode.overhead());
                 if mode == Mode::Encrypt {
-                    assert_ne!(&buf[16..27], b"hello world");
+                    assert_ne!(&buf[H..H + 11], b"hello world");
                 }
-                assert_eq!(&buf[..16], &plain[..16], "header stays clear");
+                assert_eq!(&buf[..H], &plain[..H], "header stays clear");
                 let opened = r.open(&mut buf[..n]).unwrap();
-                assert_eq!(opened.len, 27);
-                assert_eq!(&buf[..27], &plain[..]);
+                assert_eq!(opened.len, H + 11);
+                assert_eq!(&buf[..H + 11], &plain[..]);
                 if mode != Mode::Off {
                     assert_eq!(
                         opened.origin,
@@ -804,19 +806,22 @@ mod tests {
         let mut s = sealer(Mode::Encrypt, Aead::Aes256Gcm, 9);
         let mut r = ring(Mode::Encrypt, Aead::Aes256Gcm);
         let mut buf = datagram(b"x");
-        let n = s.seal(&mut buf, 17).unwrap();
+        let n = s.seal(&mut buf, H + 1).unwrap();
         let sealed = buf[..n].to_vec();
         assert!(r.open(&mut buf[..n]).is_ok());
         let mut again = sealed.clone();
         assert_eq!(r.open(&mut again), Err(OpenError::Replayed));
         let mut fresh = datagram(b"x");
-        let n2 = s.seal(&mut fresh, 17).unwrap();
+        let n2 = s.seal(&mut fresh, H + 1).unwrap();
         let mut flipped = fresh[..n2].to_vec();
-        flipped[16] ^= 1;
+        flipped[H] ^= 1;
         assert_eq!(r.open(&mut flipped), Err(OpenError::BadTag));
-        assert_eq!(r.open(&mut [0u8; 47]), Err(OpenError::Malformed));
+        assert_eq!(
+            r.open(&mut [0u8; H + TRAILER_LEN - 1]),
+            Err(OpenError::Malformed)
+        );
         let mut other = sealed.clone();
-        other[17..21].copy_from_slice(&5u32.to_be_bytes());
+        other[H + 1..H + 5].copy_from_slice(&5u32.to_be_bytes());
         assert_eq!(r.open(&mut other), Err(OpenError::UnknownKey(KeyId(5))));
         assert!(r.retire(KeyId(1)));
         let mut late = sealed.clone();
@@ -844,7 +849,7 @@ mod tests {
     fn modes_and_aeads_do_not_mix() {
         let mut buf = datagram(b"payload");
         let n = sealer(Mode::Authenticate, Aead::Aes256Gcm, 9)
-            .seal(&mut buf, 23)
+            .seal(&mut buf, H + 7)
             .unwrap();
         let sealed = buf[..n].to_vec();
         let mut a = sealed.clone();
@@ -865,7 +870,7 @@ mod tests {
         let mut s = sealer(Mode::Authenticate, Aead::Aes256Gcm, 4);
         let mut r = ring(Mode::Authenticate, Aead::Aes256Gcm);
         let mut buf = datagram(b"forged");
-        let n = s.seal(&mut buf, 22).unwrap();
+        let n = s.seal(&mut buf, H + 6).unwrap();
         assert_eq!(r.open(&mut buf[..n]), Err(OpenError::SenderMismatch));
         assert_eq!(r.stats().sender_mismatch, 1);
         // Without the check, the host sees the trailer's sender and compares it itself.
@@ -891,13 +896,13 @@ mod tests {
         );
         let mut buf = datagram(b"");
         for _ in 0..3 {
-            s.seal(&mut buf, 16).unwrap();
+            s.seal(&mut buf, H).unwrap();
         }
         assert!(s.needs_rotation());
         assert_eq!(s.remaining(), 1);
-        s.seal(&mut buf, 16).unwrap();
+        s.seal(&mut buf, H).unwrap();
         assert_eq!(
-            s.seal(&mut buf, 16),
+            s.seal(&mut buf, H),
             Err(SealError::CounterExhausted(KeyId(3)))
         );
         let err = SealError::CounterExhausted(KeyId(3)).to_string();
@@ -907,10 +912,19 @@ mod tests {
     #[test]
     fn seal_checks_lengths() {
         let mut s = sealer(Mode::Encrypt, Aead::Aes256Gcm, 1);
-        assert_eq!(s.seal(&mut [0u8; 40], 15), Err(SealError::TooShort));
-        assert_eq!(s.seal(&mut [0u8; 40], 41), Err(SealError::TooShort));
-        assert_eq!(s.seal(&mut [0u8; 40], 16), Err(SealError::NoRoom));
-        assert_eq!(s.seal(&mut [0u8; 48], 16), Ok(48));
+        assert_eq!(
+            s.seal(&mut [0u8; H + TRAILER_LEN], H - 1),
+            Err(SealError::TooShort)
+        );
+        assert_eq!(
+            s.seal(&mut [0u8; H + TRAILER_LEN], H + TRAILER_LEN + 1),
+            Err(SealError::TooShort)
+        );
+        assert_eq!(
+            s.seal(&mut [0u8; H + TRAILER_LEN - 1], H),
+            Err(SealError::NoRoom)
+        );
+        assert_eq!(s.seal(&mut [0u8; H + TRAILER_LEN], H), Ok(H + TRAILER_LEN));
     }
 
     #[test]
@@ -921,7 +935,7 @@ mod tests {
             let mut buf = datagram(b"abc");
             buf[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4]
                 .copy_from_slice(&sender.to_be_bytes());
-            let n = s.seal(&mut buf, 19).unwrap();
+            let n = s.seal(&mut buf, H + 3).unwrap();
             let got = r.open(&mut buf[..n]);
             if sender < 4 {
                 assert!(got.is_ok(), "{sender}");

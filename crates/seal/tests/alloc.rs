@@ -3,7 +3,9 @@
 use std::alloc::System;
 
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
+use tidings_seal::datagram::{
+    CLEAR_HEADER_LEN, COUNTER_LIMIT_DEFAULT, HEADER_SENDER_OFFSET, TRAILER_LEN,
+};
 use tidings_seal::{Aead, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, SealingKey};
 
 #[global_allocator]
@@ -28,8 +30,9 @@ fn seal_and_open_allocate_nothing() {
             let region = Region::new(GLOBAL);
             for i in 0..1000usize {
                 let sender = &mut senders[i % 4];
-                let len = 16 + (i * 7) % 1400;
-                buf[12..16].copy_from_slice(&((i % 4) as u32).to_be_bytes());
+                let len = CLEAR_HEADER_LEN + (i * 7) % 1400;
+                buf[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4]
+                    .copy_from_slice(&((i % 4) as u32).to_be_bytes());
                 let n = sender.seal(&mut buf, len).unwrap();
                 let opened = ring.open(&mut buf[..n]).unwrap();
                 assert_eq!(opened.len, len);

@@ -145,7 +145,9 @@ proptest! {
 fn window_edge_at_exact_width() {
     let (mut key, mut ring) = pair(Aead::Aes256Gcm, Mode::Authenticate, 1);
     // Seal 1025 datagrams; open the last first, then the oldest ones around the edge.
-    let all: Vec<Vec<u8>> = (0..1025).map(|_| sealed(&mut key, 1, &[0; 16])).collect();
+    let all: Vec<Vec<u8>> = (0..1025)
+        .map(|_| sealed(&mut key, 1, &[0; CLEAR_HEADER_LEN]))
+        .collect();
     let mut last = all[1024].clone();
     assert!(ring.open(&mut last).is_ok());
     // Default width 1024: counter 1024 - 1023 = 1 is the oldest inside, 0 is outside.
@@ -164,6 +166,7 @@ fn header_constants_match_the_wire() {
         region: RegionId(1),
         view: ViewId(2),
         sender: NodeId(0x0102_0304),
+        incarnation: 0x0a0b_0c0d,
     };
     let mut buf = [0u8; 64];
     let n = tidings_wire::write_ack(&mut buf, &header, NodeId(5), 7).expect("room");

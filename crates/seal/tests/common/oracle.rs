@@ -1,7 +1,9 @@
 //! The fuzz oracles, shared by the cargo-fuzz targets (`fuzz/`, included with `#[path]`) and the
 //! stable hostile-input test (`tests/hostile.rs`). Any panic is a finding.
 
-use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
+use tidings_seal::datagram::{
+    CLEAR_HEADER_LEN, COUNTER_LIMIT_DEFAULT, HEADER_SENDER_OFFSET, TRAILER_LEN,
+};
 use tidings_seal::link::{HELLO_LEN, WELCOME_LEN};
 use tidings_seal::{
     AllowList, Identity, Initiator, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, Responder,
@@ -39,10 +41,10 @@ pub(crate) fn open_any(data: &[u8]) {
     assert_eq!(ring.stats().refused(), 1);
 
     let mut key = SealingKey::new(aead, mode, KeyId(1), 5, &secret, COUNTER_LIMIT_DEFAULT);
-    let len = bytes.len().max(16);
+    let len = bytes.len().max(CLEAR_HEADER_LEN);
     let mut buf = vec![0u8; len + TRAILER_LEN];
     buf[..bytes.len()].copy_from_slice(bytes);
-    buf[12..16].copy_from_slice(&5u32.to_be_bytes());
+    buf[HEADER_SENDER_OFFSET..HEADER_SENDER_OFFSET + 4].copy_from_slice(&5u32.to_be_bytes());
     let original = buf[..len].to_vec();
     let n = key.seal(&mut buf, len).expect("room");
     let opened = ring.open(&mut buf[..n]).expect("genuine datagram opens");
