@@ -1,7 +1,7 @@
 //! The sans-IO node: the one type a driver (the runtime or the simulator) talks to.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use tidings_wire::{
@@ -11,13 +11,16 @@ use tidings_wire::{
 
 use crate::config::{Config, ConfigError, WindowAlgorithm};
 use crate::event::{Delivery, Event};
+use crate::gauges::{GaugeShare, Gauges};
 use crate::membership::{Membership, MembershipChange, RegionView};
 use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
 use crate::recv::{Arrival, InMsg};
 use crate::region::{CachingRule, OwnedRecord, OwnedToken, RegionState};
 use crate::send::{OutMsg, OutboundStream, StabilityTracker};
+use crate::send_queue::SendQueue;
 use crate::stats::Stats;
 use crate::time::Time;
+use crate::timers::{schedule_region, schedule_stream, silence_deadline, Timer, Timers};
 use crate::Destination;
 
 /// A datagram produced by [`Node::poll_transmit`].
@@ -29,6 +32,17 @@ pub struct Transmit {
     pub len: usize,
     /// Its class (a driver with several queues may send control first).
     pub priority: Priority,
+}
+
+/// [`Node::poll_transmit`] was given a buffer shorter than `max_datagram_bytes`, which every
+/// datagram it writes must be able to fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("transmit buffer of {len} bytes is shorter than max_datagram_bytes ({needed})")]
+pub struct BufferTooSmall {
+    /// The length of the buffer given.
+    pub len: usize,
+    /// The length needed: the configuration's `max_datagram_bytes`.
+    pub needed: usize,
 }
 
 /// Why `publish` did not take a message.
@@ -56,24 +70,6 @@ pub enum PublishError {
         /// The largest payload that fits.
         max: usize,
     },
-}
-
-/// What a [`Node::poll_timer`] deadline is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Timer {
-    /// A region's token ring: a hand-off to resend, a token round to start or to time out, a
-    /// ring waking from sleep.
-    Region,
-    /// The scan of the regions with gaps for repairs to request.
-    RepairScan,
-    /// An outbound stream's silence heartbeat or its pause after a view change.
-    Stream,
-    /// Congestion control's next query down the rings (DCQ).
-    CongestionQuery,
-    /// Congestion control allows a refused publish again.
-    RateRetry,
-    /// The next sample of the receive streams' doubt horizons.
-    DoubtSample,
 }
 
 /// Receive-side figures of one inbound stream, for reports and checkers.
@@ -125,13 +121,11 @@ pub struct Node {
     next_msg_id: u64,
     out: Outbox,
     rng: fastrand::Rng,
-    next_repair_scan: Time,
     /// The `now` of the input being handled (the latest one passed in): lets a change found
     /// deep in a handler, such as the first gap after a time without any, schedule from it.
     input_at: Time,
-    /// Outbound streams with unsent messages, in round-robin order: sending a datagram costs the
-    /// same whatever the number of streams (each stream's `data_queued` says it is here).
-    data_ready: VecDeque<RegionId>,
+    /// The regions whose outbound streams have data or a silence to send.
+    send_queue: SendQueue,
     /// Datagrams of views not known yet, oldest first (bounded by `future_datagrams_max`).
     future: std::collections::VecDeque<Bytes>,
     /// Per origin, the highest message id delivered in views that ended; kept even while this node
@@ -141,163 +135,23 @@ pub struct Node {
     floors_shared: std::sync::Arc<BTreeMap<(NodeId, TopicId), u64>>,
     /// The records of the last token received, kept so the next token reuses the list.
     token_records: Vec<OwnedRecord>,
-    /// When the doubt horizon rates are sampled next.
-    next_doubt_sample: Time,
     /// The publish rate of congestion control (PDCC).
     rate: crate::pdcc::RateController,
-    /// After a publish refused by the rate: when to wake the application to try again.
-    rate_retry_at: Option<Time>,
-    /// The regions' ring timers (token releases, round and hand-off timeouts), earliest first, so
-    /// that a timer costs the same whatever the number of regions. An entry is current while it
-    /// equals its region's `timer_at`; a moved deadline adds an entry and the old one is skipped.
-    region_timers: BinaryHeap<Reverse<(Time, RegionId)>>,
-    /// Scratch list of the regions whose timers are due (kept to reuse its buffer).
-    due_regions: Vec<RegionId>,
+    /// The deadlines, by the timer they serve.
+    timers: Timers,
     /// The regions a periodic scan visited (reused, so that scans do not allocate).
     scanned_regions: Vec<RegionId>,
-    /// Regions with gaps to repair (kept with the gauges), so that `poll_timeout` need not look.
-    regions_with_gaps: usize,
     /// Some region has an inbound stream (the doubt sample is due only then). Streams appear
     /// when a region's datagrams or timers touch it and go only with a new membership, so this
     /// is set there and recomputed at each install, instead of a pass over every region in
     /// `poll_timeout`.
     receiving: bool,
-    /// The regions the repair scan visits: every region whose gauge share has gaps, and those
-    /// whose gaps closed since the last scan (it visits them once more, as it visited every
-    /// region before: the NACK window of a stream that stopped recovering forgets its last
-    /// recovery rate). A region without gaps gives the scan nothing else to do, so a node in
-    /// thousands of regions pays the scan for the few that are recovering, not for all of them
-    /// every repair interval.
-    repair_scan_regions: BTreeSet<RegionId>,
-    /// The outbound streams' silence and pause deadlines: `(deadline, region, generation)`,
-    /// earliest first. Each stream with a deadline has one live entry at or before it (its
-    /// `timer_at` and `timer_generation`); an entry of an older generation is skipped. Sends
-    /// move a deadline later, which leaves the entry early (it is re-entered when it comes up);
-    /// only a deadline that moves earlier adds an entry. `handle_timeout` thus visits the
-    /// streams that are due, not every stream of a node that publishes on thousands of topics.
-    stream_timers: BinaryHeap<Reverse<(Time, RegionId, u64)>>,
-    /// Outbound streams whose `silence_pending` is set.
-    silences_pending: usize,
-    /// How many regions have each smallest NACK window (of `gauge_shares`): the gauge's minimum
-    /// is the first key. A pass over every region for each change was quadratic for a node in
-    /// thousands of regions whose repair scan adjusts their windows.
-    nack_windows: BTreeMap<usize, usize>,
-    /// Regions whose stream's `silence_pending` was set, in that order (an entry whose flag was
-    /// cleared since by a data send is skipped): `poll_silence` takes the next one without a
-    /// pass over every stream, which made a node publishing on thousands of topics quadratic.
-    silence_queue: VecDeque<RegionId>,
-    /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
-    /// region updates the totals by difference (see [`Node::refresh_gauges`]).
-    gauge_shares: BTreeMap<RegionId, GaugeShare>,
+    /// Each region's part in the gauges of [`crate::Stats`].
+    gauges: Gauges,
     /// Topics the host holds back at this node ([`Node::hold_topic`]): in-order delivery of a
     /// stream stops at its next message of one of them. Sorted; a vector, so that holding and
     /// releasing over and over allocates nothing (a host holds a few at a time).
     held_topics: Vec<TopicId>,
-}
-
-/// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
-/// of its inbound streams.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct GaugeShare {
-    unstable_msgs: u64,
-    unstable_bytes: u64,
-    held_msgs: u64,
-    held_bytes: u64,
-    cached_msgs: u64,
-    nack_window_min: Option<usize>,
-    /// Some inbound stream of the region has gaps to repair.
-    has_gaps: bool,
-}
-
-impl GaugeShare {
-    fn of(
-        region: RegionId,
-        outbound: &BTreeMap<RegionId, OutboundStream>,
-        regions: &BTreeMap<RegionId, RegionState>,
-        config: &Config,
-    ) -> GaugeShare {
-        GaugeShare::from_parts(outbound.get(&region), regions.get(&region), config)
-    }
-
-    /// [`GaugeShare::of`] from the region's stream and state, already looked up.
-    fn from_parts(
-        outbound: Option<&OutboundStream>,
-        region: Option<&RegionState>,
-        config: &Config,
-    ) -> GaugeShare {
-        let mut share = GaugeShare::default();
-        share.set_outbound(outbound, config);
-        if let Some(r) = region {
-            // One pass over the inbound streams (this runs after every datagram).
-            for s in r.inbound.values() {
-                share.cached_msgs += s.cache_len() as u64;
-                let gauge = s.nack.gauge(config);
-                share.nack_window_min = Some(share.nack_window_min.map_or(gauge, |m| m.min(gauge)));
-                share.has_gaps |= s.missing_count() > 0;
-            }
-        }
-        share
-    }
-
-    /// Sets the outbound part (this node's stream into the region, if any).
-    fn set_outbound(&mut self, stream: Option<&OutboundStream>, config: &Config) {
-        let Some(stream) = stream else {
-            (self.unstable_msgs, self.unstable_bytes) = (0, 0);
-            (self.held_msgs, self.held_bytes) = (0, 0);
-            return;
-        };
-        debug_assert!(stream.unstable_msgs() as usize <= config.window_msgs_max);
-        debug_assert!(stream.stable_upto <= stream.sent_upto);
-        self.unstable_msgs = stream.unstable_msgs();
-        self.unstable_bytes = stream.unstable_bytes() as u64;
-        self.held_msgs = stream.unstable_msgs() + stream.unsent_msgs();
-        self.held_bytes = stream.held_bytes() as u64;
-    }
-}
-
-/// Enters `state`'s next ring deadline in `timers` (`Node::region_timers`) if it moved.
-fn schedule_region(
-    timers: &mut BinaryHeap<Reverse<(Time, RegionId)>>,
-    region: RegionId,
-    state: &mut RegionState,
-    config: &Config,
-) {
-    let deadline = state.next_deadline(config);
-    if deadline != state.timer_at {
-        state.timer_at = deadline;
-        if let Some(at) = deadline {
-            timers.push(Reverse((at, region)));
-        }
-    }
-}
-
-/// Enters `stream`'s silence or pause deadline in `timers` (`Node::stream_timers`) if it has
-/// none or it comes before the stream's live entry.
-fn schedule_stream(
-    timers: &mut BinaryHeap<Reverse<(Time, RegionId, u64)>>,
-    region: RegionId,
-    stream: &mut OutboundStream,
-    config: &Config,
-) {
-    let Some(at) = Node::stream_deadline(stream, config) else {
-        return;
-    };
-    if stream.timer_at.is_none_or(|t| at < t) {
-        stream.timer_generation += 1;
-        stream.timer_at = Some(at);
-        timers.push(Reverse((at, region, stream.timer_generation)));
-    }
-}
-
-/// The smallest NACK window of any region (0 with none), for [`crate::Stats::nack_window_msgs_current`],
-/// by a pass over every region (the debug check of [`Node::nack_windows`]).
-#[cfg(debug_assertions)]
-fn nack_window_min(shares: &BTreeMap<RegionId, GaugeShare>) -> u64 {
-    shares
-        .values()
-        .filter_map(|s| s.nack_window_min)
-        .min()
-        .unwrap_or(0) as u64
 }
 
 /// Where a datagram's view stands relative to what this node knows.
@@ -341,27 +195,17 @@ impl Node {
             next_msg_id: 1,
             out: Outbox::default(),
             rng,
-            next_repair_scan: now,
             input_at: now,
-            data_ready: VecDeque::new(),
+            send_queue: SendQueue::default(),
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
             floors_shared: std::sync::Arc::default(),
             token_records: Vec::new(),
-            next_doubt_sample: now,
             rate,
-            rate_retry_at: None,
-            region_timers: BinaryHeap::new(),
-            due_regions: Vec::new(),
+            timers: Timers::new(now),
             scanned_regions: Vec::new(),
-            regions_with_gaps: 0,
             receiving: false,
-            repair_scan_regions: BTreeSet::new(),
-            stream_timers: BinaryHeap::new(),
-            silences_pending: 0,
-            nack_windows: BTreeMap::new(),
-            silence_queue: VecDeque::new(),
-            gauge_shares: BTreeMap::new(),
+            gauges: Gauges::default(),
             held_topics: Vec::new(),
         })
         .map(|mut node| {
@@ -497,7 +341,7 @@ impl Node {
         if self.config.congestion_control && !regions.is_empty() {
             if let Err(retry_at) = self.rate.admit(now, &self.config) {
                 self.out.stats.publish_rate_limited += 1;
-                self.rate_retry_at = Some(retry_at);
+                self.timers.rate_retry_at = Some(retry_at);
                 return Err((PublishError::RateLimited { retry_at }, payload));
             }
         }
@@ -528,10 +372,7 @@ impl Node {
                 timestamp_us,
                 payload: payload.unwrap_or_default(),
             });
-            if !stream.data_queued {
-                stream.data_queued = true;
-                self.data_ready.push_back(region);
-            }
+            self.send_queue.queue_data(region, stream);
         }
         self.out.stats.messages_published += 1;
         // A topic nobody subscribes to is stable at once (it reached everyone it must).
@@ -1096,13 +937,7 @@ impl Node {
             }
         }
         // Streams were replaced and re-homed messages added: queue every stream with unsent ones.
-        self.data_ready.clear();
-        for (&region, stream) in &mut self.outbound {
-            stream.data_queued = stream.unsent_msgs() > 0;
-            if stream.data_queued {
-                self.data_ready.push_back(region);
-            }
-        }
+        self.send_queue.requeue_data(&mut self.outbound);
         // Regions replaced or added enter their ring timers; kept regions keep theirs, asleep or
         // not (re-homed messages only go to streams of replaced or new regions, and sending
         // into a region wakes its rings), and entries of regions gone are skipped when they
@@ -1303,12 +1138,12 @@ impl Node {
         self.input_at = now;
         // The ring timers that are due, taken out first so that a timer rescheduled at or
         // before `now` waits for the next call instead of looping here.
-        let mut due = std::mem::take(&mut self.due_regions);
-        while let Some(&Reverse((at, region))) = self.region_timers.peek() {
+        let mut due = std::mem::take(&mut self.timers.due_regions);
+        while let Some(&Reverse((at, region))) = self.timers.regions.peek() {
             if at > now {
                 break;
             }
-            self.region_timers.pop();
+            self.timers.regions.pop();
             if let Some(state) = self.regions.get_mut(&region) {
                 // Only the entry of the region's current deadline; older ones are skipped.
                 if state.timer_at == Some(at) {
@@ -1324,7 +1159,7 @@ impl Node {
             let share = match self.regions.get_mut(&region_id) {
                 Some(region) => {
                     region.on_timeout(now, outbound.as_deref_mut(), &self.config, &mut self.out);
-                    schedule_region(&mut self.region_timers, region_id, region, &self.config);
+                    schedule_region(&mut self.timers.regions, region_id, region, &self.config);
                     self.receiving |= !region.inbound.is_empty();
                     GaugeShare::from_parts(outbound.as_deref(), Some(region), &self.config)
                 }
@@ -1333,10 +1168,10 @@ impl Node {
             self.set_gauge_share(region_id, share);
         }
         due.clear();
-        self.due_regions = due;
+        self.timers.due_regions = due;
         self.apply_self_feedback(now);
-        if self.rate_retry_at.is_some_and(|t| now >= t) {
-            self.rate_retry_at = None;
+        if self.timers.rate_retry_at.is_some_and(|t| now >= t) {
+            self.timers.rate_retry_at = None;
         }
         if self.config.congestion_control && now >= self.rate.next_dcq {
             let seq = self.rate.on_dcq_timer(now, &self.config);
@@ -1362,8 +1197,8 @@ impl Node {
         // samples were a pass over every inbound stream ten times a second for nothing, a fifth
         // of a core at rest in a node with 100,000 regions that had traffic, and their deadline
         // woke a node at rest as often (ADR 28).
-        if self.config.reads_doubt_horizons() && now >= self.next_doubt_sample {
-            self.next_doubt_sample = now + self.config.doubt_sample_interval;
+        if self.config.reads_doubt_horizons() && now >= self.timers.doubt_sample_at {
+            self.timers.doubt_sample_at = now + self.config.doubt_sample_interval;
             let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
             for (&id, region) in &mut self.regions {
                 if region.inbound.is_empty() {
@@ -1378,13 +1213,13 @@ impl Node {
                 }
             }
         }
-        if now >= self.next_repair_scan {
-            self.next_repair_scan = now + self.config.repair_interval;
+        if now >= self.timers.repair_scan_at {
+            self.timers.repair_scan_at = now + self.config.repair_interval;
             // In region order, as a pass over every region would visit them (the random
             // choices of the requests come in the same order).
             let regions = &mut self.regions;
             let (config, rng, out) = (&self.config, &mut self.rng, &mut self.out);
-            self.repair_scan_regions.retain(|&id| {
+            self.timers.repair_scan_regions.retain(|&id| {
                 let Some(region) = regions.get_mut(&id) else {
                     return false;
                 };
@@ -1397,11 +1232,11 @@ impl Node {
                 region.inbound.values().any(|s| s.missing_count() > 0)
             });
         }
-        while let Some(&Reverse((at, region, generation))) = self.stream_timers.peek() {
+        while let Some(&Reverse((at, region, generation))) = self.timers.streams.peek() {
             if at > now {
                 break;
             }
-            self.stream_timers.pop();
+            self.timers.streams.pop();
             let Some(stream) = self.outbound.get_mut(&region) else {
                 continue;
             };
@@ -1415,14 +1250,12 @@ impl Node {
             }
             if let Some(deadline) = silence_deadline(stream, &self.config) {
                 if now >= deadline {
-                    stream.silence_pending = true;
-                    self.silences_pending += 1;
-                    self.silence_queue.push_back(region);
+                    self.send_queue.queue_silence(region, stream);
                     stream.last_send = now;
                     stream.release_storage_at_rest(now, &self.config);
                 }
             }
-            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
+            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
         }
         scanned.sort_unstable();
         scanned.dedup();
@@ -1434,75 +1267,20 @@ impl Node {
         // Every region's part of the gauges is what a whole recomputation finds (checked in
         // debug builds, so by every simulator test).
         #[cfg(debug_assertions)]
-        self.check_gauge_shares();
-    }
-
-    /// Debug builds: every region's gauge share is current and the totals are their sums.
-    #[cfg(debug_assertions)]
-    fn check_gauge_shares(&self) {
-        // Without allocating (the steady-state allocation test runs debug builds): the same keys.
-        for region in self.gauge_shares.keys() {
-            assert!(
-                self.outbound.contains_key(region) || self.regions.contains_key(region),
-                "gauge share of region {region:?}, which the node is not in"
-            );
-        }
-        for region in self.outbound.keys().chain(self.regions.keys()) {
-            assert!(
-                self.gauge_shares.contains_key(region),
-                "no gauge share of region {region:?}"
-            );
-        }
-        for (&region, share) in &self.gauge_shares {
-            assert_eq!(
-                *share,
-                GaugeShare::of(region, &self.outbound, &self.regions, &self.config),
-                "stale gauge share of region {region:?}"
-            );
-        }
-        for (region, share) in &self.gauge_shares {
-            assert!(
-                !share.has_gaps || self.repair_scan_regions.contains(region),
-                "region {region:?} has gaps the repair scan would not visit"
-            );
-        }
-        let s = &self.out.stats;
-        let sum = |f: fn(&GaugeShare) -> u64| self.gauge_shares.values().map(f).sum::<u64>();
-        assert_eq!(s.unstable_msgs_current, sum(|g| g.unstable_msgs));
-        assert_eq!(s.held_msgs_current, sum(|g| g.held_msgs));
-        assert_eq!(s.held_bytes_current, sum(|g| g.held_bytes));
-        assert_eq!(s.cache_msgs_current, sum(|g| g.cached_msgs));
-        assert_eq!(
-            self.regions_with_gaps,
-            self.gauge_shares.values().filter(|g| g.has_gaps).count()
-        );
-        assert_eq!(
-            s.nack_window_msgs_current,
-            nack_window_min(&self.gauge_shares)
-        );
-        assert_eq!(
-            self.nack_windows.values().sum::<usize>(),
-            self.gauge_shares
-                .values()
-                .filter(|g| g.nack_window_min.is_some())
-                .count()
+        self.gauges.check(
+            &self.outbound,
+            &self.regions,
+            &self.config,
+            &self.timers.repair_scan_regions,
+            &self.out.stats,
         );
     }
 
     /// Enters `region`'s next ring deadline in the timer queue if it moved.
     fn schedule_region_timer(&mut self, region: RegionId) {
         if let Some(state) = self.regions.get_mut(&region) {
-            schedule_region(&mut self.region_timers, region, state, &self.config);
+            schedule_region(&mut self.timers.regions, region, state, &self.config);
         }
-    }
-
-    /// When `stream`'s silence or pause may be due next.
-    fn stream_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
-        let pause = (stream.paused_until != Time::ZERO).then_some(stream.paused_until);
-        silence_deadline(stream, config)
-            .into_iter()
-            .chain(pause)
-            .min()
     }
 
     /// After a publish into or a send from `region`'s stream: its gauges, and its silence
@@ -1510,62 +1288,58 @@ impl Node {
     fn stream_changed(&mut self, region: RegionId) {
         self.refresh_outbound_gauges(region);
         if let Some(stream) = self.outbound.get_mut(&region) {
-            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
+            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
         }
     }
 
     /// Enters every outbound stream's deadline afresh and recounts the pending silences (a
     /// new membership: streams were replaced, re-homed or paused).
     fn reset_stream_timer(&mut self) {
-        self.stream_timers.clear();
+        self.timers.streams.clear();
         for (&region, stream) in &mut self.outbound {
             stream.timer_at = None;
-            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
+            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
         }
-        self.silences_pending = self.outbound.values().filter(|s| s.silence_pending).count();
+        self.send_queue.recount_silences(&self.outbound);
     }
 
     /// Rebuilds the timer queue from every region (a new node, a new membership).
     fn schedule_all_region_timers(&mut self) {
-        self.region_timers.clear();
+        self.timers.regions.clear();
         for (&region, state) in &mut self.regions {
             state.timer_at = state.next_deadline(&self.config);
             if let Some(at) = state.timer_at {
-                self.region_timers.push(Reverse((at, region)));
+                self.timers.regions.push(Reverse((at, region)));
             }
         }
-    }
-
-    /// The next time [`handle_timeout`](Node::handle_timeout) must be called.
-    #[must_use]
-    pub fn poll_timeout(&self) -> Option<Time> {
-        self.poll_timer().map(|(at, _)| at)
     }
 
     /// The next time [`handle_timeout`](Node::handle_timeout) must be called, and which timer
     /// it is for (the earliest; `handle_timeout` runs every timer that is due).
     #[must_use]
-    pub fn poll_timer(&self) -> Option<(Time, Timer)> {
+    pub fn poll_timeout(&self) -> Option<(Time, Timer)> {
         // May be a skipped entry, earlier than any current deadline: that only wakes the
         // caller early once.
         let rings = self
-            .region_timers
+            .timers
+            .regions
             .peek()
             .map(|Reverse((at, _))| (*at, Timer::Region));
         // Regions with gaps, and those whose gaps closed since the last scan (visited once more).
-        let repair = (!self.repair_scan_regions.is_empty())
-            .then_some((self.next_repair_scan, Timer::RepairScan));
+        let repair = (!self.timers.repair_scan_regions.is_empty())
+            .then_some((self.timers.repair_scan_at, Timer::RepairScan));
         // A lower bound of the outbound streams' silences and pauses, not their exact minimum
         // (a pass over every stream would cost a node with 1000 streams most of its protocol
         // time): an entry left early by later sends wakes the node once, and `handle_timeout`
         // re-enters it at the stream's real deadline.
         let silences_and_pauses = self
-            .stream_timers
+            .timers
+            .streams
             .peek()
             .map(|Reverse((at, ..))| (*at, Timer::Stream));
         let dcq = (self.config.congestion_control && !self.outbound.is_empty())
             .then_some((self.rate.next_dcq, Timer::CongestionQuery));
-        let rate_retry = self.rate_retry_at.map(|at| (at, Timer::RateRetry));
+        let rate_retry = self.timers.rate_retry_at.map(|at| (at, Timer::RateRetry));
         let others = rings
             .into_iter()
             .chain(repair)
@@ -1579,10 +1353,10 @@ impl Node {
             self.receiving,
             self.regions.values().any(|r| !r.inbound.is_empty())
         );
-        let doubt = (others.is_none_or(|(t, _)| self.next_doubt_sample < t)
+        let doubt = (others.is_none_or(|(t, _)| self.timers.doubt_sample_at < t)
             && self.receiving
             && self.config.reads_doubt_horizons())
-        .then_some((self.next_doubt_sample, Timer::DoubtSample));
+        .then_some((self.timers.doubt_sample_at, Timer::DoubtSample));
         others.into_iter().chain(doubt).min_by_key(|&(at, _)| at)
     }
 
@@ -1663,18 +1437,21 @@ impl Node {
         self.held_topics.binary_search(&topic).is_ok()
     }
 
-    /// Writes the next datagram to send into `buf` (at least `max_datagram_bytes` long): control
-    /// first, then retransmissions, then new data (round-robin over regions, packing as many
-    /// messages as fit), then silence heartbeats.
-    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        debug_assert!(
-            buf.len() >= self.config.max_datagram_bytes,
-            "poll_transmit needs a buffer of at least max_datagram_bytes ({}), got {}",
-            self.config.max_datagram_bytes,
-            buf.len()
-        );
-        let buf_len = buf.len().min(self.config.max_datagram_bytes);
-        let buf = &mut buf[..buf_len];
+    /// Writes the next datagram to send into `buf`: control first, then retransmissions, then
+    /// new data (round-robin over regions, packing as many messages as fit), then silence
+    /// heartbeats. `Ok(None)`: nothing to send now. A buffer shorter than `max_datagram_bytes`
+    /// is refused before anything is taken from the queues: a driver's buffer is sized once, so
+    /// this is a bug of the driver, which the error names.
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+    ) -> Result<Option<Transmit>, BufferTooSmall> {
+        let needed = self.config.max_datagram_bytes;
+        let len = buf.len();
+        let Some(buf) = buf.get_mut(..needed) else {
+            return Err(BufferTooSmall { len, needed });
+        };
         let t = self
             .poll_control(buf)
             .or_else(|| self.poll_repair(now, buf))
@@ -1684,7 +1461,7 @@ impl Node {
             self.out.stats.datagrams_sent += 1;
             self.out.stats.bytes_sent += t.len as u64;
         }
-        t
+        Ok(t)
     }
 
     fn header(&self, kind: Kind, region: RegionId, view: tidings_wire::ViewId) -> Header {
@@ -1734,9 +1511,12 @@ impl Node {
             };
             match transmit {
                 Some(t) => return Some(t),
-                // Only a buffer smaller than `max_datagram_bytes` (against `poll_transmit`'s
-                // contract) can refuse a control packet: counted, not silent.
-                None => self.out.stats.control_unsendable += 1,
+                // Every control kind fits `max_datagram_bytes`, which `poll_transmit` checked:
+                // a refusal here is a bug of this crate (counted, and a panic in debug builds).
+                None => {
+                    debug_assert!(false, "a control packet did not fit max_datagram_bytes");
+                    self.out.stats.control_unsendable += 1;
+                }
             }
         }
         None
@@ -1823,8 +1603,8 @@ impl Node {
     fn poll_data(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
         // Each queued stream is looked at once per call: one whose window is closed (or that is
         // paused) goes to the back and waits for its ACKs.
-        for _ in 0..self.data_ready.len() {
-            let region = self.data_ready.pop_front()?;
+        for _ in 0..self.send_queue.data.len() {
+            let region = self.send_queue.data.pop_front()?;
             let Some(stream) = self.outbound.get_mut(&region) else {
                 continue;
             };
@@ -1840,7 +1620,7 @@ impl Node {
                     .map_or(0, RegionState::others_unstable_estimate),
             };
             if !stream.can_send(&self.config, others_unstable) {
-                self.data_ready.push_back(region);
+                self.send_queue.data.push_back(region);
                 continue;
             }
             let header = Header {
@@ -1850,21 +1630,19 @@ impl Node {
                 sender: self.me,
             };
             let Ok(mut w) = MessagesWriter::data(buf, &header) else {
-                self.data_ready.push_front(region);
+                self.send_queue.data.push_front(region);
                 return None;
             };
             let packed = stream.pack_unsent(&mut w, &self.config, others_unstable);
             if packed == 0 {
-                self.data_ready.push_back(region);
+                self.send_queue.data.push_back(region);
                 continue;
             }
             let len = w.finish();
             stream.last_send = now;
             stream.last_data_at = now;
             stream.silences_since_data = 0;
-            if std::mem::take(&mut stream.silence_pending) {
-                self.silences_pending -= 1;
-            }
+            self.send_queue.sent(stream);
             // New messages of this node's own stream for the region's rings to carry; only a
             // ring that was asleep moves the region's deadline.
             let woke = self
@@ -1873,7 +1651,7 @@ impl Node {
                 .is_some_and(|state| state.wake_leads(now, &self.config));
             // Round robin: a stream with more to send goes behind the others.
             if stream.unsent_msgs() > 0 {
-                self.data_ready.push_back(region);
+                self.send_queue.data.push_back(region);
             } else {
                 stream.data_queued = false;
             }
@@ -1894,13 +1672,13 @@ impl Node {
     }
 
     fn poll_silence(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        if self.silences_pending == 0 {
+        if self.send_queue.silences_pending == 0 {
             // Whatever is left are entries of silences a data send made unnecessary.
-            self.silence_queue.clear();
+            self.send_queue.silences.clear();
             return None;
         }
         let me = self.me;
-        while let Some(region) = self.silence_queue.pop_front() {
+        while let Some(region) = self.send_queue.silences.pop_front() {
             let Some(stream) = self.outbound.get_mut(&region) else {
                 continue;
             };
@@ -1919,15 +1697,14 @@ impl Node {
                 acked_upto: stream.stable_upto,
             };
             let Ok(len) = write_silence(buf, &header, &silence) else {
-                self.silence_queue.push_front(region);
+                self.send_queue.silences.push_front(region);
                 return None;
             };
-            stream.silence_pending = false;
+            self.send_queue.sent(stream);
             stream.last_send = now;
             stream.silences_since_data = stream.silences_since_data.saturating_add(1);
-            self.silences_pending -= 1;
             self.out.stats.silences_sent += 1;
-            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
+            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
             return Some(Transmit {
                 destination: Destination::Region(region),
                 len,
@@ -1937,54 +1714,13 @@ impl Node {
         None
     }
 
-    /// Recomputes every gauge from every stream (after timers and membership changes, which may
-    /// touch any region).
-    fn update_gauges(&mut self) {
-        let (outbound, regions, config) = (&self.outbound, &self.regions, &self.config);
-        self.gauge_shares
-            .retain(|r, _| outbound.contains_key(r) || regions.contains_key(r));
-        for &region in outbound.keys().chain(regions.keys()) {
-            let share = GaugeShare::of(region, outbound, regions, config);
-            // An existing key is overwritten in place: no allocation in steady state.
-            self.gauge_shares.insert(region, share);
-        }
-        let s = &mut self.out.stats;
-        let (mut unstable, mut held_msgs, mut held_bytes, mut cached) = (0, 0, 0, 0);
-        self.regions_with_gaps = self.gauge_shares.values().filter(|s| s.has_gaps).count();
-        for (&region, share) in &self.gauge_shares {
-            if share.has_gaps {
-                self.repair_scan_regions.insert(region);
-            }
-        }
-        for share in self.gauge_shares.values() {
-            unstable += share.unstable_msgs;
-            held_msgs += share.held_msgs;
-            held_bytes += share.held_bytes;
-            cached += share.cached_msgs;
-            s.unstable_msgs_max = s.unstable_msgs_max.max(share.unstable_msgs);
-            s.unstable_bytes_max = s.unstable_bytes_max.max(share.unstable_bytes);
-        }
-        s.unstable_msgs_current = unstable;
-        s.held_msgs_current = held_msgs;
-        s.held_bytes_current = held_bytes;
-        s.held_bytes_max = s.held_bytes_max.max(held_bytes);
-        s.cache_msgs_current = cached;
-        s.cache_msgs_max = s.cache_msgs_max.max(cached);
-        self.nack_windows.clear();
-        for window in self.gauge_shares.values().filter_map(|g| g.nack_window_min) {
-            *self.nack_windows.entry(window).or_default() += 1;
-        }
-        s.nack_window_msgs_current = self.nack_windows.keys().next().map_or(0, |&w| w as u64);
-    }
-
     /// [`Node::refresh_gauges`] for a region this node may have left (neither receiving nor
     /// sending in it): its part leaves the gauges.
     fn refresh_or_forget_gauges(&mut self, region: RegionId) {
         if self.outbound.contains_key(&region) || self.regions.contains_key(&region) {
             self.refresh_gauges(region);
-        } else if self.gauge_shares.contains_key(&region) {
-            self.set_gauge_share(region, GaugeShare::default());
-            self.gauge_shares.remove(&region);
+        } else {
+            self.gauges.forget(region, &mut self.out.stats);
         }
     }
 
@@ -1999,7 +1735,7 @@ impl Node {
     /// a send, once per message): the inbound part, a pass over every inbound stream of the
     /// region, is kept as last computed (every change to it refreshes it).
     fn refresh_outbound_gauges(&mut self, region: RegionId) {
-        let Some(mut share) = self.gauge_shares.get(&region).copied() else {
+        let Some(mut share) = self.gauges.share(region) else {
             return self.refresh_gauges(region);
         };
         share.set_outbound(self.outbound.get(&region), &self.config);
@@ -2012,55 +1748,30 @@ impl Node {
         self.set_gauge_share(region, share);
     }
 
-    /// Puts `share` in place of `region`'s part in the gauges and updates the totals by
-    /// difference.
+    /// Recomputes every gauge from every stream (a new node).
+    fn update_gauges(&mut self) {
+        self.gauges.recompute(
+            &self.outbound,
+            &self.regions,
+            &self.config,
+            &mut self.timers.repair_scan_regions,
+            &mut self.out.stats,
+        );
+    }
+
+    /// Puts `share` in place of `region`'s part in the gauges; a region that gains gaps enters
+    /// the repair scan.
     fn set_gauge_share(&mut self, region: RegionId, share: GaugeShare) {
-        // One look-up. A region seen for the first time (rare: membership changes refresh
-        // everything) starts from an empty part, which adds nothing to the totals.
-        let slot = self.gauge_shares.entry(region).or_default();
-        let old = *slot;
-        if old == share {
-            return;
-        }
-        *slot = share;
-        self.regions_with_gaps =
-            self.regions_with_gaps + usize::from(share.has_gaps) - usize::from(old.has_gaps);
-        if share.has_gaps && !old.has_gaps {
-            self.repair_scan_regions.insert(region);
-            if self.regions_with_gaps == 1 {
+        if self.gauges.set(region, share, &mut self.out.stats) {
+            self.timers.repair_scan_regions.insert(region);
+            if self.gauges.regions_with_gaps() == 1 {
                 // The first gap after a time without any: the scan comes when it is due
                 // (`repair_delay` after it was noticed, now). The periodic scan's phase was
                 // stale: a scan at once that found nothing due put the first request a whole
                 // `repair_interval` after the gap (5 ms, not 2), unless another timer (the
                 // doubt sample's, which woke every node ten times a second) had moved it.
-                self.next_repair_scan = self.input_at + self.config.repair_delay;
+                self.timers.repair_scan_at = self.input_at + self.config.repair_delay;
             }
-        }
-        let s = &mut self.out.stats;
-        // Each total includes the region's old part, so none of these can go below zero.
-        s.unstable_msgs_current = s.unstable_msgs_current + share.unstable_msgs - old.unstable_msgs;
-        s.held_msgs_current = s.held_msgs_current + share.held_msgs - old.held_msgs;
-        s.held_bytes_current = s.held_bytes_current + share.held_bytes - old.held_bytes;
-        s.cache_msgs_current = s.cache_msgs_current + share.cached_msgs - old.cached_msgs;
-        s.unstable_msgs_max = s.unstable_msgs_max.max(share.unstable_msgs);
-        s.unstable_bytes_max = s.unstable_bytes_max.max(share.unstable_bytes);
-        s.held_bytes_max = s.held_bytes_max.max(s.held_bytes_current);
-        s.cache_msgs_max = s.cache_msgs_max.max(s.cache_msgs_current);
-        if share.nack_window_min != old.nack_window_min {
-            // The new count first: the map never empties on the way, so its root stays
-            // allocated (no allocation per change in steady state).
-            if let Some(new) = share.nack_window_min {
-                *self.nack_windows.entry(new).or_default() += 1;
-            }
-            if let Some(old) = old.nack_window_min {
-                if let Some(count) = self.nack_windows.get_mut(&old) {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.nack_windows.remove(&old);
-                    }
-                }
-            }
-            s.nack_window_msgs_current = self.nack_windows.keys().next().map_or(0, |&w| w as u64);
         }
     }
 
@@ -2113,38 +1824,6 @@ impl Node {
             .map(|(&r, s)| (r, s.unstable_msgs()))
             .collect()
     }
-}
-
-fn silence_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
-    if stream.sent_upto == 0 || stream.silence_pending {
-        return None;
-    }
-    let backoff = config.silence_backoff && !config.reads_doubt_horizons();
-    // The n-th silence since the last data waits 2^n intervals.
-    let backed_off = || {
-        config
-            .silence_interval
-            .saturating_mul(1 << stream.silences_since_data.min(16))
-    };
-    let interval = if stream.unstable_msgs() > 0 || stream.sent_upto < stream.last_seq() {
-        if backoff {
-            // Up to the idle interval.
-            backed_off().min(config.silence_idle_interval.max(config.silence_interval))
-        } else {
-            config.silence_interval
-        }
-    } else if backoff {
-        // Fully stable: from the idle interval on, up to its maximum.
-        backed_off().clamp(
-            config.silence_idle_interval,
-            config
-                .silence_idle_interval_max
-                .max(config.silence_idle_interval),
-        )
-    } else {
-        config.silence_idle_interval
-    };
-    Some(stream.last_send + interval)
 }
 
 /// `region`'s look-up cursor in `cursors` (a few streams per install, so a list), starting at
