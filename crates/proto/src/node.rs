@@ -1,26 +1,29 @@
 //! The sans-IO node: the one type a driver (the runtime or the simulator) talks to.
 
+mod install;
+mod receive;
+mod timeout;
+mod transmit;
+
+use receive::deliver_in_order;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use tidings_wire::{
-    write_silence, Body, Header, Kind, Message, MessagesWriter, MsgId, NodeId, Packet, Priority,
-    RegionId, SeqRange, Silence, TopicId, MESSAGE_HEADER_LEN,
-};
+use tidings_wire::{Body, MsgId, NodeId, Packet, Priority, RegionId, TopicId, MESSAGE_HEADER_LEN};
 
-use crate::config::{Config, ConfigError, WindowAlgorithm};
+use crate::config::{Config, ConfigError};
 use crate::event::{Delivery, Event};
 use crate::gauges::{GaugeShare, Gauges};
-use crate::membership::{Membership, MembershipChange, RegionView};
-use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
-use crate::recv::{Arrival, InMsg};
-use crate::region::{CachingRule, OwnedRecord, OwnedToken, RegionState};
+use crate::membership::{Membership, MembershipChange};
+use crate::outbox::Outbox;
+use crate::region::{OwnedRecord, RegionState};
 use crate::send::{OutMsg, OutboundStream, StabilityTracker};
 use crate::send_queue::SendQueue;
 use crate::stats::Stats;
 use crate::time::Time;
-use crate::timers::{schedule_region, schedule_stream, silence_deadline, Timer, Timers};
+use crate::timers::{Timer, Timers};
 use crate::Destination;
 
 /// A datagram produced by [`Node::poll_transmit`].
@@ -156,7 +159,7 @@ pub struct Node {
 
 /// Where a datagram's view stands relative to what this node knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ViewStatus {
+pub(super) enum ViewStatus {
     /// A view this node is in (or sends to), or an earlier view of the same base: process it
     /// as of this view.
     Current(tidings_wire::ViewId),
@@ -476,25 +479,9 @@ impl Node {
             }
             Body::Silence(s) => self.on_silence(now, &h, s),
             Body::Token(t) => {
-                if !self.check_member_region(&h) {
+                if !self.on_token(now, &h, &t) {
                     return;
                 }
-                let Some(region) = self.regions.get_mut(&h.region) else {
-                    return;
-                };
-                // The records, lists and all, are reused from token to token.
-                let mut records = std::mem::take(&mut self.token_records);
-                crate::region::assign_records(&mut records, t.records(), &mut self.out);
-                let mut token = OwnedToken {
-                    level: t.level,
-                    ring: t.ring,
-                    round: t.round,
-                    records,
-                };
-                let own = self.outbound.get(&h.region);
-                region.on_token(now, h.sender, &mut token, own, &self.config, &mut self.out);
-                self.token_records = token.records;
-                self.apply_self_feedback(now);
             }
             Body::Ack {
                 origin,
@@ -515,13 +502,7 @@ impl Node {
                     crate::pdcc::milli_to_rate(min_nonrec_rate_milli),
                     crate::pdcc::milli_to_rate(min_rec_rate_milli),
                 );
-                if origin == self.me {
-                    self.out.stats.ucas_received += 1;
-                    self.rate.on_uca(now, seq, nonrec.min(rec), &self.config);
-                } else if let Some(region) = self.regions.get_mut(&h.region) {
-                    region.on_uca(origin, seq, nonrec, rec, &mut self.out);
-                    self.apply_self_feedback(now);
-                }
+                self.on_uca(now, &h, origin, seq, (nonrec, rec));
             }
             Body::TokenAck { level, ring, round } => {
                 if !self.check_member_region(&h) {
@@ -532,44 +513,13 @@ impl Node {
                 }
             }
             Body::Nak { origin, ranges } => {
-                let Some(stream) = self.outbound.get(&h.region) else {
-                    self.out.stats.foreign_dropped += 1;
-                    return;
-                };
-                if origin != self.me || stream.view != h.view {
-                    self.out.stats.invalid_dropped += 1;
+                if !self.on_nak(now, &h, origin, ranges) {
                     return;
                 }
-                self.out.stats.naks_received += 1;
-                self.remulticast(now, h.region, ranges.iter());
             }
             Body::Pull { origin, ranges } => {
-                let known = if origin == self.me {
-                    self.outbound
-                        .get(&h.region)
-                        .is_some_and(|s| s.view == h.view)
-                } else {
-                    self.regions
-                        .get(&h.region)
-                        .is_some_and(|r| r.view == h.view)
-                };
-                if !known {
-                    self.out.stats.foreign_dropped += 1;
+                if !self.on_pull(now, &h, origin, ranges) {
                     return;
-                }
-                self.out.stats.pulls_received += 1;
-                for r in ranges.iter() {
-                    let job = RepairJob::new(
-                        Destination::Node(h.sender),
-                        h.region,
-                        h.view,
-                        origin,
-                        r.start,
-                        r.end(),
-                        RepairCause::Pull,
-                        now,
-                    );
-                    self.out.queue_repair(job, &self.config);
                 }
             }
         }
@@ -583,43 +533,6 @@ impl Node {
             self.receiving |= !region.inbound.is_empty();
         }
         self.schedule_region_timer(h.region);
-    }
-
-    /// Where the datagram's view stands: packets of a region this node is in are compared with
-    /// that region's view, ACKs and NAKs with the view of the stream they acknowledge.
-    fn view_status(&self, h: &Header, body: &Body<'_>, unknown_region: ViewStatus) -> ViewStatus {
-        // A view from the base on is the current one's past: its streams go on (ADR 30).
-        let compare =
-            |known: tidings_wire::ViewId, base: tidings_wire::ViewId| match h.view.cmp(&known) {
-                std::cmp::Ordering::Equal => ViewStatus::Current(known),
-                std::cmp::Ordering::Greater => ViewStatus::Future,
-                std::cmp::Ordering::Less if h.view >= base => ViewStatus::Current(known),
-                std::cmp::Ordering::Less => ViewStatus::Stale,
-            };
-        let to_sender = match body {
-            Body::Ack { .. } | Body::Nak { .. } => true,
-            Body::Pull { origin, .. } | Body::Uca { origin, .. } => *origin == self.me,
-            _ => false,
-        };
-        if to_sender {
-            return match self.outbound.get(&h.region) {
-                Some(s) => compare(s.view, s.base),
-                None => match self.membership.regions.get(&h.region) {
-                    Some(v) if h.view > v.view => ViewStatus::Future,
-                    _ => ViewStatus::Foreign,
-                },
-            };
-        }
-        match self.regions.get(&h.region) {
-            Some(r) => compare(r.view, r.base),
-            // A region this node is not in: a later view may add it (buffer), an older or current
-            // one does not concern it.
-            None => match self.membership.regions.get(&h.region) {
-                Some(v) if h.view <= v.view => ViewStatus::Foreign,
-                Some(_) => ViewStatus::Future,
-                None => unknown_region,
-            },
-        }
     }
 
     /// Approximate regions (ADR 34): the topics this node subscribes to, and so delivers. A
@@ -741,451 +654,17 @@ impl Node {
         self.install_views(now, views_changed, old_views);
     }
 
-    /// The work of an install, once `self.membership` is the new one: the states of the
-    /// regions in `views_changed` (added, dropped, or at a new epoch) are replaced, or go on
-    /// into a new view of the same base (ADR 30); the streams whose view ended re-home their
-    /// messages; and what the regions touched feed (timers, gauges) is looked at again.
-    /// `old_views`: each changed region's view in the membership before.
-    fn install_views(
-        &mut self,
-        now: Time,
-        views_changed: Vec<RegionId>,
-        old_views: BTreeMap<RegionId, RegionView>,
-    ) {
-        self.input_at = now;
-        self.out.stats.view_changes += 1;
-        // Receiving side. With no inbound stream anywhere (`receiving`: a node subscribing to
-        // thousands of topics before any traffic) there is no floor to gather, and no pass over
-        // every region per install.
-        let mut floors_moved = false;
-        debug_assert_eq!(
-            self.receiving,
-            self.regions.values().any(|r| !r.inbound.is_empty()),
-            "receiving at install"
-        );
-        if self.receiving {
-            for region in self.regions.values() {
-                for (key, floor) in region.stream_msg_id_floors() {
-                    let f = self.msg_id_floors.entry(key).or_insert(0);
-                    if floor > *f {
-                        *f = floor;
-                        floors_moved = true;
-                    }
-                }
-            }
-        }
-        // One copy, shared by the regions installed now (they only read it), made again only
-        // when a floor moved (a copy per install was a pass over every stream's topics).
-        if floors_moved || self.msg_id_floors.len() != self.floors_shared.len() {
-            self.floors_shared = std::sync::Arc::new(self.msg_id_floors.clone());
-        }
-        let floors = &self.floors_shared;
-        // The regions whose state this install replaces, adds or drops: only they need their
-        // timers and gauges looked at again (a node in thousands of regions installs a
-        // membership per batch of subscriptions, and kept regions do not change).
-        let mut touched: Vec<RegionId> = views_changed;
-        for &region in &touched {
-            let old = self.regions.remove(&region);
-            let Some(view) = self.membership.regions.get(&region) else {
-                continue;
-            };
-            match old {
-                // Only topics were added, or dropped by every member: the streams, rings and
-                // caches go on (ADR 30). A dropped topic's messages still in flight here are
-                // received and filtered, as any topic the view does not carry.
-                Some(mut state) if state.continues_into(view) => {
-                    state.continue_into(view, floors);
-                    self.regions.insert(region, state);
-                    self.out.stats.views_continued += 1;
-                }
-                _ => {
-                    if let Some(mut state) = RegionState::new(view, self.me, &self.config, now) {
-                        state.set_msg_id_floors(floors.clone());
-                        self.regions.insert(region, state);
-                    }
-                }
-            }
-        }
-        let membership = &self.membership;
-        let pause_until = now + self.config.view_change_pause;
-        // Sending side: streams whose view ended give up their messages, which go to the
-        // regions their topics span now; streams whose region's new view has their base go on
-        // in it, unpaused: a receiver that has not installed the view yet keeps their packets
-        // until it does, and a pause per view cut a busy region's rate by a third at 100
-        // subscriptions a second (ADR 30).
-        let mut ended: Vec<RegionId> = Vec::new();
-        let mut continued: Vec<RegionId> = Vec::new();
-        for (&region, stream) in &mut self.outbound {
-            // The partitions the stream ran in are those of the region's view before.
-            let continues = |v: &RegionView| {
-                old_views
-                    .get(&region)
-                    .is_some_and(|old| v.continues(stream.view, stream.base, &old.partitions))
-            };
-            match membership.regions.get(&region) {
-                Some(v) if v.view == stream.view => {}
-                Some(v) if continues(v) => {
-                    stream.view = v.view;
-                    continued.push(region);
-                }
-                _ => ended.push(region),
-            }
-        }
-        // The topics each continued stream had: a message re-homed into it is new to it only
-        // if its topic is not among them (sorted for the look-ups below). Only continued
-        // streams are here, so `gained` is false for every other.
-        let old_topics: BTreeMap<RegionId, Vec<TopicId>> = old_views
-            .into_iter()
-            .filter(|(r, _)| continued.contains(r))
-            .map(|(r, v)| {
-                let mut topics = v.topics;
-                topics.sort_unstable();
-                (r, topics)
-            })
-            .collect();
-        let gained = |region: RegionId, topic: TopicId| {
-            old_topics
-                .get(&region)
-                .is_some_and(|t| t.binary_search(&topic).is_err())
-        };
-        // By message id, the first copy of each and how many ended streams held it (a list
-        // sorted once: there may be thousands).
-        let mut drained: Vec<OutMsg> = Vec::new();
-        touched.extend_from_slice(&ended);
-        touched.extend_from_slice(&continued);
-        for region in &ended {
-            if let Some(mut stream) = self.outbound.remove(region) {
-                drained.extend(stream.drain_all());
-            }
-        }
-        drained.sort_by_key(|m| m.msg_id);
-        let mut orphans: Vec<(OutMsg, u16)> = Vec::with_capacity(drained.len());
-        for m in drained {
-            match orphans.last_mut() {
-                Some((last, copies)) if last.msg_id == m.msg_id => {
-                    *copies = copies.saturating_add(1);
-                }
-                _ => orphans.push((m, 1)),
-            }
-        }
-        // Re-homed messages for continued streams, appended after the loop below (which looks
-        // up what those streams hold and needs them unchanged meanwhile).
-        let mut rehomed_into_continued: Vec<(RegionId, OutMsg)> = Vec::new();
-        // Streams created here, for regions new to this node: they take every re-homed message of
-        // their topics, like the streams of changed regions.
-        let mut created: Vec<RegionId> = Vec::new();
-        // Per unchanged or continued stream, where the last look-up stopped: orphans come by
-        // increasing id and these streams do not change here, so each is walked once (a search
-        // per orphan and region was most of this function). A stream created in this loop holds
-        // only orphans already handled, so it never holds the current one.
-        let mut cursors: Vec<(RegionId, usize)> = Vec::new();
-        // The stability count of each orphan moves by what changed hands: minus the ended streams
-        // that held it, plus the streams it is pushed into. Streams that still hold it (unchanged
-        // ones, and continued ones whose region lost its topic, whose members dropped it) count
-        // as before and acknowledge it in their time.
-        for (m, copies) in orphans {
-            let msg_id = m.msg_id;
-            let regions = membership
-                .topic_regions
-                .get(&m.topic)
-                .map_or(&[][..], Vec::as_slice);
-            let mut added = 0u16;
-            for &region in regions {
-                if let Some(stream) = self.outbound.get(&region) {
-                    if gained(region, m.topic) {
-                        if stream.holds_after(cursor_of(&mut cursors, region), msg_id) {
-                            // The topic left this region (its members dropped it) and came back
-                            // while the message was still in flight here: not new to it.
-                            continue;
-                        }
-                        // A topic this stream did not carry: the message is new to it.
-                        rehomed_into_continued.push((region, m.clone()));
-                        self.out.stats.messages_rehomed += 1;
-                        added += 1;
-                        continue;
-                    }
-                    let new = ended.contains(&region) || created.contains(&region);
-                    if !new {
-                        // An unchanged region has it in flight or acknowledged it already.
-                        continue;
-                    }
-                }
-                let Some((view, base)) = membership.regions.get(&region).map(|v| (v.view, v.base))
-                else {
-                    continue;
-                };
-                if !self.outbound.contains_key(&region) {
-                    created.push(region);
-                }
-                let stream = self.outbound.entry(region).or_insert_with(|| {
-                    let mut s = OutboundStream::new(view, base, now);
-                    s.paused_until = pause_until;
-                    s
-                });
-                stream.push(m.clone());
-                self.out.stats.messages_rehomed += 1;
-                added += 1;
-            }
-            if self.stability.moved(msg_id, copies, added) {
-                self.out.stats.messages_stable += 1;
-                self.out.events.push_back(Event::Stable(msg_id));
-            }
-        }
-        for (region, m) in rehomed_into_continued {
-            if let Some(stream) = self.outbound.get_mut(&region) {
-                stream.push_rehomed(m);
-            }
-        }
-        // Streams were replaced and re-homed messages added: queue every stream with unsent ones.
-        self.send_queue.requeue_data(&mut self.outbound);
-        // Regions replaced or added enter their ring timers; kept regions keep theirs, asleep or
-        // not (re-homed messages only go to streams of replaced or new regions, and sending
-        // into a region wakes its rings), and entries of regions gone are skipped when they
-        // come up. The streams' timers are entered afresh.
-        touched.extend_from_slice(&created);
-        touched.sort_unstable();
-        touched.dedup();
-        for &region in &touched {
-            self.schedule_region_timer(region);
-        }
-        self.reset_stream_timer();
-        // The gauges change by the parts of the regions touched (before the datagrams below,
-        // which expect every region to have its part).
-        for &region in &touched {
-            self.refresh_or_forget_gauges(region);
-        }
-        // New and replaced regions start without inbound streams, so a node that had none still
-        // has none (without the pass over every region that finds that).
-        self.receiving = self.receiving && self.regions.values().any(|r| !r.inbound.is_empty());
-        // Datagrams that waited for this membership.
-        for datagram in std::mem::take(&mut self.future) {
-            self.out.stats.datagrams_received -= 1;
-            self.out.stats.bytes_received -= datagram.len() as u64;
-            self.handle_datagram(now, datagram);
-        }
-    }
-
-    /// Whether `h` belongs to a region view this node is in and its sender is a member.
-    fn check_member_region(&mut self, h: &Header) -> bool {
-        match self.regions.get(&h.region) {
-            Some(r) if r.view == h.view && r.is_member(h.sender) => true,
-            Some(_) => {
-                self.out.stats.invalid_dropped += 1;
-                false
-            }
-            None => {
-                self.out.stats.foreign_dropped += 1;
-                false
-            }
-        }
-    }
-
-    fn receive_messages(
-        &mut self,
-        now: Time,
-        h: &Header,
-        origin: NodeId,
-        messages: tidings_wire::MessagesView<'_>,
-        datagram: &Bytes,
-        retransmit: bool,
-    ) {
-        let Some(region) = self.regions.get_mut(&h.region) else {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        };
-        if region.view != h.view || origin == self.me {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        }
-        let config = &self.config;
-        let out = &mut self.out;
-        let delivers = self.membership.subscriptions.as_ref();
-        let held_topics = &self.held_topics;
-        let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
-            out.stats.invalid_dropped += 1;
-            return;
-        };
-        for m in messages.iter() {
-            let sent_us = m.timestamp_us;
-            if retransmit {
-                stream.note_answer(now, m.seq);
-            }
-            let msg = InMsg {
-                msg_id: MsgId(m.msg_id),
-                topic: m.topic,
-                timestamp_us: m.timestamp_us,
-                payload: datagram.slice_ref(m.payload),
-            };
-            let was_held = stream.is_held();
-            let arrival = stream.receive_holding(
-                now,
-                m.seq,
-                msg,
-                config.receive_window_msgs,
-                |topic| {
-                    held_topics.binary_search(&topic).is_ok()
-                        && topics.binary_search(&topic).is_ok()
-                },
-                |seq, msg, fresh| {
-                    deliver_in_order(out, origin, topics, delivers, caching, seq, msg, fresh)
-                },
-            );
-            if !was_held && stream.is_held() {
-                out.stats.held_topic_stops += 1;
-            }
-            match arrival {
-                Arrival::New => {
-                    out.stats.messages_received += 1;
-                    if retransmit {
-                        out.stats.repairs_received += 1;
-                    } else {
-                        stream.queue_delay.on_fresh(now, sent_us);
-                        stream.fresh_since_dcq += 1;
-                    }
-                }
-                Arrival::Duplicate => out.stats.duplicates_dropped += 1,
-                Arrival::OutOfWindow => {
-                    out.stats.out_of_window_dropped += 1;
-                    if stream.is_held() {
-                        out.stats.held_topic_window_dropped += 1;
-                    }
-                    stream.ignored_since_dcq += 1;
-                }
-            }
-        }
-    }
-
-    fn on_silence(&mut self, now: Time, h: &Header, s: Silence) {
-        self.out.stats.silences_received += 1;
-        let Some(region) = self.regions.get_mut(&h.region) else {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        };
-        if region.view != h.view {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        }
-        region.on_silence(now, h.sender, s, &self.config, &mut self.out);
-    }
-
-    fn on_ack(&mut self, h: &Header, origin: NodeId, stable_upto: u64) {
-        let Some(stream) = self.outbound.get_mut(&h.region) else {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        };
-        if origin != self.me || stream.view != h.view {
-            self.out.stats.invalid_dropped += 1;
-            return;
-        }
-        self.out.stats.acks_received += 1;
-        self.apply_ack(h.region, stable_upto);
-    }
-
-    fn apply_ack(&mut self, region: RegionId, stable_upto: u64) {
-        let Some(stream) = self.outbound.get_mut(&region) else {
-            return;
-        };
-        let stability = &mut self.stability;
-        let out = &mut self.out;
-        let ok = stream.ack(stable_upto, |msg_id| {
-            if stability.acked(msg_id) {
-                out.stats.messages_stable += 1;
-                out.events.push_back(Event::Stable(msg_id));
-            }
-        });
-        if !ok {
-            out.stats.invalid_dropped += 1;
-        }
-        self.refresh_gauges(region);
-    }
-
-    /// Applies ACKs and NAKs this node owes itself as region leader of its own streams.
-    fn apply_self_feedback(&mut self, now: Time) {
-        for (region, stable) in std::mem::take(&mut self.out.self_acks) {
-            let stable = stable.min(self.outbound.get(&region).map_or(0, |s| s.sent_upto));
-            self.apply_ack(region, stable);
-        }
-        for (seq, rate) in std::mem::take(&mut self.out.self_ucas) {
-            self.out.stats.ucas_received += 1;
-            self.rate.on_uca(now, seq, rate, &self.config);
-        }
-        // The list of NAKs and their range lists are kept for reuse.
-        let mut naks = std::mem::take(&mut self.out.self_naks);
-        for (region, ranges) in naks.drain(..) {
-            self.remulticast(now, region, ranges.iter().copied());
-            self.out.recycle_range_list(ranges);
-        }
-        self.out.self_naks = naks;
-    }
-
-    /// Answers a region NAK: queues the sent, unstable messages of `ranges` of this node's stream
-    /// into `region` for re-multicast.
-    fn remulticast(&mut self, now: Time, region: RegionId, ranges: impl Iterator<Item = SeqRange>) {
-        let Some(stream) = self.outbound.get(&region) else {
-            return;
-        };
-        let (sent, stable, view) = (stream.sent_upto, stream.stable_upto, stream.view);
-        for r in ranges {
-            let (start, end) = (r.start.max(stable + 1), r.end().min(sent + 1));
-            let to = Destination::Region(region);
-            let job = RepairJob::new(to, region, view, self.me, start, end, RepairCause::Nak, now);
-            self.out.queue_repair(job, &self.config);
-        }
-    }
-
-    /// Runs every timer that is due.
+    /// Runs every timer that is due, in this order: the rings, congestion control's query, the
+    /// doubt sample, the repair scan, the outbound streams' silences and pauses.
     pub fn handle_timeout(&mut self, now: Time) {
         self.input_at = now;
-        // The ring timers that are due, taken out first so that a timer rescheduled at or
-        // before `now` waits for the next call instead of looping here.
-        let mut due = std::mem::take(&mut self.timers.due_regions);
-        while let Some(&Reverse((at, region))) = self.timers.regions.peek() {
-            if at > now {
-                break;
-            }
-            self.timers.regions.pop();
-            if let Some(state) = self.regions.get_mut(&region) {
-                // Only the entry of the region's current deadline; older ones are skipped.
-                if state.timer_at == Some(at) {
-                    state.timer_at = None;
-                    due.push(region);
-                }
-            }
-        }
-        for &region_id in &due {
-            // One look-up of the region and of its stream serves the timeout, the gauges and
-            // the next timer (a node in 100,000 regions has as many entries in each map).
-            let mut outbound = self.outbound.get_mut(&region_id);
-            let share = match self.regions.get_mut(&region_id) {
-                Some(region) => {
-                    region.on_timeout(now, outbound.as_deref_mut(), &self.config, &mut self.out);
-                    schedule_region(&mut self.timers.regions, region_id, region, &self.config);
-                    self.receiving |= !region.inbound.is_empty();
-                    GaugeShare::from_parts(outbound.as_deref(), Some(region), &self.config)
-                }
-                None => GaugeShare::from_parts(outbound.as_deref(), None, &self.config),
-            };
-            self.set_gauge_share(region_id, share);
-        }
-        due.clear();
-        self.timers.due_regions = due;
+        self.run_ring_timers(now);
         self.apply_self_feedback(now);
         if self.timers.rate_retry_at.is_some_and(|t| now >= t) {
             self.timers.rate_retry_at = None;
         }
         if self.config.congestion_control && now >= self.rate.next_dcq {
-            let seq = self.rate.on_dcq_timer(now, &self.config);
-            for (&region, stream) in &self.outbound {
-                self.out.stats.dcqs_sent += 1;
-                self.out.control.push_back(Control::Dcq {
-                    region,
-                    view: stream.view,
-                    seq,
-                    position_us: now.as_micros(),
-                });
-            }
-            self.out.stats.publish_rate_milli_current =
-                self.rate.rate().map_or(0, |r| (r * 1000.0) as u64);
+            self.query_congestion(now);
         }
         // The periodic scans concern inbound streams only (their doubt rates, NACK windows and
         // gaps), so they skip regions that have none, and only the regions they visit get their
@@ -1193,70 +672,13 @@ impl Node {
         // subscriber of many topics) paid a pass over all of them, and a whole recomputation
         // of the gauges, every repair interval.
         let mut scanned = std::mem::take(&mut self.scanned_regions);
-        // Sampled only for their readers (`Config::reads_doubt_horizons`): without them the
-        // samples were a pass over every inbound stream ten times a second for nothing, a fifth
-        // of a core at rest in a node with 100,000 regions that had traffic, and their deadline
-        // woke a node at rest as often (ADR 28).
         if self.config.reads_doubt_horizons() && now >= self.timers.doubt_sample_at {
-            self.timers.doubt_sample_at = now + self.config.doubt_sample_interval;
-            let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
-            for (&id, region) in &mut self.regions {
-                if region.inbound.is_empty() {
-                    continue;
-                }
-                // Only a sample that moved a stream's rate can move the region's gauges (its
-                // NACK windows); refreshing the others was most of the core thread's time in a
-                // node in 100,000 regions, ten times a second.
-                if region.sample_doubt_rates(now, self.config.doubt_rate_alpha, queue_delay_history)
-                {
-                    scanned.push(id);
-                }
-            }
+            self.sample_doubt_horizons(now, &mut scanned);
         }
         if now >= self.timers.repair_scan_at {
-            self.timers.repair_scan_at = now + self.config.repair_interval;
-            // In region order, as a pass over every region would visit them (the random
-            // choices of the requests come in the same order).
-            let regions = &mut self.regions;
-            let (config, rng, out) = (&self.config, &mut self.rng, &mut self.out);
-            self.timers.repair_scan_regions.retain(|&id| {
-                let Some(region) = regions.get_mut(&id) else {
-                    return false;
-                };
-                if !region.inbound.is_empty() {
-                    region.adjust_nack_windows(now, config);
-                    region.request_repairs(now, config, rng, out);
-                    scanned.push(id);
-                }
-                // Kept while it has gaps (its share is refreshed below: ask the streams).
-                region.inbound.values().any(|s| s.missing_count() > 0)
-            });
+            self.scan_repairs(now, &mut scanned);
         }
-        while let Some(&Reverse((at, region, generation))) = self.timers.streams.peek() {
-            if at > now {
-                break;
-            }
-            self.timers.streams.pop();
-            let Some(stream) = self.outbound.get_mut(&region) else {
-                continue;
-            };
-            if stream.timer_generation != generation {
-                // Replaced by an earlier entry of the same stream.
-                continue;
-            }
-            stream.timer_at = None;
-            if stream.paused_until != Time::ZERO && now >= stream.paused_until {
-                stream.paused_until = Time::ZERO;
-            }
-            if let Some(deadline) = silence_deadline(stream, &self.config) {
-                if now >= deadline {
-                    self.send_queue.queue_silence(region, stream);
-                    stream.last_send = now;
-                    stream.release_storage_at_rest(now, &self.config);
-                }
-            }
-            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
-        }
+        self.run_stream_timers(now);
         scanned.sort_unstable();
         scanned.dedup();
         for &region in &scanned {
@@ -1274,44 +696,6 @@ impl Node {
             &self.timers.repair_scan_regions,
             &self.out.stats,
         );
-    }
-
-    /// Enters `region`'s next ring deadline in the timer queue if it moved.
-    fn schedule_region_timer(&mut self, region: RegionId) {
-        if let Some(state) = self.regions.get_mut(&region) {
-            schedule_region(&mut self.timers.regions, region, state, &self.config);
-        }
-    }
-
-    /// After a publish into or a send from `region`'s stream: its gauges, and its silence
-    /// deadline, which may now come before the streams' timer.
-    fn stream_changed(&mut self, region: RegionId) {
-        self.refresh_outbound_gauges(region);
-        if let Some(stream) = self.outbound.get_mut(&region) {
-            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
-        }
-    }
-
-    /// Enters every outbound stream's deadline afresh and recounts the pending silences (a
-    /// new membership: streams were replaced, re-homed or paused).
-    fn reset_stream_timer(&mut self) {
-        self.timers.streams.clear();
-        for (&region, stream) in &mut self.outbound {
-            stream.timer_at = None;
-            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
-        }
-        self.send_queue.recount_silences(&self.outbound);
-    }
-
-    /// Rebuilds the timer queue from every region (a new node, a new membership).
-    fn schedule_all_region_timers(&mut self) {
-        self.timers.regions.clear();
-        for (&region, state) in &mut self.regions {
-            state.timer_at = state.next_deadline(&self.config);
-            if let Some(at) = state.timer_at {
-                self.timers.regions.push(Reverse((at, region)));
-            }
-        }
     }
 
     /// The next time [`handle_timeout`](Node::handle_timeout) must be called, and which timer
@@ -1464,256 +848,6 @@ impl Node {
         Ok(t)
     }
 
-    fn header(&self, kind: Kind, region: RegionId, view: tidings_wire::ViewId) -> Header {
-        Header {
-            kind,
-            region,
-            view,
-            sender: self.me,
-        }
-    }
-
-    fn poll_control(&mut self, buf: &mut [u8]) -> Option<Transmit> {
-        while let Some(c) = self.out.control.pop_front() {
-            let encoded = c.encode(self.me, buf);
-            let transmit = match (encoded, c) {
-                (
-                    Ok((t, written)),
-                    Control::Pull {
-                        to,
-                        region,
-                        view,
-                        origin,
-                        mut ranges,
-                    },
-                ) if written < ranges.len() => {
-                    // The ranges that did not fit go in the next datagram.
-                    ranges.drain(..written);
-                    self.out.control.push_front(Control::Pull {
-                        to,
-                        region,
-                        view,
-                        origin,
-                        ranges,
-                    });
-                    Some(t)
-                }
-                (encoded, c) => {
-                    match c {
-                        Control::Token { bytes, .. } => self.out.recycle_token_buffer(bytes),
-                        Control::Nak { ranges, .. } | Control::Pull { ranges, .. } => {
-                            self.out.recycle_range_list(ranges);
-                        }
-                        _ => {}
-                    }
-                    encoded.ok().map(|(t, _)| t)
-                }
-            };
-            match transmit {
-                Some(t) => return Some(t),
-                // Every control kind fits `max_datagram_bytes`, which `poll_transmit` checked:
-                // a refusal here is a bug of this crate (counted, and a panic in debug builds).
-                None => {
-                    debug_assert!(false, "a control packet did not fit max_datagram_bytes");
-                    self.out.stats.control_unsendable += 1;
-                }
-            }
-        }
-        None
-    }
-
-    fn poll_repair(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        loop {
-            self.expire_repairs(now);
-            let first = self.out.repairs.front()?.clone();
-            let header = self.header(Kind::Retransmit, first.region, first.view);
-            let Ok(mut w) = MessagesWriter::retransmit(buf, &header, first.origin) else {
-                return None;
-            };
-            'jobs: while let Some(job) = self.out.repairs.front_mut() {
-                if !job.same_packet(&first) {
-                    break;
-                }
-                while job.next < job.end {
-                    let seq = job.next;
-                    let msg = if job.origin == self.me {
-                        self.outbound
-                            .get(&job.region)
-                            .filter(|s| seq <= s.sent_upto)
-                            .and_then(|s| s.get(seq))
-                            .map(|m| (m.msg_id, m.topic, m.timestamp_us, &m.payload))
-                    } else {
-                        self.regions
-                            .get(&job.region)
-                            .and_then(|r| r.inbound.get(&job.origin))
-                            .and_then(|s| s.get(seq))
-                            .map(|m| (m.msg_id, m.topic, m.timestamp_us, &m.payload))
-                    };
-                    let Some((msg_id, topic, timestamp_us, payload)) = msg else {
-                        self.out.stats.repair_misses += 1;
-                        job.next += 1;
-                        self.out.repairs_queued -= 1;
-                        continue;
-                    };
-                    let m = Message {
-                        seq,
-                        msg_id: msg_id.0,
-                        timestamp_us,
-                        topic,
-                        payload,
-                    };
-                    if w.push(&m).is_err() {
-                        break 'jobs;
-                    }
-                    match job.cause {
-                        RepairCause::Push => self.out.stats.messages_pushed += 1,
-                        RepairCause::Pull => self.out.stats.messages_resent_on_pull += 1,
-                        RepairCause::Nak => self.out.stats.messages_resent_on_nak += 1,
-                    }
-                    job.next += 1;
-                    self.out.repairs_queued -= 1;
-                }
-                self.out.repairs.pop_front();
-            }
-            if w.count() > 0 {
-                let len = w.finish();
-                self.out.stats.retransmit_packets_sent += 1;
-                return Some(Transmit {
-                    destination: first.to,
-                    len,
-                    priority: Priority::Recovery,
-                });
-            }
-        }
-    }
-
-    /// Drops queued retransmissions that waited longer than `repair_queue_ttl`.
-    fn expire_repairs(&mut self, now: Time) {
-        while let Some(job) = self.out.repairs.front() {
-            if now < job.queued_at + self.config.repair_queue_ttl {
-                break;
-            }
-            let left = (job.end - job.next) as usize;
-            self.out.repairs_queued -= left;
-            self.out.stats.repair_queue_expired += left as u64;
-            self.out.repairs.pop_front();
-        }
-    }
-
-    fn poll_data(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        // Each queued stream is looked at once per call: one whose window is closed (or that is
-        // paused) goes to the back and waits for its ACKs.
-        for _ in 0..self.send_queue.data.len() {
-            let region = self.send_queue.data.pop_front()?;
-            let Some(stream) = self.outbound.get_mut(&region) else {
-                continue;
-            };
-            if stream.unsent_msgs() == 0 {
-                stream.data_queued = false;
-                continue;
-            }
-            let others_unstable = match self.config.window_algorithm {
-                WindowAlgorithm::Local => 0,
-                WindowAlgorithm::Global => self
-                    .regions
-                    .get(&region)
-                    .map_or(0, RegionState::others_unstable_estimate),
-            };
-            if !stream.can_send(&self.config, others_unstable) {
-                self.send_queue.data.push_back(region);
-                continue;
-            }
-            let header = Header {
-                kind: Kind::Data,
-                region,
-                view: stream.view,
-                sender: self.me,
-            };
-            let Ok(mut w) = MessagesWriter::data(buf, &header) else {
-                self.send_queue.data.push_front(region);
-                return None;
-            };
-            let packed = stream.pack_unsent(&mut w, &self.config, others_unstable);
-            if packed == 0 {
-                self.send_queue.data.push_back(region);
-                continue;
-            }
-            let len = w.finish();
-            stream.last_send = now;
-            stream.last_data_at = now;
-            stream.silences_since_data = 0;
-            self.send_queue.sent(stream);
-            // New messages of this node's own stream for the region's rings to carry; only a
-            // ring that was asleep moves the region's deadline.
-            let woke = self
-                .regions
-                .get_mut(&region)
-                .is_some_and(|state| state.wake_leads(now, &self.config));
-            // Round robin: a stream with more to send goes behind the others.
-            if stream.unsent_msgs() > 0 {
-                self.send_queue.data.push_back(region);
-            } else {
-                stream.data_queued = false;
-            }
-            self.out.stats.data_packets_sent += 1;
-            self.out.stats.messages_sent += packed as u64;
-            // A first send gives the stream a silence deadline.
-            self.stream_changed(region);
-            if woke {
-                self.schedule_region_timer(region);
-            }
-            return Some(Transmit {
-                destination: Destination::Region(region),
-                len,
-                priority: Priority::Data,
-            });
-        }
-        None
-    }
-
-    fn poll_silence(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        if self.send_queue.silences_pending == 0 {
-            // Whatever is left are entries of silences a data send made unnecessary.
-            self.send_queue.silences.clear();
-            return None;
-        }
-        let me = self.me;
-        while let Some(region) = self.send_queue.silences.pop_front() {
-            let Some(stream) = self.outbound.get_mut(&region) else {
-                continue;
-            };
-            if !stream.silence_pending {
-                continue;
-            }
-            let header = Header {
-                kind: Kind::Silence,
-                region,
-                view: stream.view,
-                sender: me,
-            };
-            let silence = Silence {
-                last_seq: stream.sent_upto,
-                timestamp_us: now.as_micros(),
-                acked_upto: stream.stable_upto,
-            };
-            let Ok(len) = write_silence(buf, &header, &silence) else {
-                self.send_queue.silences.push_front(region);
-                return None;
-            };
-            self.send_queue.sent(stream);
-            stream.last_send = now;
-            stream.silences_since_data = stream.silences_since_data.saturating_add(1);
-            self.out.stats.silences_sent += 1;
-            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
-            return Some(Transmit {
-                destination: Destination::Region(region),
-                len,
-                priority: Priority::Data,
-            });
-        }
-        None
-    }
-
     /// [`Node::refresh_gauges`] for a region this node may have left (neither receiving nor
     /// sending in it): its part leaves the gauges.
     fn refresh_or_forget_gauges(&mut self, region: RegionId) {
@@ -1824,56 +958,4 @@ impl Node {
             .map(|(&r, s)| (r, s.unstable_msgs()))
             .collect()
     }
-}
-
-/// `region`'s look-up cursor in `cursors` (a few streams per install, so a list), starting at
-/// the stream's front the first time.
-fn cursor_of(cursors: &mut Vec<(RegionId, usize)>, region: RegionId) -> &mut usize {
-    let at = match cursors.iter().position(|(r, _)| *r == region) {
-        Some(at) => at,
-        None => {
-            cursors.push((region, 0));
-            cursors.len() - 1
-        }
-    };
-    &mut cursors[at].1
-}
-
-/// What happens to a message of `origin` that became in order: handed to the application
-/// (`fresh` and a topic this node subscribes to), or counted as filtered or as delivered in an
-/// earlier view; returns whether the message is cached (its sequence number is in this node's
-/// caching partition).
-#[allow(clippy::too_many_arguments)] // the receive loop's disjoint borrows, passed apart
-fn deliver_in_order(
-    out: &mut Outbox,
-    origin: NodeId,
-    topics: &[TopicId],
-    delivers: Option<&BTreeSet<TopicId>>,
-    caching: CachingRule,
-    seq: u64,
-    msg: &InMsg,
-    fresh: bool,
-) -> bool {
-    if !fresh {
-        out.stats.view_duplicates_dropped += 1;
-    } else if topics.binary_search(&msg.topic).is_ok()
-        && delivers.is_none_or(|d| d.contains(&msg.topic))
-    {
-        out.stats.messages_delivered += 1;
-        out.events.push_back(Event::Deliver(Delivery {
-            origin,
-            topic: msg.topic,
-            msg_id: msg.msg_id,
-            timestamp_us: msg.timestamp_us,
-            payload: msg.payload.clone(),
-        }));
-    } else {
-        out.stats.messages_filtered += 1;
-        out.stats.bytes_filtered += msg.payload.len() as u64;
-    }
-    let cache = caching.caches(seq);
-    if cache {
-        out.stats.cache_inserts += 1;
-    }
-    cache
 }

@@ -16,7 +16,7 @@ use crate::region::RegionState;
 use crate::send::OutboundStream;
 use crate::time::Time;
 
-/// What a [`Node::poll_timer`] deadline is for.
+/// What a [`crate::Node::poll_timeout`] deadline is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timer {
     /// A region's token ring: a hand-off to resend, a token round to start or to time out, a
