@@ -115,14 +115,23 @@ pub struct StreamReport {
 /// a clock, a socket or an unseeded random source.
 #[derive(Debug)]
 pub struct Node {
+    /// The configuration, validated once in [`Node::new`].
     config: Config,
+    /// This node's id.
     me: NodeId,
+    /// The membership in force (region views, topics' regions, subscriptions).
     membership: Membership,
+    /// The regions this node is a member of: receive streams, rings, caches (`region/`).
     regions: BTreeMap<RegionId, RegionState>,
+    /// This node's outbound stream into each region it publishes to (`send.rs`).
     outbound: BTreeMap<RegionId, OutboundStream>,
+    /// Which published messages are stable in every region they went to.
     stability: StabilityTracker,
+    /// The message id of the next publish.
     next_msg_id: u64,
+    /// What the handlers produce: control packets, retransmission jobs, events, counters.
     out: Outbox,
+    /// The seeded random source (repair targets), from `Config::rng_seed` and the node id.
     rng: fastrand::Rng,
     /// The `now` of the input being handled (the latest one passed in): lets a change found
     /// deep in a handler, such as the first gap after a time without any, schedule from it.
@@ -578,7 +587,7 @@ impl Node {
     /// so resent messages are not delivered twice); what this node had published and was not yet
     /// stable in a changed region is sent again into the regions its topic spans now, after
     /// `view_change_pause`; datagrams buffered for the new views are processed. A view that
-    /// [continues](RegionView::continues) the one before (same base: only topics were added,
+    /// [continues](crate::membership::RegionView::continues) the one before (same base: only topics were added,
     /// ADR 30) keeps the region's state and this node's stream into it instead; only the
     /// messages of the topics it gained are re-homed into it.
     pub fn set_membership(&mut self, now: Time, membership: Membership) {
