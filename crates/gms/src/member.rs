@@ -687,7 +687,7 @@ impl Member {
     /// leave's timeout, whichever are due.
     pub fn handle_timeout(&mut self, now: Time) {
         self.now = now;
-        if self.node.poll_timeout().is_some_and(|t| t <= now) {
+        if self.node.poll_timeout().is_some_and(|(t, _)| t <= now) {
             self.node.handle_timeout(now);
         }
         if self.stall_check_at().is_some_and(|t| t <= now) {
@@ -917,8 +917,13 @@ impl Member {
         Some((replica, frame(&msg)))
     }
 
-    /// The next protocol datagram, written into `buf` ([`Node::poll_transmit`]).
-    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+    /// The next protocol datagram, written into `buf` ([`Node::poll_transmit`], which refuses
+    /// a buffer shorter than `max_datagram_bytes`).
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+    ) -> Result<Option<Transmit>, tidings_proto::BufferTooSmall> {
         self.node.poll_transmit(now, buf)
     }
 
@@ -934,7 +939,7 @@ impl Member {
             .as_ref()
             .and_then(|l| l.deadline(self.config.leave_timeout));
         earliest(
-            earliest(self.node.poll_timeout(), link),
+            earliest(self.node.poll_timeout().map(|(at, _)| at), link),
             self.stall_check_at(),
         )
     }
@@ -1811,7 +1816,7 @@ mod tests {
         for _ in 0..5 {
             now += Duration::from_millis(1);
             sender.handle_timeout(now);
-            while let Some(t) = sender.poll_transmit(now, &mut buf) {
+            while let Some(t) = sender.poll_transmit(now, &mut buf).unwrap() {
                 if matches!(
                     t.destination,
                     Destination::Region(_) | Destination::Node(NodeId(2))
@@ -1865,7 +1870,7 @@ mod tests {
         while now < T0 + Duration::from_secs(1) {
             now = sender.poll_timeout().unwrap().max(now);
             sender.handle_timeout(now);
-            while sender.poll_transmit(now, &mut buf).is_some() {}
+            while sender.poll_transmit(now, &mut buf).unwrap().is_some() {}
             events.extend(std::iter::from_fn(|| sender.poll_event()));
         }
         let stalls: Vec<&Stall> = events
@@ -1898,7 +1903,7 @@ mod tests {
                 if from.poll_timeout().is_some_and(|t| t <= now) {
                     from.handle_timeout(now);
                 }
-                while let Some(t) = from.poll_transmit(now, &mut buf) {
+                while let Some(t) = from.poll_transmit(now, &mut buf).unwrap() {
                     to.handle_datagram(now, Bytes::copy_from_slice(&buf[..t.len]));
                 }
             }

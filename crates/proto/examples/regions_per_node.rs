@@ -84,7 +84,7 @@ impl Run {
 
     /// Enters node `i`'s deadline in the heap if it moved.
     fn update_deadline(&mut self, i: usize) {
-        let at = self.nodes[i].poll_timeout();
+        let at = self.nodes[i].poll_timeout().map(|(at, _)| at);
         if at != self.deadline_of[i] {
             self.deadline_of[i] = at;
             if let Some(at) = at {
@@ -135,7 +135,10 @@ impl Run {
                 self.delivered += 1;
             }
         }
-        while let Some(t) = self.call(i, "poll_transmit", |n, now, buf| n.poll_transmit(now, buf)) {
+        while let Some(t) = self.call(i, "poll_transmit", |n, now, buf| {
+            n.poll_transmit(now, buf)
+                .expect("the buffer holds max_datagram_bytes")
+        }) {
             let to: Vec<usize> = match t.destination {
                 Destination::Node(n) => vec![n.0 as usize],
                 Destination::Region(r) => {

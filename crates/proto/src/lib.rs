@@ -4,6 +4,7 @@
 
 mod config;
 mod event;
+mod gauges;
 pub mod membership;
 mod node;
 mod outbox;
@@ -13,14 +14,17 @@ mod recv;
 mod region;
 mod sdcc;
 mod send;
+mod send_queue;
 mod stats;
 pub mod time;
+mod timers;
 
 pub use config::{Config, ConfigError, WindowAlgorithm};
 pub use event::{Delivery, Event};
-pub use node::{Node, PublishError, StreamReport, Timer, Transmit};
+pub use node::{BufferTooSmall, Node, PublishError, StreamReport, Transmit};
 pub use stats::Stats;
 pub use tidings_wire::Priority;
+pub use timers::Timer;
 
 pub use membership::{Membership, MembershipChange, RegionView};
 pub use tidings_wire::{MsgId, NodeId, RegionId, SeqNo, TopicId, ViewId};

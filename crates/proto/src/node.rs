@@ -1,23 +1,29 @@
 //! The sans-IO node: the one type a driver (the runtime or the simulator) talks to.
 
+mod install;
+mod receive;
+mod timeout;
+mod transmit;
+
+use receive::deliver_in_order;
+
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use tidings_wire::{
-    write_silence, Body, Header, Kind, Message, MessagesWriter, MsgId, NodeId, Packet, Priority,
-    RegionId, SeqRange, Silence, TopicId, MESSAGE_HEADER_LEN,
-};
+use tidings_wire::{Body, MsgId, NodeId, Packet, Priority, RegionId, TopicId, MESSAGE_HEADER_LEN};
 
-use crate::config::{Config, ConfigError, WindowAlgorithm};
+use crate::config::{Config, ConfigError};
 use crate::event::{Delivery, Event};
-use crate::membership::{Membership, MembershipChange, RegionView};
-use crate::outbox::{Control, Outbox, RepairCause, RepairJob};
-use crate::recv::{Arrival, InMsg};
-use crate::region::{CachingRule, OwnedRecord, OwnedToken, RegionState};
+use crate::gauges::{GaugeShare, Gauges};
+use crate::membership::{Membership, MembershipChange};
+use crate::outbox::Outbox;
+use crate::region::{OwnedRecord, RegionState};
 use crate::send::{OutMsg, OutboundStream, StabilityTracker};
+use crate::send_queue::SendQueue;
 use crate::stats::Stats;
 use crate::time::Time;
+use crate::timers::{Timer, Timers};
 use crate::Destination;
 
 /// A datagram produced by [`Node::poll_transmit`].
@@ -29,6 +35,17 @@ pub struct Transmit {
     pub len: usize,
     /// Its class (a driver with several queues may send control first).
     pub priority: Priority,
+}
+
+/// [`Node::poll_transmit`] was given a buffer shorter than `max_datagram_bytes`, which every
+/// datagram it writes must be able to fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("transmit buffer of {len} bytes is shorter than max_datagram_bytes ({needed})")]
+pub struct BufferTooSmall {
+    /// The length of the buffer given.
+    pub len: usize,
+    /// The length needed: the configuration's `max_datagram_bytes`.
+    pub needed: usize,
 }
 
 /// Why `publish` did not take a message.
@@ -56,24 +73,6 @@ pub enum PublishError {
         /// The largest payload that fits.
         max: usize,
     },
-}
-
-/// What a [`Node::poll_timer`] deadline is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Timer {
-    /// A region's token ring: a hand-off to resend, a token round to start or to time out, a
-    /// ring waking from sleep.
-    Region,
-    /// The scan of the regions with gaps for repairs to request.
-    RepairScan,
-    /// An outbound stream's silence heartbeat or its pause after a view change.
-    Stream,
-    /// Congestion control's next query down the rings (DCQ).
-    CongestionQuery,
-    /// Congestion control allows a refused publish again.
-    RateRetry,
-    /// The next sample of the receive streams' doubt horizons.
-    DoubtSample,
 }
 
 /// Receive-side figures of one inbound stream, for reports and checkers.
@@ -116,22 +115,29 @@ pub struct StreamReport {
 /// a clock, a socket or an unseeded random source.
 #[derive(Debug)]
 pub struct Node {
+    /// The configuration, validated once in [`Node::new`].
     config: Config,
+    /// This node's id.
     me: NodeId,
+    /// The membership in force (region views, topics' regions, subscriptions).
     membership: Membership,
+    /// The regions this node is a member of: receive streams, rings, caches (`region/`).
     regions: BTreeMap<RegionId, RegionState>,
+    /// This node's outbound stream into each region it publishes to (`send.rs`).
     outbound: BTreeMap<RegionId, OutboundStream>,
+    /// Which published messages are stable in every region they went to.
     stability: StabilityTracker,
+    /// The message id of the next publish.
     next_msg_id: u64,
+    /// What the handlers produce: control packets, retransmission jobs, events, counters.
     out: Outbox,
+    /// The seeded random source (repair targets), from `Config::rng_seed` and the node id.
     rng: fastrand::Rng,
-    next_repair_scan: Time,
     /// The `now` of the input being handled (the latest one passed in): lets a change found
     /// deep in a handler, such as the first gap after a time without any, schedule from it.
     input_at: Time,
-    /// Outbound streams with unsent messages, in round-robin order: sending a datagram costs the
-    /// same whatever the number of streams (each stream's `data_queued` says it is here).
-    data_ready: VecDeque<RegionId>,
+    /// The regions whose outbound streams have data or a silence to send.
+    send_queue: SendQueue,
     /// Datagrams of views not known yet, oldest first (bounded by `future_datagrams_max`).
     future: std::collections::VecDeque<Bytes>,
     /// Per origin, the highest message id delivered in views that ended; kept even while this node
@@ -141,54 +147,19 @@ pub struct Node {
     floors_shared: std::sync::Arc<BTreeMap<(NodeId, TopicId), u64>>,
     /// The records of the last token received, kept so the next token reuses the list.
     token_records: Vec<OwnedRecord>,
-    /// When the doubt horizon rates are sampled next.
-    next_doubt_sample: Time,
     /// The publish rate of congestion control (PDCC).
     rate: crate::pdcc::RateController,
-    /// After a publish refused by the rate: when to wake the application to try again.
-    rate_retry_at: Option<Time>,
-    /// The regions' ring timers (token releases, round and hand-off timeouts), earliest first, so
-    /// that a timer costs the same whatever the number of regions. An entry is current while it
-    /// equals its region's `timer_at`; a moved deadline adds an entry and the old one is skipped.
-    region_timers: BinaryHeap<Reverse<(Time, RegionId)>>,
-    /// Scratch list of the regions whose timers are due (kept to reuse its buffer).
-    due_regions: Vec<RegionId>,
+    /// The deadlines, by the timer they serve.
+    timers: Timers,
     /// The regions a periodic scan visited (reused, so that scans do not allocate).
     scanned_regions: Vec<RegionId>,
-    /// Regions with gaps to repair (kept with the gauges), so that `poll_timeout` need not look.
-    regions_with_gaps: usize,
     /// Some region has an inbound stream (the doubt sample is due only then). Streams appear
     /// when a region's datagrams or timers touch it and go only with a new membership, so this
     /// is set there and recomputed at each install, instead of a pass over every region in
     /// `poll_timeout`.
     receiving: bool,
-    /// The regions the repair scan visits: every region whose gauge share has gaps, and those
-    /// whose gaps closed since the last scan (it visits them once more, as it visited every
-    /// region before: the NACK window of a stream that stopped recovering forgets its last
-    /// recovery rate). A region without gaps gives the scan nothing else to do, so a node in
-    /// thousands of regions pays the scan for the few that are recovering, not for all of them
-    /// every repair interval.
-    repair_scan_regions: BTreeSet<RegionId>,
-    /// The outbound streams' silence and pause deadlines: `(deadline, region, generation)`,
-    /// earliest first. Each stream with a deadline has one live entry at or before it (its
-    /// `timer_at` and `timer_generation`); an entry of an older generation is skipped. Sends
-    /// move a deadline later, which leaves the entry early (it is re-entered when it comes up);
-    /// only a deadline that moves earlier adds an entry. `handle_timeout` thus visits the
-    /// streams that are due, not every stream of a node that publishes on thousands of topics.
-    stream_timers: BinaryHeap<Reverse<(Time, RegionId, u64)>>,
-    /// Outbound streams whose `silence_pending` is set.
-    silences_pending: usize,
-    /// How many regions have each smallest NACK window (of `gauge_shares`): the gauge's minimum
-    /// is the first key. A pass over every region for each change was quadratic for a node in
-    /// thousands of regions whose repair scan adjusts their windows.
-    nack_windows: BTreeMap<usize, usize>,
-    /// Regions whose stream's `silence_pending` was set, in that order (an entry whose flag was
-    /// cleared since by a data send is skipped): `poll_silence` takes the next one without a
-    /// pass over every stream, which made a node publishing on thousands of topics quadratic.
-    silence_queue: VecDeque<RegionId>,
-    /// Each region's part in the gauges of [`crate::Stats`], as last computed: a change confined to one
-    /// region updates the totals by difference (see [`Node::refresh_gauges`]).
-    gauge_shares: BTreeMap<RegionId, GaugeShare>,
+    /// Each region's part in the gauges of [`crate::Stats`].
+    gauges: Gauges,
     /// Topics the host holds back at this node ([`Node::hold_topic`]): in-order delivery of a
     /// stream stops at its next message of one of them. Sorted; a vector, so that holding and
     /// releasing over and over allocates nothing (a host holds a few at a time).
@@ -198,114 +169,9 @@ pub struct Node {
     incarnation: u32,
 }
 
-/// One region's part in the node-wide gauges: this node's outbound stream into it and the caches
-/// of its inbound streams.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct GaugeShare {
-    unstable_msgs: u64,
-    unstable_bytes: u64,
-    held_msgs: u64,
-    held_bytes: u64,
-    cached_msgs: u64,
-    nack_window_min: Option<usize>,
-    /// Some inbound stream of the region has gaps to repair.
-    has_gaps: bool,
-}
-
-impl GaugeShare {
-    fn of(
-        region: RegionId,
-        outbound: &BTreeMap<RegionId, OutboundStream>,
-        regions: &BTreeMap<RegionId, RegionState>,
-        config: &Config,
-    ) -> GaugeShare {
-        GaugeShare::from_parts(outbound.get(&region), regions.get(&region), config)
-    }
-
-    /// [`GaugeShare::of`] from the region's stream and state, already looked up.
-    fn from_parts(
-        outbound: Option<&OutboundStream>,
-        region: Option<&RegionState>,
-        config: &Config,
-    ) -> GaugeShare {
-        let mut share = GaugeShare::default();
-        share.set_outbound(outbound, config);
-        if let Some(r) = region {
-            // One pass over the inbound streams (this runs after every datagram).
-            for s in r.inbound.values() {
-                share.cached_msgs += s.cache_len() as u64;
-                let gauge = s.nack.gauge(config);
-                share.nack_window_min = Some(share.nack_window_min.map_or(gauge, |m| m.min(gauge)));
-                share.has_gaps |= s.missing_count() > 0;
-            }
-        }
-        share
-    }
-
-    /// Sets the outbound part (this node's stream into the region, if any).
-    fn set_outbound(&mut self, stream: Option<&OutboundStream>, config: &Config) {
-        let Some(stream) = stream else {
-            (self.unstable_msgs, self.unstable_bytes) = (0, 0);
-            (self.held_msgs, self.held_bytes) = (0, 0);
-            return;
-        };
-        debug_assert!(stream.unstable_msgs() as usize <= config.window_msgs_max);
-        debug_assert!(stream.stable_upto <= stream.sent_upto);
-        self.unstable_msgs = stream.unstable_msgs();
-        self.unstable_bytes = stream.unstable_bytes() as u64;
-        self.held_msgs = stream.unstable_msgs() + stream.unsent_msgs();
-        self.held_bytes = stream.held_bytes() as u64;
-    }
-}
-
-/// Enters `state`'s next ring deadline in `timers` (`Node::region_timers`) if it moved.
-fn schedule_region(
-    timers: &mut BinaryHeap<Reverse<(Time, RegionId)>>,
-    region: RegionId,
-    state: &mut RegionState,
-    config: &Config,
-) {
-    let deadline = state.next_deadline(config);
-    if deadline != state.timer_at {
-        state.timer_at = deadline;
-        if let Some(at) = deadline {
-            timers.push(Reverse((at, region)));
-        }
-    }
-}
-
-/// Enters `stream`'s silence or pause deadline in `timers` (`Node::stream_timers`) if it has
-/// none or it comes before the stream's live entry.
-fn schedule_stream(
-    timers: &mut BinaryHeap<Reverse<(Time, RegionId, u64)>>,
-    region: RegionId,
-    stream: &mut OutboundStream,
-    config: &Config,
-) {
-    let Some(at) = Node::stream_deadline(stream, config) else {
-        return;
-    };
-    if stream.timer_at.is_none_or(|t| at < t) {
-        stream.timer_generation += 1;
-        stream.timer_at = Some(at);
-        timers.push(Reverse((at, region, stream.timer_generation)));
-    }
-}
-
-/// The smallest NACK window of any region (0 with none), for [`crate::Stats::nack_window_msgs_current`],
-/// by a pass over every region (the debug check of [`Node::nack_windows`]).
-#[cfg(debug_assertions)]
-fn nack_window_min(shares: &BTreeMap<RegionId, GaugeShare>) -> u64 {
-    shares
-        .values()
-        .filter_map(|s| s.nack_window_min)
-        .min()
-        .unwrap_or(0) as u64
-}
-
 /// Where a datagram's view stands relative to what this node knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ViewStatus {
+pub(super) enum ViewStatus {
     /// A view this node is in (or sends to), or an earlier view of the same base: process it
     /// as of this view.
     Current(tidings_wire::ViewId),
@@ -344,27 +210,17 @@ impl Node {
             next_msg_id: 1,
             out: Outbox::default(),
             rng,
-            next_repair_scan: now,
             input_at: now,
-            data_ready: VecDeque::new(),
+            send_queue: SendQueue::default(),
             future: std::collections::VecDeque::new(),
             msg_id_floors: BTreeMap::new(),
             floors_shared: std::sync::Arc::default(),
             token_records: Vec::new(),
-            next_doubt_sample: now,
             rate,
-            rate_retry_at: None,
-            region_timers: BinaryHeap::new(),
-            due_regions: Vec::new(),
+            timers: Timers::new(now),
             scanned_regions: Vec::new(),
-            regions_with_gaps: 0,
             receiving: false,
-            repair_scan_regions: BTreeSet::new(),
-            stream_timers: BinaryHeap::new(),
-            silences_pending: 0,
-            nack_windows: BTreeMap::new(),
-            silence_queue: VecDeque::new(),
-            gauge_shares: BTreeMap::new(),
+            gauges: Gauges::default(),
             held_topics: Vec::new(),
             incarnation: 0,
         })
@@ -540,7 +396,7 @@ impl Node {
         if self.config.congestion_control && !regions.is_empty() {
             if let Err(retry_at) = self.rate.admit(now, &self.config) {
                 self.out.stats.publish_rate_limited += 1;
-                self.rate_retry_at = Some(retry_at);
+                self.timers.rate_retry_at = Some(retry_at);
                 return Err((PublishError::RateLimited { retry_at }, payload));
             }
         }
@@ -571,10 +427,7 @@ impl Node {
                 timestamp_us,
                 payload: payload.unwrap_or_default(),
             });
-            if !stream.data_queued {
-                stream.data_queued = true;
-                self.data_ready.push_back(region);
-            }
+            self.send_queue.queue_data(region, stream);
         }
         self.out.stats.messages_published += 1;
         // A topic nobody subscribes to is stable at once (it reached everyone it must).
@@ -682,25 +535,9 @@ impl Node {
             }
             Body::Silence(s) => self.on_silence(now, &h, s),
             Body::Token(t) => {
-                if !self.check_member_region(&h) {
+                if !self.on_token(now, &h, &t) {
                     return;
                 }
-                let Some(region) = self.regions.get_mut(&h.region) else {
-                    return;
-                };
-                // The records, lists and all, are reused from token to token.
-                let mut records = std::mem::take(&mut self.token_records);
-                crate::region::assign_records(&mut records, t.records(), &mut self.out);
-                let mut token = OwnedToken {
-                    level: t.level,
-                    ring: t.ring,
-                    round: t.round,
-                    records,
-                };
-                let own = self.outbound.get(&h.region);
-                region.on_token(now, h.sender, &mut token, own, &self.config, &mut self.out);
-                self.token_records = token.records;
-                self.apply_self_feedback(now);
             }
             Body::Ack {
                 origin,
@@ -721,13 +558,7 @@ impl Node {
                     crate::pdcc::milli_to_rate(min_nonrec_rate_milli),
                     crate::pdcc::milli_to_rate(min_rec_rate_milli),
                 );
-                if origin == self.me {
-                    self.out.stats.ucas_received += 1;
-                    self.rate.on_uca(now, seq, nonrec.min(rec), &self.config);
-                } else if let Some(region) = self.regions.get_mut(&h.region) {
-                    region.on_uca(origin, seq, nonrec, rec, &mut self.out);
-                    self.apply_self_feedback(now);
-                }
+                self.on_uca(now, &h, origin, seq, (nonrec, rec));
             }
             Body::TokenAck { level, ring, round } => {
                 if !self.check_member_region(&h) {
@@ -738,44 +569,13 @@ impl Node {
                 }
             }
             Body::Nak { origin, ranges } => {
-                let Some(stream) = self.outbound.get(&h.region) else {
-                    self.out.stats.foreign_dropped += 1;
-                    return;
-                };
-                if origin != self.me || stream.view != h.view {
-                    self.out.stats.invalid_dropped += 1;
+                if !self.on_nak(now, &h, origin, ranges) {
                     return;
                 }
-                self.out.stats.naks_received += 1;
-                self.remulticast(now, h.region, ranges.iter());
             }
             Body::Pull { origin, ranges } => {
-                let known = if origin == self.me {
-                    self.outbound
-                        .get(&h.region)
-                        .is_some_and(|s| s.view == h.view)
-                } else {
-                    self.regions
-                        .get(&h.region)
-                        .is_some_and(|r| r.view == h.view)
-                };
-                if !known {
-                    self.out.stats.foreign_dropped += 1;
+                if !self.on_pull(now, &h, origin, ranges) {
                     return;
-                }
-                self.out.stats.pulls_received += 1;
-                for r in ranges.iter() {
-                    let job = RepairJob::new(
-                        Destination::Node(h.sender),
-                        h.region,
-                        h.view,
-                        origin,
-                        r.start,
-                        r.end(),
-                        RepairCause::Pull,
-                        now,
-                    );
-                    self.out.queue_repair(job, &self.config);
                 }
             }
         }
@@ -789,43 +589,6 @@ impl Node {
             self.receiving |= !region.inbound.is_empty();
         }
         self.schedule_region_timer(h.region);
-    }
-
-    /// Where the datagram's view stands: packets of a region this node is in are compared with
-    /// that region's view, ACKs and NAKs with the view of the stream they acknowledge.
-    fn view_status(&self, h: &Header, body: &Body<'_>, unknown_region: ViewStatus) -> ViewStatus {
-        // A view from the base on is the current one's past: its streams go on (ADR 30).
-        let compare =
-            |known: tidings_wire::ViewId, base: tidings_wire::ViewId| match h.view.cmp(&known) {
-                std::cmp::Ordering::Equal => ViewStatus::Current(known),
-                std::cmp::Ordering::Greater => ViewStatus::Future,
-                std::cmp::Ordering::Less if h.view >= base => ViewStatus::Current(known),
-                std::cmp::Ordering::Less => ViewStatus::Stale,
-            };
-        let to_sender = match body {
-            Body::Ack { .. } | Body::Nak { .. } => true,
-            Body::Pull { origin, .. } | Body::Uca { origin, .. } => *origin == self.me,
-            _ => false,
-        };
-        if to_sender {
-            return match self.outbound.get(&h.region) {
-                Some(s) => compare(s.view, s.base),
-                None => match self.membership.regions.get(&h.region) {
-                    Some(v) if h.view > v.view => ViewStatus::Future,
-                    _ => ViewStatus::Foreign,
-                },
-            };
-        }
-        match self.regions.get(&h.region) {
-            Some(r) => compare(r.view, r.base),
-            // A region this node is not in: a later view may add it (buffer), an older or current
-            // one does not concern it.
-            None => match self.membership.regions.get(&h.region) {
-                Some(v) if h.view <= v.view => ViewStatus::Foreign,
-                Some(_) => ViewStatus::Future,
-                None => unknown_region,
-            },
-        }
     }
 
     /// Approximate regions (ADR 34): the topics this node subscribes to, and so delivers. A
@@ -871,7 +634,7 @@ impl Node {
     /// so resent messages are not delivered twice); what this node had published and was not yet
     /// stable in a changed region is sent again into the regions its topic spans now, after
     /// `view_change_pause`; datagrams buffered for the new views are processed. A view that
-    /// [continues](RegionView::continues) the one before (same base: only topics were added,
+    /// [continues](crate::membership::RegionView::continues) the one before (same base: only topics were added,
     /// ADR 30) keeps the region's state and this node's stream into it instead; only the
     /// messages of the topics it gained are re-homed into it.
     pub fn set_membership(&mut self, now: Time, membership: Membership) {
@@ -947,457 +710,17 @@ impl Node {
         self.install_views(now, views_changed, old_views);
     }
 
-    /// The work of an install, once `self.membership` is the new one: the states of the
-    /// regions in `views_changed` (added, dropped, or at a new epoch) are replaced, or go on
-    /// into a new view of the same base (ADR 30); the streams whose view ended re-home their
-    /// messages; and what the regions touched feed (timers, gauges) is looked at again.
-    /// `old_views`: each changed region's view in the membership before.
-    fn install_views(
-        &mut self,
-        now: Time,
-        views_changed: Vec<RegionId>,
-        old_views: BTreeMap<RegionId, RegionView>,
-    ) {
-        self.input_at = now;
-        self.out.stats.view_changes += 1;
-        // Receiving side. With no inbound stream anywhere (`receiving`: a node subscribing to
-        // thousands of topics before any traffic) there is no floor to gather, and no pass over
-        // every region per install.
-        let mut floors_moved = false;
-        debug_assert_eq!(
-            self.receiving,
-            self.regions.values().any(|r| !r.inbound.is_empty()),
-            "receiving at install"
-        );
-        if self.receiving {
-            for region in self.regions.values() {
-                for (key, floor) in region.stream_msg_id_floors() {
-                    let f = self.msg_id_floors.entry(key).or_insert(0);
-                    if floor > *f {
-                        *f = floor;
-                        floors_moved = true;
-                    }
-                }
-            }
-        }
-        // One copy, shared by the regions installed now (they only read it), made again only
-        // when a floor moved (a copy per install was a pass over every stream's topics).
-        if floors_moved || self.msg_id_floors.len() != self.floors_shared.len() {
-            self.floors_shared = std::sync::Arc::new(self.msg_id_floors.clone());
-        }
-        let floors = &self.floors_shared;
-        // The regions whose state this install replaces, adds or drops: only they need their
-        // timers and gauges looked at again (a node in thousands of regions installs a
-        // membership per batch of subscriptions, and kept regions do not change).
-        let mut touched: Vec<RegionId> = views_changed;
-        for &region in &touched {
-            let old = self.regions.remove(&region);
-            let Some(view) = self.membership.regions.get(&region) else {
-                continue;
-            };
-            match old {
-                // Only topics were added, or dropped by every member: the streams, rings and
-                // caches go on (ADR 30). A dropped topic's messages still in flight here are
-                // received and filtered, as any topic the view does not carry.
-                Some(mut state) if state.continues_into(view) => {
-                    state.continue_into(view, floors);
-                    self.regions.insert(region, state);
-                    self.out.stats.views_continued += 1;
-                }
-                _ => {
-                    if let Some(mut state) = RegionState::new(view, self.me, &self.config, now) {
-                        state.set_msg_id_floors(floors.clone());
-                        self.regions.insert(region, state);
-                    }
-                }
-            }
-        }
-        let membership = &self.membership;
-        let pause_until = now + self.config.view_change_pause;
-        // Sending side: streams whose view ended give up their messages, which go to the
-        // regions their topics span now; streams whose region's new view has their base go on
-        // in it, unpaused: a receiver that has not installed the view yet keeps their packets
-        // until it does, and a pause per view cut a busy region's rate by a third at 100
-        // subscriptions a second (ADR 30).
-        let mut ended: Vec<RegionId> = Vec::new();
-        let mut continued: Vec<RegionId> = Vec::new();
-        for (&region, stream) in &mut self.outbound {
-            // The partitions the stream ran in are those of the region's view before.
-            let continues = |v: &RegionView| {
-                old_views
-                    .get(&region)
-                    .is_some_and(|old| v.continues(stream.view, stream.base, &old.partitions))
-            };
-            match membership.regions.get(&region) {
-                Some(v) if v.view == stream.view => {}
-                Some(v) if continues(v) => {
-                    stream.view = v.view;
-                    continued.push(region);
-                }
-                _ => ended.push(region),
-            }
-        }
-        // The topics each continued stream had: a message re-homed into it is new to it only
-        // if its topic is not among them (sorted for the look-ups below). Only continued
-        // streams are here, so `gained` is false for every other.
-        let old_topics: BTreeMap<RegionId, Vec<TopicId>> = old_views
-            .into_iter()
-            .filter(|(r, _)| continued.contains(r))
-            .map(|(r, v)| {
-                let mut topics = v.topics;
-                topics.sort_unstable();
-                (r, topics)
-            })
-            .collect();
-        let gained = |region: RegionId, topic: TopicId| {
-            old_topics
-                .get(&region)
-                .is_some_and(|t| t.binary_search(&topic).is_err())
-        };
-        // By message id, the first copy of each and how many ended streams held it (a list
-        // sorted once: there may be thousands).
-        let mut drained: Vec<OutMsg> = Vec::new();
-        touched.extend_from_slice(&ended);
-        touched.extend_from_slice(&continued);
-        for region in &ended {
-            if let Some(mut stream) = self.outbound.remove(region) {
-                drained.extend(stream.drain_all());
-            }
-        }
-        drained.sort_by_key(|m| m.msg_id);
-        let mut orphans: Vec<(OutMsg, u16)> = Vec::with_capacity(drained.len());
-        for m in drained {
-            match orphans.last_mut() {
-                Some((last, copies)) if last.msg_id == m.msg_id => {
-                    *copies = copies.saturating_add(1);
-                }
-                _ => orphans.push((m, 1)),
-            }
-        }
-        // Re-homed messages for continued streams, appended after the loop below (which looks
-        // up what those streams hold and needs them unchanged meanwhile).
-        let mut rehomed_into_continued: Vec<(RegionId, OutMsg)> = Vec::new();
-        // Streams created here, for regions new to this node: they take every re-homed message of
-        // their topics, like the streams of changed regions.
-        let mut created: Vec<RegionId> = Vec::new();
-        // Per unchanged or continued stream, where the last look-up stopped: orphans come by
-        // increasing id and these streams do not change here, so each is walked once (a search
-        // per orphan and region was most of this function). A stream created in this loop holds
-        // only orphans already handled, so it never holds the current one.
-        let mut cursors: Vec<(RegionId, usize)> = Vec::new();
-        // The stability count of each orphan moves by what changed hands: minus the ended streams
-        // that held it, plus the streams it is pushed into. Streams that still hold it (unchanged
-        // ones, and continued ones whose region lost its topic, whose members dropped it) count
-        // as before and acknowledge it in their time.
-        for (m, copies) in orphans {
-            let msg_id = m.msg_id;
-            let regions = membership
-                .topic_regions
-                .get(&m.topic)
-                .map_or(&[][..], Vec::as_slice);
-            let mut added = 0u16;
-            for &region in regions {
-                if let Some(stream) = self.outbound.get(&region) {
-                    if gained(region, m.topic) {
-                        if stream.holds_after(cursor_of(&mut cursors, region), msg_id) {
-                            // The topic left this region (its members dropped it) and came back
-                            // while the message was still in flight here: not new to it.
-                            continue;
-                        }
-                        // A topic this stream did not carry: the message is new to it.
-                        rehomed_into_continued.push((region, m.clone()));
-                        self.out.stats.messages_rehomed += 1;
-                        added += 1;
-                        continue;
-                    }
-                    let new = ended.contains(&region) || created.contains(&region);
-                    if !new {
-                        // An unchanged region has it in flight or acknowledged it already.
-                        continue;
-                    }
-                }
-                let Some((view, base)) = membership.regions.get(&region).map(|v| (v.view, v.base))
-                else {
-                    continue;
-                };
-                if !self.outbound.contains_key(&region) {
-                    created.push(region);
-                }
-                let stream = self.outbound.entry(region).or_insert_with(|| {
-                    let mut s = OutboundStream::new(view, base, now);
-                    s.paused_until = pause_until;
-                    s
-                });
-                stream.push(m.clone());
-                self.out.stats.messages_rehomed += 1;
-                added += 1;
-            }
-            if self.stability.moved(msg_id, copies, added) {
-                self.out.stats.messages_stable += 1;
-                self.out.events.push_back(Event::Stable(msg_id));
-            }
-        }
-        for (region, m) in rehomed_into_continued {
-            if let Some(stream) = self.outbound.get_mut(&region) {
-                stream.push_rehomed(m);
-            }
-        }
-        // Streams were replaced and re-homed messages added: queue every stream with unsent ones.
-        self.data_ready.clear();
-        for (&region, stream) in &mut self.outbound {
-            stream.data_queued = stream.unsent_msgs() > 0;
-            if stream.data_queued {
-                self.data_ready.push_back(region);
-            }
-        }
-        // Regions replaced or added enter their ring timers; kept regions keep theirs, asleep or
-        // not (re-homed messages only go to streams of replaced or new regions, and sending
-        // into a region wakes its rings), and entries of regions gone are skipped when they
-        // come up. The streams' timers are entered afresh.
-        touched.extend_from_slice(&created);
-        touched.sort_unstable();
-        touched.dedup();
-        for &region in &touched {
-            self.schedule_region_timer(region);
-        }
-        self.reset_stream_timer();
-        // The gauges change by the parts of the regions touched (before the datagrams below,
-        // which expect every region to have its part).
-        for &region in &touched {
-            self.refresh_or_forget_gauges(region);
-        }
-        // New and replaced regions start without inbound streams, so a node that had none still
-        // has none (without the pass over every region that finds that).
-        self.receiving = self.receiving && self.regions.values().any(|r| !r.inbound.is_empty());
-        // Datagrams that waited for this membership.
-        for datagram in std::mem::take(&mut self.future) {
-            self.out.stats.datagrams_received -= 1;
-            self.out.stats.bytes_received -= datagram.len() as u64;
-            self.handle_datagram(now, datagram);
-        }
-    }
-
-    /// Whether `h` belongs to a region view this node is in and its sender is a member.
-    fn check_member_region(&mut self, h: &Header) -> bool {
-        match self.regions.get(&h.region) {
-            Some(r) if r.view == h.view && r.is_member(h.sender) => true,
-            Some(_) => {
-                self.out.stats.invalid_dropped += 1;
-                false
-            }
-            None => {
-                self.out.stats.foreign_dropped += 1;
-                false
-            }
-        }
-    }
-
-    fn receive_messages(
-        &mut self,
-        now: Time,
-        h: &Header,
-        origin: NodeId,
-        messages: tidings_wire::MessagesView<'_>,
-        datagram: &Bytes,
-        retransmit: bool,
-    ) {
-        let Some(region) = self.regions.get_mut(&h.region) else {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        };
-        if region.view != h.view || origin == self.me {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        }
-        let config = &self.config;
-        let out = &mut self.out;
-        let delivers = self.membership.subscriptions.as_ref();
-        let held_topics = &self.held_topics;
-        let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
-            out.stats.invalid_dropped += 1;
-            return;
-        };
-        for m in messages.iter() {
-            let sent_us = m.timestamp_us;
-            if retransmit {
-                stream.note_answer(now, m.seq);
-            }
-            let msg = InMsg {
-                msg_id: MsgId(m.msg_id),
-                topic: m.topic,
-                timestamp_us: m.timestamp_us,
-                payload: datagram.slice_ref(m.payload),
-            };
-            let was_held = stream.is_held();
-            let arrival = stream.receive_holding(
-                now,
-                m.seq,
-                msg,
-                config.receive_window_msgs,
-                |topic| {
-                    held_topics.binary_search(&topic).is_ok()
-                        && topics.binary_search(&topic).is_ok()
-                },
-                |seq, msg, fresh| {
-                    deliver_in_order(out, origin, topics, delivers, caching, seq, msg, fresh)
-                },
-            );
-            if !was_held && stream.is_held() {
-                out.stats.held_topic_stops += 1;
-            }
-            match arrival {
-                Arrival::New => {
-                    out.stats.messages_received += 1;
-                    if retransmit {
-                        out.stats.repairs_received += 1;
-                    } else {
-                        stream.queue_delay.on_fresh(now, sent_us);
-                        stream.fresh_since_dcq += 1;
-                    }
-                }
-                Arrival::Duplicate => out.stats.duplicates_dropped += 1,
-                Arrival::OutOfWindow => {
-                    out.stats.out_of_window_dropped += 1;
-                    if stream.is_held() {
-                        out.stats.held_topic_window_dropped += 1;
-                    }
-                    stream.ignored_since_dcq += 1;
-                }
-            }
-        }
-    }
-
-    fn on_silence(&mut self, now: Time, h: &Header, s: Silence) {
-        self.out.stats.silences_received += 1;
-        let Some(region) = self.regions.get_mut(&h.region) else {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        };
-        if region.view != h.view {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        }
-        region.on_silence(now, h.sender, s, &self.config, &mut self.out);
-    }
-
-    fn on_ack(&mut self, h: &Header, origin: NodeId, stable_upto: u64) {
-        let Some(stream) = self.outbound.get_mut(&h.region) else {
-            self.out.stats.foreign_dropped += 1;
-            return;
-        };
-        if origin != self.me || stream.view != h.view {
-            self.out.stats.invalid_dropped += 1;
-            return;
-        }
-        self.out.stats.acks_received += 1;
-        self.apply_ack(h.region, stable_upto);
-    }
-
-    fn apply_ack(&mut self, region: RegionId, stable_upto: u64) {
-        let Some(stream) = self.outbound.get_mut(&region) else {
-            return;
-        };
-        let stability = &mut self.stability;
-        let out = &mut self.out;
-        let ok = stream.ack(stable_upto, |msg_id| {
-            if stability.acked(msg_id) {
-                out.stats.messages_stable += 1;
-                out.events.push_back(Event::Stable(msg_id));
-            }
-        });
-        if !ok {
-            out.stats.invalid_dropped += 1;
-        }
-        self.refresh_gauges(region);
-    }
-
-    /// Applies ACKs and NAKs this node owes itself as region leader of its own streams.
-    fn apply_self_feedback(&mut self, now: Time) {
-        for (region, stable) in std::mem::take(&mut self.out.self_acks) {
-            let stable = stable.min(self.outbound.get(&region).map_or(0, |s| s.sent_upto));
-            self.apply_ack(region, stable);
-        }
-        for (seq, rate) in std::mem::take(&mut self.out.self_ucas) {
-            self.out.stats.ucas_received += 1;
-            self.rate.on_uca(now, seq, rate, &self.config);
-        }
-        // The list of NAKs and their range lists are kept for reuse.
-        let mut naks = std::mem::take(&mut self.out.self_naks);
-        for (region, ranges) in naks.drain(..) {
-            self.remulticast(now, region, ranges.iter().copied());
-            self.out.recycle_range_list(ranges);
-        }
-        self.out.self_naks = naks;
-    }
-
-    /// Answers a region NAK: queues the sent, unstable messages of `ranges` of this node's stream
-    /// into `region` for re-multicast.
-    fn remulticast(&mut self, now: Time, region: RegionId, ranges: impl Iterator<Item = SeqRange>) {
-        let Some(stream) = self.outbound.get(&region) else {
-            return;
-        };
-        let (sent, stable, view) = (stream.sent_upto, stream.stable_upto, stream.view);
-        for r in ranges {
-            let (start, end) = (r.start.max(stable + 1), r.end().min(sent + 1));
-            let to = Destination::Region(region);
-            let job = RepairJob::new(to, region, view, self.me, start, end, RepairCause::Nak, now);
-            self.out.queue_repair(job, &self.config);
-        }
-    }
-
-    /// Runs every timer that is due.
+    /// Runs every timer that is due, in this order: the rings, congestion control's query, the
+    /// doubt sample, the repair scan, the outbound streams' silences and pauses.
     pub fn handle_timeout(&mut self, now: Time) {
         self.input_at = now;
-        // The ring timers that are due, taken out first so that a timer rescheduled at or
-        // before `now` waits for the next call instead of looping here.
-        let mut due = std::mem::take(&mut self.due_regions);
-        while let Some(&Reverse((at, region))) = self.region_timers.peek() {
-            if at > now {
-                break;
-            }
-            self.region_timers.pop();
-            if let Some(state) = self.regions.get_mut(&region) {
-                // Only the entry of the region's current deadline; older ones are skipped.
-                if state.timer_at == Some(at) {
-                    state.timer_at = None;
-                    due.push(region);
-                }
-            }
-        }
-        for &region_id in &due {
-            // One look-up of the region and of its stream serves the timeout, the gauges and
-            // the next timer (a node in 100,000 regions has as many entries in each map).
-            let mut outbound = self.outbound.get_mut(&region_id);
-            let share = match self.regions.get_mut(&region_id) {
-                Some(region) => {
-                    region.on_timeout(now, outbound.as_deref_mut(), &self.config, &mut self.out);
-                    schedule_region(&mut self.region_timers, region_id, region, &self.config);
-                    self.receiving |= !region.inbound.is_empty();
-                    GaugeShare::from_parts(outbound.as_deref(), Some(region), &self.config)
-                }
-                None => GaugeShare::from_parts(outbound.as_deref(), None, &self.config),
-            };
-            self.set_gauge_share(region_id, share);
-        }
-        due.clear();
-        self.due_regions = due;
+        self.run_ring_timers(now);
         self.apply_self_feedback(now);
-        if self.rate_retry_at.is_some_and(|t| now >= t) {
-            self.rate_retry_at = None;
+        if self.timers.rate_retry_at.is_some_and(|t| now >= t) {
+            self.timers.rate_retry_at = None;
         }
         if self.config.congestion_control && now >= self.rate.next_dcq {
-            let seq = self.rate.on_dcq_timer(now, &self.config);
-            for (&region, stream) in &self.outbound {
-                self.out.stats.dcqs_sent += 1;
-                self.out.control.push_back(Control::Dcq {
-                    region,
-                    view: stream.view,
-                    seq,
-                    position_us: now.as_micros(),
-                });
-            }
-            self.out.stats.publish_rate_milli_current =
-                self.rate.rate().map_or(0, |r| (r * 1000.0) as u64);
+            self.query_congestion(now);
         }
         // The periodic scans concern inbound streams only (their doubt rates, NACK windows and
         // gaps), so they skip regions that have none, and only the regions they visit get their
@@ -1405,72 +728,13 @@ impl Node {
         // subscriber of many topics) paid a pass over all of them, and a whole recomputation
         // of the gauges, every repair interval.
         let mut scanned = std::mem::take(&mut self.scanned_regions);
-        // Sampled only for their readers (`Config::reads_doubt_horizons`): without them the
-        // samples were a pass over every inbound stream ten times a second for nothing, a fifth
-        // of a core at rest in a node with 100,000 regions that had traffic, and their deadline
-        // woke a node at rest as often (ADR 28).
-        if self.config.reads_doubt_horizons() && now >= self.next_doubt_sample {
-            self.next_doubt_sample = now + self.config.doubt_sample_interval;
-            let queue_delay_history = self.config.pdcc_queue_delay_history_samples();
-            for (&id, region) in &mut self.regions {
-                if region.inbound.is_empty() {
-                    continue;
-                }
-                // Only a sample that moved a stream's rate can move the region's gauges (its
-                // NACK windows); refreshing the others was most of the core thread's time in a
-                // node in 100,000 regions, ten times a second.
-                if region.sample_doubt_rates(now, self.config.doubt_rate_alpha, queue_delay_history)
-                {
-                    scanned.push(id);
-                }
-            }
+        if self.config.reads_doubt_horizons() && now >= self.timers.doubt_sample_at {
+            self.sample_doubt_horizons(now, &mut scanned);
         }
-        if now >= self.next_repair_scan {
-            self.next_repair_scan = now + self.config.repair_interval;
-            // In region order, as a pass over every region would visit them (the random
-            // choices of the requests come in the same order).
-            let regions = &mut self.regions;
-            let (config, rng, out) = (&self.config, &mut self.rng, &mut self.out);
-            self.repair_scan_regions.retain(|&id| {
-                let Some(region) = regions.get_mut(&id) else {
-                    return false;
-                };
-                if !region.inbound.is_empty() {
-                    region.adjust_nack_windows(now, config);
-                    region.request_repairs(now, config, rng, out);
-                    scanned.push(id);
-                }
-                // Kept while it has gaps (its share is refreshed below: ask the streams).
-                region.inbound.values().any(|s| s.missing_count() > 0)
-            });
+        if now >= self.timers.repair_scan_at {
+            self.scan_repairs(now, &mut scanned);
         }
-        while let Some(&Reverse((at, region, generation))) = self.stream_timers.peek() {
-            if at > now {
-                break;
-            }
-            self.stream_timers.pop();
-            let Some(stream) = self.outbound.get_mut(&region) else {
-                continue;
-            };
-            if stream.timer_generation != generation {
-                // Replaced by an earlier entry of the same stream.
-                continue;
-            }
-            stream.timer_at = None;
-            if stream.paused_until != Time::ZERO && now >= stream.paused_until {
-                stream.paused_until = Time::ZERO;
-            }
-            if let Some(deadline) = silence_deadline(stream, &self.config) {
-                if now >= deadline {
-                    stream.silence_pending = true;
-                    self.silences_pending += 1;
-                    self.silence_queue.push_back(region);
-                    stream.last_send = now;
-                    stream.release_storage_at_rest(now, &self.config);
-                }
-            }
-            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
-        }
+        self.run_stream_timers(now);
         scanned.sort_unstable();
         scanned.dedup();
         for &region in &scanned {
@@ -1481,138 +745,41 @@ impl Node {
         // Every region's part of the gauges is what a whole recomputation finds (checked in
         // debug builds, so by every simulator test).
         #[cfg(debug_assertions)]
-        self.check_gauge_shares();
-    }
-
-    /// Debug builds: every region's gauge share is current and the totals are their sums.
-    #[cfg(debug_assertions)]
-    fn check_gauge_shares(&self) {
-        // Without allocating (the steady-state allocation test runs debug builds): the same keys.
-        for region in self.gauge_shares.keys() {
-            assert!(
-                self.outbound.contains_key(region) || self.regions.contains_key(region),
-                "gauge share of region {region:?}, which the node is not in"
-            );
-        }
-        for region in self.outbound.keys().chain(self.regions.keys()) {
-            assert!(
-                self.gauge_shares.contains_key(region),
-                "no gauge share of region {region:?}"
-            );
-        }
-        for (&region, share) in &self.gauge_shares {
-            assert_eq!(
-                *share,
-                GaugeShare::of(region, &self.outbound, &self.regions, &self.config),
-                "stale gauge share of region {region:?}"
-            );
-        }
-        for (region, share) in &self.gauge_shares {
-            assert!(
-                !share.has_gaps || self.repair_scan_regions.contains(region),
-                "region {region:?} has gaps the repair scan would not visit"
-            );
-        }
-        let s = &self.out.stats;
-        let sum = |f: fn(&GaugeShare) -> u64| self.gauge_shares.values().map(f).sum::<u64>();
-        assert_eq!(s.unstable_msgs_current, sum(|g| g.unstable_msgs));
-        assert_eq!(s.held_msgs_current, sum(|g| g.held_msgs));
-        assert_eq!(s.held_bytes_current, sum(|g| g.held_bytes));
-        assert_eq!(s.cache_msgs_current, sum(|g| g.cached_msgs));
-        assert_eq!(
-            self.regions_with_gaps,
-            self.gauge_shares.values().filter(|g| g.has_gaps).count()
+        self.gauges.check(
+            &self.outbound,
+            &self.regions,
+            &self.config,
+            &self.timers.repair_scan_regions,
+            &self.out.stats,
         );
-        assert_eq!(
-            s.nack_window_msgs_current,
-            nack_window_min(&self.gauge_shares)
-        );
-        assert_eq!(
-            self.nack_windows.values().sum::<usize>(),
-            self.gauge_shares
-                .values()
-                .filter(|g| g.nack_window_min.is_some())
-                .count()
-        );
-    }
-
-    /// Enters `region`'s next ring deadline in the timer queue if it moved.
-    fn schedule_region_timer(&mut self, region: RegionId) {
-        if let Some(state) = self.regions.get_mut(&region) {
-            schedule_region(&mut self.region_timers, region, state, &self.config);
-        }
-    }
-
-    /// When `stream`'s silence or pause may be due next.
-    fn stream_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
-        let pause = (stream.paused_until != Time::ZERO).then_some(stream.paused_until);
-        silence_deadline(stream, config)
-            .into_iter()
-            .chain(pause)
-            .min()
-    }
-
-    /// After a publish into or a send from `region`'s stream: its gauges, and its silence
-    /// deadline, which may now come before the streams' timer.
-    fn stream_changed(&mut self, region: RegionId) {
-        self.refresh_outbound_gauges(region);
-        if let Some(stream) = self.outbound.get_mut(&region) {
-            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
-        }
-    }
-
-    /// Enters every outbound stream's deadline afresh and recounts the pending silences (a
-    /// new membership: streams were replaced, re-homed or paused).
-    fn reset_stream_timer(&mut self) {
-        self.stream_timers.clear();
-        for (&region, stream) in &mut self.outbound {
-            stream.timer_at = None;
-            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
-        }
-        self.silences_pending = self.outbound.values().filter(|s| s.silence_pending).count();
-    }
-
-    /// Rebuilds the timer queue from every region (a new node, a new membership).
-    fn schedule_all_region_timers(&mut self) {
-        self.region_timers.clear();
-        for (&region, state) in &mut self.regions {
-            state.timer_at = state.next_deadline(&self.config);
-            if let Some(at) = state.timer_at {
-                self.region_timers.push(Reverse((at, region)));
-            }
-        }
-    }
-
-    /// The next time [`handle_timeout`](Node::handle_timeout) must be called.
-    #[must_use]
-    pub fn poll_timeout(&self) -> Option<Time> {
-        self.poll_timer().map(|(at, _)| at)
     }
 
     /// The next time [`handle_timeout`](Node::handle_timeout) must be called, and which timer
     /// it is for (the earliest; `handle_timeout` runs every timer that is due).
     #[must_use]
-    pub fn poll_timer(&self) -> Option<(Time, Timer)> {
+    pub fn poll_timeout(&self) -> Option<(Time, Timer)> {
         // May be a skipped entry, earlier than any current deadline: that only wakes the
         // caller early once.
         let rings = self
-            .region_timers
+            .timers
+            .regions
             .peek()
             .map(|Reverse((at, _))| (*at, Timer::Region));
         // Regions with gaps, and those whose gaps closed since the last scan (visited once more).
-        let repair = (!self.repair_scan_regions.is_empty())
-            .then_some((self.next_repair_scan, Timer::RepairScan));
+        let repair = (!self.timers.repair_scan_regions.is_empty())
+            .then_some((self.timers.repair_scan_at, Timer::RepairScan));
         // A lower bound of the outbound streams' silences and pauses, not their exact minimum
         // (a pass over every stream would cost a node with 1000 streams most of its protocol
         // time): an entry left early by later sends wakes the node once, and `handle_timeout`
         // re-enters it at the stream's real deadline.
         let silences_and_pauses = self
-            .stream_timers
+            .timers
+            .streams
             .peek()
             .map(|Reverse((at, ..))| (*at, Timer::Stream));
         let dcq = (self.config.congestion_control && !self.outbound.is_empty())
             .then_some((self.rate.next_dcq, Timer::CongestionQuery));
-        let rate_retry = self.rate_retry_at.map(|at| (at, Timer::RateRetry));
+        let rate_retry = self.timers.rate_retry_at.map(|at| (at, Timer::RateRetry));
         let others = rings
             .into_iter()
             .chain(repair)
@@ -1626,10 +793,10 @@ impl Node {
             self.receiving,
             self.regions.values().any(|r| !r.inbound.is_empty())
         );
-        let doubt = (others.is_none_or(|(t, _)| self.next_doubt_sample < t)
+        let doubt = (others.is_none_or(|(t, _)| self.timers.doubt_sample_at < t)
             && self.receiving
             && self.config.reads_doubt_horizons())
-        .then_some((self.next_doubt_sample, Timer::DoubtSample));
+        .then_some((self.timers.doubt_sample_at, Timer::DoubtSample));
         others.into_iter().chain(doubt).min_by_key(|&(at, _)| at)
     }
 
@@ -1710,18 +877,21 @@ impl Node {
         self.held_topics.binary_search(&topic).is_ok()
     }
 
-    /// Writes the next datagram to send into `buf` (at least `max_datagram_bytes` long): control
-    /// first, then retransmissions, then new data (round-robin over regions, packing as many
-    /// messages as fit), then silence heartbeats.
-    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        debug_assert!(
-            buf.len() >= self.config.max_datagram_bytes,
-            "poll_transmit needs a buffer of at least max_datagram_bytes ({}), got {}",
-            self.config.max_datagram_bytes,
-            buf.len()
-        );
-        let buf_len = buf.len().min(self.config.max_datagram_bytes);
-        let buf = &mut buf[..buf_len];
+    /// Writes the next datagram to send into `buf`: control first, then retransmissions, then
+    /// new data (round-robin over regions, packing as many messages as fit), then silence
+    /// heartbeats. `Ok(None)`: nothing to send now. A buffer shorter than `max_datagram_bytes`
+    /// is refused before anything is taken from the queues: a driver's buffer is sized once, so
+    /// this is a bug of the driver, which the error names.
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+    ) -> Result<Option<Transmit>, BufferTooSmall> {
+        let needed = self.config.max_datagram_bytes;
+        let len = buf.len();
+        let Some(buf) = buf.get_mut(..needed) else {
+            return Err(BufferTooSmall { len, needed });
+        };
         let t = self
             .poll_control(buf)
             .or_else(|| self.poll_repair(now, buf))
@@ -1732,301 +902,7 @@ impl Node {
             self.out.stats.datagrams_sent += 1;
             self.out.stats.bytes_sent += t.len as u64;
         }
-        t
-    }
-
-    fn header(&self, kind: Kind, region: RegionId, view: tidings_wire::ViewId) -> Header {
-        Header {
-            kind,
-            region,
-            view,
-            sender: self.me,
-            // Stamped by `poll_transmit`, as on every datagram.
-            incarnation: 0,
-        }
-    }
-
-    fn poll_control(&mut self, buf: &mut [u8]) -> Option<Transmit> {
-        while let Some(c) = self.out.control.pop_front() {
-            let encoded = c.encode(self.me, buf);
-            let transmit = match (encoded, c) {
-                (
-                    Ok((t, written)),
-                    Control::Pull {
-                        to,
-                        region,
-                        view,
-                        origin,
-                        mut ranges,
-                    },
-                ) if written < ranges.len() => {
-                    // The ranges that did not fit go in the next datagram.
-                    ranges.drain(..written);
-                    self.out.control.push_front(Control::Pull {
-                        to,
-                        region,
-                        view,
-                        origin,
-                        ranges,
-                    });
-                    Some(t)
-                }
-                (encoded, c) => {
-                    match c {
-                        Control::Token { bytes, .. } => self.out.recycle_token_buffer(bytes),
-                        Control::Nak { ranges, .. } | Control::Pull { ranges, .. } => {
-                            self.out.recycle_range_list(ranges);
-                        }
-                        _ => {}
-                    }
-                    encoded.ok().map(|(t, _)| t)
-                }
-            };
-            match transmit {
-                Some(t) => return Some(t),
-                // Only a buffer smaller than `max_datagram_bytes` (against `poll_transmit`'s
-                // contract) can refuse a control packet: counted, not silent.
-                None => self.out.stats.control_unsendable += 1,
-            }
-        }
-        None
-    }
-
-    fn poll_repair(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        loop {
-            self.expire_repairs(now);
-            let first = self.out.repairs.front()?.clone();
-            let header = self.header(Kind::Retransmit, first.region, first.view);
-            let Ok(mut w) = MessagesWriter::retransmit(buf, &header, first.origin) else {
-                return None;
-            };
-            'jobs: while let Some(job) = self.out.repairs.front_mut() {
-                if !job.same_packet(&first) {
-                    break;
-                }
-                while job.next < job.end {
-                    let seq = job.next;
-                    let msg = if job.origin == self.me {
-                        self.outbound
-                            .get(&job.region)
-                            .filter(|s| seq <= s.sent_upto)
-                            .and_then(|s| s.get(seq))
-                            .map(|m| (m.msg_id, m.topic, m.timestamp_us, &m.payload))
-                    } else {
-                        self.regions
-                            .get(&job.region)
-                            .and_then(|r| r.inbound.get(&job.origin))
-                            .and_then(|s| s.get(seq))
-                            .map(|m| (m.msg_id, m.topic, m.timestamp_us, &m.payload))
-                    };
-                    let Some((msg_id, topic, timestamp_us, payload)) = msg else {
-                        self.out.stats.repair_misses += 1;
-                        job.next += 1;
-                        self.out.repairs_queued -= 1;
-                        continue;
-                    };
-                    let m = Message {
-                        seq,
-                        msg_id: msg_id.0,
-                        timestamp_us,
-                        topic,
-                        payload,
-                    };
-                    if w.push(&m).is_err() {
-                        break 'jobs;
-                    }
-                    match job.cause {
-                        RepairCause::Push => self.out.stats.messages_pushed += 1,
-                        RepairCause::Pull => self.out.stats.messages_resent_on_pull += 1,
-                        RepairCause::Nak => self.out.stats.messages_resent_on_nak += 1,
-                    }
-                    job.next += 1;
-                    self.out.repairs_queued -= 1;
-                }
-                self.out.repairs.pop_front();
-            }
-            if w.count() > 0 {
-                let len = w.finish();
-                self.out.stats.retransmit_packets_sent += 1;
-                return Some(Transmit {
-                    destination: first.to,
-                    len,
-                    priority: Priority::Recovery,
-                });
-            }
-        }
-    }
-
-    /// Drops queued retransmissions that waited longer than `repair_queue_ttl`.
-    fn expire_repairs(&mut self, now: Time) {
-        while let Some(job) = self.out.repairs.front() {
-            if now < job.queued_at + self.config.repair_queue_ttl {
-                break;
-            }
-            let left = (job.end - job.next) as usize;
-            self.out.repairs_queued -= left;
-            self.out.stats.repair_queue_expired += left as u64;
-            self.out.repairs.pop_front();
-        }
-    }
-
-    fn poll_data(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        // Each queued stream is looked at once per call: one whose window is closed (or that is
-        // paused) goes to the back and waits for its ACKs.
-        for _ in 0..self.data_ready.len() {
-            let region = self.data_ready.pop_front()?;
-            let Some(stream) = self.outbound.get_mut(&region) else {
-                continue;
-            };
-            if stream.unsent_msgs() == 0 {
-                stream.data_queued = false;
-                continue;
-            }
-            let others_unstable = match self.config.window_algorithm {
-                WindowAlgorithm::Local => 0,
-                WindowAlgorithm::Global => self
-                    .regions
-                    .get(&region)
-                    .map_or(0, RegionState::others_unstable_estimate),
-            };
-            if !stream.can_send(&self.config, others_unstable) {
-                self.data_ready.push_back(region);
-                continue;
-            }
-            let header = Header {
-                kind: Kind::Data,
-                region,
-                view: stream.view,
-                sender: self.me,
-                incarnation: 0,
-            };
-            let Ok(mut w) = MessagesWriter::data(buf, &header) else {
-                self.data_ready.push_front(region);
-                return None;
-            };
-            let packed = stream.pack_unsent(&mut w, &self.config, others_unstable);
-            if packed == 0 {
-                self.data_ready.push_back(region);
-                continue;
-            }
-            let len = w.finish();
-            stream.last_send = now;
-            stream.last_data_at = now;
-            stream.silences_since_data = 0;
-            if std::mem::take(&mut stream.silence_pending) {
-                self.silences_pending -= 1;
-            }
-            // New messages of this node's own stream for the region's rings to carry; only a
-            // ring that was asleep moves the region's deadline.
-            let woke = self
-                .regions
-                .get_mut(&region)
-                .is_some_and(|state| state.wake_leads(now, &self.config));
-            // Round robin: a stream with more to send goes behind the others.
-            if stream.unsent_msgs() > 0 {
-                self.data_ready.push_back(region);
-            } else {
-                stream.data_queued = false;
-            }
-            self.out.stats.data_packets_sent += 1;
-            self.out.stats.messages_sent += packed as u64;
-            // A first send gives the stream a silence deadline.
-            self.stream_changed(region);
-            if woke {
-                self.schedule_region_timer(region);
-            }
-            return Some(Transmit {
-                destination: Destination::Region(region),
-                len,
-                priority: Priority::Data,
-            });
-        }
-        None
-    }
-
-    fn poll_silence(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
-        if self.silences_pending == 0 {
-            // Whatever is left are entries of silences a data send made unnecessary.
-            self.silence_queue.clear();
-            return None;
-        }
-        let me = self.me;
-        while let Some(region) = self.silence_queue.pop_front() {
-            let Some(stream) = self.outbound.get_mut(&region) else {
-                continue;
-            };
-            if !stream.silence_pending {
-                continue;
-            }
-            let header = Header {
-                kind: Kind::Silence,
-                region,
-                view: stream.view,
-                sender: me,
-                incarnation: 0,
-            };
-            let silence = Silence {
-                last_seq: stream.sent_upto,
-                timestamp_us: now.as_micros(),
-                acked_upto: stream.stable_upto,
-            };
-            let Ok(len) = write_silence(buf, &header, &silence) else {
-                self.silence_queue.push_front(region);
-                return None;
-            };
-            stream.silence_pending = false;
-            stream.last_send = now;
-            stream.silences_since_data = stream.silences_since_data.saturating_add(1);
-            self.silences_pending -= 1;
-            self.out.stats.silences_sent += 1;
-            schedule_stream(&mut self.stream_timers, region, stream, &self.config);
-            return Some(Transmit {
-                destination: Destination::Region(region),
-                len,
-                priority: Priority::Data,
-            });
-        }
-        None
-    }
-
-    /// Recomputes every gauge from every stream (after timers and membership changes, which may
-    /// touch any region).
-    fn update_gauges(&mut self) {
-        let (outbound, regions, config) = (&self.outbound, &self.regions, &self.config);
-        self.gauge_shares
-            .retain(|r, _| outbound.contains_key(r) || regions.contains_key(r));
-        for &region in outbound.keys().chain(regions.keys()) {
-            let share = GaugeShare::of(region, outbound, regions, config);
-            // An existing key is overwritten in place: no allocation in steady state.
-            self.gauge_shares.insert(region, share);
-        }
-        let s = &mut self.out.stats;
-        let (mut unstable, mut held_msgs, mut held_bytes, mut cached) = (0, 0, 0, 0);
-        self.regions_with_gaps = self.gauge_shares.values().filter(|s| s.has_gaps).count();
-        for (&region, share) in &self.gauge_shares {
-            if share.has_gaps {
-                self.repair_scan_regions.insert(region);
-            }
-        }
-        for share in self.gauge_shares.values() {
-            unstable += share.unstable_msgs;
-            held_msgs += share.held_msgs;
-            held_bytes += share.held_bytes;
-            cached += share.cached_msgs;
-            s.unstable_msgs_max = s.unstable_msgs_max.max(share.unstable_msgs);
-            s.unstable_bytes_max = s.unstable_bytes_max.max(share.unstable_bytes);
-        }
-        s.unstable_msgs_current = unstable;
-        s.held_msgs_current = held_msgs;
-        s.held_bytes_current = held_bytes;
-        s.held_bytes_max = s.held_bytes_max.max(held_bytes);
-        s.cache_msgs_current = cached;
-        s.cache_msgs_max = s.cache_msgs_max.max(cached);
-        self.nack_windows.clear();
-        for window in self.gauge_shares.values().filter_map(|g| g.nack_window_min) {
-            *self.nack_windows.entry(window).or_default() += 1;
-        }
-        s.nack_window_msgs_current = self.nack_windows.keys().next().map_or(0, |&w| w as u64);
+        Ok(t)
     }
 
     /// [`Node::refresh_gauges`] for a region this node may have left (neither receiving nor
@@ -2034,9 +910,8 @@ impl Node {
     fn refresh_or_forget_gauges(&mut self, region: RegionId) {
         if self.outbound.contains_key(&region) || self.regions.contains_key(&region) {
             self.refresh_gauges(region);
-        } else if self.gauge_shares.contains_key(&region) {
-            self.set_gauge_share(region, GaugeShare::default());
-            self.gauge_shares.remove(&region);
+        } else {
+            self.gauges.forget(region, &mut self.out.stats);
         }
     }
 
@@ -2051,7 +926,7 @@ impl Node {
     /// a send, once per message): the inbound part, a pass over every inbound stream of the
     /// region, is kept as last computed (every change to it refreshes it).
     fn refresh_outbound_gauges(&mut self, region: RegionId) {
-        let Some(mut share) = self.gauge_shares.get(&region).copied() else {
+        let Some(mut share) = self.gauges.share(region) else {
             return self.refresh_gauges(region);
         };
         share.set_outbound(self.outbound.get(&region), &self.config);
@@ -2064,55 +939,30 @@ impl Node {
         self.set_gauge_share(region, share);
     }
 
-    /// Puts `share` in place of `region`'s part in the gauges and updates the totals by
-    /// difference.
+    /// Recomputes every gauge from every stream (a new node).
+    fn update_gauges(&mut self) {
+        self.gauges.recompute(
+            &self.outbound,
+            &self.regions,
+            &self.config,
+            &mut self.timers.repair_scan_regions,
+            &mut self.out.stats,
+        );
+    }
+
+    /// Puts `share` in place of `region`'s part in the gauges; a region that gains gaps enters
+    /// the repair scan.
     fn set_gauge_share(&mut self, region: RegionId, share: GaugeShare) {
-        // One look-up. A region seen for the first time (rare: membership changes refresh
-        // everything) starts from an empty part, which adds nothing to the totals.
-        let slot = self.gauge_shares.entry(region).or_default();
-        let old = *slot;
-        if old == share {
-            return;
-        }
-        *slot = share;
-        self.regions_with_gaps =
-            self.regions_with_gaps + usize::from(share.has_gaps) - usize::from(old.has_gaps);
-        if share.has_gaps && !old.has_gaps {
-            self.repair_scan_regions.insert(region);
-            if self.regions_with_gaps == 1 {
+        if self.gauges.set(region, share, &mut self.out.stats) {
+            self.timers.repair_scan_regions.insert(region);
+            if self.gauges.regions_with_gaps() == 1 {
                 // The first gap after a time without any: the scan comes when it is due
                 // (`repair_delay` after it was noticed, now). The periodic scan's phase was
                 // stale: a scan at once that found nothing due put the first request a whole
                 // `repair_interval` after the gap (5 ms, not 2), unless another timer (the
                 // doubt sample's, which woke every node ten times a second) had moved it.
-                self.next_repair_scan = self.input_at + self.config.repair_delay;
+                self.timers.repair_scan_at = self.input_at + self.config.repair_delay;
             }
-        }
-        let s = &mut self.out.stats;
-        // Each total includes the region's old part, so none of these can go below zero.
-        s.unstable_msgs_current = s.unstable_msgs_current + share.unstable_msgs - old.unstable_msgs;
-        s.held_msgs_current = s.held_msgs_current + share.held_msgs - old.held_msgs;
-        s.held_bytes_current = s.held_bytes_current + share.held_bytes - old.held_bytes;
-        s.cache_msgs_current = s.cache_msgs_current + share.cached_msgs - old.cached_msgs;
-        s.unstable_msgs_max = s.unstable_msgs_max.max(share.unstable_msgs);
-        s.unstable_bytes_max = s.unstable_bytes_max.max(share.unstable_bytes);
-        s.held_bytes_max = s.held_bytes_max.max(s.held_bytes_current);
-        s.cache_msgs_max = s.cache_msgs_max.max(s.cache_msgs_current);
-        if share.nack_window_min != old.nack_window_min {
-            // The new count first: the map never empties on the way, so its root stays
-            // allocated (no allocation per change in steady state).
-            if let Some(new) = share.nack_window_min {
-                *self.nack_windows.entry(new).or_default() += 1;
-            }
-            if let Some(old) = old.nack_window_min {
-                if let Some(count) = self.nack_windows.get_mut(&old) {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.nack_windows.remove(&old);
-                    }
-                }
-            }
-            s.nack_window_msgs_current = self.nack_windows.keys().next().map_or(0, |&w| w as u64);
         }
     }
 
@@ -2165,88 +1015,4 @@ impl Node {
             .map(|(&r, s)| (r, s.unstable_msgs()))
             .collect()
     }
-}
-
-fn silence_deadline(stream: &OutboundStream, config: &Config) -> Option<Time> {
-    if stream.sent_upto == 0 || stream.silence_pending {
-        return None;
-    }
-    let backoff = config.silence_backoff && !config.reads_doubt_horizons();
-    // The n-th silence since the last data waits 2^n intervals.
-    let backed_off = || {
-        config
-            .silence_interval
-            .saturating_mul(1 << stream.silences_since_data.min(16))
-    };
-    let interval = if stream.unstable_msgs() > 0 || stream.sent_upto < stream.last_seq() {
-        if backoff {
-            // Up to the idle interval.
-            backed_off().min(config.silence_idle_interval.max(config.silence_interval))
-        } else {
-            config.silence_interval
-        }
-    } else if backoff {
-        // Fully stable: from the idle interval on, up to its maximum.
-        backed_off().clamp(
-            config.silence_idle_interval,
-            config
-                .silence_idle_interval_max
-                .max(config.silence_idle_interval),
-        )
-    } else {
-        config.silence_idle_interval
-    };
-    Some(stream.last_send + interval)
-}
-
-/// `region`'s look-up cursor in `cursors` (a few streams per install, so a list), starting at
-/// the stream's front the first time.
-fn cursor_of(cursors: &mut Vec<(RegionId, usize)>, region: RegionId) -> &mut usize {
-    let at = match cursors.iter().position(|(r, _)| *r == region) {
-        Some(at) => at,
-        None => {
-            cursors.push((region, 0));
-            cursors.len() - 1
-        }
-    };
-    &mut cursors[at].1
-}
-
-/// What happens to a message of `origin` that became in order: handed to the application
-/// (`fresh` and a topic this node subscribes to), or counted as filtered or as delivered in an
-/// earlier view; returns whether the message is cached (its sequence number is in this node's
-/// caching partition).
-#[allow(clippy::too_many_arguments)] // the receive loop's disjoint borrows, passed apart
-fn deliver_in_order(
-    out: &mut Outbox,
-    origin: NodeId,
-    topics: &[TopicId],
-    delivers: Option<&BTreeSet<TopicId>>,
-    caching: CachingRule,
-    seq: u64,
-    msg: &InMsg,
-    fresh: bool,
-) -> bool {
-    if !fresh {
-        out.stats.view_duplicates_dropped += 1;
-    } else if topics.binary_search(&msg.topic).is_ok()
-        && delivers.is_none_or(|d| d.contains(&msg.topic))
-    {
-        out.stats.messages_delivered += 1;
-        out.events.push_back(Event::Deliver(Delivery {
-            origin,
-            topic: msg.topic,
-            msg_id: msg.msg_id,
-            timestamp_us: msg.timestamp_us,
-            payload: msg.payload.clone(),
-        }));
-    } else {
-        out.stats.messages_filtered += 1;
-        out.stats.bytes_filtered += msg.payload.len() as u64;
-    }
-    let cache = caching.caches(seq);
-    if cache {
-        out.stats.cache_inserts += 1;
-    }
-    cache
 }

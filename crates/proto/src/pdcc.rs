@@ -5,9 +5,14 @@
 //! leader, sender), each node consolidating them with the rule of Figure 5; the sender adjusts its
 //! publish rate with equations 1-3 and enforces it by admission at `publish`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tidings_wire::{NodeId, RegionId, ViewId};
+
 use crate::config::Config;
+use crate::outbox::{Control, Outbox};
+use crate::recv::InboundStream;
 use crate::time::Time;
 
 /// A rate on the wire: thousandths of tick-seconds per second; `u32::MAX` means "none".
@@ -165,6 +170,85 @@ impl UcaConsolidator {
             return Some(up);
         }
         None
+    }
+}
+
+/// Equations 6-8 at a receiver: its answer to a sender's congestion query (DCQ) about
+/// `stream`, from what the stream saw since the previous query (which this starts afresh).
+/// `position_us`: the sender's clock when it sent the query. `None`: the receiver keeps up.
+pub(crate) fn answer_dcq(
+    stream: &mut InboundStream,
+    position_us: u64,
+    config: &Config,
+) -> Option<(f64, f64)> {
+    let recovering = stream.ignored_since_dcq > 0;
+    stream.ignored_since_dcq = 0;
+    let lag = Duration::from_micros(position_us.saturating_sub(stream.doubt_horizon_us));
+    let queueing = stream.queue_delay.queueing();
+    // Fresh loss since the last query: what became known but did not arrive fresh.
+    let learnt = stream.known_max().saturating_sub(stream.known_at_dcq);
+    let loss = if learnt == 0 {
+        0.0
+    } else {
+        1.0 - (stream.fresh_since_dcq as f64 / learnt as f64).min(1.0)
+    };
+    stream.known_at_dcq = stream.known_max();
+    stream.fresh_since_dcq = 0;
+    uca_rates(stream.doubt_rate, recovering, lag, (queueing, loss), config)
+}
+
+/// A congestion alert (UCA) about one sender's stream: the query it answers and the smallest
+/// rates below (messages per second, of non-recovering and recovering receivers).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Alert {
+    pub(crate) origin: NodeId,
+    pub(crate) seq: u64,
+    pub(crate) nonrec: f64,
+    pub(crate) rec: f64,
+}
+
+/// Where a node passes alerts on in one region view: `parent`, the leader of the lowest ring it
+/// does not lead (the sender itself, for the region leader).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AlertRoute {
+    pub(crate) me: NodeId,
+    pub(crate) parent: NodeId,
+    pub(crate) region: RegionId,
+    pub(crate) view: ViewId,
+}
+
+/// Figure 5 at one node of one region: the alerts passing through it, consolidated per sender
+/// and passed up the ring hierarchy, one per query.
+#[derive(Debug, Default)]
+pub(crate) struct UcaRelay {
+    consolidators: BTreeMap<NodeId, UcaConsolidator>,
+}
+
+impl UcaRelay {
+    /// Folds `alert` in and, when it is the first of a new query, sends the consolidated alert
+    /// to `route.parent` (to this node's own rate controller when it is the sender).
+    pub(crate) fn relay(&mut self, alert: Alert, route: AlertRoute, out: &mut Outbox) {
+        let Some((seq, nonrec, rec)) = self.consolidators.entry(alert.origin).or_default().process(
+            alert.seq,
+            alert.nonrec,
+            alert.rec,
+        ) else {
+            return;
+        };
+        if route.parent == route.me {
+            out.self_ucas.push((seq, nonrec.min(rec)));
+            return;
+        }
+        out.stats.ucas_sent += 1;
+        out.control.push_back(Control::Uca {
+            to: route.parent,
+            region: route.region,
+            view: route.view,
+            origin: alert.origin,
+            seq,
+            nonrec: rate_to_milli(nonrec),
+            rec: rate_to_milli(rec),
+        });
     }
 }
 

@@ -54,9 +54,9 @@ pub(crate) struct OutboundStream {
     /// After a view change, nothing is sent before this time (receivers install the new view);
     /// `Time::ZERO` when not paused. Cleared by the node's timer.
     pub(crate) paused_until: Time,
-    /// The stream is in the node's queue of streams with unsent messages (`Node::data_ready`).
+    /// The stream is in the node's queue of streams with unsent messages (`SendQueue::data`).
     pub(crate) data_queued: bool,
-    /// Time of the stream's live entry in the node's stream timers (`Node::stream_timers`),
+    /// Time of the stream's live entry in the node's stream timers (`Timers::streams`),
     /// at or before its silence or pause deadline; `None` without one.
     pub(crate) timer_at: Option<Time>,
     /// Generation of that entry: older entries of this stream are skipped.

@@ -8,8 +8,8 @@ pub struct Stats {
     pub datagrams_sent: u64,
     /// Bytes handed out by `poll_transmit`.
     pub bytes_sent: u64,
-    /// Control packets dropped because the buffer given to `poll_transmit` could not hold them
-    /// (a buffer smaller than `max_datagram_bytes`, against its contract).
+    /// Control packets dropped because they did not fit `max_datagram_bytes` (a bug of this
+    /// crate; `poll_transmit` refuses shorter buffers up front).
     pub control_unsendable: u64,
     /// Datagrams given to `handle_datagram`.
     pub datagrams_received: u64,

@@ -86,7 +86,10 @@ impl Cluster {
             }
         }
         let mut buf = vec![0u8; 1472];
-        while let Some(t) = self.nodes[i].poll_transmit(self.now, &mut buf) {
+        while let Some(t) = self.nodes[i]
+            .poll_transmit(self.now, &mut buf)
+            .expect("the buffer holds max_datagram_bytes")
+        {
             let dests: Vec<usize> = match t.destination {
                 Destination::Node(n) => vec![n.0 as usize],
                 Destination::Region(r) => {
@@ -132,7 +135,7 @@ impl Cluster {
             .iter()
             .zip(&self.dead)
             .filter(|(_, dead)| !**dead)
-            .filter_map(|(n, _)| n.poll_timeout())
+            .filter_map(|(n, _)| n.poll_timeout().map(|(at, _)| at))
             .min();
         let Some(next) = [next_packet, next_timer].into_iter().flatten().min() else {
             return false;
@@ -156,7 +159,10 @@ impl Cluster {
             if self.dead[i] {
                 continue;
             }
-            if self.nodes[i].poll_timeout().is_some_and(|t| t <= self.now) {
+            if self.nodes[i]
+                .poll_timeout()
+                .is_some_and(|(t, _)| t <= self.now)
+            {
                 self.nodes[i].handle_timeout(self.now);
             }
             self.flush(i);
@@ -585,7 +591,7 @@ fn a_receiver_at_rest_does_not_wake_for_doubt_samples() {
     let end = c.now + Duration::from_secs(10);
     let mut wakes = 0;
     loop {
-        let due = c.nodes[1].poll_timeout();
+        let due = c.nodes[1].poll_timeout().map(|(at, _)| at);
         if !c.step(end) {
             break;
         }
@@ -919,7 +925,7 @@ fn a_group_datagram_of_an_unknown_region_is_foreign() {
         .publish(c.now, TopicId(2), Bytes::from_static(b"for region 2"))
         .unwrap();
     let mut buf = vec![0u8; 1472];
-    let t = c.nodes[0].poll_transmit(c.now, &mut buf).unwrap();
+    let t = c.nodes[0].poll_transmit(c.now, &mut buf).unwrap().unwrap();
     assert_eq!(t.destination, Destination::Region(region_2));
     let datagram = Bytes::copy_from_slice(&buf[..t.len]);
 

@@ -113,7 +113,8 @@ impl Harness {
             let now = self.now;
             let node = &mut self.nodes[i];
             let buf = &mut self.buf;
-            let Some(t) = self.counter.count(|| node.poll_transmit(now, buf)) else {
+            let polled = self.counter.count(|| node.poll_transmit(now, buf));
+            let Some(t) = polled.expect("the buffer holds max_datagram_bytes") else {
                 break;
             };
             let bytes = &self.buf[..t.len];
@@ -150,7 +151,11 @@ impl Harness {
             }
             self.flush(0);
             let next_packet = self.wire.front().map(|(t, ..)| *t);
-            let next_timer = self.nodes.iter().filter_map(Node::poll_timeout).min();
+            let next_timer = self
+                .nodes
+                .iter()
+                .filter_map(|n| n.poll_timeout().map(|(at, _)| at))
+                .min();
             let next = [next_packet, next_timer, Some(*next_publish)]
                 .into_iter()
                 .flatten()
@@ -164,7 +169,10 @@ impl Harness {
                 self.flush(to);
             }
             for i in 0..self.nodes.len() {
-                if self.nodes[i].poll_timeout().is_some_and(|t| t <= self.now) {
+                if self.nodes[i]
+                    .poll_timeout()
+                    .is_some_and(|(t, _)| t <= self.now)
+                {
                     let (node, now) = (&mut self.nodes[i], self.now);
                     self.counter.count(|| node.handle_timeout(now));
                 }

@@ -1673,7 +1673,13 @@ impl Core {
                 return TxOutcome::Expired;
             }
             let member = &mut self.member;
-            if self.tx.fill(|buf| member.poll_transmit(now, buf)) == 0 {
+            // The batch's slots are `max_datagram_bytes` long (`TxBatch::new`): never refused.
+            let pull = |buf: &mut [u8]| {
+                member
+                    .poll_transmit(now, buf)
+                    .expect("transmit slots hold max_datagram_bytes")
+            };
+            if self.tx.fill(pull) == 0 {
                 self.tx_more = false;
                 return TxOutcome::Idle;
             }

@@ -1011,7 +1011,10 @@ impl Host for SimHost {
             }
             self.fragments.extend(pieces.into_iter().map(|f| (to, f)));
         }
-        let t = self.member.poll_transmit(now, buf)?;
+        let t = self
+            .member
+            .poll_transmit(now, buf)
+            .expect("the world's transmit buffer holds max_datagram_bytes")?;
         let destination = match t.destination {
             Destination::Node(n) => Destination::Node(self.sim_id(n)),
             region => region,
