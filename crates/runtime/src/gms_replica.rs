@@ -118,6 +118,8 @@ pub struct ReplicaSnapshot {
     pub replica: ReplicaStats,
     /// Client datagrams from addresses that are not members (and not joins), dropped.
     pub unknown_sources: u64,
+    /// Removal notices sent, as the serving leader, to those sources (so they join again).
+    pub removal_notices: u64,
     /// Datagrams with neither framing, dropped.
     pub invalid_datagrams: u64,
     /// Replica datagrams from addresses that are not configured peers, dropped.
@@ -257,6 +259,7 @@ impl GmsReplicaServer {
             views_at_lead: 0,
             snapshots_restored: 0,
             unknown_sources: 0,
+            removal_notices: 0,
             invalid_datagrams: 0,
             foreign_replica_datagrams: 0,
             oversized: 0,
@@ -536,6 +539,7 @@ struct Host {
     /// Snapshots restored when the address table was last rebuilt.
     snapshots_restored: u64,
     unknown_sources: u64,
+    removal_notices: u64,
     invalid_datagrams: u64,
     foreign_replica_datagrams: u64,
     oversized: u64,
@@ -631,7 +635,27 @@ impl Host {
             }
             Ok(_) => match known {
                 Some(node) => self.replica.handle_client(now, Peer::Node(node), body),
-                None => self.unknown_sources += 1,
+                None => {
+                    self.unknown_sources += 1;
+                    // A serving leader has applied every committed entry, so its member table
+                    // is complete: a source it does not know is no member (the service lost
+                    // it, e.g. every replica restarted without its state, or removed it) and
+                    // is told so, to join again. Followers and a leader still catching up
+                    // cannot tell, and stay silent. Stamped with the term like every leader
+                    // message, so a client refuses it from a deposed leader (ADR 32 item 6).
+                    // One short reply per datagram.
+                    if self.replica.is_serving() {
+                        self.removal_notices += 1;
+                        let notice = GmsMessage::Stamped {
+                            term: self.replica.term(),
+                            msg: Box::new(GmsMessage::Update {
+                                seq: 0,
+                                items: vec![tidings_gms::Item::Removed],
+                            }),
+                        };
+                        let _ = self.socket.send_to(&frame(&notice), from);
+                    }
+                }
             },
         }
     }
@@ -803,6 +827,7 @@ impl Host {
             stats: self.replica.gms().stats().clone(),
             replica: self.replica.stats().clone(),
             unknown_sources: self.unknown_sources,
+            removal_notices: self.removal_notices,
             invalid_datagrams: self.invalid_datagrams,
             foreign_replica_datagrams: self.foreign_replica_datagrams,
             oversized: self.oversized,

@@ -4,6 +4,7 @@
 //! its subscriptions and publishers over, and the group goes on: the surviving subscriber
 //! receives, in order and without duplicates, everything published after the rejoin, and the
 //! publisher is not blocked (its unstable messages of the old incarnation are abandoned).
+//! The same holds for a replicated service whose replicas all restart without their state.
 
 // Tests bound their waits by wall time.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
@@ -11,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tidings::{GmsConfig, GmsLinkConfig, GmsServer, Node, Topic};
+use tidings::{GmsConfig, GmsLinkConfig, GmsReplicaServer, GmsServer, Node, ReplicaConfig, Topic};
 use tidings_gms::ClientConfig;
 
 const TOPIC: &str = "stateless-restart/t1";
@@ -140,4 +141,117 @@ fn nodes_rejoin_a_service_restarted_without_its_state() {
     publishing.shutdown().unwrap();
     survivor.shutdown().unwrap();
     restarted.shutdown();
+}
+
+fn replicated_node(servers: &[SocketAddr]) -> Node {
+    let mut link = GmsLinkConfig::replicated(servers.to_vec());
+    link.client = ClientConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        retransmit_interval: Duration::from_millis(50),
+        failover_timeout: Duration::from_millis(300),
+        ..link.client
+    };
+    link.leave_timeout = Duration::from_millis(500);
+    Node::builder()
+        .gms_replicas(servers)
+        .gms_link(link)
+        .start()
+        .unwrap()
+}
+
+fn replica_config(index: usize) -> ReplicaConfig {
+    ReplicaConfig {
+        gms: gms_config(),
+        index,
+        seed: 11 + index as u64,
+        ..ReplicaConfig::default()
+    }
+}
+
+/// Publishes until `sub` receives a message published after `from`, and returns that
+/// message's value.
+fn first_after(
+    publisher: &mut tidings::Publisher<u64>,
+    sub: &tidings::Subscription<u64>,
+    next: &mut u64,
+    from: u64,
+) -> u64 {
+    let since = Instant::now();
+    loop {
+        publisher.publish(next).unwrap();
+        *next += 1;
+        while let Ok(m) = sub.recv_timeout(Duration::from_millis(50)) {
+            if m.value >= from {
+                return m.value;
+            }
+        }
+        assert!(
+            since.elapsed() < WAIT,
+            "the subscriber got none of {} messages published since {from}",
+            *next - from
+        );
+    }
+}
+
+#[test]
+fn nodes_rejoin_a_replicated_service_whose_replicas_all_lost_their_state() {
+    let replicas = GmsReplicaServer::start_loopback(&replica_config(0), 3).unwrap();
+    let servers: Vec<SocketAddr> = replicas.iter().map(GmsReplicaServer::local_addr).collect();
+    let topic: Topic<u64> = Topic::new("stateless-restart/replicated").unwrap();
+    let publishing = replicated_node(&servers);
+    let subscribing = replicated_node(&servers);
+    let sub = subscribing.subscribe(&topic).unwrap();
+    let mut publisher = publishing.publisher(&topic).unwrap();
+    let mut next = 0u64;
+    first_after(&mut publisher, &sub, &mut next, 0);
+
+    // Every replica dies with its state; the group restarts empty on the same addresses.
+    for r in replicas {
+        r.shutdown();
+    }
+    let restarted: Vec<GmsReplicaServer> = servers
+        .iter()
+        .enumerate()
+        .map(|(i, &addr)| {
+            GmsReplicaServer::start(replica_config(i), servers.clone(), addr).unwrap()
+        })
+        .collect();
+    wait_for("both nodes joined the new service", || {
+        let (p, s) = (publishing.stats().ok()?, subscribing.stats().ok()?);
+        (p.runtime.gms_rejoins == 1 && s.runtime.gms_rejoins == 1).then_some(())
+    });
+    assert!(!publishing.stats().unwrap().runtime.gms_removed);
+    let notices: u64 = restarted
+        .iter()
+        .filter_map(GmsReplicaServer::snapshot)
+        .map(|s| s.removal_notices)
+        .sum();
+    assert!(
+        notices >= 2,
+        "the new leader told both nodes: {notices} notices"
+    );
+
+    // The group goes on: from its first message after the rejoin, the subscriber gets every
+    // message in order, once, and they become stable.
+    let first_new = next;
+    let first_seen = first_after(&mut publisher, &sub, &mut next, first_new);
+    let mut last = None;
+    for _ in 0..200 {
+        last = Some(publisher.publish(&next).unwrap());
+        next += 1;
+    }
+    for k in first_seen + 1..next {
+        assert_eq!(sub.recv_timeout(WAIT).unwrap().value, k);
+    }
+    publisher.wait_stable(last.unwrap(), WAIT).unwrap();
+    assert!(
+        sub.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a duplicate"
+    );
+    drop(sub);
+    publishing.shutdown().unwrap();
+    subscribing.shutdown().unwrap();
+    for r in restarted {
+        r.shutdown();
+    }
 }
