@@ -37,6 +37,7 @@ use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
 use crate::flow::Unread;
 use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
+use crate::oplog::{self, ViewLog};
 use crate::publish::{request_cost, PublishRequest, PublishRoom, PublisherCore};
 use crate::stats::{HeldTopicState, RuntimeStats, SubscriptionState};
 
@@ -451,6 +452,8 @@ pub(crate) struct Core {
     topic_names: BTreeMap<TopicId, String>,
     /// The regions stalled now (`MemberEvent::Stalled`).
     stalls: BTreeMap<RegionId, Stall>,
+    /// What the view lines compare against (`oplog`).
+    view_log: ViewLog,
 }
 
 impl std::fmt::Debug for Core {
@@ -565,6 +568,7 @@ impl Core {
             unjoined: BTreeMap::new(),
             topic_names: BTreeMap::new(),
             stalls: BTreeMap::new(),
+            view_log: ViewLog::default(),
         };
         core.sync_groups()?;
         core.look_at_deadline(now);
@@ -818,6 +822,8 @@ impl Core {
         match event {
             MemberEvent::Protocol(e) => self.on_protocol_event(e),
             MemberEvent::Installed { changed } => {
+                let membership = self.member.node().membership();
+                self.view_log.installed(membership, changed.as_deref());
                 if let Err(e) = self.installed(changed) {
                     self.install_error = Some(e.to_string());
                 }
@@ -839,13 +845,18 @@ impl Core {
                 // the metrics' labels.
                 self.topic_names.insert(topic, name);
             }
-            MemberEvent::Removed => self.stats.gms_removed = true,
+            MemberEvent::Removed => {
+                oplog::removed(self.member.is_leaving());
+                self.stats.gms_removed = true;
+            }
             MemberEvent::Left => self.shutdown = true,
             MemberEvent::Stalled(stall) => {
+                oplog::stalled(&stall);
                 self.stalls.insert(stall.region, stall);
                 self.shared.set_stalls(self.stalls.values());
             }
-            MemberEvent::StallCleared { region, .. } => {
+            MemberEvent::StallCleared { region, waited } => {
+                oplog::stall_cleared(region, waited);
                 self.stalls.remove(&region);
                 self.shared.set_stalls(self.stalls.values());
             }
@@ -1168,7 +1179,11 @@ impl Core {
             Event::Deliver(d) => self.on_delivery(d),
             Event::Stable(msg_id) => self.on_stable(msg_id),
             // Suspicions are the member's to report to the service.
-            Event::Suspect { .. } | Event::TokenRound { .. } => self.stats.other_events += 1,
+            Event::Suspect { region, node } => {
+                self.view_log.suspected(region, node);
+                self.stats.other_events += 1;
+            }
+            Event::TokenRound { .. } => self.stats.other_events += 1,
         }
     }
 
@@ -1850,6 +1865,11 @@ impl Core {
         s.stalls_reported = self.member.stats().stalls_reported;
         s.stalls = self.stalls.values().cloned().collect();
         let now = clock::now();
+        oplog::stalls_now(
+            &mut s.stalls,
+            self.member.node().oldest_unstable(),
+            now.as_micros(),
+        );
         let mut held: Vec<(&TopicId, &HeldTopic)> = self.held.iter().collect();
         held.sort_unstable_by_key(|(t, _)| **t);
         s.held_topics = held
