@@ -18,6 +18,11 @@ mod top;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Which log lines go to stderr: a level (`debug`) or `RUST_LOG`-style directives
+    /// (`warn,tidings::view=debug`). Default: `RUST_LOG`, else `info` for tidings' own lines
+    /// (`warn` for demo, bench and sim) and `warn` for the rest.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log_level: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -82,8 +87,45 @@ fn keygen(args: &KeygenArgs) -> ExitCode {
     }
 }
 
+/// Sends the runtime's log lines (stalls, view changes, the membership service's joins,
+/// removals and leaders) to stderr, filtered by `--log-level`, else `RUST_LOG`, else
+/// `default`.
+fn init_logs(log_level: Option<&str>, default: &str) -> Result<(), String> {
+    use tracing_subscriber::EnvFilter;
+    let filter = match (log_level, std::env::var("RUST_LOG").ok()) {
+        (Some(directives), _) => EnvFilter::try_new(directives),
+        (None, Some(env)) if !env.trim().is_empty() => EnvFilter::try_new(env),
+        (None, _) => EnvFilter::try_new(default),
+    }
+    .map_err(|e| format!("tidings: bad log filter: {e}"))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init()
+        .map_err(|e| format!("tidings: cannot set up logging: {e}"))
+}
+
+/// The log filter of a command without `--log-level` or `RUST_LOG`: the long-running
+/// processes say what their group does; the reports (demo, bench, sim) only what goes wrong.
+fn default_log_filter(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Gms(_) | Command::Node(_) | Command::Pub(_) | Command::Sub(_) => {
+            Some("warn,tidings=info")
+        }
+        // It owns the terminal: a line on stderr would tear its screen.
+        Command::Top(_) => None,
+        _ => Some("warn"),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(default) = default_log_filter(&cli.command) {
+        if let Err(e) = init_logs(cli.log_level.as_deref(), default) {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    }
     match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::DemoNode(args) => demo::run_node(&args),

@@ -150,10 +150,20 @@ pub struct RuntimeConfig {
     /// that a node with 100,000 topics does not make a 100 MB scrape. Default 100: what a dashboard can show. Within
     /// 1..=[`METRICS_TOPICS_MAX`].
     pub metrics_topics_max: usize,
+    /// Most streams (a sender's messages in a region: regions times senders) the metrics
+    /// endpoint labels one by one (`region="...",sender="..."`): those with gaps being
+    /// repaired first, then those caching the most; the rest are summed into
+    /// `region="other",sender="other"` (their gaps and cached messages; their sequence numbers
+    /// are left out, as they do not add up). Default 100, four series each. Within
+    /// 1..=[`METRICS_STREAMS_MAX`].
+    pub metrics_streams_max: usize,
 }
 
 /// Largest accepted [`RuntimeConfig::metrics_topics_max`].
 pub const METRICS_TOPICS_MAX: usize = 100_000;
+
+/// Largest accepted [`RuntimeConfig::metrics_streams_max`].
+pub const METRICS_STREAMS_MAX: usize = 100_000;
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
@@ -183,6 +193,7 @@ impl Default for RuntimeConfig {
             request_timeout: Duration::from_secs(5),
             thread_name: "tidings-core".to_owned(),
             metrics_topics_max: 100,
+            metrics_streams_max: 100,
         }
     }
 }
@@ -431,6 +442,13 @@ impl RuntimeConfig {
             return Err(invalid(
                 "metrics_topics_max",
                 self.metrics_topics_max,
+                "must be within 1..=100000",
+            ));
+        }
+        if !(1..=METRICS_STREAMS_MAX).contains(&self.metrics_streams_max) {
+            return Err(invalid(
+                "metrics_streams_max",
+                self.metrics_streams_max,
                 "must be within 1..=100000",
             ));
         }

@@ -37,6 +37,7 @@ use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
 use crate::flow::Unread;
 use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
+use crate::oplog::{self, ViewLog};
 use crate::publish::{request_cost, PublishRequest, PublishRoom, PublisherCore};
 use crate::stats::{HeldTopicState, RuntimeStats, SubscriptionState};
 
@@ -475,6 +476,8 @@ pub(crate) struct Core {
     topic_names: BTreeMap<TopicId, String>,
     /// The regions stalled now (`MemberEvent::Stalled`).
     stalls: BTreeMap<RegionId, Stall>,
+    /// What the view lines compare against (`oplog`).
+    view_log: ViewLog,
 }
 
 impl std::fmt::Debug for Core {
@@ -591,6 +594,7 @@ impl Core {
             unjoined: BTreeMap::new(),
             topic_names: BTreeMap::new(),
             stalls: BTreeMap::new(),
+            view_log: ViewLog::default(),
         };
         core.sync_groups()?;
         core.look_at_deadline(now);
@@ -845,6 +849,8 @@ impl Core {
         match event {
             MemberEvent::Protocol(e) => self.on_protocol_event(e),
             MemberEvent::Installed { changed } => {
+                let membership = self.member.node().membership();
+                self.view_log.installed(membership, changed.as_deref());
                 if let Err(e) = self.installed(changed) {
                     self.install_error = Some(e.to_string());
                 }
@@ -866,8 +872,17 @@ impl Core {
                 // the metrics' labels.
                 self.topic_names.insert(topic, name);
             }
-            MemberEvent::Removed => self.stats.gms_removed = true,
-            MemberEvent::Rejoined { abandoned, .. } => {
+            MemberEvent::Removed => {
+                oplog::removed(self.member.is_leaving());
+                self.stats.gms_removed = true;
+            }
+            MemberEvent::Rejoined {
+                old,
+                new,
+                incarnation,
+                abandoned,
+            } => {
+                oplog::rejoined(old, new, incarnation, abandoned.len());
                 self.stats.gms_rejoins += 1;
                 self.stats.messages_abandoned += abandoned.len() as u64;
                 // Never sent again: the publishers' windows let them go.
@@ -889,10 +904,12 @@ impl Core {
             }
             MemberEvent::Left => self.shutdown = true,
             MemberEvent::Stalled(stall) => {
+                oplog::stalled(&stall);
                 self.stalls.insert(stall.region, stall);
                 self.shared.set_stalls(self.stalls.values());
             }
-            MemberEvent::StallCleared { region, .. } => {
+            MemberEvent::StallCleared { region, waited } => {
+                oplog::stall_cleared(region, waited);
                 self.stalls.remove(&region);
                 self.shared.set_stalls(self.stalls.values());
             }
@@ -1222,7 +1239,11 @@ impl Core {
             Event::Deliver(d) => self.on_delivery(d),
             Event::Stable(msg_id) => self.on_stable(msg_id),
             // Suspicions are the member's to report to the service.
-            Event::Suspect { .. } | Event::TokenRound { .. } => self.stats.other_events += 1,
+            Event::Suspect { region, node } => {
+                self.view_log.suspected(region, node);
+                self.stats.other_events += 1;
+            }
+            Event::TokenRound { .. } => self.stats.other_events += 1,
         }
     }
 
@@ -1910,6 +1931,11 @@ impl Core {
         s.stalls_reported = self.member.stats().stalls_reported;
         s.stalls = self.stalls.values().cloned().collect();
         let now = clock::now();
+        oplog::stalls_now(
+            &mut s.stalls,
+            self.member.node().oldest_unstable(),
+            now.as_micros(),
+        );
         let mut held: Vec<(&TopicId, &HeldTopic)> = self.held.iter().collect();
         held.sort_unstable_by_key(|(t, _)| **t);
         s.held_topics = held

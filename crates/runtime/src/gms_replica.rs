@@ -274,7 +274,10 @@ impl GmsReplicaServer {
         host.rebuild_addresses();
         let thread = std::thread::Builder::new()
             .name(format!("tidings-gms-{index}"))
-            .spawn(move || host.run())?;
+            .spawn(crate::oplog::in_span(
+                tracing::info_span!(target: crate::oplog::GMS_TARGET, "gms_replica", index),
+                move || host.run(),
+            ))?;
         Ok(GmsReplicaServer {
             index,
             local_addr,
@@ -755,25 +758,29 @@ impl Host {
         while let Some(e) = self.replica.poll_event() {
             match e {
                 ReplicaEvent::Gms(GmsEvent::Joined(node)) => {
+                    crate::oplog::gms_joined(node);
                     if let Some(a) = self.replica.gms().member_addr(node) {
                         self.members.insert(node, a);
                         self.by_addr.insert(a, node);
                     }
                 }
                 ReplicaEvent::Gms(GmsEvent::Removed { node, cause }) => {
+                    crate::oplog::gms_removed(node, cause);
                     self.forget(node);
                     self.removed.push((node, cause, now));
                 }
                 ReplicaEvent::Gms(GmsEvent::TopicCreated { name, topic }) => {
                     self.topics.insert(name, topic);
                 }
-                ReplicaEvent::Leading { .. } => {
+                ReplicaEvent::Leading { term } => {
+                    crate::oplog::gms_leading(self.replica.config().index, term);
                     self.leading_since = Some(now);
                     self.first_view_leading = None;
                     self.views_at_lead = self.replica.gms().stats().views_issued;
                     self.rebuild_addresses();
                 }
-                ReplicaEvent::Following { .. } => {
+                ReplicaEvent::Following { term, leader } => {
+                    crate::oplog::gms_following(self.replica.config().index, term, leader);
                     self.leading_since = None;
                 }
             }

@@ -115,7 +115,10 @@ impl GmsServer {
         };
         let thread = std::thread::Builder::new()
             .name("tidings-gms".to_owned())
-            .spawn(move || host.run())?;
+            .spawn(crate::oplog::in_span(
+                tracing::info_span!(target: crate::oplog::GMS_TARGET, "gms"),
+                move || host.run(),
+            ))?;
         Ok(GmsServer {
             local_addr,
             stop,
@@ -312,12 +315,13 @@ impl Host {
                             self.by_addr.remove(&a);
                         }
                     }
+                    crate::oplog::gms_removed(node, cause);
                     self.removed.push((node, cause));
                 }
                 GmsEvent::TopicCreated { name, topic } => {
                     self.topics.insert(name, topic);
                 }
-                GmsEvent::Joined(_) => {}
+                GmsEvent::Joined(node) => crate::oplog::gms_joined(node),
             }
         }
     }

@@ -36,6 +36,7 @@ mod gms_replica;
 mod gms_server;
 mod metrics;
 mod net;
+mod oplog;
 mod publish;
 mod runtime;
 mod stats;
@@ -44,8 +45,8 @@ pub use addr::AddressBook;
 pub use clock::now;
 pub use config::{
     ConfigError, GmsLinkConfig, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,
-    CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT, METRICS_TOPICS_MAX,
-    PUBLISH_QUEUED_NODE_BYTES_MIN, PUBLISH_QUEUE_CAPACITY_MAX,
+    CONTROL_DSCP_DEFAULT, DELIVERY_BACKLOG_MSGS_MAX, DELIVERY_QUEUE_DEFAULT, METRICS_STREAMS_MAX,
+    METRICS_TOPICS_MAX, PUBLISH_QUEUED_NODE_BYTES_MIN, PUBLISH_QUEUE_CAPACITY_MAX,
 };
 pub use flow::{BottleneckState, Unread};
 pub use gms_replica::{
@@ -55,9 +56,10 @@ pub use gms_replica::{
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
 pub use metrics::{
     register_gms, register_node, register_replica, Collect, MetricsError, MetricsServer, Registry,
-    OTHER_TOPICS,
+    OTHER_STREAMS, OTHER_TOPICS,
 };
 pub use net::set_socket_buffers;
+pub use oplog::{GMS_TARGET, STALL_TARGET, VIEW_TARGET};
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};
 pub use stats::{

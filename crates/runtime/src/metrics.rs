@@ -21,7 +21,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 pub use prometheus_client::registry::Registry;
-use tidings_proto::TopicId;
+use tidings_proto::{StreamReport, TopicId};
 
 use crate::gms_replica::ReplicaSnapshot;
 use crate::gms_server::GmsSnapshot;
@@ -184,8 +184,15 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
 /// A node's metrics, labelled with its id; those of its topics and subscriptions also with
 /// the topic (its name, or its id where the node knows no name), at most `topics_max` topics
 /// one by one (the held ones first, then the busiest) and the rest summed into
-/// `topic="other"` (`RuntimeConfig::metrics_topics_max`).
-pub fn register_node(registry: &mut Registry, node: u32, s: &RuntimeStats, topics_max: usize) {
+/// `topic="other"` (`RuntimeConfig::metrics_topics_max`); those of its streams with the region
+/// and sender, at most `streams_max` one by one (`RuntimeConfig::metrics_streams_max`).
+pub fn register_node(
+    registry: &mut Registry,
+    node: u32,
+    s: &RuntimeStats,
+    topics_max: usize,
+    streams_max: usize,
+) {
     let r = registry.sub_registry_with_label((Cow::Borrowed("node"), Cow::Owned(node.to_string())));
     let p = &s.proto;
     let counters: [(&str, &str, u64); 33] = [
@@ -411,6 +418,7 @@ pub fn register_node(registry: &mut Registry, node: u32, s: &RuntimeStats, topic
          the oldest has waited, and the region's members (whom it waits for)",
         stalled,
     );
+    register_streams(r, &s.streams, streams_max);
     register_labelled(r, s, topics_max);
 }
 
@@ -504,42 +512,6 @@ fn register_labelled(r: &mut Registry, s: &RuntimeStats, topics_max: usize) {
         s.unstable_by_region
             .iter()
             .map(|(region, n)| (labels([("region", region.0.to_string())]), *n as f64)),
-    );
-    let stream = |st: &tidings_proto::StreamReport| {
-        labels([
-            ("region", st.region.0.to_string()),
-            ("sender", st.origin.0.to_string()),
-        ])
-    };
-    gauges(
-        r,
-        "stream_delivered_seq",
-        "Sequence number a sender's stream in a region is delivered up to, in order, at this node",
-        s.streams
-            .iter()
-            .map(|st| (stream(st), st.delivered_upto as f64)),
-    );
-    gauges(
-        r,
-        "stream_stable_seq",
-        "Sequence number a sender's stream in a region is known stable up to",
-        s.streams
-            .iter()
-            .map(|st| (stream(st), st.stable_upto as f64)),
-    );
-    gauges(
-        r,
-        "stream_missing_messages",
-        "Gaps of a sender's stream in a region this node knows of and repairs, now",
-        s.streams.iter().map(|st| (stream(st), st.missing as f64)),
-    );
-    gauges(
-        r,
-        "stream_cached_messages",
-        "Messages of a sender's stream in a region this node caches for repairs, now",
-        s.streams
-            .iter()
-            .map(|st| (stream(st), st.cached_now as f64)),
     );
     gauges(
         r,
@@ -661,6 +633,80 @@ fn register_labelled(r: &mut Registry, s: &RuntimeStats, topics_max: usize) {
          when the acknowledgement that made it stable arrived",
         SnapshotHistogram::from(&s.time_to_stable),
     );
+}
+
+/// The label value of the region and sender of the streams past `metrics_streams_max`.
+pub const OTHER_STREAMS: &str = "other";
+
+/// The per-stream series: at most `streams_max` streams one by one (those with gaps first,
+/// then those caching the most, then by region and sender), the others summed into
+/// `region="other",sender="other"` (gaps and cached messages only: sequence numbers of
+/// different streams do not add up).
+fn register_streams(r: &mut Registry, streams: &[StreamReport], streams_max: usize) {
+    gauge(
+        r,
+        "streams",
+        "Streams (a sender's messages in a region) this node receives; labelled one by one up \
+         to metrics_streams_max",
+        streams.len() as u64,
+    );
+    let mut ranked: Vec<&StreamReport> = streams.iter().collect();
+    ranked.sort_unstable_by(|a, b| {
+        (b.missing, b.cached_now)
+            .cmp(&(a.missing, a.cached_now))
+            .then((a.region, a.origin).cmp(&(b.region, b.origin)))
+    });
+    let rest = ranked.split_off(streams_max.min(ranked.len()));
+    let stream = |st: &StreamReport| {
+        labels([
+            ("region", st.region.0.to_string()),
+            ("sender", st.origin.0.to_string()),
+        ])
+    };
+    let other = || {
+        labels([
+            ("region", OTHER_STREAMS.to_owned()),
+            ("sender", OTHER_STREAMS.to_owned()),
+        ])
+    };
+    type Value = fn(&StreamReport) -> u64;
+    // Each family's rows: the kept streams one by one, then the others' sum if there are any.
+    let rows = |value: Value, summed: bool| {
+        let kept = ranked.iter().map(move |st| (stream(st), value(st) as f64));
+        let others = (summed && !rest.is_empty())
+            .then(|| (other(), rest.iter().map(|st| value(st) as f64).sum()));
+        kept.chain(others)
+    };
+    let families: [(&str, &str, Value, bool); 4] = [
+        (
+            "stream_delivered_seq",
+            "Sequence number a sender's stream in a region is delivered up to, in order, at \
+             this node",
+            |st| st.delivered_upto,
+            false,
+        ),
+        (
+            "stream_stable_seq",
+            "Sequence number a sender's stream in a region is known stable up to",
+            |st| st.stable_upto,
+            false,
+        ),
+        (
+            "stream_missing_messages",
+            "Gaps of a sender's stream in a region this node knows of and repairs, now",
+            |st| st.missing,
+            true,
+        ),
+        (
+            "stream_cached_messages",
+            "Messages of a sender's stream in a region this node caches for repairs, now",
+            |st| st.cached_now,
+            true,
+        ),
+    ];
+    for (name, help, value, summed) in families {
+        gauges(r, name, help, rows(value, summed));
+    }
 }
 
 /// Topics with a subscription at this node.

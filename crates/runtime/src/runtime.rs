@@ -253,7 +253,10 @@ impl NodeRuntime {
         let scheduler = Scheduler::new(config.sched.clone())?;
         let thread = std::thread::Builder::new()
             .name(config.thread_name.clone())
-            .spawn(move || core.run())?;
+            .spawn(crate::oplog::in_span(
+                tracing::info_span!(target: crate::oplog::VIEW_TARGET, "node", id = me.0),
+                move || core.run(),
+            ))?;
         Ok(NodeRuntime {
             me,
             shared,
@@ -593,6 +596,7 @@ impl NodeRuntime {
         let timeout = self.config.request_timeout;
         let me = self.me.0;
         let topics_max = self.config.metrics_topics_max;
+        let streams_max = self.config.metrics_streams_max;
         crate::metrics::MetricsServer::start(
             bind,
             Box::new(move |registry| {
@@ -604,7 +608,7 @@ impl NodeRuntime {
                 let stats = answer
                     .recv_timeout(timeout)
                     .map_err(|_| "the node did not answer in time".to_owned())?;
-                crate::metrics::register_node(registry, me, &stats, topics_max);
+                crate::metrics::register_node(registry, me, &stats, topics_max, streams_max);
                 Ok(())
             }),
         )

@@ -6,6 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tidings_gms::{GmsConfig, ReplicaConfig};
@@ -75,11 +76,57 @@ fn a_replica_serves_its_metrics_with_its_role() {
     }
 }
 
+/// Log lines written to memory, for a test to read.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl tracing_subscriber::fmt::MakeWriter<'_> for Captured {
+    type Writer = Captured;
+
+    fn make_writer(&self) -> Captured {
+        self.clone()
+    }
+}
+
+/// The value of the first sample of `name` in a scrape.
+fn sample(scrape: &str, name: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 #[test]
 fn a_stalled_publisher_names_the_members_it_waits_for() {
     use std::collections::BTreeMap;
     use tidings_proto::{Config, Membership, NodeId, TopicId};
     use tidings_runtime::{AddressBook, NodeRuntime, RuntimeConfig};
+
+    // The nodes' threads log to the subscriber in force where they start.
+    let logs = Captured::default();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_env_filter("tidings=info")
+            .finish(),
+    );
 
     // Node 0 publishes on topic 1, which nodes 1 and 2 subscribe to (one region).
     let subs: BTreeMap<NodeId, Vec<TopicId>> = [(0, vec![]), (1, vec![1]), (2, vec![1])]
@@ -151,12 +198,96 @@ fn a_stalled_publisher_names_the_members_it_waits_for() {
         std::thread::sleep(Duration::from_millis(50));
     };
     // The message waits in the region's window.
-    let window = r
-        .lines()
-        .find(|l| l.starts_with("tidings_region_unstable_messages{node=\"0\","))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    let window = sample(&r, "tidings_region_unstable_messages{node=\"0\",");
     assert_eq!(window, Some(1.0), "{r}");
+    // The log says so once, naming the members, in the node's span.
+    let text = logs.text();
+    let stalled: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("publisher stalled"))
+        .collect();
+    assert_eq!(stalled.len(), 1, "{text}");
+    for part in [
+        "WARN",
+        "node{id=0}",
+        "tidings::stall",
+        "region=",
+        "members=1,2",
+    ] {
+        assert!(stalled[0].contains(part), "{part} missing: {text}");
+    }
+    // The oldest message's wait grows from scrape to scrape.
+    let stall = "tidings_stalled_region_wait_seconds{node=\"0\",";
+    let before = sample(&r, stall).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let after = sample(&request(metrics.local_addr(), "GET", "/metrics"), stall).unwrap();
+    assert!(after >= before + 0.25, "{before} s, then {after} s");
     drop(metrics);
     drop(nodes.remove(0).shutdown());
     drop(sender.shutdown());
+}
+
+#[test]
+fn streams_past_the_bound_roll_up_into_other() {
+    use tidings_proto::{NodeId, RegionId, StreamReport};
+    use tidings_runtime::{register_node, MetricsServer, RuntimeStats};
+
+    // Ten streams (five regions, two senders each), three labelled one by one: the two with
+    // gaps, then the one caching the most.
+    let streams: Vec<StreamReport> = (0..10u32)
+        .map(|i| StreamReport {
+            region: RegionId(i / 2),
+            partitions: 1,
+            origin: NodeId(i % 2 + 1),
+            delivered_upto: 100,
+            stable_upto: 90,
+            cached_total: 10,
+            cached_now: u64::from(i),
+            missing: u64::from(i == 2 || i == 7),
+            doubt_horizon_us: 0,
+            doubt_rate: None,
+        })
+        .collect();
+    let stats = RuntimeStats {
+        streams,
+        ..RuntimeStats::default()
+    };
+    let server = MetricsServer::start(
+        loopback(),
+        Box::new(move |registry| {
+            register_node(registry, 0, &stats, 100, 3);
+            Ok(())
+        }),
+    )
+    .unwrap();
+    let r = request(server.local_addr(), "GET", "/metrics");
+    let series = |name: &str| -> Vec<&str> {
+        r.lines()
+            .filter(|l| l.starts_with(&format!("tidings_{name}{{")))
+            .collect()
+    };
+    assert!(
+        series("streams").contains(&"tidings_streams{node=\"0\"} 10"),
+        "{r}"
+    );
+    let missing = series("stream_missing_messages");
+    assert_eq!(missing.len(), 4, "{r}");
+    for kept in [
+        "region=\"1\",sender=\"1\"",
+        "region=\"3\",sender=\"2\"",
+        "region=\"4\",sender=\"2\"",
+    ] {
+        assert!(
+            missing.iter().any(|l| l.contains(kept)),
+            "{kept} not kept: {r}"
+        );
+    }
+    // The seven others: no gaps, 0+1+3+4+5+6+8 cached.
+    let other = "{node=\"0\",region=\"other\",sender=\"other\"}";
+    let of_others = |name: &str| sample(&r, &format!("tidings_{name}{other}"));
+    assert_eq!(of_others("stream_missing_messages"), Some(0.0), "{r}");
+    assert_eq!(of_others("stream_cached_messages"), Some(27.0), "{r}");
+    // Sequence numbers of different streams do not add up: none for other.
+    assert_eq!(series("stream_delivered_seq").len(), 3, "{r}");
+    assert_eq!(series("stream_stable_seq").len(), 3, "{r}");
 }
