@@ -8,48 +8,18 @@
 // Tests bound their waits by wall time.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tidings::{
-    GmsConfig, GmsLinkConfig, GmsReplicaServer, Node, ReplicaConfig, ReplicaHostConfig,
-    ReplicaSnapshot, Topic,
-};
-use tidings_gms::ClientConfig;
+use tidings::{GmsReplicaServer, Node, ReplicaConfig, ReplicaHostConfig, ReplicaSnapshot, Topic};
 use tidings_runtime::{replica_data_dir, STATE_FILE};
 
 const TOPIC: &str = "replica-disk/t1";
 /// Bound of every wait of the test.
 const WAIT: Duration = Duration::from_secs(20);
-
-fn replica_config() -> ReplicaConfig {
-    ReplicaConfig {
-        gms: GmsConfig {
-            heartbeat_timeout: Duration::from_millis(600),
-            suspicion_timeout: Duration::from_millis(300),
-            retransmit_interval: Duration::from_millis(50),
-            ..GmsConfig::default()
-        },
-        ..ReplicaConfig::default()
-    }
-}
-
-fn node(servers: &[SocketAddr]) -> Node {
-    let mut link = GmsLinkConfig::replicated(servers.to_vec());
-    link.client = ClientConfig {
-        heartbeat_interval: Duration::from_millis(100),
-        retransmit_interval: Duration::from_millis(50),
-        failover_timeout: Duration::from_millis(300),
-        ..link.client
-    };
-    link.leave_timeout = Duration::from_millis(500);
-    Node::builder()
-        .gms_replicas(servers)
-        .gms_link(link)
-        .start()
-        .unwrap()
-}
 
 /// A directory of its own, removed when dropped (the test passing or not).
 struct TempDir(PathBuf);
@@ -75,15 +45,8 @@ impl Drop for TempDir {
     }
 }
 
-fn wait_for<T>(what: &str, mut done: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(t) = done() {
-            return t;
-        }
-        assert!(start.elapsed() < WAIT, "{what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn wait_for<T>(what: &str, done: impl FnMut() -> Option<T>) -> T {
+    common::wait_for(what, WAIT, done)
 }
 
 /// The serving replica's snapshot, with its index in `replicas`.
@@ -102,15 +65,15 @@ fn view_changes(node: &Node) -> u64 {
 #[test]
 fn a_replica_restarted_from_its_data_dir_rejoins_and_the_group_goes_on() {
     let dir = TempDir::new();
-    let config = replica_config();
+    let config = common::replica_config();
     let started = GmsReplicaServer::start_loopback_in(&config, 3, Some(&dir.0)).unwrap();
     let peers: Vec<SocketAddr> = started.iter().map(GmsReplicaServer::local_addr).collect();
     let mut replicas: Vec<Option<GmsReplicaServer>> = started.into_iter().map(Some).collect();
     let topic: Topic<u64> = Topic::new(TOPIC).unwrap();
 
-    let a = node(&peers);
+    let a = common::node(&peers);
     let _sub_a = a.subscribe(&topic).unwrap();
-    let b = node(&peers);
+    let b = common::node(&peers);
     let _sub_b = b.subscribe(&topic).unwrap();
     let (first_leader, _) = wait_for("a leader with both members", || {
         leader(&replicas).filter(|(_, s)| s.members.len() == 2)
@@ -126,7 +89,7 @@ fn a_replica_restarted_from_its_data_dir_rejoins_and_the_group_goes_on() {
 
     // The group changes while it is down: a third member joins and subscribes.
     let views_a = view_changes(&a);
-    let c = node(&peers);
+    let c = common::node(&peers);
     let c_id = c.id();
     let _sub_c = c.subscribe(&topic).unwrap();
     wait_for("a installs the view with c", || {
@@ -205,14 +168,14 @@ fn a_replica_restarted_from_its_data_dir_rejoins_and_the_group_goes_on() {
 #[test]
 fn the_one_process_service_restarted_from_its_data_dir_keeps_its_group() {
     let dir = TempDir::new();
-    let config = replica_config();
+    let config = common::replica_config();
     let started = GmsReplicaServer::start_loopback_in(&config, 1, Some(&dir.0)).unwrap();
     let peers: Vec<SocketAddr> = started.iter().map(GmsReplicaServer::local_addr).collect();
     let mut service = started.into_iter().next();
     let first: Topic<u64> = Topic::new(TOPIC).unwrap();
 
-    let a = node(&peers);
-    let b = node(&peers);
+    let a = common::node(&peers);
+    let b = common::node(&peers);
     let sub_b = b.subscribe(&first).unwrap();
     let mut publisher = a.publisher(&first).unwrap();
     for k in 0..100 {
@@ -264,7 +227,7 @@ fn the_one_process_service_restarted_from_its_data_dir_keeps_its_group() {
     let last = publisher.publish(&100).unwrap();
     assert_eq!(sub_b.recv_timeout(WAIT).unwrap().value, 100);
     publisher.wait_stable(last, WAIT).unwrap();
-    let c = node(&peers);
+    let c = common::node(&peers);
     let sub_c = c.subscribe(&first).unwrap();
     // The subscription is in force at c when `subscribe` returns; the publisher learns of c
     // with its next view, so it publishes until c's first message arrives, and c then gets

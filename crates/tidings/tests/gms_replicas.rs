@@ -10,16 +10,15 @@
 // Tests bound their waits by wall time.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidings::{
-    GmsConfig, GmsLinkConfig, GmsReplicaServer, Node, ReplicaConfig, ReplicaSnapshot, Topic,
-};
-use tidings_gms::ClientConfig;
+use tidings::{GmsLinkConfig, GmsReplicaServer, Node, ReplicaSnapshot, Topic};
 
 /// Set in the child: the replicas' addresses, comma-separated.
 const CHILD: &str = "TIDINGS_GMS_REPLICAS_TEST_CHILD";
@@ -34,41 +33,15 @@ const KILL_SUBSCRIBER_AT: u64 = 700;
 /// Bound of every wait of the test.
 const WAIT: Duration = Duration::from_secs(30);
 
-fn gms_config() -> GmsConfig {
-    GmsConfig {
-        heartbeat_timeout: Duration::from_millis(600),
-        suspicion_timeout: Duration::from_millis(300),
-        retransmit_interval: Duration::from_millis(50),
-        ..GmsConfig::default()
-    }
-}
-
-fn replica_config() -> ReplicaConfig {
-    ReplicaConfig {
-        gms: gms_config(),
-        ..ReplicaConfig::default()
-    }
-}
-
+/// The link of [`common::link`], with suspicions reported every 100 ms.
 fn link(servers: &[SocketAddr]) -> GmsLinkConfig {
-    let mut link = GmsLinkConfig::replicated(servers.to_vec());
-    link.client = ClientConfig {
-        heartbeat_interval: Duration::from_millis(100),
-        retransmit_interval: Duration::from_millis(50),
-        failover_timeout: Duration::from_millis(300),
-        ..link.client
-    };
-    link.leave_timeout = Duration::from_millis(500);
+    let mut link = common::link(servers);
     link.suspect_interval = Duration::from_millis(100);
     link
 }
 
 fn node(servers: &[SocketAddr]) -> Node {
-    Node::builder()
-        .gms_replicas(servers)
-        .gms_link(link(servers))
-        .start()
-        .unwrap()
+    common::node_over(servers, link(servers))
 }
 
 /// The child: a subscriber that says it is ready (with its node id) and then takes deliveries
@@ -126,7 +99,7 @@ fn the_group_survives_the_gms_leader_and_a_subscriber_crashing() {
         run_child(&addrs);
         return;
     }
-    let mut replicas = GmsReplicaServer::start_loopback(&replica_config(), 3).unwrap();
+    let mut replicas = GmsReplicaServer::start_loopback(&common::replica_config(), 3).unwrap();
     let servers: Vec<SocketAddr> = replicas.iter().map(GmsReplicaServer::local_addr).collect();
     let leader = serving(&replicas, 0);
     let old_term = replicas[leader].snapshot().unwrap().term;
@@ -210,7 +183,7 @@ fn the_group_survives_the_gms_leader_and_a_subscriber_crashing() {
         .find(|(n, _, _)| n.0 == victim)
         .map(|&(_, _, at)| at.saturating_duration_since(subscriber_killed))
         .expect("the killed subscriber is removed");
-    let config = replica_config();
+    let config = common::replica_config();
     let detection = config.gms.heartbeat_timeout + config.gms.suspicion_timeout;
     let election = config.tick_interval
         * u32::try_from(config.election_ticks + config.election_spread_ticks).unwrap();

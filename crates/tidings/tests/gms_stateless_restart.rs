@@ -9,55 +9,30 @@
 // Tests bound their waits by wall time.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tidings::{GmsConfig, GmsLinkConfig, GmsReplicaServer, GmsServer, Node, ReplicaConfig, Topic};
-use tidings_gms::ClientConfig;
+use tidings::{GmsReplicaServer, GmsServer, ReplicaConfig, Topic};
 
 const TOPIC: &str = "stateless-restart/t1";
 /// Bound of every wait of the test.
 const WAIT: Duration = Duration::from_secs(20);
 
-fn gms_config() -> GmsConfig {
-    GmsConfig {
-        heartbeat_timeout: Duration::from_millis(600),
-        suspicion_timeout: Duration::from_millis(300),
-        retransmit_interval: Duration::from_millis(50),
-        ..GmsConfig::default()
-    }
-}
-
-fn node(gms: SocketAddr) -> Node {
-    let mut link = GmsLinkConfig::new(gms);
-    link.client = ClientConfig {
-        heartbeat_interval: Duration::from_millis(100),
-        retransmit_interval: Duration::from_millis(50),
-        ..link.client
-    };
-    link.leave_timeout = Duration::from_millis(500);
-    Node::builder().gms(gms).gms_link(link).start().unwrap()
-}
-
-fn wait_for<T>(what: &str, mut done: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(t) = done() {
-            return t;
-        }
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_for<T>(what: &str, done: impl FnMut() -> Option<T>) -> T {
+    common::wait_for(what, WAIT, done)
 }
 
 #[test]
 fn nodes_rejoin_a_service_restarted_without_its_state() {
-    let service = GmsServer::start(gms_config(), SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let service =
+        GmsServer::start(common::gms_config(), SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
     let addr = service.local_addr();
     let topic: Topic<u64> = Topic::new(TOPIC).unwrap();
-    let publishing = node(addr);
-    let survivor = node(addr);
-    let victim = node(addr);
+    let publishing = common::node(&[addr]);
+    let survivor = common::node(&[addr]);
+    let victim = common::node(&[addr]);
     let sub = survivor.subscribe(&topic).unwrap();
     let sub_victim = victim.subscribe(&topic).unwrap();
     let mut publisher = publishing.publisher(&topic).unwrap();
@@ -84,7 +59,7 @@ fn nodes_rejoin_a_service_restarted_without_its_state() {
         publisher.publish(&next).unwrap();
         next += 1;
     }
-    let restarted = GmsServer::start(gms_config(), addr).unwrap();
+    let restarted = GmsServer::start(common::gms_config(), addr).unwrap();
     wait_for("every live node joined again", || {
         let (p, s) = (publishing.stats().ok()?, survivor.stats().ok()?);
         (p.runtime.gms_rejoins == 1 && s.runtime.gms_rejoins == 1).then_some(())
@@ -143,28 +118,11 @@ fn nodes_rejoin_a_service_restarted_without_its_state() {
     restarted.shutdown();
 }
 
-fn replicated_node(servers: &[SocketAddr]) -> Node {
-    let mut link = GmsLinkConfig::replicated(servers.to_vec());
-    link.client = ClientConfig {
-        heartbeat_interval: Duration::from_millis(100),
-        retransmit_interval: Duration::from_millis(50),
-        failover_timeout: Duration::from_millis(300),
-        ..link.client
-    };
-    link.leave_timeout = Duration::from_millis(500);
-    Node::builder()
-        .gms_replicas(servers)
-        .gms_link(link)
-        .start()
-        .unwrap()
-}
-
 fn replica_config(index: usize) -> ReplicaConfig {
     ReplicaConfig {
-        gms: gms_config(),
         index,
         seed: 11 + index as u64,
-        ..ReplicaConfig::default()
+        ..common::replica_config()
     }
 }
 
@@ -198,8 +156,8 @@ fn nodes_rejoin_a_replicated_service_whose_replicas_all_lost_their_state() {
     let replicas = GmsReplicaServer::start_loopback(&replica_config(0), 3).unwrap();
     let servers: Vec<SocketAddr> = replicas.iter().map(GmsReplicaServer::local_addr).collect();
     let topic: Topic<u64> = Topic::new("stateless-restart/replicated").unwrap();
-    let publishing = replicated_node(&servers);
-    let subscribing = replicated_node(&servers);
+    let publishing = common::node(&servers);
+    let subscribing = common::node(&servers);
     let sub = subscribing.subscribe(&topic).unwrap();
     let mut publisher = publishing.publisher(&topic).unwrap();
     let mut next = 0u64;
