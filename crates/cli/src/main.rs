@@ -20,7 +20,7 @@ struct Cli {
     command: Command,
     /// Which log lines go to stderr: a level (`debug`) or `RUST_LOG`-style directives
     /// (`warn,tidings::view=debug`). Default: `RUST_LOG`, else `info` for tidings' own lines
-    /// (`warn` for demo, bench and sim) and `warn` for the rest.
+    /// of `gms` and `node` and `warn` for everything else.
     #[arg(long, global = true, value_name = "FILTER")]
     log_level: Option<String>,
 }
@@ -106,12 +106,11 @@ fn init_logs(log_level: Option<&str>, default: &str) -> Result<(), String> {
 }
 
 /// The log filter of a command without `--log-level` or `RUST_LOG`: the long-running
-/// processes say what their group does; the reports (demo, bench, sim) only what goes wrong.
+/// services and nodes say what their group does; `pub` and `sub`, whose stderr carries their
+/// own status lines, and the reports (demo, bench, sim) only what goes wrong.
 fn default_log_filter(command: &Command) -> Option<&'static str> {
     match command {
-        Command::Gms(_) | Command::Node(_) | Command::Pub(_) | Command::Sub(_) => {
-            Some("warn,tidings=info")
-        }
+        Command::Gms(_) | Command::Node(_) => Some("warn,tidings=info"),
         // It owns the terminal: a line on stderr would tear its screen.
         Command::Top(_) => None,
         _ => Some("warn"),
