@@ -71,8 +71,8 @@ pub(super) struct Lead {
     /// The last release found nothing to carry: the lead has no deadline until something
     /// touches its region ([`RegionState::wake_leads`]). A release with nothing to carry sends
     /// nothing and changes nothing but `next_release`, so sleeping through those releases and
-    /// waking on the ring's grid is the same protocol; a node alone in thousands of quiet
-    /// regions no longer fires a timer per region every token interval.
+    /// waking on the ring's grid is the same protocol, and a node alone in thousands of quiet
+    /// regions fires no timer per region every token interval.
     pub(super) dormant: bool,
     /// When the previous round came back (token pacing measures its senders' rates from it).
     pub(super) last_round_at: Option<Time>,
