@@ -901,6 +901,15 @@ impl Core {
                 if let Some(tasks) = self.subscriptions_moving.remove(&old) {
                     self.subscriptions.entry(new).or_default().extend(tasks);
                 }
+                if let Some(mut held) = self.held.remove(&old) {
+                    // Still full: the new node holds the topic too, and what the old one had
+                    // delivered goes on waiting, under the topic's new id.
+                    for d in &mut held.backlog {
+                        d.topic = new;
+                    }
+                    self.member.hold_topic(new);
+                    self.held.insert(new, held);
+                }
             }
             MemberEvent::Left => self.shutdown = true,
             MemberEvent::Stalled(stall) => {
@@ -1363,6 +1372,11 @@ impl Core {
         topics.extend(self.held.keys().copied());
         topics.sort_unstable();
         for &topic in &topics {
+            if self.subscriptions_moving.contains_key(&topic) {
+                // Its name is not bound again after a rejoin yet: its subscriptions wait
+                // apart, and so does its backlog.
+                continue;
+            }
             let Some(mut held) = self.held.remove(&topic) else {
                 continue;
             };

@@ -213,3 +213,86 @@ fn nodes_rejoin_a_replicated_service_whose_replicas_all_lost_their_state() {
         r.shutdown();
     }
 }
+
+/// A subscription full when its service restarts without state: the topic stays held across
+/// the rejoin, under its new id, and what the old node had delivered but not handed on waits
+/// for the reader instead of being dropped. The reader gets the queue's messages and then the
+/// held ones, in order with no gap, and later messages once it reads again.
+#[test]
+fn a_held_topic_stays_held_across_a_rejoin() {
+    const CAPACITY: usize = 8;
+    let service =
+        GmsServer::start(common::gms_config(), SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = service.local_addr();
+    let topic: Topic<u64> = Topic::new("stateless-restart/held").unwrap();
+    let publishing = common::node(&[addr]);
+    let subscribing = common::node(&[addr]);
+    let sub = subscribing
+        .subscription(&topic)
+        .capacity(CAPACITY)
+        .subscribe()
+        .unwrap();
+    let mut publisher = publishing.publisher(&topic).unwrap();
+    let mut next = 0u64;
+    // Unread: the queue fills and the topic is held at the subscriber's node.
+    wait_for("the unread subscription holds its topic", || {
+        if next < 4 * CAPACITY as u64 {
+            publisher.publish(&next).unwrap();
+            next += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let stats = subscribing.stats().ok()?;
+        (stats.runtime.delivery_stalls >= 1).then_some(())
+    });
+
+    service.shutdown();
+    let restarted = GmsServer::start(common::gms_config(), addr).unwrap();
+    wait_for("both nodes joined again", || {
+        let (p, s) = (publishing.stats().ok()?, subscribing.stats().ok()?);
+        (p.runtime.gms_rejoins == 1 && s.runtime.gms_rejoins == 1).then_some(())
+    });
+    let dropped = subscribing.stats().unwrap().runtime.deliveries_unsubscribed;
+
+    // The queue's messages, then at least one held back at the old node, without a gap.
+    for k in 0..=CAPACITY as u64 {
+        assert_eq!(sub.recv_timeout(WAIT).unwrap().value, k);
+    }
+    // The hold ends once the reader has room, and the topic goes on: what is published now
+    // arrives, in order.
+    let mut last = CAPACITY as u64;
+    let first_new = next;
+    let since = Instant::now();
+    let final_sent = loop {
+        assert!(
+            since.elapsed() < WAIT,
+            "nothing published after the rejoin arrived"
+        );
+        for _ in 0..4 * CAPACITY {
+            publisher.publish(&next).unwrap();
+            next += 1;
+        }
+        while let Ok(m) = sub.recv_timeout(Duration::from_millis(50)) {
+            assert!(m.value > last, "{} after {last}", m.value);
+            last = m.value;
+        }
+        if last >= first_new {
+            break next - 1;
+        }
+    };
+    while last < final_sent {
+        let m = sub.recv_timeout(WAIT).unwrap();
+        assert_eq!(m.value, last + 1);
+        last = m.value;
+    }
+    let stats = subscribing.stats().unwrap().runtime;
+    assert!(stats.topic_releases >= 1, "{stats:?}");
+    assert_eq!(
+        stats.deliveries_unsubscribed, dropped,
+        "held messages were dropped"
+    );
+    drop(sub);
+    publishing.shutdown().unwrap();
+    subscribing.shutdown().unwrap();
+    restarted.shutdown();
+}
