@@ -86,6 +86,9 @@ pub struct ClientStats {
     pub unknown_replica: u64,
     /// Moves to another replica because the one talked to was silent.
     pub failovers: u64,
+    /// Heartbeats sent at a failover to the replicas other than the next one, so the leader
+    /// (or a follower naming it) answers in one round trip even when replicas are down.
+    pub failover_probes: u64,
     /// Moves to the leader a follower named.
     pub redirects: u64,
     /// Joins again after the service forgot this node ([`ClientEvent::Rejoining`]).
@@ -182,6 +185,9 @@ pub struct GmsClient {
     incarnation: u32,
     /// Failovers since a message was last taken from the replica talked to.
     silent_failovers: usize,
+    /// Replicas still to get a heartbeat of the last failover (see
+    /// [`ClientStats::failover_probes`]).
+    failover_probes: Vec<usize>,
 }
 
 impl GmsClient {
@@ -225,6 +231,7 @@ impl GmsClient {
             leaving: false,
             incarnation: 0,
             silent_failovers: 0,
+            failover_probes: Vec::new(),
         })
     }
 
@@ -805,8 +812,17 @@ impl GmsClient {
                 // leader for ever.
                 self.term = 0;
             }
-            self.move_to((self.target + 1) % self.config.replicas);
+            let next = (self.target + 1) % self.config.replicas;
+            self.move_to(next);
             self.heard_at = Some(now);
+            if let State::Member(_) = self.state {
+                // Asking one replica after another costs a failover timeout for every replica
+                // that is down on the way; asking all at once finds the leader in one round
+                // trip. The old one too: its answers may only have been lost.
+                self.failover_probes.clear();
+                self.failover_probes
+                    .extend((0..self.config.replicas).filter(|&r| r != next));
+            }
         }
         match self.state {
             State::Removed => {}
@@ -946,7 +962,12 @@ impl GmsClient {
                 ));
             }
         }
-        self.outbox.pop_front().map(|m| (self.target, m))
+        if let Some(m) = self.outbox.pop_front() {
+            return Some((self.target, m));
+        }
+        let replica = self.failover_probes.pop()?;
+        self.stats.failover_probes += 1;
+        Some((replica, GmsMessage::Heartbeat))
     }
 
     /// The next event.

@@ -444,6 +444,44 @@ fn a_new_leader_takes_over_after_the_leader_crashes_during_churn() {
     }
 }
 
+/// Two replicas down, the next one a client would try among them: at its failover a client asks
+/// every replica at once, so it reaches the new leader one failover timeout after it last heard
+/// the old one, not one per dead replica on the way, and no live member is removed.
+#[test]
+fn clients_find_the_new_leader_past_dead_replicas_in_one_failover() {
+    let mut c = Cluster::new(5, 5, 6, 0.0);
+    c.run_until(at(2000), &mut |_| {});
+    let old = c.leader().expect("a leader");
+    // The replica after the leader, where a client would go first, is down too.
+    c.crash((old + 1) % 5);
+    c.crash(old);
+    let crashed = c.now;
+    let mut settled = None;
+    c.run_until(at(8000), &mut |c: &mut Cluster| {
+        let Some(leader) = c.leader() else { return };
+        if settled.is_none() && c.clients.iter().all(|client| client.replica() == leader) {
+            settled = Some(c.now);
+        }
+    });
+    let settled = settled.expect("the clients never settled on a new leader");
+    let failover = ClientConfig::default().failover_timeout;
+    // Every client talks to the new leader within one failover timeout of the crash and a
+    // little more (about 1.2 s here; 2.7 s when a client asks one replica after another).
+    let took = settled.saturating_duration_since(crashed);
+    assert!(took < failover + ms(500), "took {took:?}");
+    let leader = c.leader().expect("a leader");
+    let members = c.replicas[leader]
+        .as_ref()
+        .map_or(0, |r| r.gms().members().count());
+    assert_eq!(members, 6, "a live member was removed");
+    assert!(c.clients.iter().all(|client| !client.is_removed()));
+    assert!(c
+        .clients
+        .iter()
+        .any(|client| client.stats().failover_probes > 0));
+    check_converged(&c);
+}
+
 #[test]
 fn the_same_seed_gives_the_same_trace() {
     let (_, a) = leader_crash(11, 3, 0.05);
