@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // the receive window); `--token-ms T`: the token interval.
     let mut protocol = tidings_proto::Config::default();
     if let Some(w) = arg("--window") {
-        protocol.window_msgs_max = w;
+        protocol.window.msgs_max = w;
         protocol.receive_window_msgs = protocol.receive_window_msgs.max(2 * w);
     }
     if let Some(t) = arg("--token-ms") {
@@ -56,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let max_datagram = tidings_proto::Config::default().max_datagram_bytes;
     println!(
         "protocol: window_msgs_max {}, token_interval {:?}",
-        protocol.window_msgs_max, protocol.token_interval
+        protocol.window.msgs_max, protocol.token_interval
     );
     println!(
         "transport: {}; warm-up {warmup:?}, measured {duration:?} per run; {} cores",

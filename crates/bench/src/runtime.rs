@@ -45,7 +45,7 @@ pub struct BenchSpec {
     /// How region datagrams leave the publisher.
     pub transport: Transport,
     /// The protocol configuration of every node. With the defaults, a sender's throughput is
-    /// bounded by `window_msgs_max` unstable messages per time to stability (about one
+    /// bounded by `window.msgs_max` unstable messages per time to stability (about one
     /// `token_interval`): 16384 / 100 ms = 164 k messages/s.
     pub protocol: Config,
 }

@@ -18,7 +18,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tidings::GmsConfig;
 use tidings_bench::runtime::{self as rt_bench, RawMode, RawTarget};
-use tidings_proto::{Membership, NodeId, RegionId, TopicId};
+use tidings_proto::{CongestionControl, Membership, NodeId, RegionId, TopicId};
 use tidings_runtime::{AddressBook, GmsServer, MulticastConfig, Transport};
 
 #[path = "bench_sys.rs"]
@@ -313,13 +313,17 @@ impl ChildSpec {
         let mut protocol = tidings::NodeBuilder::default_protocol_config();
         if let Some(w) = self.window {
             let w = usize::try_from(w).unwrap_or(usize::MAX);
-            protocol.window_msgs_max = w;
+            protocol.window.msgs_max = w;
             // The byte window must not close first: 1 KiB per message of the window.
-            protocol.window_bytes_max = protocol.window_bytes_max.max(w.saturating_mul(1024));
+            protocol.window.bytes_max = protocol.window.bytes_max.max(w.saturating_mul(1024));
             protocol.receive_window_msgs = protocol.receive_window_msgs.max(2 * w);
         }
         if let Some(on) = self.congestion_control {
-            protocol.congestion_control = on;
+            protocol.congestion.control = if on {
+                CongestionControl::Pdcc
+            } else {
+                CongestionControl::None
+            };
         }
         if let Some(d) = self.max_datagram_bytes {
             protocol.max_datagram_bytes = usize::try_from(d).unwrap_or(usize::MAX);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use tidings_bench::regions::{regions_report, RegionsParams};
-use tidings_proto::Config;
+use tidings_proto::{Config, CongestionControl, RecoveryPacing};
 use tidings_sim::fault::FaultSpec;
 use tidings_sim::horus::PaperScenario;
 use tidings_sim::{MembershipKind, Progress, Scenario};
@@ -373,10 +373,14 @@ fn scenario(a: &ScenarioArgs, faults: FaultSpec, seed: u64) -> Scenario {
     if let Some(ms) = a.token_interval_ms {
         proto.token_interval = Duration::from_millis(ms);
     }
-    proto.congestion_control = a.congestion_control;
-    proto.adaptive_nack_window = a.adaptive_nack_window;
+    if a.congestion_control {
+        proto.congestion.control = CongestionControl::Pdcc;
+    }
+    if a.adaptive_nack_window {
+        proto.recovery.pacing = RecoveryPacing::Sdcc;
+    }
     if let Some(w) = a.window {
-        proto.window_msgs_max = w;
+        proto.window.msgs_max = w;
         proto.receive_window_msgs = proto.receive_window_msgs.max(w);
     }
     Scenario {

@@ -69,7 +69,7 @@ impl GaugeShare {
             (self.held_msgs, self.held_bytes) = (0, 0);
             return;
         };
-        debug_assert!(stream.unstable_msgs() as usize <= config.window_msgs_max);
+        debug_assert!(stream.unstable_msgs() as usize <= config.window.msgs_max);
         debug_assert!(stream.stable_upto <= stream.sent_upto);
         self.unstable_msgs = stream.unstable_msgs();
         self.unstable_bytes = stream.unstable_bytes() as u64;

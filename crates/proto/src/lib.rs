@@ -9,6 +9,7 @@ pub mod membership;
 mod node;
 mod outbox;
 mod pdcc;
+mod policy;
 mod ranges;
 mod recv;
 mod region;
@@ -19,7 +20,10 @@ mod stats;
 pub mod time;
 mod timers;
 
-pub use config::{Config, ConfigError, WindowAlgorithm};
+pub use config::{
+    Config, ConfigError, CongestionConfig, CongestionControl, RecoveryConfig, RecoveryPacing,
+    WindowAlgorithm, WindowConfig,
+};
 pub use event::{Delivery, Event};
 pub use node::{BufferTooSmall, Node, PublishError, StreamReport, Transmit};
 pub use stats::Stats;

@@ -18,6 +18,7 @@ use crate::event::{Delivery, Event};
 use crate::gauges::{GaugeShare, Gauges};
 use crate::membership::{Membership, MembershipChange};
 use crate::outbox::Outbox;
+use crate::policy::{Congestion, CongestionPolicy};
 use crate::region::{OwnedRecord, RegionState};
 use crate::send::{OutMsg, OutboundStream, StabilityTracker};
 use crate::send_queue::SendQueue;
@@ -147,8 +148,8 @@ pub struct Node {
     floors_shared: std::sync::Arc<BTreeMap<(NodeId, TopicId), u64>>,
     /// The records of the last token received, kept so the next token reuses the list.
     token_records: Vec<OwnedRecord>,
-    /// The publish rate of congestion control (PDCC).
-    rate: crate::pdcc::RateController,
+    /// The congestion control policy and its state (PDCC's publish rate, or none).
+    congestion: Congestion,
     /// The deadlines, by the timer they serve.
     timers: Timers,
     /// The regions a periodic scan visited (reused, so that scans do not allocate).
@@ -199,7 +200,7 @@ impl Node {
             .map(|r| (r.region, r))
             .collect();
         let rng = fastrand::Rng::with_seed(config.rng_seed ^ (u64::from(me.0) << 32));
-        let rate = crate::pdcc::RateController::new(now, &config);
+        let congestion = Congestion::new(now, &config);
         Ok(Node {
             config,
             me,
@@ -216,7 +217,7 @@ impl Node {
             msg_id_floors: BTreeMap::new(),
             floors_shared: std::sync::Arc::default(),
             token_records: Vec::new(),
-            rate,
+            congestion,
             timers: Timers::new(now),
             scanned_regions: Vec::new(),
             receiving: false,
@@ -393,8 +394,8 @@ impl Node {
             self.out.stats.publish_would_block += 1;
             return Err((PublishError::WouldBlock { region }, payload));
         }
-        if self.config.congestion_control && !regions.is_empty() {
-            if let Err(retry_at) = self.rate.admit(now, &self.config) {
+        if !regions.is_empty() {
+            if let Err(retry_at) = self.congestion.admit(now, &self.config) {
                 self.out.stats.publish_rate_limited += 1;
                 self.timers.rate_retry_at = Some(retry_at);
                 return Err((PublishError::RateLimited { retry_at }, payload));
@@ -719,7 +720,7 @@ impl Node {
         if self.timers.rate_retry_at.is_some_and(|t| now >= t) {
             self.timers.rate_retry_at = None;
         }
-        if self.config.congestion_control && now >= self.rate.next_dcq {
+        if self.congestion.next_query().is_some_and(|at| now >= at) {
             self.query_congestion(now);
         }
         // The periodic scans concern inbound streams only (their doubt rates, NACK windows and
@@ -777,8 +778,11 @@ impl Node {
             .streams
             .peek()
             .map(|Reverse((at, ..))| (*at, Timer::Stream));
-        let dcq = (self.config.congestion_control && !self.outbound.is_empty())
-            .then_some((self.rate.next_dcq, Timer::CongestionQuery));
+        let dcq = self
+            .congestion
+            .next_query()
+            .filter(|_| !self.outbound.is_empty())
+            .map(|at| (at, Timer::CongestionQuery));
         let rate_retry = self.timers.rate_retry_at.map(|at| (at, Timer::RateRetry));
         let others = rings
             .into_iter()

@@ -12,6 +12,7 @@ use tidings_wire::{NodeId, RegionId, ViewId};
 
 use crate::config::Config;
 use crate::outbox::{Control, Outbox};
+use crate::policy::CongestionPolicy;
 use crate::recv::InboundStream;
 use crate::time::Time;
 
@@ -37,19 +38,19 @@ pub(crate) fn milli_to_rate(milli: u32) -> f64 {
 /// recovering; infinity for "not this kind").
 ///
 /// A receiver is recovering if it ignored messages beyond its receive window (paper 002, section
-/// 4) or if its doubt horizon trails the sender's position by more than `pdcc_delta_t_s`. The
-/// paper's receive window is a span of ticks, so ignoring messages beyond it means "lagging by a
-/// significant amount"; ours counts messages and must hold the sender's whole window
+/// 4) or if its doubt horizon trails the sender's position by more than `congestion.delta_t_s`.
+/// The paper's receive window is a span of ticks, so ignoring messages beyond it means "lagging
+/// by a significant amount"; ours counts messages and must hold the sender's whole window
 /// (`Config::validate`), so a receiver catching up a backlog the sender still holds never ignores
 /// anything, and without the lag it would never count as recovering: equation 8 and
-/// `pdcc_delta_t_rec` would have no effect (the Fig. 16 experiment found this). Such a receiver
-/// must now gain on the sender by `delta_t_rec` (eq. 8) instead of alerting on every query until
-/// it caught up, whatever its progress (eq. 7).
+/// `congestion.delta_t_rec` would have no effect (the Fig. 16 experiment found this). Such a
+/// receiver must gain on the sender by `delta_t_rec` (eq. 8) instead of alerting on every query
+/// until it caught up, whatever its progress (eq. 7).
 ///
 /// A non-recovering receiver's falling rate (eq. 6) counts only if its fresh messages also meet
-/// at least `pdcc_queue_delay_threshold` of queueing, or at least `pdcc_loss_threshold` of them
-/// are lost: repairing random loss stalls the doubt horizon without delaying new messages, while
-/// a filling queue delays them, and a full shallow one drops many.
+/// at least `congestion.queue_delay_threshold` of queueing, or at least `congestion.loss_threshold`
+/// of them are lost: repairing random loss stalls the doubt horizon without delaying new
+/// messages, while a filling queue delays them, and a full shallow one drops many.
 pub(crate) fn uca_rates(
     rate: Option<f64>,
     recovering: bool,
@@ -58,15 +59,15 @@ pub(crate) fn uca_rates(
     config: &Config,
 ) -> Option<(f64, f64)> {
     let t = rate?;
-    let recovering = recovering || lag > config.pdcc_delta_t_s;
-    let queue_grew =
-        queueing >= config.pdcc_queue_delay_threshold || loss >= config.pdcc_loss_threshold;
-    let queue_stands = !config.pdcc_standing_queue_threshold.is_zero()
-        && queueing >= config.pdcc_standing_queue_threshold;
+    let recovering = recovering || lag > config.congestion.delta_t_s;
+    let queue_grew = queueing >= config.congestion.queue_delay_threshold
+        || loss >= config.congestion.loss_threshold;
+    let queue_stands = !config.congestion.standing_queue_threshold.is_zero()
+        && queueing >= config.congestion.standing_queue_threshold;
     if recovering {
         // Eq. 8: a recovering receiver must gain on the sender by at least delta_t_rec.
-        (t < 1.0 + config.pdcc_delta_t_rec).then_some((f64::INFINITY, t))
-    } else if (t < 1.0 - config.pdcc_delta_t_nonrec && queue_grew) || queue_stands {
+        (t < 1.0 + config.congestion.delta_t_rec).then_some((f64::INFINITY, t))
+    } else if (t < 1.0 - config.congestion.delta_t_nonrec && queue_grew) || queue_stands {
         // Eq. 6 (falling behind), or a queue that still stands although the rate fell below the
         // bottleneck's: the alert holds the rate (no increase while alerts come) and lowers it if
         // the queue does not drain (the rate does not improve). Eq. 7 (slowly drifting more than
@@ -86,7 +87,7 @@ pub(crate) struct QueueDelay {
     /// Least `arrival - timestamp` (microseconds) in the current sample interval.
     interval_min_us: Option<i64>,
     /// Least delays of the last intervals, oldest first (at most the history asked for, see
-    /// `Config::pdcc_queue_delay_baseline`).
+    /// `CongestionConfig::queue_delay_baseline`).
     history: std::collections::VecDeque<i64>,
     /// The latest interval's least delay.
     current_us: Option<i64>,
@@ -280,9 +281,9 @@ pub(crate) struct RateController {
     /// feedback loop, which grows with the queue at a bottleneck the DCQs wait in.
     feedback_delay: Duration,
     /// Sequence number of the last DCQ sent.
-    pub(crate) dcq_seq: u64,
+    dcq_seq: u64,
     /// When the next DCQ goes out.
-    pub(crate) next_dcq: Time,
+    next_dcq: Time,
 }
 
 impl RateController {
@@ -303,22 +304,30 @@ impl RateController {
             dcq_sent_at: std::collections::VecDeque::new(),
             feedback_delay: Duration::ZERO,
             dcq_seq: 0,
-            next_dcq: now + config.pdcc_dcq_interval,
+            next_dcq: now + config.congestion.dcq_interval,
         }
     }
+}
 
+/// PDCC as a congestion policy: DCQs on `dcq_interval`, the publish rate of equations 1-3 set by
+/// the UCAs that answer them and enforced by a token bucket at `publish`.
+impl CongestionPolicy for RateController {
     /// The publish rate in force (messages per second), if throttled.
-    pub(crate) fn rate(&self) -> Option<f64> {
+    fn rate(&self) -> Option<f64> {
         self.rate
     }
 
+    fn next_query(&self) -> Option<Time> {
+        Some(self.next_dcq)
+    }
+
     /// Admission of one message at `now`: `Err(retry_at)` if the rate does not allow it yet.
-    pub(crate) fn admit(&mut self, now: Time, config: &Config) -> Result<(), Time> {
+    fn admit(&mut self, now: Time, config: &Config) -> Result<(), Time> {
         let Some(rate) = self.rate else {
             self.published_in_interval += 1;
             return Ok(());
         };
-        let burst = (rate * config.pdcc_burst.as_secs_f64()).max(1.0);
+        let burst = (rate * config.congestion.burst.as_secs_f64()).max(1.0);
         let elapsed = now.saturating_duration_since(self.tokens_at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * rate).min(burst);
         self.tokens_at = now;
@@ -335,7 +344,7 @@ impl RateController {
     /// Time for a DCQ: measures the publish rate of the interval, raises the rate after
     /// `t_noUCA` without alerts while throttled (eq. 1), and returns the new DCQ's sequence
     /// number.
-    pub(crate) fn on_dcq_timer(&mut self, now: Time, config: &Config) -> u64 {
+    fn on_query_timer(&mut self, now: Time, config: &Config) -> u64 {
         let elapsed = now
             .saturating_duration_since(self.interval_start)
             .as_secs_f64();
@@ -349,15 +358,16 @@ impl RateController {
             // waits behind data in a bottleneck's queue comes back late, and alerts then arrive
             // further apart than t_noUCA while the queue grows (Figs. 12-15 at 30%: the rate
             // rose twice while the queue grew, and the next decrease was then eq. 2's tiny one).
-            let silence = config.pdcc_t_no_uca + self.feedback_delay;
+            let silence = config.congestion.t_no_uca + self.feedback_delay;
             if self.throttled && now.saturating_duration_since(self.last_uca_at) >= silence {
                 // Eq. 1, with r_min at least a share of the rate: Table 1's fixed r_min was
                 // sized for hundreds of messages per second.
                 let rate_min_increase = config
-                    .pdcc_rate_min_increase
-                    .max(config.pdcc_rate_min_increase_share * old);
+                    .congestion
+                    .rate_min_increase
+                    .max(config.congestion.rate_min_increase_share * old);
                 let new = (old + rate_min_increase)
-                    .max(old + config.pdcc_f_incr * (old - self.rate_at_decrease));
+                    .max(old + config.congestion.f_incr * (old - self.rate_at_decrease));
                 self.rate = Some(new);
                 self.throttled = false;
                 self.last_uca_at = now;
@@ -367,13 +377,13 @@ impl RateController {
         }
         self.dcq_seq += 1;
         if self.rate.is_some()
-            && now.saturating_duration_since(self.decreased_at) < config.pdcc_decrease_holdoff
+            && now.saturating_duration_since(self.decreased_at) < config.congestion.decrease_holdoff
         {
             // The receivers cannot show the last decrease yet (their smoothed rates lag, and
             // the queue built before it still drains): alerts answering this query do not count.
             self.seq_after_decrease = self.dcq_seq + 1;
         }
-        self.next_dcq = now + config.pdcc_dcq_interval;
+        self.next_dcq = now + config.congestion.dcq_interval;
         if self.dcq_sent_at.len() == DCQ_SENT_HISTORY {
             self.dcq_sent_at.pop_front();
         }
@@ -382,7 +392,7 @@ impl RateController {
     }
 
     /// A UCA reached the sender: maybe decrease the rate (eqs. 2-3).
-    pub(crate) fn on_uca(&mut self, now: Time, seq: u64, value: f64, config: &Config) {
+    fn on_feedback(&mut self, now: Time, seq: u64, value: f64, config: &Config) {
         self.last_uca_at = now;
         // An answer older than the history took at least as long as the oldest entry.
         let sent = self
@@ -404,14 +414,15 @@ impl RateController {
         }
         let old = self
             .rate
-            .unwrap_or_else(|| self.measured_rate.max(config.pdcc_rate_min_increase));
+            .unwrap_or_else(|| self.measured_rate.max(config.congestion.rate_min_increase));
         let new = if self.rate_at_decrease != old {
-            (config.pdcc_f_decr1 * old)
-                .max(self.rate_at_decrease + config.pdcc_f_decr2 * (old - self.rate_at_decrease))
+            (config.congestion.f_decr1 * old).max(
+                self.rate_at_decrease + config.congestion.f_decr2 * (old - self.rate_at_decrease),
+            )
         } else {
-            config.pdcc_f_decr1 * old
+            config.congestion.f_decr1 * old
         };
-        let new = new.max(config.pdcc_rate_floor);
+        let new = new.max(config.congestion.rate_floor);
         self.rate = Some(new);
         self.rate_at_decrease = new;
         self.seq_after_decrease = self.dcq_seq + 1;
@@ -423,6 +434,7 @@ impl RateController {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{CongestionConfig, CongestionControl};
 
     fn ms(m: u64) -> Time {
         Time::ZERO + Duration::from_millis(m)
@@ -430,7 +442,10 @@ mod tests {
 
     fn on() -> Config {
         Config {
-            congestion_control: true,
+            congestion: CongestionConfig {
+                control: CongestionControl::Pdcc,
+                ..Default::default()
+            },
             ..Config::default()
         }
     }
@@ -444,19 +459,25 @@ mod tests {
         // A stalled horizon alone (repairing random loss) is not congestion...
         assert_eq!(uca_rates(Some(0.9), false, none, (none, 0.0), &c), None);
         // ...it is when fresh messages queue up too.
-        let queued = c.pdcc_queue_delay_threshold;
+        let queued = c.congestion.queue_delay_threshold;
         assert_eq!(
             uca_rates(Some(0.9), false, none, (queued, 0.0), &c),
             Some((0.9, f64::INFINITY))
         );
         // ...or when many fresh messages are lost (a full shallow queue).
         assert_eq!(
-            uca_rates(Some(0.9), false, none, (none, c.pdcc_loss_threshold), &c),
+            uca_rates(
+                Some(0.9),
+                false,
+                none,
+                (none, c.congestion.loss_threshold),
+                &c
+            ),
             Some((0.9, f64::INFINITY))
         );
         // More than delta_t_s behind the sender (eq. 7) is recovering: it must gain on the
         // sender by delta_t_rec (eq. 8), and does not alert once it does.
-        let behind = c.pdcc_delta_t_s + Duration::from_secs(1);
+        let behind = c.congestion.delta_t_s + Duration::from_secs(1);
         assert_eq!(
             uca_rates(Some(1.0), false, behind, (none, 0.0), &c),
             Some((f64::INFINITY, 1.0))
@@ -471,7 +492,10 @@ mod tests {
         let deep = Duration::from_millis(300);
         assert_eq!(uca_rates(Some(1.1), false, none, (deep, 0.0), &c), None);
         let hold = Config {
-            pdcc_standing_queue_threshold: deep,
+            congestion: CongestionConfig {
+                standing_queue_threshold: deep,
+                ..on().congestion
+            },
             ..on()
         };
         assert_eq!(
@@ -525,13 +549,13 @@ mod tests {
         for k in 0..1000 {
             assert!(r.admit(ms(k), &c).is_ok(), "unthrottled before any alert");
         }
-        let seq = r.on_dcq_timer(ms(1000), &c);
+        let seq = r.on_query_timer(ms(1000), &c);
         assert_eq!(seq, 1);
         // First alert: eq. 3 halves the measured rate (1000 msgs/s).
-        r.on_uca(ms(1010), 1, 0.5, &c);
+        r.on_feedback(ms(1010), 1, 0.5, &c);
         assert_eq!(r.rate(), Some(500.0));
         // An alert answering a query sent before the decrease is ignored.
-        r.on_uca(ms(1020), 1, 0.4, &c);
+        r.on_feedback(ms(1020), 1, 0.4, &c);
         assert_eq!(r.rate(), Some(500.0));
         // The bucket holds the rate: about 500 of 1000 attempts in a second pass.
         let admitted = (0..1000)
@@ -539,61 +563,67 @@ mod tests {
             .count();
         assert!((450..=560).contains(&admitted), "admitted {admitted}");
         // An improving alert does not lower the rate; a worse one does (eq. 3: r_decr == r_old).
-        r.on_dcq_timer(ms(2000), &c);
-        r.on_uca(ms(2010), 2, 0.6, &c);
+        r.on_query_timer(ms(2000), &c);
+        r.on_feedback(ms(2010), 2, 0.6, &c);
         assert_eq!(r.rate(), Some(500.0));
-        r.on_uca(ms(2020), 2, 0.3, &c);
+        r.on_feedback(ms(2020), 2, 0.3, &c);
         assert_eq!(r.rate(), Some(250.0));
         // No alert for t_noUCA while throttled: eq. 1 raises the rate.
         let _ = r.admit(ms(2021), &c);
         let _ = (0..10).map(|_| r.admit(ms(2021), &c)).count();
-        r.on_dcq_timer(ms(3000), &c);
-        r.on_dcq_timer(ms(4100), &c);
+        r.on_query_timer(ms(3000), &c);
+        r.on_query_timer(ms(4100), &c);
         assert!(r.rate().is_some_and(|x| x > 250.0), "rate {:?}", r.rate());
     }
 
     #[test]
     fn alerts_to_queries_within_the_holdoff_after_a_decrease_do_not_count() {
         let c = Config {
-            pdcc_decrease_holdoff: Duration::from_millis(1500),
+            congestion: CongestionConfig {
+                decrease_holdoff: Duration::from_millis(1500),
+                ..on().congestion
+            },
             ..on()
         };
         let mut r = RateController::new(ms(0), &c);
         for k in 0..1000 {
             let _ = r.admit(ms(k), &c);
         }
-        assert_eq!(r.on_dcq_timer(ms(1000), &c), 1);
-        r.on_uca(ms(1010), 1, 0.5, &c);
+        assert_eq!(r.on_query_timer(ms(1000), &c), 1);
+        r.on_feedback(ms(1010), 1, 0.5, &c);
         assert_eq!(r.rate(), Some(500.0));
         // Query 2 goes out 1 s after the decrease, within the holdoff: its alert is ignored.
-        assert_eq!(r.on_dcq_timer(ms(2000), &c), 2);
-        r.on_uca(ms(2010), 2, 0.4, &c);
+        assert_eq!(r.on_query_timer(ms(2000), &c), 2);
+        r.on_feedback(ms(2010), 2, 0.4, &c);
         assert_eq!(r.rate(), Some(500.0));
         // Query 3, 2 s after: its alert counts (eq. 3, consecutive decreases halve).
-        assert_eq!(r.on_dcq_timer(ms(3000), &c), 3);
-        r.on_uca(ms(3010), 3, 0.3, &c);
+        assert_eq!(r.on_query_timer(ms(3000), &c), 3);
+        r.on_feedback(ms(3010), 3, 0.3, &c);
         assert_eq!(r.rate(), Some(250.0));
     }
 
     #[test]
     fn the_least_increase_can_be_a_share_of_the_rate() {
         let c = Config {
-            pdcc_rate_min_increase_share: 0.1,
+            congestion: CongestionConfig {
+                rate_min_increase_share: 0.1,
+                ..on().congestion
+            },
             ..on()
         };
         let mut r = RateController::new(ms(0), &c);
         for k in 0..1000 {
             let _ = r.admit(ms(k), &c);
         }
-        r.on_dcq_timer(ms(1000), &c);
-        r.on_uca(ms(1010), 1, 0.5, &c);
+        r.on_query_timer(ms(1000), &c);
+        r.on_feedback(ms(1010), 1, 0.5, &c);
         assert_eq!(r.rate(), Some(500.0));
         // Throttled, then t_noUCA without alerts: 10% of 500 rather than r_min = 2.
         for k in 0..100 {
             let _ = r.admit(ms(1100 + k), &c);
         }
-        r.on_dcq_timer(ms(2000), &c);
-        r.on_dcq_timer(ms(3100), &c);
+        r.on_query_timer(ms(2000), &c);
+        r.on_query_timer(ms(3100), &c);
         assert_eq!(r.rate(), Some(550.0));
     }
 
@@ -604,19 +634,19 @@ mod tests {
         for k in 0..1000 {
             let _ = r.admit(ms(k), &c);
         }
-        r.on_dcq_timer(ms(1000), &c);
+        r.on_query_timer(ms(1000), &c);
         // The answer to DCQ 1 took 5 s (it waited in a bottleneck's queue).
-        r.on_uca(ms(6000), 1, 0.5, &c);
+        r.on_feedback(ms(6000), 1, 0.5, &c);
         assert_eq!(r.rate(), Some(500.0));
         // Publishers want more than the rate allows (the burst is 25 messages).
         let _ = (0..100).map(|_| r.admit(ms(6001), &c)).count();
         // 3 s of silence is not enough: t_noUCA (2 s) plus the 5 s delay is.
         for t in [7000, 8000, 9000, 10_000, 12_000] {
-            r.on_dcq_timer(ms(t), &c);
+            r.on_query_timer(ms(t), &c);
         }
         assert_eq!(r.rate(), Some(500.0));
         let _ = (0..100).map(|_| r.admit(ms(12_001), &c)).count();
-        r.on_dcq_timer(ms(13_000), &c);
+        r.on_query_timer(ms(13_000), &c);
         assert!(r.rate().is_some_and(|x| x > 500.0), "rate {:?}", r.rate());
     }
 }

@@ -8,11 +8,14 @@
 //! Units: as in the paper, the window is a span of the sender's time (ticks); it is converted to
 //! messages at the stream's rate (messages per second of sender time, measured as the doubt
 //! horizon advances), because tidings' windows count messages.
-//! `repair_inflight_max` still bounds the requests in flight.
+//! `recovery.inflight_max` still bounds the requests in flight. [`Sdcc`] is the recovery policy
+//! ([`RecoveryPolicy`]) of [`RecoveryPacing::Sdcc`](crate::RecoveryPacing::Sdcc); [`NackWindow`]
+//! holds the measurements of one stream that every recovery policy reads.
 
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::policy::RecoveryPolicy;
 use crate::recv::Retry;
 use crate::time::Time;
 
@@ -36,7 +39,7 @@ pub(crate) struct NackWindow {
 
 impl NackWindow {
     fn span(&self, config: &Config) -> Duration {
-        self.window.unwrap_or(config.sdcc_nack_window_initial)
+        self.window.unwrap_or(config.recovery.nack_window_initial)
     }
 
     fn msgs_in(&self, span: Duration, config: &Config) -> Option<usize> {
@@ -45,55 +48,25 @@ impl NackWindow {
         Some((msgs as usize).clamp(1, config.receive_window_msgs))
     }
 
-    /// How many messages after the last delivered one may be requested: the adaptive window
-    /// with SDCC on (unbounded until the stream's rate is known), else unbounded (only
-    /// `repair_inflight_max` limits requests).
+    /// How many messages after the last delivered one may be requested, by the recovery
+    /// policy of `config` (`usize::MAX`: any).
     pub(crate) fn window(&self, config: &Config) -> usize {
-        if !config.adaptive_nack_window {
-            return usize::MAX;
-        }
-        self.msgs_in(self.span(config), config)
-            .unwrap_or(usize::MAX)
+        config.recovery.pacing.window(self, config)
     }
 
-    /// The window in messages as a gauge: the adaptive window, or `repair_inflight_max`.
+    /// The window in messages as a gauge, by the recovery policy of `config`.
     pub(crate) fn gauge(&self, config: &Config) -> usize {
-        self.window(config).min(if config.adaptive_nack_window {
-            config.receive_window_msgs
-        } else {
-            config.repair_inflight_max
-        })
+        config.recovery.pacing.gauge(self, config)
     }
 
-    /// How long to wait for a repair before asking again (before the doubling of later
-    /// attempts): `repair_timeout`, or with SDCC on twice the smoothed repair time, so that
-    /// requests are not repeated while their answers still wait in a queue (at least
-    /// `repair_timeout`, at most `REPAIR_TIMEOUT_MAX`, so a lost request is asked again soon).
-    pub(crate) fn timeout(&self, config: &Config) -> Duration {
-        match self.srtt_us {
-            Some(srtt) if config.adaptive_nack_window => Duration::from_micros((2.0 * srtt) as u64)
-                .clamp(
-                    config.repair_timeout,
-                    REPAIR_TIMEOUT_MAX.max(config.repair_timeout),
-                ),
-            _ => config.repair_timeout,
-        }
-    }
-
-    /// When a request counts as unanswered: [`timeout`](Self::timeout), and with SDCC on a
-    /// reordering window of a quarter of the smoothed repair time (RACK's takes a quarter of the
-    /// least round trip), at least `repair_delay` (the reordering a new gap waits out), and the
-    /// tail loss probe after a silence of at least `repair_timeout` (see [`Retry`]).
+    /// When a request counts as unanswered, by the recovery policy of `config`.
     pub(crate) fn retry(&self, config: &Config) -> Retry {
-        let sdcc = config.adaptive_nack_window;
-        Retry {
-            timeout: self.timeout(config),
-            reorder: self
-                .srtt()
-                .filter(|_| sdcc)
-                .map(|srtt| (srtt / 4).max(config.repair_delay)),
-            probe_after_min: sdcc.then_some(config.repair_timeout),
-        }
+        config.recovery.pacing.retry(self, config)
+    }
+
+    /// Once per repair scan of the stream: the recovery policy of `config` adapts the window.
+    pub(crate) fn adjust(&mut self, now: Time, has_gaps: bool, config: &Config) {
+        config.recovery.pacing.adjust(self, now, has_gaps, config);
     }
 
     fn srtt(&self) -> Option<Duration> {
@@ -122,41 +95,84 @@ impl NackWindow {
         self.msgs_per_sec = Some(self.msgs_per_sec.map_or(rate, |r| 0.5 * r + 0.5 * rate));
         true
     }
+}
+
+/// Gryphon's SDCC as a recovery policy: the adaptive NACK window of equations 9 and 10.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Sdcc;
+
+impl RecoveryPolicy for Sdcc {
+    fn reads_doubt_horizons(&self) -> bool {
+        true
+    }
+
+    /// The adaptive window (any, until the stream's rate is known).
+    fn window(&self, nack: &NackWindow, config: &Config) -> usize {
+        nack.msgs_in(nack.span(config), config)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// The adaptive window, at most the receive window.
+    fn gauge(&self, nack: &NackWindow, config: &Config) -> usize {
+        self.window(nack, config).min(config.receive_window_msgs)
+    }
+
+    /// Twice the smoothed repair time, so that requests are not repeated while their answers
+    /// still wait in a queue (at least `repair_timeout`, at most `REPAIR_TIMEOUT_MAX`, so a lost
+    /// request is asked again soon); `repair_timeout` until a repair time is measured.
+    fn timeout(&self, nack: &NackWindow, config: &Config) -> Duration {
+        match nack.srtt_us {
+            Some(srtt) => Duration::from_micros((2.0 * srtt) as u64).clamp(
+                config.repair_timeout,
+                REPAIR_TIMEOUT_MAX.max(config.repair_timeout),
+            ),
+            None => config.repair_timeout,
+        }
+    }
+
+    /// [`timeout`](Self::timeout), a reordering window of a quarter of the smoothed repair time
+    /// (RACK's takes a quarter of the least round trip), at least `repair_delay` (the reordering
+    /// a new gap waits out), and the tail loss probe after a silence of at least
+    /// `repair_timeout` (see [`Retry`]).
+    fn retry(&self, nack: &NackWindow, config: &Config) -> Retry {
+        Retry {
+            timeout: self.timeout(nack, config),
+            reorder: nack.srtt().map(|srtt| (srtt / 4).max(config.repair_delay)),
+            probe_after_min: Some(config.repair_timeout),
+        }
+    }
 
     /// Once per smoothed repair time while the stream has gaps: equations 9 and 10.
-    pub(crate) fn adjust(&mut self, now: Time, has_gaps: bool, config: &Config) {
-        if !config.adaptive_nack_window {
-            return;
-        }
-        let (Some(srtt), Some(msgs)) = (self.srtt(), self.msgs_in(self.span(config), config))
+    fn adjust(&self, nack: &mut NackWindow, now: Time, has_gaps: bool, config: &Config) {
+        let (Some(srtt), Some(msgs)) = (nack.srtt(), nack.msgs_in(nack.span(config), config))
         else {
             return;
         };
         if !has_gaps {
             // Not recovering: the next recovery compares against a fresh rate.
-            self.rate_prev = None;
+            nack.rate_prev = None;
             return;
         }
-        if self
+        if nack
             .last_adjust
             .is_some_and(|at| now < at + srtt.max(Duration::from_millis(1)))
         {
             return;
         }
-        self.last_adjust = Some(now);
-        let size = config.sdcc_nack_size;
-        let span = self.span(config);
+        nack.last_adjust = Some(now);
+        let size = config.recovery.nack_size;
+        let span = nack.span(config);
         let rate = msgs as f64 / srtt.as_secs_f64().max(1e-6);
         let full = msgs >= config.receive_window_msgs;
-        let next = match self.rate_prev {
+        let next = match nack.rate_prev {
             // The first RTT of a recovery probes upwards.
             None if !full => span + size,
-            Some(prev) if rate >= prev * (1.0 + config.sdcc_alpha) && !full => span + size,
-            Some(prev) if rate <= prev * (1.0 - config.sdcc_beta) => span.saturating_sub(size),
+            Some(prev) if rate >= prev * (1.0 + config.recovery.alpha) && !full => span + size,
+            Some(prev) if rate <= prev * (1.0 - config.recovery.beta) => span.saturating_sub(size),
             _ => span,
         };
-        self.window = Some(next.max(size));
-        self.rate_prev = Some(rate);
+        nack.window = Some(next.max(size));
+        nack.rate_prev = Some(rate);
     }
 }
 
@@ -165,10 +181,9 @@ mod tests {
     use super::*;
 
     fn on() -> Config {
-        Config {
-            adaptive_nack_window: true,
-            ..Config::default()
-        }
+        let mut c = Config::default();
+        c.recovery.pacing = crate::RecoveryPacing::Sdcc;
+        c
     }
 
     fn ms(m: u64) -> Time {
@@ -189,8 +204,8 @@ mod tests {
         w.on_repair(Duration::from_secs(1));
         w.adjust(ms(0), true, &c);
         assert_eq!(w.window(&c), usize::MAX);
-        assert_eq!(w.gauge(&c), c.repair_inflight_max);
-        assert_eq!(w.timeout(&c), c.repair_timeout);
+        assert_eq!(w.gauge(&c), c.recovery.inflight_max);
+        assert_eq!(w.retry(&c).timeout, c.repair_timeout);
         assert_eq!(NackWindow::default().window(&on()), usize::MAX);
     }
 
@@ -199,11 +214,11 @@ mod tests {
         let c = on();
         let mut w = known_rate();
         w.on_repair(Duration::from_millis(1));
-        assert_eq!(w.timeout(&c), c.repair_timeout);
+        assert_eq!(w.retry(&c).timeout, c.repair_timeout);
         w.on_repair(Duration::from_secs(60));
         // A repair that took a minute (its first request was lost, say) does not make the
         // receiver wait a minute before asking again.
-        assert_eq!(w.timeout(&c), REPAIR_TIMEOUT_MAX);
+        assert_eq!(w.retry(&c).timeout, REPAIR_TIMEOUT_MAX);
     }
 
     #[test]
@@ -215,7 +230,7 @@ mod tests {
         let off = w.retry(&Config::default());
         assert_eq!((off.reorder, off.probe_after_min), (None, None));
         let c = on();
-        assert_eq!(w.retry(&c).timeout, w.timeout(&c));
+        assert_eq!(w.retry(&c).timeout, w.retry(&c).timeout);
         assert_eq!(w.retry(&c).reorder, Some(Duration::from_millis(100)));
         assert_eq!(w.retry(&c).probe_after_min, Some(c.repair_timeout));
         // At least repair_delay, the reordering a new gap waits out.
@@ -242,8 +257,8 @@ mod tests {
         for k in 0..100 {
             w.adjust(ms(k * 10), true, &c);
         }
-        let size = c.sdcc_nack_size.as_secs_f64() * 1000.0;
-        let stop = (size / c.sdcc_alpha) as usize;
+        let size = c.recovery.nack_size.as_secs_f64() * 1000.0;
+        let stop = (size / c.recovery.alpha) as usize;
         let window = w.window(&c);
         assert!((stop..=stop + size as usize).contains(&window), "{window}");
     }
@@ -265,7 +280,7 @@ mod tests {
         }
         w.adjust(ms(1000), true, &c);
         assert_eq!(w.window(&c), 300);
-        assert!(w.timeout(&c) >= Duration::from_millis(190));
+        assert!(w.retry(&c).timeout >= Duration::from_millis(190));
         // No adjustment before another RTT has passed.
         w.adjust(ms(1010), true, &c);
         assert_eq!(w.window(&c), 300);

@@ -164,8 +164,8 @@ impl OutboundStream {
         self.sent_upto < self.last_seq()
             && self.paused_until == Time::ZERO
             && (unstable == 0
-                || (unstable.saturating_add(others_unstable) < config.window_msgs_max as u64
-                    && self.unstable_bytes < config.window_bytes_max))
+                || (unstable.saturating_add(others_unstable) < config.window.msgs_max as u64
+                    && self.unstable_bytes < config.window.bytes_max))
     }
 
     /// Payload bytes held: unsent plus sent and unstable (what back pressure bounds).
@@ -371,6 +371,7 @@ impl StabilityTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::WindowConfig;
     use tidings_wire::{Header, Kind, NodeId, Packet, RegionId};
 
     fn out(id: u64, len: usize) -> OutMsg {
@@ -411,7 +412,10 @@ mod tests {
     #[test]
     fn window_limits_sending_and_ack_releases() {
         let config = Config {
-            window_msgs_max: 2,
+            window: WindowConfig {
+                msgs_max: 2,
+                ..Default::default()
+            },
             ..Config::default()
         };
         let (mut s, packed) = packed_stream(3, 1472, &config);
@@ -504,8 +508,11 @@ mod tests {
     #[test]
     fn global_window_counts_other_senders_and_packing_can_be_off() {
         let config = Config {
-            window_msgs_max: 4,
-            window_algorithm: crate::config::WindowAlgorithm::Global,
+            window: WindowConfig {
+                msgs_max: 4,
+                algorithm: crate::config::WindowAlgorithm::Global,
+                ..Default::default()
+            },
             ..Config::default()
         };
         let mut s = OutboundStream::new(ViewId(1), ViewId(1), Time::ZERO);
@@ -536,8 +543,11 @@ mod tests {
         // window bounds what leaves it; together they bound all a sender holds, by count and by
         // bytes, whatever the region acknowledges.
         let config = Config {
-            window_msgs_max: 8,
-            window_bytes_max: 3000,
+            window: WindowConfig {
+                msgs_max: 8,
+                bytes_max: 3000,
+                ..Default::default()
+            },
             send_queue_msgs_max: 5,
             send_queue_bytes_max: 2000,
             ..Config::default()
@@ -565,13 +575,13 @@ mod tests {
             let unsent = s.unsent_msgs() as usize;
             let unstable = s.unstable_msgs() as usize;
             assert!(unsent <= config.send_queue_msgs_max);
-            assert!(unstable <= config.window_msgs_max);
+            assert!(unstable <= config.window.msgs_max);
             assert!(s.unsent_bytes <= config.send_queue_bytes_max.max(msg_max));
             // The window is checked before a message is added, so it may end one message over.
-            assert!(s.unstable_bytes < config.window_bytes_max + msg_max);
+            assert!(s.unstable_bytes < config.window.bytes_max + msg_max);
             assert!(
                 s.held_bytes()
-                    < config.send_queue_bytes_max.max(msg_max) + config.window_bytes_max + msg_max
+                    < config.send_queue_bytes_max.max(msg_max) + config.window.bytes_max + msg_max
             );
         }
         assert!(next_id > 100, "the run admitted {next_id} messages");

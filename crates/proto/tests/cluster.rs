@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tidings_proto::{
-    Config, Destination, Event, Membership, MembershipChange, MsgId, Node, NodeId, PublishError,
-    RegionId, RegionView, Time, TopicId, ViewId,
+    Config, CongestionConfig, CongestionControl, Destination, Event, Membership, MembershipChange,
+    MsgId, Node, NodeId, PublishError, RegionId, RegionView, Time, TopicId, ViewId, WindowConfig,
 };
 
 /// Datagrams in flight: (arrival, insertion order, destination, bytes).
@@ -196,7 +196,7 @@ fn run_one_sender(receivers: u32, partition: usize, loss: f64, messages: u64, se
         );
     }
     let s = c.nodes[0].stats();
-    assert!(s.unstable_msgs_max as usize <= Config::default().window_msgs_max);
+    assert!(s.unstable_msgs_max as usize <= Config::default().window.msgs_max);
     let repaired: u64 = c.nodes.iter().map(|n| n.stats().repairs_received).sum();
     if loss > 0.0 {
         // Loss happened, so recovery must have done work.
@@ -373,7 +373,10 @@ fn fast_sender(config: Config, messages: u64) -> (Duration, u64, u64) {
 #[test]
 fn tokens_are_paced_to_a_fast_senders_window() {
     let paced = Config {
-        window_msgs_max: 1024,
+        window: WindowConfig {
+            msgs_max: 1024,
+            ..Default::default()
+        },
         send_queue_msgs_max: 256,
         ..Config::default()
     };
@@ -406,7 +409,10 @@ fn a_slow_senders_tokens_keep_the_configured_interval() {
         5,
         0.0,
         Config {
-            window_msgs_max: 1024,
+            window: WindowConfig {
+                msgs_max: 1024,
+                ..Default::default()
+            },
             ..Config::default()
         },
     );
@@ -500,7 +506,10 @@ fn silences_of_a_stable_stream_back_off_to_the_idle_maximum() {
         "{fixed} silences without back-off"
     );
     let pdcc = silences_while_stable(Config {
-        congestion_control: true,
+        congestion: CongestionConfig {
+            control: CongestionControl::Pdcc,
+            ..Default::default()
+        },
         ..Config::default()
     });
     assert!(
@@ -526,7 +535,10 @@ fn silences_of_an_unstable_stream_back_off() {
     });
     assert!(fixed >= 90, "{fixed} silences at a fixed interval");
     let pdcc = silences_while_unstable(Config {
-        congestion_control: true,
+        congestion: CongestionConfig {
+            control: CongestionControl::Pdcc,
+            ..Default::default()
+        },
         ..Config::default()
     });
     assert!(pdcc >= 90, "{pdcc} silences with congestion control");
@@ -1344,8 +1356,11 @@ fn a_member_that_does_not_subscribe_to_a_carried_topic_receives_acknowledges_and
 /// message of node 0 in order and node 0 sees them all stable.
 fn held_topic(loss: f64, seed: u64) {
     let config = Config {
+        window: WindowConfig {
+            msgs_max: 256,
+            ..Default::default()
+        },
         rng_seed: seed,
-        window_msgs_max: 256,
         receive_window_msgs: 256,
         ..Config::default()
     };

@@ -39,7 +39,10 @@ use bytes::Bytes;
 use netns_support::{
     address, address_book, field, run, spawn_in, stdin_lines, Children, Namespaces,
 };
-use tidings_proto::{Config, Membership, NodeId, TopicId};
+use tidings_proto::{
+    Config, CongestionConfig, CongestionControl, Membership, NodeId, RecoveryConfig,
+    RecoveryPacing, TopicId,
+};
 use tidings_runtime::{
     AddressBook, MulticastConfig, NodeRuntime, PublishError, RuntimeConfig, Transport,
 };
@@ -131,16 +134,30 @@ fn runtime_config(me: u32) -> RuntimeConfig {
 /// the bottleneck again within a run.
 fn protocol_config(congestion_control: bool) -> Config {
     Config {
+        congestion: CongestionConfig {
+            control: if congestion_control {
+                CongestionControl::Pdcc
+            } else {
+                CongestionControl::None
+            },
+            dcq_interval: Duration::from_millis(500),
+            t_no_uca: Duration::from_secs(1),
+            rate_min_increase_share: 0.1,
+            decrease_holdoff: Duration::from_secs(1),
+            queue_delay_baseline: Duration::from_secs(10),
+            queue_delay_threshold: Duration::from_millis(100),
+            standing_queue_threshold: Duration::from_millis(200),
+            ..Default::default()
+        },
+        recovery: RecoveryConfig {
+            pacing: if congestion_control {
+                RecoveryPacing::Sdcc
+            } else {
+                RecoveryPacing::Fixed
+            },
+            ..Default::default()
+        },
         token_interval: Duration::from_millis(10),
-        congestion_control,
-        adaptive_nack_window: congestion_control,
-        pdcc_dcq_interval: Duration::from_millis(500),
-        pdcc_t_no_uca: Duration::from_secs(1),
-        pdcc_rate_min_increase_share: 0.1,
-        pdcc_decrease_holdoff: Duration::from_secs(1),
-        pdcc_queue_delay_baseline: Duration::from_secs(10),
-        pdcc_queue_delay_threshold: Duration::from_millis(100),
-        pdcc_standing_queue_threshold: Duration::from_millis(200),
         ..Config::default()
     }
 }

@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::str::FromStr;
 use std::time::Duration;
 
-use tidings_proto::{NodeId, Time};
+use tidings_proto::{CongestionControl, NodeId, RecoveryPacing, Time};
 
 use crate::checker::Ledger;
 use crate::report::RunReport;
@@ -195,9 +195,9 @@ pub const EXPERIMENT_QUEUE_DELAY_THRESHOLD: Duration = Duration::from_millis(150
 /// improving" and eq. 3 halves the rate a second time), and
 /// [`EXPERIMENT_QUEUE_DELAY_THRESHOLD`]. Everything else is Table 1's.
 pub fn experiment_pdcc(proto: &mut tidings_proto::Config) {
-    proto.pdcc_rate_min_increase *= f64::from(PAPER_PUBENDS);
-    proto.pdcc_decrease_holdoff = proto.doubt_sample_interval.div_f64(proto.doubt_rate_alpha);
-    proto.pdcc_queue_delay_threshold = EXPERIMENT_QUEUE_DELAY_THRESHOLD;
+    proto.congestion.rate_min_increase *= f64::from(PAPER_PUBENDS);
+    proto.congestion.decrease_holdoff = proto.doubt_sample_interval.div_f64(proto.doubt_rate_alpha);
+    proto.congestion.queue_delay_threshold = EXPERIMENT_QUEUE_DELAY_THRESHOLD;
 }
 
 impl Setup {
@@ -376,17 +376,20 @@ impl Setup {
             drain_seconds: self.secs(30.0, 10.0),
             ..Scenario::default()
         };
-        s.proto.congestion_control = self.congestion_control;
-        s.proto.adaptive_nack_window = self.congestion_control;
+        (s.proto.congestion.control, s.proto.recovery.pacing) = if self.congestion_control {
+            (CongestionControl::Pdcc, RecoveryPacing::Sdcc)
+        } else {
+            (CongestionControl::None, RecoveryPacing::Fixed)
+        };
         if self.congestion_control && !self.table1_only {
             experiment_pdcc(&mut s.proto);
         }
         if let Some(d) = self.delta_t_rec {
-            s.proto.pdcc_delta_t_rec = d;
+            s.proto.congestion.delta_t_rec = d;
         }
         if !self.congestion_control {
             // No SDCC either: a receiver asks for every gap in its receive window at once.
-            s.proto.repair_inflight_max = s.proto.receive_window_msgs;
+            s.proto.recovery.inflight_max = s.proto.receive_window_msgs;
         }
         let at = self.onset();
         let throttle = |at: Time, node: NodeId, share: f64| LinkEvent {
@@ -432,12 +435,12 @@ impl Setup {
                 // its window holds everything the failed receiver misses.
                 let outage_msgs =
                     (self.offered_rate() * self.outage_duration().as_secs_f64()).ceil() as usize;
-                let window = (outage_msgs * 2).max(s.proto.window_msgs_max);
-                s.proto.window_msgs_max = window;
-                s.proto.window_bytes_max = window * 1024;
+                let window = (outage_msgs * 2).max(s.proto.window.msgs_max);
+                s.proto.window.msgs_max = window;
+                s.proto.window.bytes_max = window * 1024;
                 s.proto.receive_window_msgs = window * 2;
                 if !self.congestion_control {
-                    s.proto.repair_inflight_max = s.proto.receive_window_msgs;
+                    s.proto.recovery.inflight_max = s.proto.receive_window_msgs;
                 }
                 s.link_events
                     .push(throttle(Time::ZERO, victim, probes[0].share.unwrap_or(3.0)));

@@ -268,22 +268,22 @@ impl Setup {
             Figure::Fig1 => {
                 // As fast as the window allows.
                 let window = x as usize;
-                s.proto.window_msgs_max = window;
+                s.proto.window.msgs_max = window;
                 // A send queue in proportion, so what is queued at the end drains quickly.
                 s.proto.send_queue_msgs_max = (window * 4).max(16);
-                s.proto.window_algorithm = if variant == 0 {
+                s.proto.window.algorithm = if variant == 0 {
                     WindowAlgorithm::Local
                 } else {
                     WindowAlgorithm::Global
                 };
             }
             Figure::Fig2 => {
-                s.proto.window_msgs_max = FC_WINDOW_MSGS;
+                s.proto.window.msgs_max = FC_WINDOW_MSGS;
                 s.publish_rate = Some(x);
                 s.proto.packing = variant == 0;
             }
             Figure::Fig3 => {
-                s.proto.window_msgs_max = FC_WINDOW_MSGS;
+                s.proto.window.msgs_max = FC_WINDOW_MSGS;
                 s.publish_rate = Some(x);
                 s.publish_cost = PUBLISH_COST;
                 // The run stops at the end of publishing plus a short drain: an unbounded queue

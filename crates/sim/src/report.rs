@@ -199,8 +199,8 @@ impl RunReport {
             messages_filtered += st.messages_filtered;
             bytes_filtered += st.bytes_filtered;
             pending_ack_max = pending_ack_max.max(st.unstable_msgs_max);
-            if st.unstable_msgs_max as usize > s.proto.window_msgs_max
-                || st.unstable_bytes_max as usize > s.proto.window_bytes_max
+            if st.unstable_msgs_max as usize > s.proto.window.msgs_max
+                || st.unstable_bytes_max as usize > s.proto.window.bytes_max
             {
                 extra(
                     format!(

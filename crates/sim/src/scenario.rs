@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tidings_gms::{Member, MemberConfig, MemberEvent, NamedRequest};
 use tidings_proto::{
-    Config, ConfigError, Delivery, Destination, Event, Membership, Node, NodeId, RegionId, Time,
-    TopicId,
+    Config, ConfigError, CongestionControl, Delivery, Destination, Event, Membership, Node, NodeId,
+    RecoveryPacing, RegionId, Time, TopicId,
 };
 
 use crate::checker::{payload_for, Ledger, PAYLOAD_ID_LEN};
@@ -637,10 +637,10 @@ impl Scenario {
         if self.slow_consumer {
             cmd += " --slow-consumer";
         }
-        if self.proto.congestion_control {
+        if self.proto.congestion.control == CongestionControl::Pdcc {
             cmd += " --congestion-control";
         }
-        if self.proto.adaptive_nack_window {
+        if self.proto.recovery.pacing == RecoveryPacing::Sdcc {
             cmd += " --adaptive-nack-window";
         }
         if self.detection != DETECTION_DEFAULT {

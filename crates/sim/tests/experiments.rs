@@ -69,8 +69,8 @@ fn sdcc_msgs(setup: &Setup) -> (u64, u64, u64) {
     let c = setup.scenario().proto;
     let msgs = |d: std::time::Duration| (d.as_secs_f64() * setup.offered_rate()).ceil() as u64;
     (
-        msgs(c.sdcc_nack_window_initial),
-        msgs(c.sdcc_nack_size),
+        msgs(c.recovery.nack_window_initial),
+        msgs(c.recovery.nack_size),
         c.receive_window_msgs as u64,
     )
 }
@@ -278,21 +278,24 @@ fn the_experiments_run_pdcc_with_control_priority_and_the_papers_four_pubends() 
     let s = setup.scenario();
     assert!(s.control_priority);
     assert_eq!(
-        s.proto.pdcc_rate_min_increase,
-        table1.pdcc_rate_min_increase * f64::from(PAPER_PUBENDS)
+        s.proto.congestion.rate_min_increase,
+        table1.congestion.rate_min_increase * f64::from(PAPER_PUBENDS)
     );
     // One time constant of eq. 5's filter.
-    assert_eq!(s.proto.pdcc_decrease_holdoff.as_millis(), 1000);
+    assert_eq!(s.proto.congestion.decrease_holdoff.as_millis(), 1000);
     assert_eq!(
-        s.proto.pdcc_queue_delay_threshold,
+        s.proto.congestion.queue_delay_threshold,
         EXPERIMENT_QUEUE_DELAY_THRESHOLD
     );
     // Table 1's other constants are untouched.
-    assert_eq!(s.proto.pdcc_t_no_uca, table1.pdcc_t_no_uca);
-    assert_eq!(s.proto.pdcc_f_incr, table1.pdcc_f_incr);
-    assert_eq!(s.proto.pdcc_f_decr1, table1.pdcc_f_decr1);
-    assert_eq!(s.proto.pdcc_f_decr2, table1.pdcc_f_decr2);
-    assert_eq!(s.proto.pdcc_dcq_interval, table1.pdcc_dcq_interval);
+    assert_eq!(s.proto.congestion.t_no_uca, table1.congestion.t_no_uca);
+    assert_eq!(s.proto.congestion.f_incr, table1.congestion.f_incr);
+    assert_eq!(s.proto.congestion.f_decr1, table1.congestion.f_decr1);
+    assert_eq!(s.proto.congestion.f_decr2, table1.congestion.f_decr2);
+    assert_eq!(
+        s.proto.congestion.dcq_interval,
+        table1.congestion.dcq_interval
+    );
     // With --table1 the protocol's defaults alone, as before ADR 12.
     let before = Setup {
         table1_only: true,
@@ -300,16 +303,16 @@ fn the_experiments_run_pdcc_with_control_priority_and_the_papers_four_pubends() 
     }
     .scenario();
     assert_eq!(
-        before.proto.pdcc_rate_min_increase,
-        table1.pdcc_rate_min_increase
+        before.proto.congestion.rate_min_increase,
+        table1.congestion.rate_min_increase
     );
     assert_eq!(
-        before.proto.pdcc_decrease_holdoff,
-        table1.pdcc_decrease_holdoff
+        before.proto.congestion.decrease_holdoff,
+        table1.congestion.decrease_holdoff
     );
     assert_eq!(
-        before.proto.pdcc_queue_delay_threshold,
-        table1.pdcc_queue_delay_threshold
+        before.proto.congestion.queue_delay_threshold,
+        table1.congestion.queue_delay_threshold
     );
 }
 

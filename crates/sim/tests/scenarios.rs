@@ -6,7 +6,7 @@
 use std::time::Duration;
 use tidings_sim::fault::FaultSpec;
 
-use tidings_proto::{NodeId, Time};
+use tidings_proto::{CongestionControl, NodeId, Time};
 use tidings_sim::{run, sweep, LinkChange, LinkEvent, MembershipKind, RunReport, Scenario};
 
 const FAULTS: [&str; 6] = [
@@ -405,7 +405,7 @@ fn congestion_control_slows_the_sender_and_loses_nothing() {
     let mut s = one_sender();
     s.seconds = 4.0;
     s.publish_rate = Some(2000.0);
-    s.proto.congestion_control = true;
+    s.proto.congestion.control = CongestionControl::Pdcc;
     s.link_events = vec![LinkEvent {
         at: Time::ZERO + Duration::from_secs(1),
         node: NodeId(s.nodes - 1),
@@ -437,7 +437,7 @@ fn congestion_control_does_not_read_repairable_loss_as_congestion() {
         ..many_topics()
     };
     s.faults = "iid:0.01".parse().unwrap();
-    s.proto.congestion_control = true;
+    s.proto.congestion.control = CongestionControl::Pdcc;
     let r = run(&s, &mut |_| {}).unwrap();
     assert!(r.passed(), "{:?}\nreplay: {}", r.violations, r.replay);
     assert_eq!(r.recovery.publish_rate_limited, 0, "{:?}", r.recovery);

@@ -91,7 +91,7 @@ impl NodeBuilder {
     ///
     /// Why: a message becomes stable about one token round after it is received, so the token
     /// interval sets how soon a sender's memory is freed and how long an idle ring waits. With
-    /// 100 ms tokens a sender's `window_msgs_max` (16,384) unstable messages per region would
+    /// 100 ms tokens a sender's `window.msgs_max` (16,384) unstable messages per region would
     /// also cap it at 163,840 messages/s; token pacing (`token_interval_min`, ADR 0019) now
     /// releases rounds sooner for fast senders whatever the interval, and 10 ms keeps
     /// stability (and so the sender's memory) ten times sooner for the others, at about 100

@@ -8,6 +8,7 @@ use tidings_wire::{Body, Header, MsgId, NodeId, RegionId, SeqRange, Silence, Top
 
 use crate::event::{Delivery, Event};
 use crate::outbox::{Outbox, RepairCause, RepairJob};
+use crate::policy::CongestionPolicy;
 use crate::recv::{Arrival, InMsg};
 use crate::region::{CachingRule, OwnedToken};
 use crate::time::Time;
@@ -59,7 +60,8 @@ impl Node {
         let (nonrec, rec) = rates;
         if origin == self.me {
             self.out.stats.ucas_received += 1;
-            self.rate.on_uca(now, seq, nonrec.min(rec), &self.config);
+            self.congestion
+                .on_feedback(now, seq, nonrec.min(rec), &self.config);
         } else if let Some(region) = self.regions.get_mut(&h.region) {
             region.on_uca(origin, seq, nonrec, rec, &mut self.out);
             self.apply_self_feedback(now);
@@ -311,7 +313,7 @@ impl Node {
         }
         for (seq, rate) in std::mem::take(&mut self.out.self_ucas) {
             self.out.stats.ucas_received += 1;
-            self.rate.on_uca(now, seq, rate, &self.config);
+            self.congestion.on_feedback(now, seq, rate, &self.config);
         }
         // The list of NAKs and their range lists are kept for reuse.
         let mut naks = std::mem::take(&mut self.out.self_naks);

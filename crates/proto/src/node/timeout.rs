@@ -7,6 +7,7 @@ use tidings_wire::RegionId;
 
 use crate::gauges::GaugeShare;
 use crate::outbox::Control;
+use crate::policy::CongestionPolicy;
 use crate::time::Time;
 use crate::timers::{schedule_region, schedule_stream, silence_deadline};
 
@@ -53,7 +54,7 @@ impl Node {
 
     /// PDCC: a congestion query (DCQ) into every region this node sends to.
     pub(super) fn query_congestion(&mut self, now: Time) {
-        let seq = self.rate.on_dcq_timer(now, &self.config);
+        let seq = self.congestion.on_query_timer(now, &self.config);
         for (&region, stream) in &self.outbound {
             self.out.stats.dcqs_sent += 1;
             self.out.control.push_back(Control::Dcq {
@@ -64,7 +65,7 @@ impl Node {
             });
         }
         self.out.stats.publish_rate_milli_current =
-            self.rate.rate().map_or(0, |r| (r * 1000.0) as u64);
+            self.congestion.rate().map_or(0, |r| (r * 1000.0) as u64);
     }
 
     /// Samples the doubt horizon rates of the regions that receive; the regions whose NACK

@@ -5,9 +5,8 @@ use tidings_wire::{
     write_silence, Header, Kind, Message, MessagesWriter, Priority, RegionId, Silence,
 };
 
-use crate::config::WindowAlgorithm;
 use crate::outbox::{Control, RepairCause};
-use crate::region::RegionState;
+use crate::policy::FlowWindow;
 use crate::time::Time;
 use crate::timers::schedule_stream;
 use crate::Destination;
@@ -170,13 +169,11 @@ impl Node {
                 stream.data_queued = false;
                 continue;
             }
-            let others_unstable = match self.config.window_algorithm {
-                WindowAlgorithm::Local => 0,
-                WindowAlgorithm::Global => self
-                    .regions
-                    .get(&region)
-                    .map_or(0, RegionState::others_unstable_estimate),
-            };
+            let others_unstable = self
+                .config
+                .window
+                .algorithm
+                .others_unstable(self.regions.get(&region));
             if !stream.can_send(&self.config, others_unstable) {
                 self.send_queue.data.push_back(region);
                 continue;

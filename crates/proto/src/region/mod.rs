@@ -355,6 +355,7 @@ impl RegionState {
 mod tests {
     use super::ring::Report;
     use super::*;
+    use crate::config::{RecoveryConfig, RecoveryPacing};
     use crate::outbox::{Control, RepairCause};
     use crate::recv::{InMsg, Retry};
 
@@ -470,7 +471,10 @@ mod tests {
     #[test]
     fn a_recovering_record_asks_for_pushes_once_and_not_for_what_is_pulled() {
         let config = Config {
-            adaptive_nack_window: true,
+            recovery: RecoveryConfig {
+                pacing: RecoveryPacing::Sdcc,
+                ..Default::default()
+            },
             ..Config::default()
         };
         let mut st = RegionState::new(&view(4, 5), NodeId(2), &config, Time::ZERO).unwrap();
@@ -520,7 +524,14 @@ mod tests {
         // Without SDCC there is no NACK window to exceed; with it, 50 gaps fit in 100.
         for adaptive_nack_window in [false, true] {
             let config = Config {
-                adaptive_nack_window,
+                recovery: RecoveryConfig {
+                    pacing: if adaptive_nack_window {
+                        RecoveryPacing::Sdcc
+                    } else {
+                        RecoveryPacing::Fixed
+                    },
+                    ..Default::default()
+                },
                 ..Config::default()
             };
             let mut st = RegionState::new(&view(4, 5), NodeId(2), &config, Time::ZERO).unwrap();

@@ -96,7 +96,7 @@ impl RegionState {
         stream.request_gaps_where(
             now,
             retry,
-            (config.repair_inflight_max, range),
+            (config.recovery.inflight_max, range),
             |seq| {
                 let cached_here = caching.caches(seq);
                 let pred_has = seq <= rec.prev_contiguous
@@ -128,7 +128,7 @@ impl RegionState {
     /// then, and a push may beat a pull that was lost. A recovering one (with SDCC, its gaps
     /// reach beyond its NACK window) names only gaps its partition caches (all the successor
     /// keeps), not requested already, within the NACK window and the room
-    /// `repair_inflight_max` leaves, at most `push_max_per_token`, and they count as requested
+    /// `recovery.inflight_max` leaves, at most `push_max_per_token`, and they count as requested
     /// from now on, so each gap is asked of one peer at a time and the recovering receiver gets
     /// each missing message about once; with nothing to ask (or `requests` false: a record the
     /// token's budget did not plan for) it names one sequence number beyond what its record
@@ -152,8 +152,8 @@ impl RegionState {
         };
         let (retry, range) = (stream.nack.retry(config), stream.nack.window(config));
         let span = stream.known_max().saturating_sub(stream.delivered_upto);
-        let recovering =
-            config.adaptive_nack_window && span > u64::try_from(range).unwrap_or(u64::MAX);
+        // A window of any size (fixed pacing) never counts as recovering.
+        let recovering = span > u64::try_from(range).unwrap_or(u64::MAX);
         if !recovering {
             return;
         }
@@ -162,7 +162,11 @@ impl RegionState {
             stream.offer_for_push(
                 now,
                 retry,
-                (config.push_max_per_token, config.repair_inflight_max, range),
+                (
+                    config.push_max_per_token,
+                    config.recovery.inflight_max,
+                    range,
+                ),
                 cap,
                 |seq| seq > stable && caching.caches(seq),
                 &mut st.lost,
@@ -241,7 +245,7 @@ impl RegionState {
                     now,
                     config.repair_delay,
                     retry,
-                    (config.repair_inflight_max, range),
+                    (config.recovery.inflight_max, range),
                     |seq, attempts| wanted.push((seq, attempts)),
                 );
             }

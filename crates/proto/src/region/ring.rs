@@ -111,7 +111,7 @@ impl Lead {
         if advance == 0 {
             return config.token_interval;
         }
-        let quarter_window = (config.window_msgs_max / 4).max(1) as u128;
+        let quarter_window = (config.window.msgs_max / 4).max(1) as u128;
         let nanos = quarter_window * since.as_nanos() / u128::from(advance);
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
             .clamp(config.token_interval_min, config.token_interval)
@@ -293,11 +293,10 @@ impl RegionState {
                 return;
             };
             let mut horizon = horizon.max(stream.known_max());
-            if config.adaptive_nack_window {
-                // Ring neighbours push only what lies within this node's NACK window.
-                let window = u64::try_from(stream.nack.window(config)).unwrap_or(u64::MAX);
-                horizon = horizon.min(stream.delivered_upto.saturating_add(window));
-            }
+            // Ring neighbours push only what lies within this node's NACK window (any, with
+            // fixed pacing).
+            let window = u64::try_from(stream.nack.window(config)).unwrap_or(u64::MAX);
+            horizon = horizon.min(stream.delivered_upto.saturating_add(window));
             st.reset(stream.delivered_upto, stream.known_max(), 0);
             st.exact_upto = stream.missing_ranges(horizon, cap, &mut st.missing);
             return;
