@@ -86,7 +86,8 @@ pub enum StartError {
     /// The membership service did not answer the join in time.
     #[error(
         "no answer from the membership service at {servers:?} within {waited:?}: is `tidings gms` \
-         (or a node embedding it) running there, and is the address reachable?"
+         (or a node embedding it) running there, and is the address reachable? (A service \
+         started with an identity answers only nodes joining with theirs.)"
     )]
     GmsUnreachable {
         /// The replica addresses tried.

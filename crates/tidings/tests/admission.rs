@@ -161,3 +161,65 @@ fn a_plain_process_cannot_join_or_inject() {
     assert_eq!(stats.link.no_session, 1, "{:?}", stats.link);
     assert_eq!(stats.members.len(), 1);
 }
+
+#[test]
+fn a_replicated_service_admits_only_its_list() {
+    let service = Identity::generate().unwrap();
+    let node = Identity::generate().unwrap();
+    let stranger = Identity::generate().unwrap();
+    let mut allowed = AllowList::new();
+    allowed.insert(*node.public(), "node");
+    let sockets: Vec<UdpSocket> = (0..3)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let peers: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    let _replicas: Vec<tidings::GmsReplicaServer> = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(index, socket)| {
+            let host = tidings::ReplicaHostConfig {
+                replica: tidings::ReplicaConfig {
+                    index,
+                    ..common::replica_config()
+                },
+                data_dir: None,
+            };
+            let security = tidings_gms::ServiceSecurity {
+                identity: service.clone(),
+                allowed: allowed.clone(),
+            };
+            tidings::GmsReplicaServer::start_secure_on(host, peers.clone(), socket, Some(security))
+                .unwrap()
+        })
+        .collect();
+    let mut link = common::link(&peers);
+    link.join_timeout = Duration::from_secs(10);
+    let admitted = Node::builder()
+        .gms_replicas(&peers)
+        .gms_link(link.clone())
+        .identity(node)
+        .service_key(*service.public())
+        .start()
+        .unwrap();
+    let topic: Topic<u64> = Topic::new("replicated/admitted").unwrap();
+    let sub = admitted.subscribe(&topic).unwrap();
+    let mut publisher = admitted.publisher(&topic).unwrap();
+    publisher.publish(&7).unwrap();
+    assert_eq!(sub.recv_timeout(Duration::from_secs(10)).unwrap().value, 7);
+    let refused = Node::builder()
+        .gms_replicas(&peers)
+        .gms_link(link)
+        .identity(stranger)
+        .service_key(*service.public())
+        .start();
+    assert!(
+        matches!(
+            refused,
+            Err(Error::Start(StartError::NotAdmitted {
+                reason: LinkError::NotAdmitted(_),
+                ..
+            }))
+        ),
+        "{refused:?}"
+    );
+}
