@@ -722,6 +722,7 @@ impl Service {
                     member_states: Default::default(),
                     unknown_sources: snap.unknown_sources,
                     invalid_datagrams: snap.invalid_datagrams,
+                    link: Default::default(),
                 })
             }
         }

@@ -12,9 +12,10 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 use tidings::{
-    Bytes, GmsConfig, GmsReplicaServer, MulticastConfig, MulticastPool, Node, ReplicaConfig,
-    RuntimeConfig, Topic, Transport,
+    AllowList, Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, MulticastPool, Node,
+    PublicKey, ReplicaConfig, RuntimeConfig, Topic, Transport,
 };
+use tidings_gms::ServiceSecurity;
 use tidings_runtime::{replica_data_dir, GmsServer, ReplicaHostConfig, STATE_FILE};
 
 use crate::demo::TransportArg;
@@ -99,6 +100,31 @@ pub(crate) struct GmsArgs {
     /// `--replicas N`, replica I on the port after it by I.
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// The service's identity (`tidings keygen --out FILE`): with `--allow`, the service
+    /// admits only the listed node identities, each after a Noise handshake; nodes join with
+    /// `--identity` and the public key printed at start as `--service-key`.
+    #[arg(long, requires = "allow")]
+    identity: Option<PathBuf>,
+    /// The admitted node identities: one public key a line, optionally followed by a name.
+    #[arg(long, requires = "identity")]
+    allow: Option<PathBuf>,
+}
+
+/// The service's security from `--identity` and `--allow`, printing its public key.
+fn service_security(a: &GmsArgs) -> Result<Option<ServiceSecurity>, String> {
+    let (Some(identity), Some(allow)) = (&a.identity, &a.allow) else {
+        return Ok(None);
+    };
+    let identity = Identity::read_file(identity)
+        .map_err(|e| format!("--identity {}: {e}", identity.display()))?;
+    let allowed =
+        AllowList::read_file(allow).map_err(|e| format!("--allow {}: {e}", allow.display()))?;
+    println!(
+        "tidings gms: admitting {} identities; service key {}",
+        allowed.len(),
+        identity.public()
+    );
+    Ok(Some(ServiceSecurity { identity, allowed }))
 }
 
 /// The metrics address of the `i`-th server of this process, if metrics were asked for.
@@ -135,11 +161,18 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
     }
     // With a data directory the one-process service is a replicated service of one replica,
     // whose state survives a restart.
+    let security = match service_security(a) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if a.id.is_some() || a.replicas.is_some() || a.data_dir.is_some() {
-        return gms_replicated(a, config);
+        return gms_replicated(a, config, security);
     }
     let bind = a.bind.unwrap_or_else(default_gms);
-    let server = match GmsServer::start(config, bind) {
+    let server = match GmsServer::start_secure(config, bind, security) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: cannot serve on {bind}: {e}");
@@ -191,7 +224,7 @@ fn default_gms() -> SocketAddr {
 
 /// Runs one replica (`--id`, `--peers`), several in this process (`--replicas`), or, with only
 /// `--data-dir`, a service of one replica that keeps its state there.
-fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
+fn gms_replicated(a: &GmsArgs, gms: GmsConfig, security: Option<ServiceSecurity>) -> ExitCode {
     let (peers, binds, ids) = match (a.id, &a.peers, a.replicas) {
         (None, None, None) => {
             let bind = a.bind.unwrap_or_else(default_gms);
@@ -258,7 +291,12 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig) -> ExitCode {
             replica: config,
             data_dir: data_dir.clone(),
         };
-        match GmsReplicaServer::start_host(host, peers.clone(), bind) {
+        let started = std::net::UdpSocket::bind(bind)
+            .map_err(tidings_runtime::GmsServerError::Io)
+            .and_then(|socket| {
+                GmsReplicaServer::start_secure_on(host, peers.clone(), socket, security.clone())
+            });
+        match started {
             Ok(s) => servers.push((s, data_dir)),
             Err(e @ tidings_runtime::GmsServerError::Io(_)) => {
                 eprintln!("error: replica {index} cannot serve on {bind}: {e}");
@@ -373,6 +411,14 @@ pub(crate) struct JoinArgs {
     /// Serve the node's metrics for Prometheus on this address (`GET /metrics`).
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// This node's identity (`tidings keygen --out FILE`), for a service started with
+    /// `--identity` and `--allow`: the node is admitted by a Noise handshake before it joins.
+    #[arg(long, requires = "service_key")]
+    identity: Option<PathBuf>,
+    /// The service's public key (printed by `tidings gms --identity`); the node speaks only to
+    /// a service that proves it holds it.
+    #[arg(long, requires = "identity")]
+    service_key: Option<PublicKey>,
 }
 
 impl JoinArgs {
@@ -384,10 +430,15 @@ impl JoinArgs {
                 ..MulticastConfig::default()
             }),
         };
-        let builder = match self.metrics {
+        let mut builder = match self.metrics {
             Some(addr) => Node::builder().metrics(addr),
             None => Node::builder(),
         };
+        if let (Some(path), Some(key)) = (&self.identity, self.service_key) {
+            let identity = Identity::read_file(path)
+                .map_err(|e| format!("identity {}: {e}", path.display()))?;
+            builder = builder.identity(identity).service_key(key);
+        }
         let node = builder
             .gms_replicas(&self.gms.0)
             .bind(self.bind)
@@ -632,6 +683,8 @@ fn subscribe_inner(a: &SubArgs) -> Result<(), String> {
 /// subscribe = ["prices/eu", "prices/us"]
 /// print = false                 # print every message to stdout
 /// seconds = 60                  # run this long (default: until killed)
+/// identity = "node.key"         # with service_key: be admitted by a secured service
+/// service_key = "ab12..."       # the key `tidings gms --identity` prints
 /// ```
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
@@ -651,6 +704,12 @@ struct NodeFile {
     #[serde(default)]
     print: bool,
     seconds: Option<u64>,
+    /// This node's identity file, for a service that admits only its allow list.
+    #[serde(default)]
+    identity: Option<PathBuf>,
+    /// The service's public key (with `identity`).
+    #[serde(default)]
+    service_key: Option<String>,
 }
 
 fn default_bind() -> SocketAddr {
@@ -694,12 +753,26 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
         toml::from_str(&text).map_err(|e| format!("{}: {e}", a.config.display()))?;
     let gms = parse_gms_addrs(&file.gms)
         .map_err(|e| format!("{}: gms = {:?}: {e}", a.config.display(), file.gms))?;
+    let service_key = file
+        .service_key
+        .as_deref()
+        .map(str::parse::<PublicKey>)
+        .transpose()
+        .map_err(|e| format!("{}: service_key: {e}", a.config.display()))?;
+    if file.identity.is_some() != service_key.is_some() {
+        return Err(format!(
+            "{}: identity and service_key go together",
+            a.config.display()
+        ));
+    }
     let join = JoinArgs {
         gms,
         bind: file.bind,
         transport: file.transport,
         interface: file.interface,
         metrics: a.metrics.or(file.metrics),
+        identity: file.identity,
+        service_key,
     };
     let node = join.start()?;
     let received = Arc::new(AtomicU64::new(0));

@@ -15,6 +15,7 @@
 //! - [`Member`]: a node's control plane, the protocol node and the client together; the
 //!   runtime and the simulator both drive it.
 //! - [`message`]: the messages between them and their checked encoding.
+//! - [`secure`]: the admitted GMS link (Noise handshake and sessions of `tidings-seal`).
 //!
 //! Nothing here reads a clock, opens a socket or spawns a thread: time and seeds are inputs.
 //! See `docs/gms.md`.
@@ -29,6 +30,7 @@ mod member;
 pub mod message;
 pub mod regions;
 pub mod replica;
+pub mod secure;
 mod service;
 #[cfg(test)]
 mod tests;
@@ -49,6 +51,10 @@ pub use regions::{
 pub use replica::{
     Durable, DurableError, DurableFile, DurableLimits, Replica, ReplicaConfig, ReplicaError,
     ReplicaEvent, ReplicaStats, ReplicaTransmit, REPLICAS_MAX,
+};
+pub use secure::{
+    Entropy, Inbound, LinkSecurity, NodeLink, NodeLinkStats, ServiceLink, ServiceLinkStats,
+    ServiceSecurity,
 };
 pub use service::{
     Command, Decision, Gms, GmsEvent, GmsStats, GmsTransmit, MemberState, Peer, RemoveCause,

@@ -20,6 +20,7 @@ use tidings_wire::{NodeId, RegionId, TopicId};
 use crate::client::{ClientEvent, GmsClient, RequestError};
 use crate::config::ClientConfig;
 use crate::message::{GmsMessage, NAMES_PER_REQUEST_MAX};
+use crate::secure::NodeLink;
 
 /// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
 /// header, so one socket can carry both. The last byte is the codec's version (3: the welcome
@@ -372,6 +373,8 @@ pub struct Member {
     stalls: BTreeMap<RegionId, (MsgId, u64)>,
     /// When stalls were last looked for.
     stalls_checked: Time,
+    /// The admitted GMS link, when the node joined with an identity.
+    secure: Option<NodeLink>,
     stats: MemberStats,
 }
 
@@ -407,6 +410,8 @@ pub struct Joining {
     protocol: Config,
     config: MemberConfig,
     client: GmsClient,
+    /// The admitted link, when the node has an identity: every GMS datagram goes through it.
+    secure: Option<NodeLink>,
     now: Time,
     stats: MemberStats,
 }
@@ -426,9 +431,24 @@ impl Joining {
             protocol,
             config,
             client,
+            secure: None,
             now: Time::ZERO,
             stats: MemberStats::default(),
         })
+    }
+
+    /// Runs the GMS link through `link`: a Noise handshake with each replica before its first
+    /// datagram, every datagram sealed after it, plain GMS datagrams refused.
+    #[must_use]
+    pub fn with_link(mut self, link: NodeLink) -> Joining {
+        self.secure = Some(link);
+        self
+    }
+
+    /// Why the service did not admit this node, if it said so (see [`NodeLink::refusal`]).
+    #[must_use]
+    pub fn link_refusal(&self) -> Option<&tidings_seal::LinkError> {
+        self.secure.as_ref().and_then(NodeLink::refusal)
     }
 
     /// A datagram from replica `replica` of the membership service (framed with
@@ -436,31 +456,62 @@ impl Joining {
     pub fn handle_gms_datagram(&mut self, now: Time, replica: usize, datagram: &[u8]) {
         self.now = self.now.max(now);
         self.stats.gms_datagrams_received += 1;
+        let opened;
+        let datagram = match self.secure.as_mut() {
+            None => datagram,
+            Some(link) => match link.receive(now, replica, datagram) {
+                Some(plain) => {
+                    opened = plain;
+                    &opened[..]
+                }
+                None => return,
+            },
+        };
         match unframe(datagram) {
             Some(body) => self.client.handle_datagram(now, replica, body),
             None => self.stats.gms_unframed += 1,
         }
     }
 
-    /// Time has passed: the join is sent again when due.
+    /// Time has passed: the join (and the link's hello) is sent again when due.
     pub fn handle_timeout(&mut self, now: Time) {
         self.now = self.now.max(now);
         if self.client.poll_timeout().is_some_and(|t| t <= now) {
             self.client.handle_timeout(now);
         }
+        if let Some(link) = self.secure.as_mut() {
+            if link.poll_timeout().is_some_and(|t| t <= now) {
+                link.handle_timeout(now);
+            }
+        }
     }
 
-    /// The next datagram for the service: the replica's index and the framed bytes.
+    /// The next datagram for the service: the replica's index and the framed bytes (sealed
+    /// when the link is admitted).
     pub fn poll_gms_transmit(&mut self) -> Option<(usize, Vec<u8>)> {
-        let (replica, msg) = self.client.poll_transmit()?;
-        self.stats.gms_datagrams_sent += 1;
-        Some((replica, frame(&msg)))
+        loop {
+            if let Some(out) = self.secure.as_mut().and_then(NodeLink::poll_transmit) {
+                self.stats.gms_datagrams_sent += 1;
+                return Some(out);
+            }
+            let (replica, msg) = self.client.poll_transmit()?;
+            match self.secure.as_mut() {
+                None => {
+                    self.stats.gms_datagrams_sent += 1;
+                    return Some((replica, frame(&msg)));
+                }
+                Some(link) => link.send(self.now, replica, frame(&msg)),
+            }
+        }
     }
 
     /// The next time [`handle_timeout`](Joining::handle_timeout) must be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.client.poll_timeout()
+        earliest(
+            self.client.poll_timeout(),
+            self.secure.as_ref().and_then(NodeLink::poll_timeout),
+        )
     }
 
     /// Whether the service welcomed this node (it has its id).
@@ -483,14 +534,24 @@ impl Joining {
             protocol,
             config,
             client,
+            secure,
             stats,
             ..
         } = self;
         let mut member = Member::joined(protocol, config, client, now)?;
+        member.secure = secure;
         member.stats.gms_datagrams_received += stats.gms_datagrams_received;
         member.stats.gms_datagrams_sent += stats.gms_datagrams_sent;
         member.stats.gms_unframed += stats.gms_unframed;
         Ok(member)
+    }
+}
+
+/// The earlier of two optional times.
+fn earliest(a: Option<Time>, b: Option<Time>) -> Option<Time> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -587,6 +648,7 @@ impl Member {
             left: false,
             stalls: BTreeMap::new(),
             stalls_checked: now,
+            secure: None,
             stats: MemberStats::default(),
         }
     }
@@ -675,6 +737,17 @@ impl Member {
         self.now = now;
         for (replica, datagram) in datagrams {
             self.stats.gms_datagrams_received += 1;
+            let opened;
+            let datagram = match self.secure.as_mut() {
+                None => datagram,
+                Some(link) => match link.receive(now, replica, datagram) {
+                    Some(plain) => {
+                        opened = plain;
+                        &opened[..]
+                    }
+                    None => continue,
+                },
+            };
             match (self.link.as_mut(), unframe(datagram)) {
                 (Some(link), Some(body)) => link.client.handle_datagram(now, replica, body),
                 _ => self.stats.gms_unframed += 1,
@@ -692,6 +765,11 @@ impl Member {
         }
         if self.stall_check_at().is_some_and(|t| t <= now) {
             self.check_stalls(now);
+        }
+        if let Some(secure) = self.secure.as_mut() {
+            if secure.poll_timeout().is_some_and(|t| t <= now) {
+                secure.handle_timeout(now);
+            }
         }
         let leave_timeout = self.config.leave_timeout;
         if self
@@ -912,9 +990,27 @@ impl Member {
         if link.client.poll_timeout().is_some_and(|t| t <= self.now) {
             link.client.handle_timeout(self.now);
         }
-        let (replica, msg) = link.client.poll_transmit()?;
-        self.stats.gms_datagrams_sent += 1;
-        Some((replica, frame(&msg)))
+        loop {
+            if let Some(out) = self.secure.as_mut().and_then(NodeLink::poll_transmit) {
+                self.stats.gms_datagrams_sent += 1;
+                return Some(out);
+            }
+            let link = self.link.as_mut()?;
+            let (replica, msg) = link.client.poll_transmit()?;
+            match self.secure.as_mut() {
+                None => {
+                    self.stats.gms_datagrams_sent += 1;
+                    return Some((replica, frame(&msg)));
+                }
+                Some(secure) => secure.send(self.now, replica, frame(&msg)),
+            }
+        }
+    }
+
+    /// The admitted GMS link's counters, when the node joined with an identity.
+    #[must_use]
+    pub fn link_stats(&self) -> Option<&crate::secure::NodeLinkStats> {
+        self.secure.as_ref().map(NodeLink::stats)
     }
 
     /// The next protocol datagram, written into `buf` ([`Node::poll_transmit`], which refuses
@@ -930,17 +1026,14 @@ impl Member {
     /// The next time [`handle_timeout`](Member::handle_timeout) must be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        let earliest = |a: Option<Time>, b: Option<Time>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
         let link = self
             .link
             .as_ref()
             .and_then(|l| l.deadline(self.config.leave_timeout));
+        let secure = self.secure.as_ref().and_then(NodeLink::poll_timeout);
         earliest(
             earliest(self.node.poll_timeout().map(|(at, _)| at), link),
-            self.stall_check_at(),
+            earliest(self.stall_check_at(), secure),
         )
     }
 

@@ -18,3 +18,12 @@ pub fn now() -> Time {
     let nanos = Instant::now().saturating_duration_since(epoch).as_nanos();
     Time::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
+
+/// Microseconds of the wall clock since the Unix epoch: the base of a node's hello stamps, which
+/// must grow across restarts of one identity (protocol time starts again at each).
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}

@@ -228,6 +228,9 @@ pub struct GmsLinkConfig {
     /// Least time between two suspicions of one node reported to the service. Default 500 ms:
     /// one per heartbeat interval is enough, the service decides.
     pub suspect_interval: Duration,
+    /// This node's identity and the service's key, for a service that admits only its allow
+    /// list (`None`: the link is plain, for a service that admits anyone).
+    pub security: Option<tidings_gms::LinkSecurity>,
 }
 
 impl GmsLinkConfig {
@@ -257,6 +260,7 @@ impl GmsLinkConfig {
             join_timeout: Duration::from_secs(5),
             leave_timeout: Duration::from_secs(1),
             suspect_interval: Duration::from_millis(500),
+            security: None,
         }
     }
 
@@ -475,6 +479,11 @@ fn join_seed() -> u64 {
 /// A membership service's incarnation for a service that starts without state: nonzero and
 /// from the operating system's random source (as [`join_seed`]), so that a service restarted
 /// without its state almost surely takes another one than the one it lost.
+/// Handshake entropy from the operating system's RNG.
+pub(crate) fn os_entropy() -> tidings_gms::Entropy {
+    Box::new(tidings_seal::os_random)
+}
+
 pub(crate) fn draw_incarnation() -> u32 {
     loop {
         let i = join_seed() as u32;

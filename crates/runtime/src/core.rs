@@ -1613,7 +1613,9 @@ impl Core {
                         let datagram = received.bytes;
                         stats.datagrams_received += 1;
                         stats.bytes_received += datagram.len() as u64;
-                        if unframe(datagram).is_some() {
+                        if unframe(datagram).is_some()
+                            || tidings_seal::link::is_link_datagram(datagram)
+                        {
                             // Membership traffic: only from the service this node joined, and
                             // never dropped on purpose (injected loss is for the protocol).
                             let link = gms.as_mut();

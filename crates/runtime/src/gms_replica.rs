@@ -38,8 +38,9 @@ use std::time::Duration;
 
 use tidings_gms::replica::{decode_durable, encode_durable, DurableLimits};
 use tidings_gms::{
-    GmsEvent, GmsMessage, GmsStats, Peer, RemoveCause, Replica, ReplicaConfig, ReplicaEvent,
-    ReplicaStats, ReplicaTransmit, REPLICAS_MAX,
+    GmsEvent, GmsMessage, GmsStats, Inbound, Peer, RemoveCause, Replica, ReplicaConfig,
+    ReplicaEvent, ReplicaStats, ReplicaTransmit, ServiceLink, ServiceLinkStats, ServiceSecurity,
+    REPLICAS_MAX,
 };
 use tidings_proto::{NodeId, Time, TopicId};
 
@@ -137,6 +138,8 @@ pub struct ReplicaSnapshot {
     pub state_write_time: Duration,
     /// The longest single write of the state file.
     pub state_write_time_max: Duration,
+    /// The admitted link's counters (all zero when the service admits anyone).
+    pub link: ServiceLinkStats,
 }
 
 /// A running replica of the membership service.
@@ -205,6 +208,19 @@ impl GmsReplicaServer {
         peers: Vec<SocketAddr>,
         socket: UdpSocket,
     ) -> Result<GmsReplicaServer, GmsServerError> {
+        GmsReplicaServer::start_secure_on(host, peers, socket, None)
+    }
+
+    /// As [`start_host_on`](GmsReplicaServer::start_host_on); with `security`, the replica
+    /// admits only the identities of its allow list, each after a Noise handshake, and speaks
+    /// with nodes only over the handshake's session (plain GMS datagrams are dropped). Every
+    /// replica of a service has the same identity and list.
+    pub fn start_secure_on(
+        host: ReplicaHostConfig,
+        peers: Vec<SocketAddr>,
+        socket: UdpSocket,
+        security: Option<ServiceSecurity>,
+    ) -> Result<GmsReplicaServer, GmsServerError> {
         let mut config = host.replica;
         check_peers(&peers)?;
         config.replicas = peers.len();
@@ -264,6 +280,7 @@ impl GmsReplicaServer {
             foreign_replica_datagrams: 0,
             oversized: 0,
             socket_recv_buffer_bytes,
+            secure: security.map(|s| ServiceLink::new(s, crate::config::os_entropy())),
         };
         // The state is on disk before the replica says anything, and a restarted replica's
         // members (restored from its snapshot) are reachable at once.
@@ -547,9 +564,26 @@ struct Host {
     foreign_replica_datagrams: u64,
     oversized: u64,
     socket_recv_buffer_bytes: usize,
+    /// The admitted link, when the service admits only its allow list.
+    secure: Option<ServiceLink<SocketAddr>>,
 }
 
 impl Host {
+    /// Sends the framed `datagram` to the node at `to`, sealed in its session when the link is
+    /// admitted (nothing is sent to an address without one).
+    fn send_client(&mut self, framed: &[u8], to: SocketAddr) {
+        match self.secure.as_mut() {
+            None => {
+                let _ = self.socket.send_to(framed, to);
+            }
+            Some(link) => {
+                if let Some(sealed) = link.seal_to(&to, framed) {
+                    let _ = self.socket.send_to(&sealed, to);
+                }
+            }
+        }
+    }
+
     fn run(&mut self) {
         let mut buf = vec![0u8; DATAGRAM_BYTES_MAX + 1];
         while !self.stop.load(Ordering::Acquire) {
@@ -610,6 +644,21 @@ impl Host {
             }
             return;
         }
+        let opened;
+        let datagram = match self.secure.as_mut() {
+            None => datagram,
+            Some(link) => match link.receive(from, datagram) {
+                Inbound::Gms(plain) => {
+                    opened = plain;
+                    &opened[..]
+                }
+                Inbound::Reply(reply) => {
+                    let _ = self.socket.send_to(&reply, from);
+                    return;
+                }
+                Inbound::Dropped => return,
+            },
+        };
         let Some(body) = unframe(datagram) else {
             self.invalid_datagrams += 1;
             return;
@@ -656,7 +705,7 @@ impl Host {
                                 items: vec![tidings_gms::Item::Removed],
                             }),
                         };
-                        let _ = self.socket.send_to(&frame(&notice), from);
+                        self.send_client(&frame(&notice), from);
                     }
                 }
             },
@@ -736,7 +785,7 @@ impl Host {
                     };
                     if let Some(to) = to {
                         // Lost sends are the service's to resend.
-                        let _ = self.socket.send_to(&frame(&t.msg), to);
+                        self.send_client(&frame(&t.msg), to);
                     }
                 }
                 ReplicaTransmit::Replica { to, bytes } => {
@@ -843,6 +892,11 @@ impl Host {
             state_bytes: self.state_bytes,
             state_write_time: self.state_write_time,
             state_write_time_max: self.state_write_time_max,
+            link: self
+                .secure
+                .as_ref()
+                .map(|l| l.stats().clone())
+                .unwrap_or_default(),
         }
     }
 }

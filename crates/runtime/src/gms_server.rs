@@ -18,7 +18,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tidings_gms::{
-    ConfigError, Gms, GmsConfig, GmsEvent, GmsMessage, GmsStats, MemberState, Peer, RemoveCause,
+    ConfigError, Gms, GmsConfig, GmsEvent, GmsMessage, GmsStats, Inbound, MemberState, Peer,
+    RemoveCause, ServiceLink, ServiceLinkStats, ServiceSecurity,
 };
 use tidings_proto::{NodeId, Time, TopicId};
 
@@ -78,6 +79,8 @@ pub struct GmsSnapshot {
     pub unknown_sources: u64,
     /// Datagrams without the GMS framing, dropped.
     pub invalid_datagrams: u64,
+    /// The admitted link's counters (all zero when the service admits anyone).
+    pub link: ServiceLinkStats,
 }
 
 /// A running membership service.
@@ -91,8 +94,19 @@ pub struct GmsServer {
 
 impl GmsServer {
     /// Binds `bind` and starts the service thread. The service starts without state, under an
-    /// incarnation drawn from the OS (`config.incarnation` is replaced).
-    pub fn start(mut config: GmsConfig, bind: SocketAddr) -> Result<GmsServer, GmsServerError> {
+    /// incarnation drawn from the OS (`config.incarnation` is replaced). It admits anyone.
+    pub fn start(config: GmsConfig, bind: SocketAddr) -> Result<GmsServer, GmsServerError> {
+        GmsServer::start_secure(config, bind, None)
+    }
+
+    /// As [`start`](GmsServer::start); with `security`, the service admits only the identities
+    /// of its allow list, each after a Noise handshake, and speaks with them only over the
+    /// handshake's session (plain GMS datagrams are dropped).
+    pub fn start_secure(
+        mut config: GmsConfig,
+        bind: SocketAddr,
+        security: Option<ServiceSecurity>,
+    ) -> Result<GmsServer, GmsServerError> {
         config.incarnation = crate::config::draw_incarnation();
         let gms = Gms::new(config)?;
         let socket = UdpSocket::bind(bind)?;
@@ -112,6 +126,7 @@ impl GmsServer {
             removed: Vec::new(),
             unknown_sources: 0,
             invalid_datagrams: 0,
+            secure: security.map(|s| ServiceLink::new(s, crate::config::os_entropy())),
         };
         let thread = std::thread::Builder::new()
             .name("tidings-gms".to_owned())
@@ -183,9 +198,26 @@ struct Host {
     removed: Vec<(NodeId, RemoveCause)>,
     unknown_sources: u64,
     invalid_datagrams: u64,
+    /// The admitted link, when the service admits only its allow list.
+    secure: Option<ServiceLink<SocketAddr>>,
 }
 
 impl Host {
+    /// Sends the framed `datagram` to `to`, sealed in its session when the link is admitted
+    /// (nothing is sent to an address without one).
+    fn send(&mut self, framed: &[u8], to: SocketAddr) {
+        match self.secure.as_mut() {
+            None => {
+                let _ = self.socket.send_to(framed, to);
+            }
+            Some(link) => {
+                if let Some(sealed) = link.seal_to(&to, framed) {
+                    let _ = self.socket.send_to(&sealed, to);
+                }
+            }
+        }
+    }
+
     fn run(&mut self) {
         let mut buf = vec![0u8; GMS_DATAGRAM_BYTES_MAX];
         while !self.stop.load(Ordering::Acquire) {
@@ -234,6 +266,21 @@ impl Host {
     }
 
     fn on_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
+        let opened;
+        let datagram = match self.secure.as_mut() {
+            None => datagram,
+            Some(link) => match link.receive(from, datagram) {
+                Inbound::Gms(plain) => {
+                    opened = plain;
+                    &opened[..]
+                }
+                Inbound::Reply(reply) => {
+                    let _ = self.socket.send_to(&reply, from);
+                    return;
+                }
+                Inbound::Dropped => return,
+            },
+        };
         let Some(body) = unframe(datagram) else {
             self.invalid_datagrams += 1;
             return;
@@ -272,7 +319,7 @@ impl Host {
                         seq: 0,
                         items: vec![tidings_gms::Item::Removed],
                     };
-                    let _ = self.socket.send_to(&frame(&notice), from);
+                    self.send(&frame(&notice), from);
                 }
             },
         }
@@ -304,7 +351,7 @@ impl Host {
             };
             if let Some(to) = to {
                 // Lost sends are the service's to resend (updates and welcomes are retried).
-                let _ = self.socket.send_to(&frame(&t.msg), to);
+                self.send(&frame(&t.msg), to);
             }
         }
         while let Some(e) = self.gms.poll_event() {
@@ -344,6 +391,11 @@ impl Host {
             },
             unknown_sources: self.unknown_sources,
             invalid_datagrams: self.invalid_datagrams,
+            link: self
+                .secure
+                .as_ref()
+                .map(|l| l.stats().clone())
+                .unwrap_or_default(),
         }
     }
 }

@@ -86,13 +86,23 @@ pub enum StartError {
     /// The membership service did not answer the join in time.
     #[error(
         "no answer from the membership service at {servers:?} within {waited:?}: is `tidings gms` \
-         (or a node embedding it) running there, and is the address reachable?"
+         (or a node embedding it) running there, and is the address reachable? (A service \
+         started with an identity answers only nodes joining with theirs.)"
     )]
     GmsUnreachable {
         /// The replica addresses tried.
         servers: Vec<SocketAddr>,
         /// How long the node tried.
         waited: std::time::Duration,
+    },
+    /// The membership service did not admit this node: its identity is not on the service's
+    /// allow list, or the service key configured here is not the service's.
+    #[error("the membership service at {servers:?} did not admit this node: {reason}")]
+    NotAdmitted {
+        /// The replica addresses tried.
+        servers: Vec<SocketAddr>,
+        /// Why, from the handshake.
+        reason: tidings_seal::LinkError,
     },
 }
 
@@ -225,6 +235,15 @@ impl NodeRuntime {
         };
         let mut joining =
             Joining::new(protocol, member_config, gms.client.clone()).map_err(member_error)?;
+        if let Some(security) = &gms.security {
+            let mut security = security.clone();
+            security.stamp_base = clock::wall_micros();
+            joining = joining.with_link(tidings_gms::NodeLink::new(
+                security,
+                gms.servers.len(),
+                crate::config::os_entropy(),
+            ));
+        }
         handshake(&socket, &gms, &mut joining)?;
         let member = joining.into_member(clock::now()).map_err(member_error)?;
         NodeRuntime::spawn(
@@ -739,7 +758,22 @@ fn handshake(
             socket.set_read_timeout(None)?;
             return Ok(());
         }
+        // A refusal is authenticated: final at once. A wrong service key shows as unreadable
+        // notices, which anyone can send: reported when the join times out.
+        let refusal = joining.link_refusal().cloned();
+        if let Some(reason @ tidings_seal::LinkError::NotAdmitted(_)) = refusal.clone() {
+            return Err(StartError::NotAdmitted {
+                servers: gms.servers.clone(),
+                reason,
+            });
+        }
         let waited = now.saturating_duration_since(start);
+        if let (true, Some(reason)) = (waited >= gms.join_timeout, refusal) {
+            return Err(StartError::NotAdmitted {
+                servers: gms.servers.clone(),
+                reason,
+            });
+        }
         if waited >= gms.join_timeout {
             return Err(StartError::GmsUnreachable {
                 servers: gms.servers.clone(),

@@ -40,6 +40,16 @@ pub const HELLO_LEN: usize = LINK_MAGIC.len() + 1 + 32 + 48 + 8 + 16;
 pub const WELCOME_LEN: usize = LINK_MAGIC.len() + 1 + 32 + 1 + 16;
 /// Bytes of an unreadable notice.
 pub const UNREADABLE_LEN: usize = LINK_MAGIC.len() + 1;
+/// The unreadable notice: a service sends it for a hello it cannot read (the node has a wrong
+/// service key) and for a data datagram of an address it has no session with (the service
+/// restarted, or the session was replaced). Not authenticated: a hint to start a handshake again.
+pub const UNREADABLE_NOTICE: [u8; UNREADABLE_LEN] = [
+    LINK_MAGIC[0],
+    LINK_MAGIC[1],
+    LINK_MAGIC[2],
+    LINK_MAGIC[3],
+    UNREADABLE,
+];
 /// Bytes a data datagram has more than its payload.
 pub const DATA_OVERHEAD: usize = LINK_MAGIC.len() + 1 + 8 + 16;
 /// Largest link datagram (the largest UDP payload over IPv4).

@@ -62,5 +62,6 @@ pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig, ReplicaConfig};
 pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
 pub use tidings_runtime::{
     GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MetricsServer, MulticastConfig,
-    PublishHandle, ReplicaHostConfig, ReplicaSnapshot, RuntimeConfig, Transport,
+    PublishHandle, ReplicaHostConfig, ReplicaSnapshot, RuntimeConfig, StartError, Transport,
 };
+pub use tidings_seal::{AllowList, Identity, LinkError, PublicKey};

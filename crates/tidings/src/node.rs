@@ -5,12 +5,13 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tidings_gms::GmsConfig;
+use tidings_gms::{GmsConfig, LinkSecurity, ServiceSecurity};
 use tidings_proto::NodeId;
 use tidings_runtime::{
     GmsLinkConfig, GmsServer, GmsServerError, GmsSnapshot, MetricsServer, NodeRuntime,
     RuntimeConfig, RuntimeStats, Transport,
 };
+use tidings_seal::{AllowList, Identity, PublicKey};
 
 use crate::error::Error;
 use crate::publish::Publisher;
@@ -59,6 +60,9 @@ pub struct NodeBuilder {
     subscription_capacity: usize,
     share: f64,
     metrics: Option<SocketAddr>,
+    identity: Option<Identity>,
+    service_key: Option<PublicKey>,
+    service_security: Option<ServiceSecurity>,
 }
 
 impl Default for NodeBuilder {
@@ -74,6 +78,9 @@ impl Default for NodeBuilder {
             subscription_capacity: 1024,
             share: 1.0,
             metrics: None,
+            identity: None,
+            service_key: None,
+            service_security: None,
         }
     }
 }
@@ -198,6 +205,36 @@ impl NodeBuilder {
         self
     }
 
+    /// This node's identity (`tidings keygen`): the node runs a Noise handshake with the
+    /// membership service before it joins, proving the identity and checking the service's key
+    /// ([`service_key`](NodeBuilder::service_key), or the embedded service's own), and speaks
+    /// to the service only over that encrypted session. Default none: the plain link, for a
+    /// service that admits anyone.
+    #[must_use]
+    pub fn identity(mut self, identity: Identity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// The public key of the membership service this node joins (with
+    /// [`identity`](NodeBuilder::identity)); a service that cannot prove it holds the key is
+    /// not spoken to. Not needed when this node embeds the service with
+    /// [`secure_gms`](NodeBuilder::secure_gms).
+    #[must_use]
+    pub fn service_key(mut self, key: PublicKey) -> Self {
+        self.service_key = Some(key);
+        self
+    }
+
+    /// The membership service this node embeds (if it does) admits only `allowed`, proving
+    /// itself with `identity`; nodes join it with their own identity and its public key. A node
+    /// that embeds it needs an [`identity`](NodeBuilder::identity) on the list too.
+    #[must_use]
+    pub fn secure_gms(mut self, identity: Identity, allowed: AllowList) -> Self {
+        self.service_security = Some(ServiceSecurity { identity, allowed });
+        self
+    }
+
     /// Serves the node's metrics for Prometheus on `addr` (`GET /metrics`, OpenMetrics text;
     /// port 0 picks a free one, see [`Node::metrics_addr`]). Off by default.
     #[must_use]
@@ -226,10 +263,31 @@ impl NodeBuilder {
         self.protocol
             .validate()
             .map_err(|e| Error::Config(e.to_string()))?;
+        let embedded_key = self.service_security.as_ref().map(|s| *s.identity.public());
+        let service_key = self.service_key.or(embedded_key);
+        let security = match (self.identity, service_key) {
+            (Some(identity), Some(service)) => Some(LinkSecurity::new(identity, service)),
+            (Some(_), None) => {
+                return Err(Error::Config(
+                    "identity is set but no service_key: the node needs the membership \
+                     service's public key (or secure_gms for an embedded service)"
+                        .to_owned(),
+                ))
+            }
+            (None, Some(_)) if self.service_security.is_some() => {
+                return Err(Error::Config(
+                    "secure_gms is set but this node has no identity: the service would \
+                     refuse its own node"
+                        .to_owned(),
+                ))
+            }
+            (None, _) => None,
+        };
+        let service_security = self.service_security;
         let (server, gms_addrs) = match self.gms {
             GmsMode::Local { config } => {
                 let addr = SocketAddr::from(([127, 0, 0, 1], LOCAL_GMS_PORT));
-                match GmsServer::start(config, addr) {
+                match GmsServer::start_secure(config, addr, service_security) {
                     Ok(server) => (Some(server), vec![addr]),
                     // Taken: the service another node of this host started (if nothing there
                     // answers, the join times out and says so).
@@ -240,7 +298,7 @@ impl NodeBuilder {
                 }
             }
             GmsMode::Embedded { bind, config } => {
-                let server = GmsServer::start(config, bind)?;
+                let server = GmsServer::start_secure(config, bind, service_security)?;
                 let addr = server.local_addr();
                 (Some(server), vec![addr])
             }
@@ -250,6 +308,9 @@ impl NodeBuilder {
             .link
             .unwrap_or_else(|| GmsLinkConfig::replicated(gms_addrs.clone()));
         link.set_servers(gms_addrs.clone());
+        if security.is_some() {
+            link.security = security;
+        }
         let socket = UdpSocket::bind(self.bind).map_err(|source| Error::Bind {
             addr: self.bind,
             source,
