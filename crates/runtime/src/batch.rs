@@ -96,10 +96,17 @@ impl Deliveries {
         self.items.len() >= BATCH_MSGS_MAX
     }
 
-    /// A copy of the batch on storage of the same pool (payloads are shared, not copied).
-    pub(crate) fn clone_in(&self, pool: &Arc<BatchPool>) -> Deliveries {
+    /// A copy of the messages `range` of the batch on storage of `pool` (payloads are shared,
+    /// not copied).
+    pub(crate) fn copy_in(
+        &self,
+        pool: &Arc<BatchPool>,
+        range: std::ops::Range<usize>,
+    ) -> Deliveries {
         let mut copy = pool.batch(self.topic);
-        copy.items.extend(self.items.iter().cloned());
+        if let Some(items) = self.items.get(range) {
+            copy.items.extend(items.iter().cloned());
+        }
         copy
     }
 }
@@ -166,15 +173,18 @@ mod tests {
         for i in 0..100 {
             b.push(delivery(i));
         }
-        let copy = b.clone_in(&pool);
+        let copy = b.copy_in(&pool, 0..100);
         assert_eq!(&*copy, &*b);
+        let part = b.copy_in(&pool, 10..12);
+        assert_eq!(&*part, &b[10..12]);
         let storage = b.as_ptr();
         let ids: Vec<u64> = b.drain().map(|d| d.msg_id.0).collect();
         assert_eq!(ids, (0..100).collect::<Vec<_>>());
         assert!(b.is_empty());
         drop(b);
         drop(copy);
-        assert_eq!(pool.free.len(), 2);
+        drop(part);
+        assert_eq!(pool.free.len(), 3);
         let again = pool.batch(TopicId(8));
         assert!(again.is_empty());
         assert_eq!(again.topic(), TopicId(8));

@@ -314,9 +314,16 @@ const TOPIC_MOVE_RETRY: Duration = Duration::from_millis(10);
 struct HeldTopic {
     since: Time,
     /// Batches of the topic not handed on yet, in order: those the protocol had delivered
-    /// before the hold took effect, each with the index of the first subscription it has not
-    /// reached.
-    backlog: VecDeque<(Deliveries, usize)>,
+    /// before the hold took effect, each with where its hand-over stopped.
+    backlog: VecDeque<(Deliveries, Position)>,
+}
+
+/// Where the hand-over of a batch to its topic's subscriptions stopped: the subscription at
+/// index `task` has its first `skip` messages, those before it have all of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Position {
+    task: usize,
+    skip: usize,
 }
 
 /// A subscription bounded by what its reader has not read ([`Control::Bound`]).
@@ -445,7 +452,7 @@ pub(crate) struct Core {
     /// its storage: a reader that keeps filling its queue makes holds come and go).
     held: FxHashMap<TopicId, HeldTopic>,
     /// Storage reused across holds: emptied backlogs, and the held topics of a retry.
-    spare_backlogs: Vec<VecDeque<(Deliveries, usize)>>,
+    spare_backlogs: Vec<VecDeque<(Deliveries, Position)>>,
     held_scratch: Vec<TopicId>,
     /// Messages in the held topics' backlogs.
     backlog_total: usize,
@@ -1290,10 +1297,10 @@ impl Core {
         if let Some(held) = held {
             // Delivered by the protocol before the hold took effect: waits behind the others.
             self.backlog_total += batch.len();
-            held.backlog.push_back((batch, 0));
+            held.backlog.push_back((batch, Position::default()));
             return;
         }
-        if let Err((batch, next)) = self.deliver(batch, 0) {
+        if let Err((batch, next)) = self.deliver(batch, Position::default()) {
             let now = clock::now();
             let topic = batch.topic();
             self.member.hold_topic(topic);
@@ -1311,9 +1318,15 @@ impl Core {
         }
     }
 
-    /// Pushes `batch` to the subscriptions of its topic from index `start`, as one event each;
-    /// on a subscription without room, gives `batch` back with that subscription's index.
-    fn deliver(&mut self, batch: Deliveries, start: usize) -> Result<(), (Deliveries, usize)> {
+    /// Pushes `batch` to the subscriptions of its topic from index `start` (whose first `skip`
+    /// messages that subscription already has), as one event each. A bounded subscription
+    /// with room for part of it gets that part. On a subscription without room for the rest,
+    /// gives `batch` back with that subscription's index and the messages it has.
+    fn deliver(
+        &mut self,
+        batch: Deliveries,
+        start: Position,
+    ) -> Result<(), (Deliveries, Position)> {
         let Some(tasks) = self.subscriptions.get(&batch.topic()) else {
             self.stats.deliveries_unsubscribed += batch.len() as u64;
             return Ok(());
@@ -1321,32 +1334,48 @@ impl Core {
         let n = batch.len();
         let last = tasks.len().saturating_sub(1);
         let mut batch = Some(batch);
-        for (i, task) in tasks.iter().enumerate().skip(start) {
+        for (i, task) in tasks.iter().enumerate().skip(start.task) {
+            let from = if i == start.task { start.skip } else { 0 };
+            let want = n.saturating_sub(from);
             // No lookup on a node without bounded subscriptions (callbacks alone).
             let bound = if self.bounds.is_empty() {
                 None
             } else {
                 self.bounds.get(&task.id())
             };
+            let mut take = want;
             if let Some(b) = bound {
-                if !b.unread.admit(n) && !b.unread.wake_when_low_then_admit(n) {
+                take = match b.unread.admit(want) {
+                    0 => b.unread.wake_when_low_then_admit(want),
+                    k => k,
+                };
+                if take < want {
                     b.unread.became_bottleneck(clock::now());
-                    match batch.take() {
-                        Some(batch) => return Err((batch, i)),
-                        None => break,
-                    }
+                }
+                if take == 0 {
+                    return batch.map_or(Ok(()), |b| {
+                        Err((
+                            b,
+                            Position {
+                                task: i,
+                                skip: from,
+                            },
+                        ))
+                    });
                 }
             }
-            let event = if i == last {
-                batch.take()
-            } else {
-                batch.as_ref().map(|b| b.clone_in(&self.batch_pool))
+            let whole = from == 0 && take == n;
+            let event = match batch.as_ref() {
+                None => break,
+                Some(b) if !whole => b.copy_in(&self.batch_pool, from..from + take),
+                Some(b) if i != last => b.copy_in(&self.batch_pool, 0..n),
+                Some(_) => match batch.take() {
+                    Some(b) => b,
+                    None => break,
+                },
             };
-            let Some(event) = event else {
-                break;
-            };
-            match task.try_push(event) {
-                Ok(()) => self.stats.deliveries += n as u64,
+            let pushed = match task.try_push(event) {
+                Ok(()) => true,
                 Err(TryPushError::Full(event)) => {
                     // The task's queue is full (a slow callback): ask the workers to wake us
                     // once half of it is delivered, then look again. If that still finds it
@@ -1359,30 +1388,55 @@ impl Core {
                     fence(Ordering::SeqCst);
                     match task.try_push(event) {
                         Ok(()) => {
-                            self.stats.deliveries += n as u64;
                             // Room after all: no wake-up is owed.
                             self.shared
                                 .deliveries_until_wake
                                 .store(0, Ordering::Release);
+                            true
                         }
                         Err(TryPushError::Full(event)) => {
                             if let Some(b) = bound {
-                                b.unread.unadmit(n);
+                                b.unread.unadmit(take);
                             }
-                            return Err((event, i));
+                            // The batch itself if it was the event, else the one kept.
+                            let batch = match batch.take() {
+                                Some(b) => {
+                                    drop(event);
+                                    b
+                                }
+                                None => event,
+                            };
+                            return Err((
+                                batch,
+                                Position {
+                                    task: i,
+                                    skip: from,
+                                },
+                            ));
                         }
-                        Err(TryPushError::Closed(_)) => {
-                            if let Some(b) = bound {
-                                b.unread.unadmit(n);
-                            }
-                        }
+                        Err(TryPushError::Closed(_)) => false,
                     }
                 }
                 // Unsubscribed meanwhile.
-                Err(TryPushError::Closed(_)) => {
-                    if let Some(b) = bound {
-                        b.unread.unadmit(n);
-                    }
+                Err(TryPushError::Closed(_)) => false,
+            };
+            if !pushed {
+                if let Some(b) = bound {
+                    b.unread.unadmit(take);
+                }
+                continue;
+            }
+            self.stats.deliveries += take as u64;
+            if take < want {
+                // The bounded subscription took part of the batch: the rest waits for room.
+                if let Some(batch) = batch.take() {
+                    return Err((
+                        batch,
+                        Position {
+                            task: i,
+                            skip: from + take,
+                        },
+                    ));
                 }
             }
         }
@@ -1517,9 +1571,12 @@ impl Core {
         };
         tasks.remove(index);
         if let Some(held) = self.held.get_mut(&topic) {
-            for (_, next) in &mut held.backlog {
-                if index < *next {
-                    *next -= 1;
+            for (_, at) in &mut held.backlog {
+                if index < at.task {
+                    at.task -= 1;
+                } else if index == at.task {
+                    // The subscription now at this index has none of the batch.
+                    at.skip = 0;
                 }
             }
         }
@@ -2112,14 +2169,14 @@ mod tests {
             RuntimeConfig::default().publish_queued_node_bytes_max,
         ));
         let unread = Unread::new(4, Arc::clone(&shared));
-        assert!((0..4).all(|_| unread.admit(1)));
-        assert!(!unread.admit(1));
+        assert!((0..4).all(|_| unread.admit(1) == 1));
+        assert_eq!(unread.admit(1), 0);
         // Nobody waits: reads wake no one.
         unread.taken(3);
         assert_eq!(woken(&mut poll), 0);
-        assert!((0..3).all(|_| unread.admit(1)));
+        assert!((0..3).all(|_| unread.admit(1) == 1));
         // The core waits: no room, and none until the reader is down to 2.
-        assert!(!unread.wake_when_low_then_admit(1));
+        assert_eq!(unread.wake_when_low_then_admit(1), 0);
         unread.became_bottleneck(Time::ZERO);
         assert!(unread.bottleneck().since.is_some());
         unread.taken(1);
@@ -2138,14 +2195,13 @@ mod tests {
         // More taken than counted (the error after a disconnection) stays at zero.
         unread.taken(1);
         assert_eq!(unread.count(), 0);
-        // A batch is admitted while the count is below the capacity: it passes the capacity
-        // by less than the batch; one not handed on is counted back.
-        assert!(unread.admit(3));
-        assert!(unread.admit(3));
-        assert_eq!(unread.count(), 6);
-        assert!(!unread.admit(1));
+        // A batch is admitted as far as the capacity; what is not handed on is counted back.
+        assert_eq!(unread.admit(3), 3);
+        assert_eq!(unread.admit(3), 1);
+        assert_eq!(unread.count(), 4);
+        assert_eq!(unread.admit(1), 0);
         unread.unadmit(3);
-        assert_eq!(unread.count(), 3);
+        assert_eq!(unread.count(), 1);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! application has not read, its capacity, and whether it is the bottleneck of its topic now.
 //!
 //! The core thread counts a batch's deliveries up before handing it to the subscription's task;
-//! the reader counts each down as it takes it ([`Unread::taken`]). A batch that finds the count
-//! at the capacity is not handed on: the core holds the topic in the protocol (its streams stop at
+//! the reader counts each down as it takes it ([`Unread::taken`]). A batch gets as far as the
+//! capacity; what finds the count at the capacity is not handed on: the core holds the topic in the protocol (its streams stop at
 //! this node, the other topics go on) and waits until the reader brings the count down to the
 //! low watermark, half the capacity, which wakes it.
 
@@ -100,28 +100,28 @@ impl Unread {
         }
     }
 
-    /// Core side: true if there is room for a batch of `n` deliveries, which are then counted.
-    /// A batch is admitted while the count is below the capacity, so the count passes the
-    /// capacity by less than one batch.
-    pub(crate) fn admit(&self, n: usize) -> bool {
-        if self.count.load(Ordering::Acquire) >= self.capacity {
-            return false;
+    /// Core side: how many of a batch of `n` deliveries there is room for (at most `n`), which
+    /// are then counted. Only the core thread counts up, so the count stays within the capacity.
+    pub(crate) fn admit(&self, n: usize) -> usize {
+        let count = self.count.load(Ordering::Acquire);
+        let room = self.capacity.saturating_sub(count).min(n);
+        if room > 0 {
+            self.count.fetch_add(room, Ordering::AcqRel);
         }
-        self.count.fetch_add(n, Ordering::AcqRel);
-        true
+        room
     }
 
     /// Core side, after [`admit`](Self::admit) found no room: asks the reader to wake the core
     /// thread once the count is down to the low watermark, then looks again (the reader may
-    /// have taken some between the two looks); true if there is room after all (the delivery
-    /// are then counted).
-    pub(crate) fn wake_when_low_then_admit(&self, n: usize) -> bool {
+    /// have taken some between the two looks); how many of the `n` there is room for after all
+    /// (those are then counted).
+    pub(crate) fn wake_when_low_then_admit(&self, n: usize) -> usize {
         self.waiting.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         self.admit(n)
     }
 
-    /// Core side: a batch of `n` deliveries counted by [`admit`](Self::admit) was not handed on.
+    /// Core side: `n` deliveries counted by [`admit`](Self::admit) were not handed on.
     pub(crate) fn unadmit(&self, n: usize) {
         let _ = self
             .count
