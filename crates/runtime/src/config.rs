@@ -137,7 +137,7 @@ pub struct RuntimeConfig {
     /// The delivery scheduler (worker threads that run subscription callbacks). Default
     /// [`SchedConfig::default`] with one worker thread (callbacks are expected to be short, and
     /// on small hosts every extra thread competes with the core thread) and delivery queues of
-    /// [`DELIVERY_QUEUE_DEFAULT`] events.
+    /// [`DELIVERY_QUEUE_DEFAULT`] events (each a batch of up to 256 messages of one topic).
     pub sched: SchedConfig,
     /// Longest wait of a control request (subscribe, stats, membership) for the core thread's
     /// answer. Default 5 s: the core thread answers within one round of its loop (at most an I/O
@@ -199,7 +199,7 @@ impl Default for RuntimeConfig {
 }
 
 /// Default capacity of each subscription's delivery queue, in events (the scheduler's
-/// `task_queue_capacity`). A bound, not an allocation (a queue's storage follows its use), so
+/// `task_queue_capacity`; an event is a batch of up to 256 messages of one topic). A bound, not an allocation (a queue's storage follows its use), so
 /// quiet topics cost nothing for it. With 1024, a saturated 1 -> 1 run stalled the core thread
 /// on a full queue 2,900-3,400 times a run (each stall a wake-up); with 4096 110-160, for
 /// 1.22-1.37 M msgs/s instead of 1.14-1.25 M (three interleaved runs each).

@@ -30,9 +30,10 @@ use tidings_proto::{
     Delivery, Event, Membership, MsgId, Priority, PublishError, RegionId, Time, TopicId,
 };
 use tidings_sched::handoff::{ReadyFlag, ReadyList};
-use tidings_sched::{TaskHandle, TaskId, TryPushError};
+use tidings_sched::{TaskId, TryPushError};
 
 use crate::addr::{AddressBook, Routes};
+use crate::batch::{BatchPool, Deliveries, SubTask};
 use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
 use crate::flow::Unread;
@@ -67,7 +68,7 @@ pub(crate) enum Control {
     /// Deliveries of `topic` go (also) to `task`; the reply confirms it is in force.
     Subscribe {
         topic: TopicId,
-        task: TaskHandle<Delivery>,
+        task: SubTask,
         reply: SyncSender<()>,
     },
     /// Stop delivering `topic` to `task`.
@@ -91,13 +92,13 @@ pub(crate) enum Control {
     /// topic's id) comes once this node is in a region that carries it.
     SubscribeNamed {
         name: String,
-        task: TaskHandle<Delivery>,
+        task: SubTask,
         reply: SyncSender<Result<TopicId, String>>,
     },
     /// [`SubscribeNamed`](Control::SubscribeNamed) for several topics in one request to the
     /// GMS (at most `NAMES_PER_REQUEST_MAX`): a name, its task and its reply each.
     SubscribeNamedMany {
-        entries: Vec<(String, TaskHandle<Delivery>, NamedReply)>,
+        entries: Vec<(String, SubTask, NamedReply)>,
     },
     /// Declare through the GMS that this node publishes on the topic of this name; the reply
     /// comes once the node knows the topic's regions.
@@ -312,11 +313,17 @@ const TOPIC_MOVE_RETRY: Duration = Duration::from_millis(10);
 #[derive(Debug)]
 struct HeldTopic {
     since: Time,
-    /// Deliveries of the topic not handed on yet, in order: those the protocol had delivered
-    /// before the hold took effect. The first has reached the topic's subscriptions before
-    /// index `next`.
-    backlog: VecDeque<Delivery>,
-    next: usize,
+    /// Batches of the topic not handed on yet, in order: those the protocol had delivered
+    /// before the hold took effect, each with where its hand-over stopped.
+    backlog: VecDeque<(Deliveries, Position)>,
+}
+
+/// Where the hand-over of a batch to its topic's subscriptions stopped: the subscription at
+/// index `task` has its first `skip` messages, those before it have all of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Position {
+    task: usize,
+    skip: usize,
 }
 
 /// A subscription bounded by what its reader has not read ([`Control::Bound`]).
@@ -339,13 +346,8 @@ fn refuse(reply: NamedReply, why: &str) {
 
 /// A named request waiting for its answer from the member, by the token it was made with.
 enum Pending {
-    Subscribe {
-        task: TaskHandle<Delivery>,
-        reply: NamedReply,
-    },
-    Advertise {
-        reply: NamedReply,
-    },
+    Subscribe { task: SubTask, reply: NamedReply },
+    Advertise { reply: NamedReply },
 }
 
 impl Pending {
@@ -437,10 +439,10 @@ pub(crate) struct Core {
     /// The subscriptions of each topic, looked up per delivery: Fx hashing (the std hasher was
     /// 0.9% of a subscriber's CPU at 1 -> 1; keys are topic ids this node subscribed to, so
     /// hostile input can only look up, not shape the table).
-    subscriptions: FxHashMap<TopicId, Vec<TaskHandle<Delivery>>>,
+    subscriptions: FxHashMap<TopicId, Vec<SubTask>>,
     /// After a rejoin, the subscriptions by their old topic id until the name is bound again
     /// (`MemberEvent::TopicMoved`).
-    subscriptions_moving: FxHashMap<TopicId, Vec<TaskHandle<Delivery>>>,
+    subscriptions_moving: FxHashMap<TopicId, Vec<SubTask>>,
     /// Per rejoin, each topic's old id to its new one: publishers added before a rejoin name
     /// topics by old ids (`PublisherCore::epoch` is their index here).
     topic_moves: Vec<FxHashMap<TopicId, TopicId>>,
@@ -450,10 +452,16 @@ pub(crate) struct Core {
     /// its storage: a reader that keeps filling its queue makes holds come and go).
     held: FxHashMap<TopicId, HeldTopic>,
     /// Storage reused across holds: emptied backlogs, and the held topics of a retry.
-    spare_backlogs: Vec<VecDeque<Delivery>>,
+    spare_backlogs: Vec<VecDeque<(Deliveries, Position)>>,
     held_scratch: Vec<TopicId>,
-    /// Deliveries in the held topics' backlogs.
+    /// Messages in the held topics' backlogs.
     backlog_total: usize,
+    /// Storage of delivery batches, recycled by the workers that ran them.
+    batch_pool: Arc<BatchPool>,
+    /// The run of one topic's deliveries taken from the protocol and not handed on yet: handed
+    /// on as one batch when another topic or another kind of event comes, or the events run
+    /// out.
+    run: Option<Deliveries>,
     alarm: Option<ProtocolAlarm>,
     last_look: Time,
     /// When the thread last woke from `poll` (the start of the cycle).
@@ -578,6 +586,8 @@ impl Core {
             spare_backlogs: Vec::new(),
             held_scratch: Vec::new(),
             backlog_total: 0,
+            batch_pool: BatchPool::new(),
+            run: None,
             alarm: None,
             last_look: now,
             woke_at: now,
@@ -846,6 +856,11 @@ impl Core {
 
     /// Acts on one of the member's own events.
     fn on_member_event(&mut self, event: MemberEvent) {
+        if !matches!(event, MemberEvent::Protocol(_)) {
+            // Installs, answers and rejoins change the subscriptions: the run so far goes to
+            // those it was delivered for.
+            self.flush_run();
+        }
         match event {
             MemberEvent::Protocol(e) => self.on_protocol_event(e),
             MemberEvent::Installed { changed } => {
@@ -1235,12 +1250,14 @@ impl Core {
         }
     }
 
-    /// Takes the member's events: its own first (installs, answers), then the protocol's.
+    /// Takes the member's events: its own first (installs, answers), then the protocol's; the
+    /// last run of deliveries is handed on at the end.
     fn hand_events_on(&mut self) {
         self.drain_control_events();
         while let Some(event) = self.member.poll_event() {
             self.on_member_event(event);
         }
+        self.flush_run();
     }
 
     fn on_protocol_event(&mut self, event: Event) {
@@ -1256,69 +1273,118 @@ impl Core {
         }
     }
 
-    /// Hands `d` on to its topic's subscriptions, or, if one has no room, holds the topic.
+    /// Adds `d` to the current run of deliveries if it is of the run's topic and the run has
+    /// room; otherwise hands the run on and starts a new one.
     fn on_delivery(&mut self, d: Delivery) {
+        if let Some(run) = self.run.as_mut() {
+            if run.topic() == d.topic && !run.is_full() {
+                run.push(d);
+                return;
+            }
+        }
+        self.flush_run();
+        let mut run = self.batch_pool.batch(d.topic);
+        run.push(d);
+        self.run = Some(run);
+    }
+
+    /// Hands the current run of deliveries on, if there is one.
+    fn flush_run(&mut self) {
+        if let Some(run) = self.run.take() {
+            self.on_batch(run);
+        }
+    }
+
+    /// Hands `batch` on to its topic's subscriptions, or, if one has no room, holds the topic.
+    fn on_batch(&mut self, batch: Deliveries) {
         // No lookup while nothing is held (nearly always).
         let held = if self.held.is_empty() {
             None
         } else {
-            self.held.get_mut(&d.topic)
+            self.held.get_mut(&batch.topic())
         };
         if let Some(held) = held {
             // Delivered by the protocol before the hold took effect: waits behind the others.
-            held.backlog.push_back(d);
-            self.backlog_total += 1;
+            self.backlog_total += batch.len();
+            held.backlog.push_back((batch, Position::default()));
             return;
         }
-        if let Err((d, next)) = self.deliver(d, 0) {
+        if let Err((batch, next)) = self.deliver(batch, Position::default()) {
             let now = clock::now();
-            let topic = d.topic;
+            let topic = batch.topic();
             self.member.hold_topic(topic);
             self.stats.delivery_stalls += 1;
+            self.backlog_total += batch.len();
             let mut backlog = self.spare_backlogs.pop().unwrap_or_default();
-            backlog.push_back(d);
+            backlog.push_back((batch, next));
             self.held.insert(
                 topic,
                 HeldTopic {
                     since: now,
                     backlog,
-                    next,
                 },
             );
-            self.backlog_total += 1;
         }
     }
 
-    /// Pushes `d` to the subscriptions of its topic from index `start`; on a subscription
-    /// without room, gives `d` back with that subscription's index.
-    fn deliver(&mut self, d: Delivery, start: usize) -> Result<(), (Delivery, usize)> {
-        let Some(tasks) = self.subscriptions.get(&d.topic) else {
-            self.stats.deliveries_unsubscribed += 1;
+    /// Pushes `batch` to the subscriptions of its topic from index `start` (whose first `skip`
+    /// messages that subscription already has), as one event each. A bounded subscription
+    /// with room for part of it gets that part. On a subscription without room for the rest,
+    /// gives `batch` back with that subscription's index and the messages it has.
+    fn deliver(
+        &mut self,
+        batch: Deliveries,
+        start: Position,
+    ) -> Result<(), (Deliveries, Position)> {
+        let Some(tasks) = self.subscriptions.get(&batch.topic()) else {
+            self.stats.deliveries_unsubscribed += batch.len() as u64;
             return Ok(());
         };
+        let n = batch.len();
         let last = tasks.len().saturating_sub(1);
-        let mut d = Some(d);
-        for (i, task) in tasks.iter().enumerate().skip(start) {
+        let mut batch = Some(batch);
+        for (i, task) in tasks.iter().enumerate().skip(start.task) {
+            let from = if i == start.task { start.skip } else { 0 };
+            let want = n.saturating_sub(from);
             // No lookup on a node without bounded subscriptions (callbacks alone).
             let bound = if self.bounds.is_empty() {
                 None
             } else {
                 self.bounds.get(&task.id())
             };
+            let mut take = want;
             if let Some(b) = bound {
-                if !b.unread.admit() && !b.unread.wake_when_low_then_admit() {
+                take = match b.unread.admit(want) {
+                    0 => b.unread.wake_when_low_then_admit(want),
+                    k => k,
+                };
+                if take < want {
                     b.unread.became_bottleneck(clock::now());
-                    match d.take() {
-                        Some(d) => return Err((d, i)),
-                        None => break,
-                    }
+                }
+                if take == 0 {
+                    return batch.map_or(Ok(()), |b| {
+                        Err((
+                            b,
+                            Position {
+                                task: i,
+                                skip: from,
+                            },
+                        ))
+                    });
                 }
             }
-            let Some(event) = (if i == last { d.take() } else { d.clone() }) else {
-                break;
+            let whole = from == 0 && take == n;
+            let event = match batch.as_ref() {
+                None => break,
+                Some(b) if !whole => b.copy_in(&self.batch_pool, from..from + take),
+                Some(b) if i != last => b.copy_in(&self.batch_pool, 0..n),
+                Some(_) => match batch.take() {
+                    Some(b) => b,
+                    None => break,
+                },
             };
-            match task.try_push(event) {
-                Ok(()) => self.stats.deliveries += 1,
+            let pushed = match task.try_push(event) {
+                Ok(()) => true,
                 Err(TryPushError::Full(event)) => {
                     // The task's queue is full (a slow callback): ask the workers to wake us
                     // once half of it is delivered, then look again. If that still finds it
@@ -1331,30 +1397,55 @@ impl Core {
                     fence(Ordering::SeqCst);
                     match task.try_push(event) {
                         Ok(()) => {
-                            self.stats.deliveries += 1;
                             // Room after all: no wake-up is owed.
                             self.shared
                                 .deliveries_until_wake
                                 .store(0, Ordering::Release);
+                            true
                         }
                         Err(TryPushError::Full(event)) => {
                             if let Some(b) = bound {
-                                b.unread.unadmit();
+                                b.unread.unadmit(take);
                             }
-                            return Err((event, i));
+                            // The batch itself if it was the event, else the one kept.
+                            let batch = match batch.take() {
+                                Some(b) => {
+                                    drop(event);
+                                    b
+                                }
+                                None => event,
+                            };
+                            return Err((
+                                batch,
+                                Position {
+                                    task: i,
+                                    skip: from,
+                                },
+                            ));
                         }
-                        Err(TryPushError::Closed(_)) => {
-                            if let Some(b) = bound {
-                                b.unread.unadmit();
-                            }
-                        }
+                        Err(TryPushError::Closed(_)) => false,
                     }
                 }
                 // Unsubscribed meanwhile.
-                Err(TryPushError::Closed(_)) => {
-                    if let Some(b) = bound {
-                        b.unread.unadmit();
-                    }
+                Err(TryPushError::Closed(_)) => false,
+            };
+            if !pushed {
+                if let Some(b) = bound {
+                    b.unread.unadmit(take);
+                }
+                continue;
+            }
+            self.stats.deliveries += take as u64;
+            if take < want {
+                // The bounded subscription took part of the batch: the rest waits for room.
+                if let Some(batch) = batch.take() {
+                    return Err((
+                        batch,
+                        Position {
+                            task: i,
+                            skip: from + take,
+                        },
+                    ));
                 }
             }
         }
@@ -1380,15 +1471,12 @@ impl Core {
             let Some(mut held) = self.held.remove(&topic) else {
                 continue;
             };
-            while let Some(d) = held.backlog.pop_front() {
-                match self.deliver(d, held.next) {
-                    Ok(()) => {
-                        held.next = 0;
-                        self.backlog_total -= 1;
-                    }
-                    Err((d, next)) => {
-                        held.backlog.push_front(d);
-                        held.next = next;
+            while let Some((batch, next)) = held.backlog.pop_front() {
+                let n = batch.len();
+                match self.deliver(batch, next) {
+                    Ok(()) => self.backlog_total -= n,
+                    Err((batch, next)) => {
+                        held.backlog.push_front((batch, next));
                         break;
                     }
                 }
@@ -1419,7 +1507,7 @@ impl Core {
 
     /// Ends the hold of `topic`: its streams go on at this node.
     fn release(&mut self, now: Time, topic: TopicId, mut held: HeldTopic) {
-        self.backlog_total -= held.backlog.len();
+        self.backlog_total -= held.backlog.iter().map(|(b, _)| b.len()).sum::<usize>();
         held.backlog.clear();
         if self.spare_backlogs.len() < SPARE_BACKLOGS {
             self.spare_backlogs.push(held.backlog);
@@ -1497,8 +1585,13 @@ impl Core {
         };
         tasks.remove(index);
         if let Some(held) = self.held.get_mut(&topic) {
-            if index < held.next {
-                held.next -= 1;
+            for (_, at) in &mut held.backlog {
+                if index < at.task {
+                    at.task -= 1;
+                } else if index == at.task {
+                    // The subscription now at this index has none of the batch.
+                    at.skip = 0;
+                }
             }
         }
         if tasks.is_empty() {
@@ -1959,7 +2052,7 @@ impl Core {
             .map(|(&topic, held)| HeldTopicState {
                 topic,
                 held_for: now.saturating_duration_since(held.since),
-                backlog: held.backlog.len(),
+                backlog: held.backlog.iter().map(|(b, _)| b.len()).sum(),
                 full_subscriptions: self.subscriptions.get(&topic).map_or(0, |tasks| {
                     tasks
                         .iter()
@@ -1982,7 +2075,7 @@ impl Core {
                     SubscriptionState {
                         topic,
                         id: task.id().0,
-                        delivered: t.events_run,
+                        delivered: task.delivered(),
                         queued: t.queue_len,
                         unread: bound.map_or(0, |b| b.unread.count() as u64),
                         capacity: bound.map_or(0, |b| b.unread.capacity() as u64),
@@ -2092,14 +2185,14 @@ mod tests {
             RuntimeConfig::default().publish_queued_node_bytes_max,
         ));
         let unread = Unread::new(4, Arc::clone(&shared));
-        assert!((0..4).all(|_| unread.admit()));
-        assert!(!unread.admit());
+        assert!((0..4).all(|_| unread.admit(1) == 1));
+        assert_eq!(unread.admit(1), 0);
         // Nobody waits: reads wake no one.
         unread.taken(3);
         assert_eq!(woken(&mut poll), 0);
-        assert!((0..3).all(|_| unread.admit()));
+        assert!((0..3).all(|_| unread.admit(1) == 1));
         // The core waits: no room, and none until the reader is down to 2.
-        assert!(!unread.wake_when_low_then_admit());
+        assert_eq!(unread.wake_when_low_then_admit(1), 0);
         unread.became_bottleneck(Time::ZERO);
         assert!(unread.bottleneck().since.is_some());
         unread.taken(1);
@@ -2118,6 +2211,13 @@ mod tests {
         // More taken than counted (the error after a disconnection) stays at zero.
         unread.taken(1);
         assert_eq!(unread.count(), 0);
+        // A batch is admitted as far as the capacity; what is not handed on is counted back.
+        assert_eq!(unread.admit(3), 3);
+        assert_eq!(unread.admit(3), 1);
+        assert_eq!(unread.count(), 4);
+        assert_eq!(unread.admit(1), 0);
+        unread.unadmit(3);
+        assert_eq!(unread.count(), 1);
     }
 
     #[test]

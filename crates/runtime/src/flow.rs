@@ -1,9 +1,9 @@
 //! What a bounded subscription shares with the core thread: how many of its deliveries the
 //! application has not read, its capacity, and whether it is the bottleneck of its topic now.
 //!
-//! The core thread counts each delivery up before handing it to the subscription's task; the
-//! reader counts it down as it takes it ([`Unread::taken`]). A delivery that finds the count at
-//! the capacity is not handed on: the core holds the topic in the protocol (its streams stop at
+//! The core thread counts a batch's deliveries up before handing it to the subscription's task;
+//! the reader counts each down as it takes it ([`Unread::taken`]). A batch gets as far as the
+//! capacity; what finds the count at the capacity is not handed on: the core holds the topic in the protocol (its streams stop at
 //! this node, the other topics go on) and waits until the reader brings the count down to the
 //! low watermark, half the capacity, which wakes it.
 
@@ -100,30 +100,32 @@ impl Unread {
         }
     }
 
-    /// Core side: true if there is room for one more delivery, which is then counted.
-    pub(crate) fn admit(&self) -> bool {
-        if self.count.load(Ordering::Acquire) >= self.capacity {
-            return false;
+    /// Core side: how many of a batch of `n` deliveries there is room for (at most `n`), which
+    /// are then counted. Only the core thread counts up, so the count stays within the capacity.
+    pub(crate) fn admit(&self, n: usize) -> usize {
+        let count = self.count.load(Ordering::Acquire);
+        let room = self.capacity.saturating_sub(count).min(n);
+        if room > 0 {
+            self.count.fetch_add(room, Ordering::AcqRel);
         }
-        self.count.fetch_add(1, Ordering::AcqRel);
-        true
+        room
     }
 
     /// Core side, after [`admit`](Self::admit) found no room: asks the reader to wake the core
     /// thread once the count is down to the low watermark, then looks again (the reader may
-    /// have taken some between the two looks); true if there is room after all (the delivery
-    /// is then counted).
-    pub(crate) fn wake_when_low_then_admit(&self) -> bool {
+    /// have taken some between the two looks); how many of the `n` there is room for after all
+    /// (those are then counted).
+    pub(crate) fn wake_when_low_then_admit(&self, n: usize) -> usize {
         self.waiting.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        self.admit()
+        self.admit(n)
     }
 
-    /// Core side: a delivery counted by [`admit`](Self::admit) was not handed on.
-    pub(crate) fn unadmit(&self) {
+    /// Core side: `n` deliveries counted by [`admit`](Self::admit) were not handed on.
+    pub(crate) fn unadmit(&self, n: usize) {
         let _ = self
             .count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1));
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(n));
     }
 
     /// Core side: whether the count is at the low watermark or below; if not, the reader wakes

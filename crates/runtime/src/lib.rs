@@ -16,7 +16,9 @@
 //!   the protocol shows as [`PublishError::WouldBlock`] or a blocking wait;
 //!   [`Publisher::wait_stable`] waits until a message is stable.
 //! * [`NodeRuntime::subscribe`] registers a callback per topic as a task of the credit scheduler
-//!   with a share; callbacks run on its worker threads, in order within a topic.
+//!   with a share; callbacks run on its worker threads, in order within a topic. The core thread
+//!   hands each subscription the run of its topic's messages one input brought as one batch
+//!   ([`Deliveries`]; [`NodeRuntime::subscribe_batch`] shows it to the callback).
 //! * Transports ([`Transport`]): IP multicast with a group per region, several regions sharing
 //!   one past the service's `groups_max` (a group is joined once; the groups of a port share a
 //!   socket, up to the kernel's 20 per socket), or unicast fan-out.
@@ -28,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 mod addr;
+mod batch;
 mod clock;
 mod config;
 mod core;
@@ -42,6 +45,7 @@ mod runtime;
 mod stats;
 
 pub use addr::AddressBook;
+pub use batch::Deliveries;
 pub use clock::now;
 pub use config::{
     ConfigError, GmsLinkConfig, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use tidings_gms::{Joining, Member, MemberConfig, MemberError};
 use tidings_proto::{Delivery, Membership, NodeId, TopicId};
-use tidings_sched::{Scheduler, ShutdownMode, TaskHandle, TaskStats};
+use tidings_sched::{Scheduler, ShutdownMode, TaskStats};
 
 use crate::addr::AddressBook;
+use crate::batch::{Deliveries, SubTask};
 use crate::clock;
 use crate::config::{ConfigError, GmsLinkConfig, RuntimeConfig, Transport};
 use crate::core::{Control, Core, CoreShared, GmsLink};
@@ -160,7 +161,7 @@ pub struct NodeRuntime {
     me: NodeId,
     shared: Arc<CoreShared>,
     thread: Option<JoinHandle<RuntimeStats>>,
-    scheduler: Option<Scheduler<Delivery>>,
+    scheduler: Option<Scheduler<Deliveries>>,
     local_addr: SocketAddr,
     max_payload: usize,
     config: RuntimeConfig,
@@ -339,6 +340,26 @@ impl NodeRuntime {
         F: FnMut(Delivery) + Send + 'static,
     {
         let task = self.delivery_task(share, callback)?;
+        self.subscribe_task(topic, task)
+    }
+
+    /// Like [`subscribe`](NodeRuntime::subscribe), with `callback` run once per batch: the
+    /// in-order run of the topic's messages that one input brought (up to 256), as one event of
+    /// the scheduler, which charges the batch's time to the subscription's share.
+    pub fn subscribe_batch<F>(
+        &self,
+        topic: TopicId,
+        share: f64,
+        callback: F,
+    ) -> Result<Subscription, RequestError>
+    where
+        F: FnMut(&mut Deliveries) + Send + 'static,
+    {
+        let task = self.batch_task(share, callback)?;
+        self.subscribe_task(topic, task)
+    }
+
+    fn subscribe_task(&self, topic: TopicId, task: SubTask) -> Result<Subscription, RequestError> {
         let (reply, answer) = mpsc::sync_channel(1);
         self.shared.send(Control::Subscribe {
             topic,
@@ -408,7 +429,7 @@ impl NodeRuntime {
     fn subscribe_named_task(
         &self,
         name: &str,
-        task: tidings_sched::TaskHandle<Delivery>,
+        task: SubTask,
     ) -> Result<Subscription, RequestError> {
         let (reply, answer) = mpsc::sync_channel(1);
         self.shared.send(Control::SubscribeNamed {
@@ -451,8 +472,7 @@ impl NodeRuntime {
         let mut subscriptions = Vec::with_capacity(names.len());
         let send = |(chunk_index, chunk): (usize, &[String])| {
             let first = chunk_index * tidings_gms::NAMES_PER_REQUEST_MAX;
-            let mut entries: Vec<(String, TaskHandle<Delivery>, _)> =
-                Vec::with_capacity(chunk.len());
+            let mut entries: Vec<(String, SubTask, _)> = Vec::with_capacity(chunk.len());
             let mut waits = Vec::with_capacity(chunk.len());
             for (i, name) in chunk.iter().enumerate() {
                 match self.delivery_task(share, callback_for(first + i)) {
@@ -489,7 +509,7 @@ impl NodeRuntime {
     /// them), the first failure to `failed`.
     fn collect_subscriptions(
         &self,
-        waits: Vec<(TaskHandle<Delivery>, NamedAnswer)>,
+        waits: Vec<(SubTask, NamedAnswer)>,
         subscriptions: &mut Vec<Subscription>,
         failed: &mut Option<RequestError>,
     ) {
@@ -569,24 +589,38 @@ impl NodeRuntime {
         self.wait_for(answer, self.config.request_timeout * 2)
     }
 
-    /// A scheduler task running `callback` for each delivery, then waking the core thread if it
-    /// waits for room.
-    fn delivery_task<F>(
-        &self,
-        share: f64,
-        mut callback: F,
-    ) -> Result<tidings_sched::TaskHandle<Delivery>, RequestError>
+    /// A scheduler task running `callback` for each delivery of a batch, then waking the core
+    /// thread if it waits for room.
+    fn delivery_task<F>(&self, share: f64, mut callback: F) -> Result<SubTask, RequestError>
     where
         F: FnMut(Delivery) + Send + 'static,
     {
+        self.batch_task(share, move |batch: &mut Deliveries| {
+            for d in batch.drain() {
+                callback(d);
+            }
+        })
+    }
+
+    /// A scheduler task running `callback` for each batch, then counting its messages and
+    /// waking the core thread if it waits for room.
+    fn batch_task<F>(&self, share: f64, mut callback: F) -> Result<SubTask, RequestError>
+    where
+        F: FnMut(&mut Deliveries) + Send + 'static,
+    {
         let scheduler = self.scheduler.as_ref().ok_or(RequestError::Closed)?;
         let shared = Arc::clone(&self.shared);
-        scheduler
-            .add_task(share, move |d: Delivery| {
-                callback(d);
+        let delivered = Arc::new(AtomicU64::new(0));
+        let count = Arc::clone(&delivered);
+        let handle = scheduler
+            .add_task(share, move |mut batch: Deliveries| {
+                let n = batch.len() as u64;
+                callback(&mut batch);
+                count.fetch_add(n, Ordering::Relaxed);
                 shared.delivered();
             })
-            .map_err(|e| RequestError::Share(e.share))
+            .map_err(|e| RequestError::Share(e.share))?;
+        Ok(SubTask { handle, delivered })
     }
 
     /// Installs a new membership (from the GMS), and a new address book if given. Multicast
@@ -690,7 +724,7 @@ impl Drop for NodeRuntime {
 #[derive(Debug)]
 pub struct Subscription {
     topic: TopicId,
-    task: TaskHandle<Delivery>,
+    task: SubTask,
     shared: Arc<CoreShared>,
 }
 
@@ -701,7 +735,7 @@ impl Subscription {
         self.topic
     }
 
-    /// The delivery task's counters (events run, time spent, queue length).
+    /// The delivery task's counters (batches run, time spent, queue length in batches).
     #[must_use]
     pub fn stats(&self) -> TaskStats {
         self.task.stats()

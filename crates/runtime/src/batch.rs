@@ -1,0 +1,205 @@
+//! Batch delivery: the core thread hands a subscription the in-order run of one topic's messages
+//! that one input (a datagram, a repair, a release) brought, as one scheduler event. The storage
+//! of a batch is recycled through a lock-free pool, so steady delivery allocates nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+use tidings_proto::{Delivery, TopicId};
+use tidings_sched::TaskHandle;
+
+/// Most messages in one batch: a run longer than this (a repair that releases a long gap) is cut,
+/// so that one event stays a bounded piece of the scheduler's time.
+pub(crate) const BATCH_MSGS_MAX: usize = 256;
+
+/// Batch storage kept for reuse; more in flight than this at once are freed when they come back.
+const POOL_BATCHES_MAX: usize = 4096;
+
+/// Capacity a new batch starts with (a datagram of small messages fits).
+const BATCH_CAPACITY_INITIAL: usize = 32;
+
+/// The emptied storage of delivered batches, taken by the core thread for new ones.
+#[derive(Debug)]
+pub(crate) struct BatchPool {
+    free: ArrayQueue<Vec<Delivery>>,
+}
+
+impl BatchPool {
+    /// An empty pool.
+    pub(crate) fn new() -> Arc<BatchPool> {
+        Arc::new(BatchPool {
+            free: ArrayQueue::new(POOL_BATCHES_MAX),
+        })
+    }
+
+    /// An empty batch of `topic`, on recycled storage if there is some.
+    pub(crate) fn batch(self: &Arc<Self>, topic: TopicId) -> Deliveries {
+        let items = self
+            .free
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(BATCH_CAPACITY_INITIAL));
+        Deliveries {
+            topic,
+            items,
+            pool: Some(Arc::clone(self)),
+        }
+    }
+
+    fn put(&self, mut items: Vec<Delivery>) {
+        items.clear();
+        if items.capacity() <= 2 * BATCH_MSGS_MAX {
+            // A full pool frees the storage.
+            let _ = self.free.push(items);
+        }
+    }
+}
+
+/// A run of messages of one topic, in sender order, delivered to a subscription as one event
+/// ([`NodeRuntime::subscribe_batch`](crate::NodeRuntime::subscribe_batch)). It reads as a
+/// slice of [`Delivery`]; [`drain`](Deliveries::drain) takes the messages out. Its storage goes
+/// back to the runtime when it is dropped.
+#[derive(Debug)]
+pub struct Deliveries {
+    topic: TopicId,
+    items: Vec<Delivery>,
+    pool: Option<Arc<BatchPool>>,
+}
+
+impl Deliveries {
+    /// A batch outside any pool (for tests and for callers that build their own).
+    #[must_use]
+    pub fn new(topic: TopicId, items: Vec<Delivery>) -> Deliveries {
+        Deliveries {
+            topic,
+            items,
+            pool: None,
+        }
+    }
+
+    /// The topic of every message of the batch.
+    #[must_use]
+    pub fn topic(&self) -> TopicId {
+        self.topic
+    }
+
+    /// Takes the messages out, in order; the batch is empty afterwards.
+    pub fn drain(&mut self) -> impl Iterator<Item = Delivery> + '_ {
+        self.items.drain(..)
+    }
+
+    pub(crate) fn push(&mut self, d: Delivery) {
+        self.items.push(d);
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.items.len() >= BATCH_MSGS_MAX
+    }
+
+    /// A copy of the messages `range` of the batch on storage of `pool` (payloads are shared,
+    /// not copied).
+    pub(crate) fn copy_in(
+        &self,
+        pool: &Arc<BatchPool>,
+        range: std::ops::Range<usize>,
+    ) -> Deliveries {
+        let mut copy = pool.batch(self.topic);
+        if let Some(items) = self.items.get(range) {
+            copy.items.extend(items.iter().cloned());
+        }
+        copy
+    }
+}
+
+impl std::ops::Deref for Deliveries {
+    type Target = [Delivery];
+
+    fn deref(&self) -> &[Delivery] {
+        &self.items
+    }
+}
+
+impl Drop for Deliveries {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.put(std::mem::take(&mut self.items));
+        }
+    }
+}
+
+/// A subscription's delivery task, with the count of messages its handler has run (a task's
+/// own count is of batches).
+#[derive(Clone, Debug)]
+pub(crate) struct SubTask {
+    pub(crate) handle: TaskHandle<Deliveries>,
+    pub(crate) delivered: Arc<AtomicU64>,
+}
+
+impl SubTask {
+    /// Messages the subscription's handler has run.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
+    }
+}
+
+impl std::ops::Deref for SubTask {
+    type Target = TaskHandle<Deliveries>;
+
+    fn deref(&self) -> &TaskHandle<Deliveries> {
+        &self.handle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tidings_proto::{MsgId, NodeId};
+
+    fn delivery(i: u64) -> Delivery {
+        Delivery {
+            origin: NodeId(1),
+            topic: TopicId(7),
+            msg_id: MsgId(i),
+            timestamp_us: i,
+            payload: Bytes::from_static(b"payload"),
+        }
+    }
+
+    #[test]
+    fn a_dropped_batch_gives_its_storage_back_and_the_next_one_reuses_it() {
+        let pool = BatchPool::new();
+        let mut b = pool.batch(TopicId(7));
+        for i in 0..100 {
+            b.push(delivery(i));
+        }
+        let copy = b.copy_in(&pool, 0..100);
+        assert_eq!(&*copy, &*b);
+        let part = b.copy_in(&pool, 10..12);
+        assert_eq!(&*part, &b[10..12]);
+        let storage = b.as_ptr();
+        let ids: Vec<u64> = b.drain().map(|d| d.msg_id.0).collect();
+        assert_eq!(ids, (0..100).collect::<Vec<_>>());
+        assert!(b.is_empty());
+        drop(b);
+        drop(copy);
+        drop(part);
+        assert_eq!(pool.free.len(), 3);
+        let again = pool.batch(TopicId(8));
+        assert!(again.is_empty());
+        assert_eq!(again.topic(), TopicId(8));
+        assert!(again.items.capacity() >= 100);
+        assert_eq!(
+            again.as_ptr(),
+            storage,
+            "the first storage back is reused first"
+        );
+    }
+
+    #[test]
+    fn a_batch_outside_a_pool_is_freed() {
+        let b = Deliveries::new(TopicId(1), vec![delivery(1)]);
+        assert_eq!(b.len(), 1);
+        drop(b);
+    }
+}
