@@ -88,6 +88,14 @@ impl Deliveries {
         self.items.drain(..)
     }
 
+    /// Names the batch and its messages by `topic`: the topic's id after a rejoin.
+    pub(crate) fn retopic(&mut self, topic: TopicId) {
+        self.topic = topic;
+        for d in &mut self.items {
+            d.topic = topic;
+        }
+    }
+
     pub(crate) fn push(&mut self, d: Delivery) {
         self.items.push(d);
     }

@@ -919,8 +919,8 @@ impl Core {
                 if let Some(mut held) = self.held.remove(&old) {
                     // Still full: the new node holds the topic too, and what the old one had
                     // delivered goes on waiting, under the topic's new id.
-                    for d in &mut held.backlog {
-                        d.topic = new;
+                    for (batch, _) in &mut held.backlog {
+                        batch.retopic(new);
                     }
                     self.member.hold_topic(new);
                     self.held.insert(new, held);
