@@ -42,6 +42,30 @@ pub fn unframe(datagram: &[u8]) -> Option<&[u8]> {
     datagram.strip_prefix(&GMS_MAGIC)
 }
 
+/// The next datagram for the service from `client`: framed, and sealed when the node has an
+/// admitted link (which also sends its own handshake datagrams first), with the replica's index.
+/// Counts each one in `sent`.
+fn next_gms_datagram(
+    now: Time,
+    client: &mut GmsClient,
+    secure: Option<&mut NodeLink>,
+    sent: &mut u64,
+) -> Option<(usize, Vec<u8>)> {
+    let Some(link) = secure else {
+        let (replica, msg) = client.poll_transmit()?;
+        *sent += 1;
+        return Some((replica, frame(&msg)));
+    };
+    loop {
+        if let Some(out) = link.poll_transmit() {
+            *sent += 1;
+            return Some(out);
+        }
+        let (replica, msg) = client.poll_transmit()?;
+        link.send(now, replica, frame(&msg));
+    }
+}
+
 /// Settings of a [`Member`] beyond the protocol's and the client's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberConfig {
@@ -489,20 +513,12 @@ impl Joining {
     /// The next datagram for the service: the replica's index and the framed bytes (sealed
     /// when the link is admitted).
     pub fn poll_gms_transmit(&mut self) -> Option<(usize, Vec<u8>)> {
-        loop {
-            if let Some(out) = self.secure.as_mut().and_then(NodeLink::poll_transmit) {
-                self.stats.gms_datagrams_sent += 1;
-                return Some(out);
-            }
-            let (replica, msg) = self.client.poll_transmit()?;
-            match self.secure.as_mut() {
-                None => {
-                    self.stats.gms_datagrams_sent += 1;
-                    return Some((replica, frame(&msg)));
-                }
-                Some(link) => link.send(self.now, replica, frame(&msg)),
-            }
-        }
+        next_gms_datagram(
+            self.now,
+            &mut self.client,
+            self.secure.as_mut(),
+            &mut self.stats.gms_datagrams_sent,
+        )
     }
 
     /// The next time [`handle_timeout`](Joining::handle_timeout) must be called.
@@ -990,21 +1006,12 @@ impl Member {
         if link.client.poll_timeout().is_some_and(|t| t <= self.now) {
             link.client.handle_timeout(self.now);
         }
-        loop {
-            if let Some(out) = self.secure.as_mut().and_then(NodeLink::poll_transmit) {
-                self.stats.gms_datagrams_sent += 1;
-                return Some(out);
-            }
-            let link = self.link.as_mut()?;
-            let (replica, msg) = link.client.poll_transmit()?;
-            match self.secure.as_mut() {
-                None => {
-                    self.stats.gms_datagrams_sent += 1;
-                    return Some((replica, frame(&msg)));
-                }
-                Some(secure) => secure.send(self.now, replica, frame(&msg)),
-            }
-        }
+        next_gms_datagram(
+            self.now,
+            &mut link.client,
+            self.secure.as_mut(),
+            &mut self.stats.gms_datagrams_sent,
+        )
     }
 
     /// The admitted GMS link's counters, when the node joined with an identity.

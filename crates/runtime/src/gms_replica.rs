@@ -38,14 +38,13 @@ use std::time::Duration;
 
 use tidings_gms::replica::{decode_durable, encode_durable, DurableLimits};
 use tidings_gms::{
-    GmsEvent, GmsMessage, GmsStats, Inbound, Peer, RemoveCause, Replica, ReplicaConfig,
-    ReplicaEvent, ReplicaStats, ReplicaTransmit, ServiceLink, ServiceLinkStats, ServiceSecurity,
-    REPLICAS_MAX,
+    GmsEvent, GmsMessage, GmsStats, Peer, RemoveCause, Replica, ReplicaConfig, ReplicaEvent,
+    ReplicaStats, ReplicaTransmit, ServiceLink, ServiceLinkStats, ServiceSecurity, REPLICAS_MAX,
 };
 use tidings_proto::{NodeId, Time, TopicId};
 
 use crate::clock;
-use crate::gms_server::{frame, unframe, GmsServerError};
+use crate::gms_server::{frame, open_admitted, unframe, GmsServerError};
 
 /// The first bytes of a replica-to-replica datagram: distinct from [`GMS_MAGIC`](crate::GMS_MAGIC), so that a
 /// client's datagram is never taken for a Raft message, nor the other way round.
@@ -644,22 +643,11 @@ impl Host {
             }
             return;
         }
-        let opened;
-        let datagram = match self.secure.as_mut() {
-            None => datagram,
-            Some(link) => match link.receive(from, datagram) {
-                Inbound::Gms(plain) => {
-                    opened = plain;
-                    &opened[..]
-                }
-                Inbound::Reply(reply) => {
-                    let _ = self.socket.send_to(&reply, from);
-                    return;
-                }
-                Inbound::Dropped => return,
-            },
+        let Some(datagram) = open_admitted(self.secure.as_mut(), &self.socket, from, datagram)
+        else {
+            return;
         };
-        let Some(body) = unframe(datagram) else {
+        let Some(body) = unframe(&datagram) else {
             self.invalid_datagrams += 1;
             return;
         };

@@ -8,6 +8,7 @@
 //! the views (`Item::NodeAddress`). The server knows members by that address; a datagram from an
 //! unknown address that is not a `Join` is counted and dropped.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
@@ -27,6 +28,28 @@ use crate::clock;
 
 pub use tidings_gms::GMS_MAGIC;
 pub(crate) use tidings_gms::{frame, unframe};
+
+/// The GMS datagram `datagram` from `from` carries: itself when the service runs without an
+/// admitted link, else what the link opens. `None` when the link answered the source (a
+/// handshake reply, sent on `socket`) or dropped the datagram (counted by the link).
+pub(crate) fn open_admitted<'a>(
+    secure: Option<&mut ServiceLink<SocketAddr>>,
+    socket: &UdpSocket,
+    from: SocketAddr,
+    datagram: &'a [u8],
+) -> Option<Cow<'a, [u8]>> {
+    let Some(link) = secure else {
+        return Some(Cow::Borrowed(datagram));
+    };
+    match link.receive(from, datagram) {
+        Inbound::Gms(plain) => Some(Cow::Owned(plain)),
+        Inbound::Reply(reply) => {
+            let _ = socket.send_to(&reply, from);
+            None
+        }
+        Inbound::Dropped => None,
+    }
+}
 
 /// Longest sleep of the server thread, so that shutdown and snapshot requests are served.
 const SERVER_TICK: Duration = Duration::from_millis(20);
@@ -266,22 +289,11 @@ impl Host {
     }
 
     fn on_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        let opened;
-        let datagram = match self.secure.as_mut() {
-            None => datagram,
-            Some(link) => match link.receive(from, datagram) {
-                Inbound::Gms(plain) => {
-                    opened = plain;
-                    &opened[..]
-                }
-                Inbound::Reply(reply) => {
-                    let _ = self.socket.send_to(&reply, from);
-                    return;
-                }
-                Inbound::Dropped => return,
-            },
+        let Some(datagram) = open_admitted(self.secure.as_mut(), &self.socket, from, datagram)
+        else {
+            return;
         };
-        let Some(body) = unframe(datagram) else {
+        let Some(body) = unframe(&datagram) else {
             self.invalid_datagrams += 1;
             return;
         };
