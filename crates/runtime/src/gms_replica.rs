@@ -44,7 +44,7 @@ use tidings_gms::{
 use tidings_proto::{NodeId, Time, TopicId};
 
 use crate::clock;
-use crate::gms_server::{frame, open_admitted, unframe, GmsServerError};
+use crate::gms_server::{frame, open_admitted, send_admitted, unframe, GmsServerError};
 
 /// The first bytes of a replica-to-replica datagram: distinct from [`GMS_MAGIC`](crate::GMS_MAGIC), so that a
 /// client's datagram is never taken for a Raft message, nor the other way round.
@@ -571,16 +571,7 @@ impl Host {
     /// Sends the framed `datagram` to the node at `to`, sealed in its session when the link is
     /// admitted (nothing is sent to an address without one).
     fn send_client(&mut self, framed: &[u8], to: SocketAddr) {
-        match self.secure.as_mut() {
-            None => {
-                let _ = self.socket.send_to(framed, to);
-            }
-            Some(link) => {
-                if let Some(sealed) = link.seal_to(&to, framed) {
-                    let _ = self.socket.send_to(&sealed, to);
-                }
-            }
-        }
+        send_admitted(self.secure.as_mut(), &self.socket, framed, to);
     }
 
     fn run(&mut self) {

@@ -29,6 +29,26 @@ use crate::clock;
 pub use tidings_gms::GMS_MAGIC;
 pub(crate) use tidings_gms::{frame, unframe};
 
+/// Sends the framed GMS datagram `framed` to `to` on `socket`, sealed in its session when the
+/// service runs an admitted link (nothing goes to an address without a session).
+pub(crate) fn send_admitted(
+    secure: Option<&mut ServiceLink<SocketAddr>>,
+    socket: &UdpSocket,
+    framed: &[u8],
+    to: SocketAddr,
+) {
+    match secure {
+        None => {
+            let _ = socket.send_to(framed, to);
+        }
+        Some(link) => {
+            if let Some(sealed) = link.seal_to(&to, framed) {
+                let _ = socket.send_to(&sealed, to);
+            }
+        }
+    }
+}
+
 /// The GMS datagram `datagram` from `from` carries: itself when the service runs without an
 /// admitted link, else what the link opens. `None` when the link answered the source (a
 /// handshake reply, sent on `socket`) or dropped the datagram (counted by the link).
@@ -229,16 +249,7 @@ impl Host {
     /// Sends the framed `datagram` to `to`, sealed in its session when the link is admitted
     /// (nothing is sent to an address without one).
     fn send(&mut self, framed: &[u8], to: SocketAddr) {
-        match self.secure.as_mut() {
-            None => {
-                let _ = self.socket.send_to(framed, to);
-            }
-            Some(link) => {
-                if let Some(sealed) = link.seal_to(&to, framed) {
-                    let _ = self.socket.send_to(&sealed, to);
-                }
-            }
-        }
+        send_admitted(self.secure.as_mut(), &self.socket, framed, to);
     }
 
     fn run(&mut self) {
