@@ -17,7 +17,7 @@ mod publish;
 mod subscribe;
 mod waker;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -26,30 +26,56 @@ use pyo3::prelude::*;
 /// signals (Ctrl-C): short enough to feel immediate, long enough to cost nothing.
 pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(100);
 
-/// Calls made from Python that wait with the interpreter detached now. A thread that returns
-/// from such a wait attaches again, which a thread must not do once the interpreter is
-/// finalizing (CPython ends it there, through Rust frames); so at exit, once the nodes are closed
-/// and every wait ends, the package waits until this is zero (`waiting()`).
-static DETACHED_WAITS: AtomicUsize = AtomicUsize::new(0);
+/// Threads that are, or are about to be, outside the interpreter and will attach to it again:
+/// calls from Python waiting detached, and the asyncio waker calling into Python. A thread that
+/// attaches once the interpreter is finalizing is ended by CPython through its Rust frames, which
+/// aborts the process; so at exit the package closes the nodes, calls `begin_exit()` and waits
+/// until this is zero (`waiting()`), after which no thread leaves the interpreter to come back.
+static OUTSIDE: AtomicUsize = AtomicUsize::new(0);
 
-/// Runs `f` with the interpreter detached (the GIL released), counted in [`DETACHED_WAITS`].
-pub(crate) fn detached<T: Send, F: Send + FnOnce() -> T>(py: Python<'_>, f: F) -> T {
-    /// Counts the wait out however it ends.
-    struct Counted;
-    impl Drop for Counted {
-        fn drop(&mut self) {
-            DETACHED_WAITS.fetch_sub(1, Ordering::SeqCst);
-        }
+/// Set by `begin_exit()`: the interpreter is about to finalize, so no call detaches from it any
+/// more (a wait on a closed node ends at once, attached) and the waker calls nothing.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// A thread counted in [`OUTSIDE`] until it is dropped.
+pub(crate) struct Outside(());
+
+impl Outside {
+    /// Counts this thread out of the interpreter, unless the interpreter is exiting (`None`).
+    /// Count first, then check (both `SeqCst`): either `begin_exit` sees this thread counted and
+    /// waits for it, or this thread sees `EXITING` and stays.
+    pub(crate) fn enter() -> Option<Self> {
+        OUTSIDE.fetch_add(1, Ordering::SeqCst);
+        let outside = Self(());
+        (!EXITING.load(Ordering::SeqCst)).then_some(outside)
     }
-    DETACHED_WAITS.fetch_add(1, Ordering::SeqCst);
-    let _counted = Counted;
-    py.detach(f)
 }
 
-/// How many calls wait with the interpreter detached now (see [`DETACHED_WAITS`]).
+impl Drop for Outside {
+    fn drop(&mut self) {
+        OUTSIDE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs `f` with the interpreter detached (the GIL released), counted in [`OUTSIDE`]; once the
+/// interpreter is exiting, `f` runs attached instead.
+pub(crate) fn detached<T: Send, F: Send + FnOnce() -> T>(py: Python<'_>, f: F) -> T {
+    match Outside::enter() {
+        Some(_outside) => py.detach(f),
+        None => f(),
+    }
+}
+
+/// Marks the interpreter as exiting (see [`EXITING`]); called at exit once the nodes are closed.
+#[pyfunction]
+fn begin_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+}
+
+/// How many threads are outside the interpreter and will attach again (see [`OUTSIDE`]).
 #[pyfunction]
 fn waiting() -> usize {
-    DETACHED_WAITS.load(Ordering::SeqCst)
+    OUTSIDE.load(Ordering::SeqCst)
 }
 
 /// A timeout from Python (seconds, `None` for no limit) as a duration; a clear error for a
@@ -98,6 +124,7 @@ fn _tidings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_function(wrap_pyfunction!(check_topic_name, m)?)?;
     m.add_function(wrap_pyfunction!(waiting, m)?)?;
+    m.add_function(wrap_pyfunction!(begin_exit, m)?)?;
     m.add_class::<node::PyNode>()?;
     m.add_class::<publish::PyPublisher>()?;
     m.add_class::<publish::PyPublishHandle>()?;

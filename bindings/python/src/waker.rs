@@ -5,7 +5,7 @@
 //! must never wait for the interpreter: a wake only queues the callable for one helper thread,
 //! `tidings-asyncio-waker`, which attaches to the interpreter and calls what is queued. That
 //! thread is started by the first wake and stays for the life of the process; once the
-//! interpreter is shutting down it no longer attaches and drops what it is given.
+//! interpreter is exiting (`begin_exit`) it no longer attaches and drops what it is given.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -57,18 +57,22 @@ fn run(receiver: &Receiver<Arc<Py<PyAny>>>) {
     while let Ok(first) = receiver.recv() {
         let mut batch = vec![first];
         batch.extend(receiver.try_iter());
-        let attached = Python::try_attach(|py| {
-            for callback in batch.drain(..) {
-                if let Err(e) = callback.call0(py) {
-                    // The callable is the package's own and catches what it expects (a closed
-                    // loop); anything else is a bug worth seeing, not worth stopping for.
-                    e.write_unraisable(py, None);
+        // Counted out of the interpreter while it calls into it, so that the exit waits for
+        // it; once the interpreter is exiting nothing is called.
+        let called = crate::Outside::enter().and_then(|_outside| {
+            Python::try_attach(|py| {
+                for callback in batch.drain(..) {
+                    if let Err(e) = callback.call0(py) {
+                        // The callable is the package's own and catches what it expects (a
+                        // closed loop); anything else is a bug worth seeing, not stopping for.
+                        e.write_unraisable(py, None);
+                    }
                 }
-            }
+            })
         });
-        if attached.is_none() {
-            // The interpreter is shutting down: nobody is left to wake. The callables are
-            // leaked rather than released without the interpreter.
+        if called.is_none() {
+            // The interpreter is exiting: nobody is left to wake. The callables are leaked
+            // rather than released without the interpreter.
             std::mem::forget(batch);
         }
     }

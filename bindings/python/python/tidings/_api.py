@@ -121,8 +121,10 @@ def _close_live_nodes() -> None:
         except TidingsError:
             pass
     # Threads still waiting in the extension (a reader blocked in recv, a publisher under back
-    # pressure) return now that their nodes are closed; they must be back in the interpreter
-    # before it finalizes, which ends any thread that attaches after.
+    # pressure, the asyncio waker) return now that their nodes are closed; they must be back in
+    # the interpreter before it finalizes, which ends any thread that attaches after (through
+    # Rust frames: the process aborts). From `begin_exit` on, no thread leaves it any more.
+    _tidings.begin_exit()
     deadline = time.monotonic() + _EXIT_WAIT_SECONDS
     while _tidings.waiting() > 0 and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -13,7 +13,10 @@ def check_topic_name(name: str) -> None:
     """Raises ``TopicNameError`` unless ``name`` is 1..=TOPIC_NAME_BYTES_MAX bytes of UTF-8."""
 
 def waiting() -> int:
-    """How many calls wait in the extension with the GIL released now."""
+    """How many threads are outside the interpreter in the extension and will come back."""
+
+def begin_exit() -> None:
+    """From now on no call leaves the interpreter (called at exit, once the nodes are closed)."""
 
 class TidingsError(Exception):
     """Base class of every error tidings raises."""
