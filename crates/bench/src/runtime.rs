@@ -158,10 +158,11 @@ pub fn run(spec: &BenchSpec, allocations: Option<&dyn Fn() -> u64>) -> io::Resul
     let mut probes = Vec::new();
     let mut subs = Vec::new();
     for (i, socket) in sockets.into_iter().enumerate() {
-        let config = RuntimeConfig {
-            transport: spec.transport.clone(),
-            thread_name: format!("tidings-core-{i}"),
-            ..RuntimeConfig::default()
+        let config = {
+            let mut c = RuntimeConfig::default();
+            c.transport = spec.transport.clone();
+            c.thread_name = format!("tidings-core-{i}");
+            c
         };
         let node = NodeRuntime::start_with_socket(
             config,

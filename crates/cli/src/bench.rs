@@ -343,9 +343,10 @@ impl ChildSpec {
     pub(crate) fn transport(&self) -> Transport {
         match self.transport {
             TransportArg::Unicast => Transport::Unicast,
-            TransportArg::Multicast => Transport::Multicast(MulticastConfig {
-                interface: self.interface,
-                ..MulticastConfig::default()
+            TransportArg::Multicast => Transport::Multicast({
+                let mut c = MulticastConfig::default();
+                c.interface = self.interface;
+                c
             }),
         }
     }

@@ -301,17 +301,18 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
     let ToChild::Book(book) = recv(&rx, setup, "the address book")? else {
         return Err("expected the address book".to_owned());
     };
-    let config = RuntimeConfig {
-        transport: spec.transport(),
-        receive_loss: if spec.publisher {
+    let config = {
+        let mut c = RuntimeConfig::default();
+        c.transport = spec.transport();
+        c.receive_loss = if spec.publisher {
             0.0
         } else {
             spec.receive_loss
-        },
-        receive_loss_seed: u64::from(spec.node) + 1,
-        thread_name: format!("tidings-core-{}", spec.node),
-        raise_open_file_limit: true,
-        ..RuntimeConfig::default()
+        };
+        c.receive_loss_seed = u64::from(spec.node) + 1;
+        c.thread_name = format!("tidings-core-{}", spec.node);
+        c.raise_open_file_limit = true;
+        c
     };
     let mut config = config;
     if let Some(capacity) = spec.delivery_queue {

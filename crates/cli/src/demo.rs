@@ -215,13 +215,12 @@ fn wait_for_word(word: &str) {
 }
 
 fn runtime_config(a: &DemoNodeArgs, loss: f64, seed: u64) -> RuntimeConfig {
-    RuntimeConfig {
-        transport: a.transport.transport(),
-        receive_loss: loss,
-        receive_loss_seed: seed,
-        raise_open_file_limit: true,
-        ..RuntimeConfig::default()
-    }
+    let mut c = RuntimeConfig::default();
+    c.transport = a.transport.transport();
+    c.receive_loss = loss;
+    c.receive_loss_seed = seed;
+    c.raise_open_file_limit = true;
+    c
 }
 
 /// What a failing demo node reports of itself: its id (two processes holding one id would merge
@@ -678,10 +677,11 @@ impl Service {
         match a.gms_replicas {
             None => GmsServer::start(config, loopback).map(Service::One),
             Some(n) => GmsReplicaServer::start_loopback(
-                &ReplicaConfig {
-                    gms: config,
-                    seed: fastrand::u64(..),
-                    ..ReplicaConfig::default()
+                &{
+                    let mut c = ReplicaConfig::default();
+                    c.gms = config;
+                    c.seed = fastrand::u64(..);
+                    c
                 },
                 usize::from(n),
             )
@@ -830,15 +830,16 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         .and_then(|s| s.local_addr())
         .map(|a| a.port())
         .map_err(|e| e.to_string())?;
-    let gms_config = GmsConfig {
-        multicast_pool: Some(MulticastPool {
+    let gms_config = {
+        let mut c = GmsConfig::default();
+        c.multicast_pool = Some(MulticastPool {
             base: [239, 255, fastrand::u8(1..255), 0],
             prefix_len: 24,
             port: multicast_port,
             ports: MulticastPool::PORTS_DEFAULT,
             groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
-        }),
-        ..GmsConfig::default()
+        });
+        c
     };
     let heartbeat_timeout = gms_config.heartbeat_timeout;
     let mut server = Service::start(a, gms_config)?;

@@ -141,19 +141,20 @@ fn metrics_addr(a: &GmsArgs, i: usize) -> Option<Result<SocketAddr, String>> {
 
 /// Runs the membership service.
 pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
-    let config = GmsConfig {
-        multicast_pool: if a.no_multicast {
+    let config = {
+        let mut c = GmsConfig::default();
+        c.multicast_pool = if a.no_multicast {
             None
         } else {
             GmsConfig::default().multicast_pool.map(|p| MulticastPool {
                 groups_max: a.multicast_groups,
                 ..p
             })
-        },
-        heartbeat_timeout: Duration::from_millis(a.heartbeat_timeout_ms),
-        suspicion_timeout: Duration::from_millis(a.suspicion_timeout_ms),
-        suspicion_probes: a.suspicion_probes,
-        ..GmsConfig::default()
+        };
+        c.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms);
+        c.suspicion_timeout = Duration::from_millis(a.suspicion_timeout_ms);
+        c.suspicion_probes = a.suspicion_probes;
+        c
     };
     if let Err(e) = config.validate() {
         eprintln!("error: {e} (--heartbeat-timeout-ms, --suspicion-timeout-ms)");
@@ -271,12 +272,13 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig, security: Option<ServiceSecurity>
     };
     let mut servers = Vec::new();
     for (&index, &bind) in ids.iter().zip(&binds) {
-        let config = ReplicaConfig {
-            index,
-            replicas: peers.len(),
-            seed: index as u64,
-            gms: gms.clone(),
-            ..ReplicaConfig::default()
+        let config = {
+            let mut c = ReplicaConfig::default();
+            c.index = index;
+            c.replicas = peers.len();
+            c.seed = index as u64;
+            c.gms = gms.clone();
+            c
         };
         // One directory per replica: the given one for `--id`, a subdirectory of it for each
         // of `--replicas`.
@@ -287,9 +289,11 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig, security: Option<ServiceSecurity>
                 d.clone()
             }
         });
-        let host = ReplicaHostConfig {
-            replica: config,
-            data_dir: data_dir.clone(),
+        let host = {
+            let mut c = ReplicaHostConfig::default();
+            c.replica = config;
+            c.data_dir = data_dir.clone();
+            c
         };
         let started = std::net::UdpSocket::bind(bind)
             .map_err(tidings_runtime::GmsServerError::Io)
@@ -425,9 +429,10 @@ impl JoinArgs {
     fn start(&self) -> Result<Node, String> {
         let transport = match self.transport {
             TransportArg::Unicast => Transport::Unicast,
-            TransportArg::Multicast => Transport::Multicast(MulticastConfig {
-                interface: self.interface,
-                ..MulticastConfig::default()
+            TransportArg::Multicast => Transport::Multicast({
+                let mut c = MulticastConfig::default();
+                c.interface = self.interface;
+                c
             }),
         };
         let mut builder = match self.metrics {
@@ -442,11 +447,12 @@ impl JoinArgs {
         let node = builder
             .gms_replicas(&self.gms.0)
             .bind(self.bind)
-            .runtime_config(RuntimeConfig {
+            .runtime_config({
+                let mut c = RuntimeConfig::default();
                 // A command of its own process: a multicast node in many regions needs the
                 // descriptors.
-                raise_open_file_limit: true,
-                ..RuntimeConfig::default()
+                c.raise_open_file_limit = true;
+                c
             })
             .transport(transport)
             .start()

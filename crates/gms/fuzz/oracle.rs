@@ -176,11 +176,9 @@ fn check_durable_once(bytes: &[u8]) {
     let mut encoded = Vec::new();
     tidings_gms::replica::encode_durable(file.index, file.replicas, &file.durable, &mut encoded);
     assert_eq!(encoded, bytes, "an accepted state file re-encodes differently");
-    let config = tidings_gms::ReplicaConfig {
-        index: file.index,
-        replicas: file.replicas,
-        ..tidings_gms::ReplicaConfig::default()
-    };
+    let mut config = tidings_gms::ReplicaConfig::default();
+    config.index = file.index;
+    config.replicas = file.replicas;
     let _ = tidings_gms::Replica::restart(config, file.durable);
 }
 

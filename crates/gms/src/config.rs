@@ -70,6 +70,7 @@ impl MulticastPool {
 
 /// Configuration of the [`Gms`](crate::Gms).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GmsConfig {
     /// The region planner's tuning.
     pub planner: PlannerConfig,

@@ -58,9 +58,10 @@ impl Run {
             subscriptions.insert(NodeId(2 + i), vec![TopicId(i)]);
         }
         let membership = Membership::from_subscriptions(&subscriptions, 5);
-        let config = Config {
-            token_interval: Duration::from_millis(10),
-            ..Config::default()
+        let config = {
+            let mut c = Config::default();
+            c.token_interval = Duration::from_millis(10);
+            c
         };
         let nodes = (0..regions + 2)
             .map(|i| Node::new(config.clone(), NodeId(i), membership.clone(), Time::ZERO))

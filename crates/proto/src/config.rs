@@ -7,6 +7,7 @@ use crate::policy::RecoveryPolicy;
 /// Configuration of one protocol node. Build with [`Config::default`] and adjust; [`Config::validate`]
 /// is called by [`Node::new`](crate::Node::new).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Config {
     /// Largest datagram the node writes. Default 1472: an Ethernet MTU minus IP and UDP headers, so
     /// nothing is fragmented on the paper's cluster.
@@ -182,6 +183,7 @@ impl Default for Config {
 
 /// Horus' credit window of a sender (paper 004 section 3): how much of its data may be unstable.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct WindowConfig {
     /// Largest unstable (sent, not yet acknowledged by the region) messages per region stream:
     /// Horus' local credit window. Default 16384: about 1.3 s of 1000-byte messages at 100 Mbit/s,
@@ -207,6 +209,7 @@ impl Default for WindowConfig {
 
 /// How fast a receiver asks for the messages it misses (the NACK window of its streams).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RecoveryConfig {
     /// Most messages a receiver has requested and not yet received (nor timed out) per stream: the
     /// bound on the recovery rate (a fixed NACK window; [`RecoveryPacing::Sdcc`] adds
@@ -246,6 +249,7 @@ impl Default for RecoveryConfig {
 /// A sender's congestion control and the parameters of Gryphon's PDCC (paper 002 section 3.1,
 /// Table 1).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct CongestionConfig {
     /// Which congestion control a sender runs. Default [`CongestionControl::None`] (ADR 5):
     /// with [`CongestionControl::Pdcc`], one seed of the GMS churn sweep fails (the GMS removes

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tidings_proto::{
-    Config, CongestionConfig, CongestionControl, Destination, Event, Membership, MembershipChange,
-    MsgId, Node, NodeId, PublishError, RegionId, RegionView, Time, TopicId, ViewId, WindowConfig,
+    Config, CongestionControl, Destination, Event, Membership, MembershipChange, MsgId, Node,
+    NodeId, PublishError, RegionId, RegionView, Time, TopicId, ViewId,
 };
 
 /// Datagrams in flight: (arrival, insertion order, destination, bytes).
@@ -40,9 +40,10 @@ impl Cluster {
         loss: f64,
         seed: u64,
     ) -> Self {
-        let config = Config {
-            rng_seed: seed,
-            ..Config::default()
+        let config = {
+            let mut c = Config::default();
+            c.rng_seed = seed;
+            c
         };
         Self::with_config(n, subs, partition, loss, config)
     }
@@ -372,17 +373,16 @@ fn fast_sender(config: Config, messages: u64) -> (Duration, u64, u64) {
 /// instead (0.25 s: each round quarters the interval until rounds are back to back).
 #[test]
 fn tokens_are_paced_to_a_fast_senders_window() {
-    let paced = Config {
-        window: WindowConfig {
-            msgs_max: 1024,
-            ..Default::default()
-        },
-        send_queue_msgs_max: 256,
-        ..Config::default()
+    let paced = {
+        let mut cfg = Config::default();
+        cfg.window.msgs_max = 1024;
+        cfg.send_queue_msgs_max = 256;
+        cfg
     };
-    let fixed = Config {
-        token_interval_min: paced.token_interval,
-        ..paced.clone()
+    let fixed = {
+        let mut c = paced.clone();
+        c.token_interval_min = paced.token_interval;
+        c
     };
     let (paced_time, paced_unstable_max, paced_rounds) = fast_sender(paced, 20_000);
     let (fixed_time, _, fixed_rounds) = fast_sender(fixed, 20_000);
@@ -408,12 +408,10 @@ fn a_slow_senders_tokens_keep_the_configured_interval() {
         |i| if i == 0 { vec![] } else { vec![TopicId(1)] },
         5,
         0.0,
-        Config {
-            window: WindowConfig {
-                msgs_max: 1024,
-                ..Default::default()
-            },
-            ..Config::default()
+        {
+            let mut cfg = Config::default();
+            cfg.window.msgs_max = 1024;
+            cfg
         },
     );
     let end = Time::ZERO + Duration::from_secs(3);
@@ -497,20 +495,19 @@ fn silences_of_a_stable_stream_back_off_to_the_idle_maximum() {
         (8..=16).contains(&backoff),
         "{backoff} silences with back-off"
     );
-    let fixed = silences_while_stable(Config {
-        silence_backoff: false,
-        ..Config::default()
+    let fixed = silences_while_stable({
+        let mut c = Config::default();
+        c.silence_backoff = false;
+        c
     });
     assert!(
         (295..=305).contains(&fixed),
         "{fixed} silences without back-off"
     );
-    let pdcc = silences_while_stable(Config {
-        congestion: CongestionConfig {
-            control: CongestionControl::Pdcc,
-            ..Default::default()
-        },
-        ..Config::default()
+    let pdcc = silences_while_stable({
+        let mut cfg = Config::default();
+        cfg.congestion.control = CongestionControl::Pdcc;
+        cfg
     });
     assert!(
         (295..=305).contains(&pdcc),
@@ -529,17 +526,16 @@ fn silences_of_an_unstable_stream_back_off() {
         (5..=8).contains(&backoff),
         "{backoff} silences with back-off"
     );
-    let fixed = silences_while_unstable(Config {
-        silence_backoff: false,
-        ..Config::default()
+    let fixed = silences_while_unstable({
+        let mut c = Config::default();
+        c.silence_backoff = false;
+        c
     });
     assert!(fixed >= 90, "{fixed} silences at a fixed interval");
-    let pdcc = silences_while_unstable(Config {
-        congestion: CongestionConfig {
-            control: CongestionControl::Pdcc,
-            ..Default::default()
-        },
-        ..Config::default()
+    let pdcc = silences_while_unstable({
+        let mut cfg = Config::default();
+        cfg.congestion.control = CongestionControl::Pdcc;
+        cfg
     });
     assert!(pdcc >= 90, "{pdcc} silences with congestion control");
 }
@@ -697,9 +693,10 @@ fn view_changes(by_change: bool) -> Cluster {
     for i in 0..11 {
         let m = one_region(&all, 1);
         c.nodes[i] = Node::new(
-            Config {
-                rng_seed: 5,
-                ..Config::default()
+            {
+                let mut c = Config::default();
+                c.rng_seed = 5;
+                c
             },
             NodeId(i as u32),
             m,
@@ -850,10 +847,11 @@ fn lost_tokens_are_resent_without_false_suspicion() {
 /// Node 0 publishes on topics 1..=8, node `i` subscribes to topic `i` (a region each), with
 /// `node_held_msgs_max` as the publisher's bound over all its regions.
 fn cluster_with_held_bound(node_held_msgs_max: usize) -> Cluster {
-    let config = Config {
-        rng_seed: 9,
-        node_held_msgs_max,
-        ..Config::default()
+    let config = {
+        let mut c = Config::default();
+        c.rng_seed = 9;
+        c.node_held_msgs_max = node_held_msgs_max;
+        c
     };
     Cluster::with_config(9, |i| vec![TopicId(i)], 6, 0.0, config)
 }
@@ -962,9 +960,10 @@ fn a_group_datagram_of_an_unknown_region_is_foreign() {
 fn restart_nodes(c: &mut Cluster, seed: u64, first: &Membership) {
     for i in 0..7 {
         c.nodes[i] = Node::new(
-            Config {
-                rng_seed: seed,
-                ..Config::default()
+            {
+                let mut c = Config::default();
+                c.rng_seed = seed;
+                c
             },
             NodeId(i as u32),
             first.clone(),
@@ -1355,14 +1354,12 @@ fn a_member_that_does_not_subscribe_to_a_carried_topic_receives_acknowledges_and
 /// window closes; once released, node 2 gets every
 /// message of node 0 in order and node 0 sees them all stable.
 fn held_topic(loss: f64, seed: u64) {
-    let config = Config {
-        window: WindowConfig {
-            msgs_max: 256,
-            ..Default::default()
-        },
-        rng_seed: seed,
-        receive_window_msgs: 256,
-        ..Config::default()
+    let config = {
+        let mut cfg = Config::default();
+        cfg.window.msgs_max = 256;
+        cfg.rng_seed = seed;
+        cfg.receive_window_msgs = 256;
+        cfg
     };
     let mut c = Cluster::with_config(
         4,

@@ -72,9 +72,10 @@ impl Harness {
             .map(|i| (NodeId(i), if i == 0 { vec![] } else { vec![TOPIC] }))
             .collect();
         let membership = Membership::from_subscriptions(&subscriptions, partition);
-        let config = Config {
-            token_interval: Duration::from_millis(10),
-            ..Config::default()
+        let config = {
+            let mut c = Config::default();
+            c.token_interval = Duration::from_millis(10);
+            c
         };
         let nodes = (0..=receivers)
             .map(|i| Node::new(config.clone(), NodeId(i), membership.clone(), Time::ZERO).unwrap())

@@ -20,6 +20,7 @@ pub enum Transport {
 
 /// IP multicast settings (IPv4).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MulticastConfig {
     /// Interface (by its address) groups are joined on and multicast is sent from. On a single
     /// host, `127.0.0.1` with `loopback: true` works without a multicast route.
@@ -46,6 +47,7 @@ impl Default for MulticastConfig {
 /// Configuration of a [`NodeRuntime`](crate::NodeRuntime) (the protocol itself is configured by
 /// [`tidings_proto::Config`]).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RuntimeConfig {
     /// A region that has not acknowledged a message of this node for this long is reported
     /// (`RuntimeStats::stalls`, and the error of a `wait_stable` that times out names whom it
@@ -207,6 +209,7 @@ pub const DELIVERY_QUEUE_DEFAULT: usize = 4096;
 
 /// How a node reaches the membership service ([`NodeRuntime::join`](crate::NodeRuntime::join)).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct GmsLinkConfig {
     /// Every replica's address, by index (one for `tidings gms` or a
     /// [`GmsServer`](crate::GmsServer) embedded in some process; 3 or 5 for a replicated

@@ -76,6 +76,7 @@ const STATE_BATCH_DATAGRAMS: usize = 64;
 
 /// How a replica host runs its replica.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplicaHostConfig {
     /// The replica's configuration (`replicas` is set from the address list).
     pub replica: ReplicaConfig,
@@ -334,10 +335,11 @@ impl GmsReplicaServer {
             .enumerate()
             .map(|(index, socket)| {
                 let host = ReplicaHostConfig {
-                    replica: ReplicaConfig {
-                        index,
-                        seed: config.seed.wrapping_add(index as u64),
-                        ..config.clone()
+                    replica: {
+                        let mut c = config.clone();
+                        c.index = index;
+                        c.seed = config.seed.wrapping_add(index as u64);
+                        c
                     },
                     data_dir: data_dir.map(|d| replica_data_dir(d, index)),
                 };

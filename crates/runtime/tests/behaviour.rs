@@ -97,13 +97,14 @@ fn publisher_and_slow_subscriber(
     let nodes = start(
         2,
         &m,
-        |_| RuntimeConfig {
-            sched: SchedConfig {
+        |_| {
+            let mut c = config.clone();
+            c.sched = SchedConfig {
                 worker_threads: 1,
                 task_queue_capacity: queue,
                 ..SchedConfig::default()
-            },
-            ..config.clone()
+            };
+            c
         },
         false,
     );
@@ -146,9 +147,10 @@ fn assert_all_delivered_in_order(got: &Mutex<Vec<u64>>, total: u64) {
 
 #[test]
 fn slow_subscriber_slows_the_publisher_and_loses_nothing() {
-    let config = RuntimeConfig {
-        publish_queue_capacity: 16,
-        ..RuntimeConfig::default()
+    let config = {
+        let mut c = RuntimeConfig::default();
+        c.publish_queue_capacity = 16;
+        c
     };
     let (nodes, _sub, got) = publisher_and_slow_subscriber(config, 8, |_| {
         std::thread::sleep(Duration::from_micros(100));
@@ -189,11 +191,12 @@ fn repairs_behind_a_stalling_subscriber(delivery_backlog_msgs: usize) -> u64 {
     const STALL_EVERY: u64 = 500;
     const STALL: Duration = Duration::from_millis(60);
     const PER_MILLISECOND: u64 = 20;
-    let config = RuntimeConfig {
+    let config = {
+        let mut c = RuntimeConfig::default();
         // About 100 datagrams of 500 bytes: 5 ms of this stream.
-        socket_recv_buffer_bytes: 128 * 1024,
-        delivery_backlog_msgs,
-        ..RuntimeConfig::default()
+        c.socket_recv_buffer_bytes = 128 * 1024;
+        c.delivery_backlog_msgs = delivery_backlog_msgs;
+        c
     };
     let (nodes, _sub, got) = publisher_and_slow_subscriber(config, 64, |i| {
         if i % STALL_EVERY == STALL_EVERY - 1 {
@@ -249,12 +252,13 @@ fn tiny_socket_buffers_lose_packets_but_not_messages() {
     let nodes = start(
         3,
         &m,
-        |_| RuntimeConfig {
-            socket_recv_buffer_bytes: 16 * 1024,
-            socket_send_buffer_bytes: 16 * 1024,
-            send_batch_datagrams_max: 4,
-            recv_batch_datagrams_max: 8,
-            ..RuntimeConfig::default()
+        |_| {
+            let mut c = RuntimeConfig::default();
+            c.socket_recv_buffer_bytes = 16 * 1024;
+            c.socket_send_buffer_bytes = 16 * 1024;
+            c.send_batch_datagrams_max = 4;
+            c.recv_batch_datagrams_max = 8;
+            c
         },
         false,
     );
@@ -357,9 +361,10 @@ fn membership_change(multicast: bool) {
     let nodes = start(
         4,
         &before,
-        |_| RuntimeConfig {
-            transport: transport.clone(),
-            ..RuntimeConfig::default()
+        |_| {
+            let mut c = RuntimeConfig::default();
+            c.transport = transport.clone();
+            c
         },
         multicast,
     );
@@ -571,9 +576,10 @@ fn receive_buffers_go_past_the_sysctl_cap_only_when_privileged() {
     let nodes = start(
         1,
         &m,
-        |_| RuntimeConfig {
-            socket_recv_buffer_bytes: asked,
-            ..RuntimeConfig::default()
+        |_| {
+            let mut c = RuntimeConfig::default();
+            c.socket_recv_buffer_bytes = asked;
+            c
         },
         false,
     );
@@ -596,9 +602,10 @@ fn a_publisher_whose_region_stops_acknowledging_is_told_whom_it_waits_for() {
     let nodes = start(
         3,
         &m,
-        |_| RuntimeConfig {
-            stall_after,
-            ..RuntimeConfig::default()
+        |_| {
+            let mut c = RuntimeConfig::default();
+            c.stall_after = stall_after;
+            c
         },
         false,
     );

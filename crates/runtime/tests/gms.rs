@@ -24,28 +24,30 @@ fn gms_config(multicast: bool) -> GmsConfig {
         .local_addr()
         .unwrap()
         .port();
-    GmsConfig {
-        multicast_pool: multicast.then_some(MulticastPool {
+    {
+        let mut c = GmsConfig::default();
+        c.multicast_pool = multicast.then_some(MulticastPool {
             base: [239, 255, fastrand::u8(1..255), 0],
             prefix_len: 24,
             port,
             ports: MulticastPool::PORTS_DEFAULT,
             groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
-        }),
-        ..GmsConfig::default()
+        });
+        c
     }
 }
 
 fn join(server: SocketAddr, multicast: bool, loss: f64, seed: u64) -> NodeRuntime {
-    let config = RuntimeConfig {
-        transport: if multicast {
+    let config = {
+        let mut c = RuntimeConfig::default();
+        c.transport = if multicast {
             Transport::Multicast(MulticastConfig::default())
         } else {
             Transport::Unicast
-        },
-        receive_loss: loss,
-        receive_loss_seed: seed,
-        ..RuntimeConfig::default()
+        };
+        c.receive_loss = loss;
+        c.receive_loss_seed = seed;
+        c
     };
     let mut link = GmsLinkConfig::new(server);
     link.client.seed = seed;

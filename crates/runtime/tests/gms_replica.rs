@@ -77,9 +77,10 @@ fn replica_address_lists_are_checked() {
             GmsReplicaServer::start_on(ReplicaConfig::default(), peers, socket()).unwrap_err();
         assert!(matches!(err, GmsServerError::Peers(_)), "{err}");
     }
-    let config = ReplicaConfig {
-        index: 2,
-        ..ReplicaConfig::default()
+    let config = {
+        let mut c = ReplicaConfig::default();
+        c.index = 2;
+        c
     };
     let err = GmsReplicaServer::start_on(config, vec![a(1), a(2)], socket()).unwrap_err();
     assert!(matches!(err, GmsServerError::Replica(_)), "{err}");
@@ -120,12 +121,11 @@ fn a_data_dir_of_another_replica_or_a_corrupt_state_is_refused() {
         let peers: Vec<SocketAddr> = s.iter().map(|s| s.local_addr().unwrap()).collect();
         (s, peers)
     };
-    let host = |index| ReplicaHostConfig {
-        replica: ReplicaConfig {
-            index,
-            ..ReplicaConfig::default()
-        },
-        data_dir: Some(dir.0.join("r")),
+    let host = |index| {
+        let mut cfg = ReplicaHostConfig::default();
+        cfg.replica.index = index;
+        cfg.data_dir = Some(dir.0.join("r"));
+        cfg
     };
     let (mut s, peers) = sockets();
     let r = GmsReplicaServer::start_host_on(host(0), peers, s.remove(0)).unwrap();
@@ -175,9 +175,11 @@ fn a_replica_that_cannot_write_its_state_stops() {
     let dir = TempDir::new("replica-unwritable");
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     let peers = vec![socket.local_addr().unwrap()];
-    let host = ReplicaHostConfig {
-        replica: ReplicaConfig::default(),
-        data_dir: Some(dir.0.join("r")),
+    let host = {
+        let mut c = ReplicaHostConfig::default();
+        c.replica = ReplicaConfig::default();
+        c.data_dir = Some(dir.0.join("r"));
+        c
     };
     let r = GmsReplicaServer::start_host_on(host, peers, socket).unwrap();
     std::fs::remove_dir_all(dir.0.join("r")).unwrap();
@@ -264,9 +266,10 @@ struct CatchUp {
 /// A follower started after the others compacted their log, with a service state larger than
 /// one datagram, catches up from the leader's snapshot in fragments.
 fn catch_up_from_a_large_snapshot(members: usize, topics_each: usize) -> CatchUp {
-    let config = ReplicaConfig {
-        snapshot_entries: 20,
-        ..ReplicaConfig::default()
+    let config = {
+        let mut c = ReplicaConfig::default();
+        c.snapshot_entries = 20;
+        c
     };
     let sockets: Vec<UdpSocket> = (0..3)
         .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
@@ -275,10 +278,11 @@ fn catch_up_from_a_large_snapshot(members: usize, topics_each: usize) -> CatchUp
     let mut sockets = sockets.into_iter();
     let mut replicas: Vec<GmsReplicaServer> = (0..2)
         .map(|index| {
-            let config = ReplicaConfig {
-                index,
-                seed: index as u64,
-                ..config.clone()
+            let config = {
+                let mut c = config.clone();
+                c.index = index;
+                c.seed = index as u64;
+                c
             };
             GmsReplicaServer::start_on(config, peers.clone(), sockets.next().unwrap()).unwrap()
         })
@@ -319,10 +323,11 @@ fn catch_up_from_a_large_snapshot(members: usize, topics_each: usize) -> CatchUp
     let started = Instant::now();
     replicas.push(
         GmsReplicaServer::start_on(
-            ReplicaConfig {
-                index: 2,
-                seed: 2,
-                ..config
+            {
+                let mut c = config;
+                c.index = 2;
+                c.seed = 2;
+                c
             },
             peers,
             late,

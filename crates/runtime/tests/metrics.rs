@@ -145,9 +145,10 @@ fn a_stalled_publisher_names_the_members_it_waits_for() {
         .into_iter()
         .enumerate()
         .map(|(i, s)| {
-            let config = RuntimeConfig {
-                stall_after: Duration::from_millis(200),
-                ..RuntimeConfig::default()
+            let config = {
+                let mut c = RuntimeConfig::default();
+                c.stall_after = Duration::from_millis(200);
+                c
             };
             let (id, m, b) = (NodeId(i as u32), membership.clone(), book.clone());
             NodeRuntime::start_with_socket(config, Config::default(), id, m, b, s).unwrap()

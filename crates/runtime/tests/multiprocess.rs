@@ -40,16 +40,15 @@ fn membership() -> Membership {
 }
 
 fn config(me: u32, multicast: bool) -> RuntimeConfig {
-    RuntimeConfig {
-        receive_loss: if me == 0 { 0.0 } else { LOSS },
-        receive_loss_seed: u64::from(me) + 7,
-        transport: if multicast {
-            Transport::Multicast(MulticastConfig::default())
-        } else {
-            Transport::Unicast
-        },
-        ..RuntimeConfig::default()
-    }
+    let mut c = RuntimeConfig::default();
+    c.receive_loss = if me == 0 { 0.0 } else { LOSS };
+    c.receive_loss_seed = u64::from(me) + 7;
+    c.transport = if multicast {
+        Transport::Multicast(MulticastConfig::default())
+    } else {
+        Transport::Unicast
+    };
+    c
 }
 
 fn encode_book(book: &AddressBook) -> String {

@@ -55,18 +55,17 @@ fn book() -> AddressBook {
 }
 
 fn config(me: u32) -> RuntimeConfig {
-    RuntimeConfig {
-        receive_loss: if me == 0 { 0.0 } else { LOSS },
-        receive_loss_seed: u64::from(me) + 11,
-        transport: Transport::Multicast(MulticastConfig {
-            interface: address(me),
-            ttl: 1,
-            // One node per namespace: nothing needs its own datagrams back, and with loopback
-            // off a delivery proves the datagram crossed the bridge.
-            loopback: false,
-        }),
-        ..RuntimeConfig::default()
-    }
+    let mut c = RuntimeConfig::default();
+    c.receive_loss = if me == 0 { 0.0 } else { LOSS };
+    c.receive_loss_seed = u64::from(me) + 11;
+    let mut multicast = MulticastConfig::default();
+    multicast.interface = address(me);
+    multicast.ttl = 1;
+    // One node per namespace: nothing needs its own datagrams back, and with loopback off
+    // a delivery proves the datagram crossed the bridge.
+    multicast.loopback = false;
+    c.transport = Transport::Multicast(multicast);
+    c
 }
 
 fn payload(topic: TopicId, index: u64) -> Bytes {

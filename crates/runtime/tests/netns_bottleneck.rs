@@ -39,10 +39,7 @@ use bytes::Bytes;
 use netns_support::{
     address, address_book, field, run, spawn_in, stdin_lines, Children, Namespaces,
 };
-use tidings_proto::{
-    Config, CongestionConfig, CongestionControl, Membership, NodeId, RecoveryConfig,
-    RecoveryPacing, TopicId,
-};
+use tidings_proto::{Config, CongestionControl, Membership, NodeId, RecoveryPacing, TopicId};
 use tidings_runtime::{
     AddressBook, MulticastConfig, NodeRuntime, PublishError, RuntimeConfig, Transport,
 };
@@ -116,15 +113,14 @@ fn book() -> AddressBook {
 }
 
 fn runtime_config(me: u32) -> RuntimeConfig {
-    RuntimeConfig {
-        transport: Transport::Multicast(MulticastConfig {
-            interface: address(me),
-            ttl: 1,
-            // One node per namespace: with loopback off every datagram crosses the bridge.
-            loopback: false,
-        }),
-        ..RuntimeConfig::default()
-    }
+    let mut c = RuntimeConfig::default();
+    let mut multicast = MulticastConfig::default();
+    multicast.interface = address(me);
+    multicast.ttl = 1;
+    // One node per namespace: with loopback off every datagram crosses the bridge.
+    multicast.loopback = false;
+    c.transport = Transport::Multicast(multicast);
+    c
 }
 
 /// The protocol as nodes on real networks run it (ADR 6: 10 ms tokens), congestion control on
@@ -133,33 +129,26 @@ fn runtime_config(me: u32) -> RuntimeConfig {
 /// cut during the first overload, climbs back by about 1 message/s per second and never reaches
 /// the bottleneck again within a run.
 fn protocol_config(congestion_control: bool) -> Config {
-    Config {
-        congestion: CongestionConfig {
-            control: if congestion_control {
-                CongestionControl::Pdcc
-            } else {
-                CongestionControl::None
-            },
-            dcq_interval: Duration::from_millis(500),
-            t_no_uca: Duration::from_secs(1),
-            rate_min_increase_share: 0.1,
-            decrease_holdoff: Duration::from_secs(1),
-            queue_delay_baseline: Duration::from_secs(10),
-            queue_delay_threshold: Duration::from_millis(100),
-            standing_queue_threshold: Duration::from_millis(200),
-            ..Default::default()
-        },
-        recovery: RecoveryConfig {
-            pacing: if congestion_control {
-                RecoveryPacing::Sdcc
-            } else {
-                RecoveryPacing::Fixed
-            },
-            ..Default::default()
-        },
-        token_interval: Duration::from_millis(10),
-        ..Config::default()
-    }
+    let mut cfg = Config::default();
+    cfg.congestion.control = if congestion_control {
+        CongestionControl::Pdcc
+    } else {
+        CongestionControl::None
+    };
+    cfg.congestion.dcq_interval = Duration::from_millis(500);
+    cfg.congestion.t_no_uca = Duration::from_secs(1);
+    cfg.congestion.rate_min_increase_share = 0.1;
+    cfg.congestion.decrease_holdoff = Duration::from_secs(1);
+    cfg.congestion.queue_delay_baseline = Duration::from_secs(10);
+    cfg.congestion.queue_delay_threshold = Duration::from_millis(100);
+    cfg.congestion.standing_queue_threshold = Duration::from_millis(200);
+    cfg.recovery.pacing = if congestion_control {
+        RecoveryPacing::Sdcc
+    } else {
+        RecoveryPacing::Fixed
+    };
+    cfg.token_interval = Duration::from_millis(10);
+    cfg
 }
 
 fn payload(index: u64) -> Bytes {

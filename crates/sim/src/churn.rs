@@ -64,9 +64,10 @@ impl MembershipOracle {
     fn groups(&self) -> BTreeMap<Vec<TopicId>, Vec<NodeId>> {
         let mut groups: BTreeMap<Vec<TopicId>, Vec<NodeId>> = BTreeMap::new();
         if self.waste_max_permille > 0 {
-            let config = tidings_gms::PlannerConfig {
-                waste_max_permille: self.waste_max_permille,
-                ..tidings_gms::PlannerConfig::default()
+            let config = {
+                let mut c = tidings_gms::PlannerConfig::default();
+                c.waste_max_permille = self.waste_max_permille;
+                c
             };
             if let Ok(mut planner) = tidings_gms::Planner::new(config) {
                 for (&node, topics) in &self.subscriptions {

@@ -662,13 +662,14 @@ pub fn global_membership(gms: &Gms) -> Membership {
 #[must_use]
 pub fn configs(detection: Duration, partition_size: usize) -> (GmsConfig, ClientConfig) {
     let detection = detection.max(Duration::from_millis(6));
-    let gms = GmsConfig {
-        planner: PlannerConfig::default(),
-        partition_size: partition_size.max(1),
-        heartbeat_timeout: detection,
-        suspicion_timeout: detection / 3,
-        retransmit_interval: Duration::from_millis(50),
-        ..GmsConfig::default()
+    let gms = {
+        let mut c = GmsConfig::default();
+        c.planner = PlannerConfig::default();
+        c.partition_size = partition_size.max(1);
+        c.heartbeat_timeout = detection;
+        c.suspicion_timeout = detection / 3;
+        c.retransmit_interval = Duration::from_millis(50);
+        c
     };
     let client = ClientConfig {
         heartbeat_interval: detection / 6,
@@ -862,14 +863,15 @@ pub(crate) fn bootstrap(
             .saturating_sub(HEADER_LEN)
             .clamp(FRAGMENT_BYTES_MIN, FRAGMENT_BYTES_DEFAULT);
         for k in 0..replicas as usize {
-            let config = ReplicaConfig {
-                index: k,
-                replicas: replicas as usize,
-                seed: seed ^ 0x5245_504c ^ ((k as u64) << 32),
-                fragment_bytes,
-                fragments_per_tick: usize::MAX,
-                gms: gms_config.clone(),
-                ..ReplicaConfig::default()
+            let config = {
+                let mut c = ReplicaConfig::default();
+                c.index = k;
+                c.replicas = replicas as usize;
+                c.seed = seed ^ 0x5245_504c ^ ((k as u64) << 32);
+                c.fragment_bytes = fragment_bytes;
+                c.fragments_per_tick = usize::MAX;
+                c.gms = gms_config.clone();
+                c
             };
             let replica =
                 Replica::restart(config.clone(), durable.clone()).map_err(|e| e.to_string())?;

@@ -1115,9 +1115,10 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     let all_topics: Vec<TopicId> = (1..=s.topics + s.fresh_topics()).map(TopicId).collect();
     let mut hosts = Vec::with_capacity(s.nodes as usize + 1);
     for i in 0..s.nodes {
-        let config = Config {
-            rng_seed: s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(i),
-            ..s.proto.clone()
+        let config = {
+            let mut c = s.proto.clone();
+            c.rng_seed = s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(i);
+            c
         };
         let member = match clients.get_mut(i as usize).and_then(Option::take) {
             Some(client) => Member::joined(config, crate::gms::member_config(), client, Time::ZERO)

@@ -106,10 +106,9 @@ impl NodeBuilder {
     /// kB/s. The window itself is unchanged (16 MiB of 1000-byte messages per region stream).
     /// The simulator keeps the protocol's own defaults.
     pub fn default_protocol_config() -> tidings_proto::Config {
-        tidings_proto::Config {
-            token_interval: TOKEN_INTERVAL_DEFAULT,
-            ..tidings_proto::Config::default()
-        }
+        let mut c = tidings_proto::Config::default();
+        c.token_interval = TOKEN_INTERVAL_DEFAULT;
+        c
     }
 
     /// The node's unicast address (data and membership traffic). Default `127.0.0.1:0` (any free

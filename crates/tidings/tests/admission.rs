@@ -177,12 +177,15 @@ fn a_replicated_service_admits_only_its_list() {
         .into_iter()
         .enumerate()
         .map(|(index, socket)| {
-            let host = tidings::ReplicaHostConfig {
-                replica: tidings::ReplicaConfig {
-                    index,
-                    ..common::replica_config()
-                },
-                data_dir: None,
+            let host = {
+                let mut cfg = tidings::ReplicaHostConfig::default();
+                cfg.replica = {
+                    let mut c = common::replica_config();
+                    c.index = index;
+                    c
+                };
+                cfg.data_dir = None;
+                cfg
             };
             let security = tidings_gms::ServiceSecurity {
                 identity: service.clone(),

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tidings::{GmsReplicaServer, Node, ReplicaConfig, ReplicaHostConfig, ReplicaSnapshot, Topic};
+use tidings::{GmsReplicaServer, Node, ReplicaHostConfig, ReplicaSnapshot, Topic};
 use tidings_runtime::{replica_data_dir, STATE_FILE};
 
 const TOPIC: &str = "replica-disk/t1";
@@ -98,13 +98,16 @@ fn a_replica_restarted_from_its_data_dir_rejoins_and_the_group_goes_on() {
 
     // Started again from its data directory, on its address.
     let restart = Instant::now();
-    let host = ReplicaHostConfig {
-        replica: ReplicaConfig {
-            index: f,
-            seed: config.seed.wrapping_add(f as u64),
-            ..config.clone()
-        },
-        data_dir: Some(replica_data_dir(&dir.0, f)),
+    let host = {
+        let mut cfg = ReplicaHostConfig::default();
+        cfg.replica = {
+            let mut c = config.clone();
+            c.index = f;
+            c.seed = config.seed.wrapping_add(f as u64);
+            c
+        };
+        cfg.data_dir = Some(replica_data_dir(&dir.0, f));
+        cfg
     };
     let r = GmsReplicaServer::start_host(host, peers.clone(), peers[f]).unwrap();
     let restored = r.restored_term().expect("restarted from its state");
@@ -193,13 +196,16 @@ fn the_one_process_service_restarted_from_its_data_dir_keeps_its_group() {
 
     // The service stops abruptly and starts again from its directory, on its address.
     service.take().unwrap().shutdown();
-    let host = ReplicaHostConfig {
-        replica: ReplicaConfig {
-            index: 0,
-            replicas: 1,
-            ..config.clone()
-        },
-        data_dir: Some(replica_data_dir(&dir.0, 0)),
+    let host = {
+        let mut cfg = ReplicaHostConfig::default();
+        cfg.replica = {
+            let mut c = config.clone();
+            c.index = 0;
+            c.replicas = 1;
+            c
+        };
+        cfg.data_dir = Some(replica_data_dir(&dir.0, 0));
+        cfg
     };
     let restarted = GmsReplicaServer::start_host(host, peers.clone(), peers[0]).unwrap();
     assert!(

@@ -119,11 +119,10 @@ fn nodes_rejoin_a_service_restarted_without_its_state() {
 }
 
 fn replica_config(index: usize) -> ReplicaConfig {
-    ReplicaConfig {
-        index,
-        seed: 11 + index as u64,
-        ..common::replica_config()
-    }
+    let mut c = common::replica_config();
+    c.index = index;
+    c.seed = 11 + index as u64;
+    c
 }
 
 /// Publishes until `sub` receives a message published after `from`, and returns that

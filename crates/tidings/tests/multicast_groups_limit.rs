@@ -8,9 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tidings::{
-    Bytes, Error, GmsConfig, MulticastConfig, MulticastPool, Node, PlannerConfig, Topic, Transport,
-};
+use tidings::{Bytes, Error, GmsConfig, MulticastConfig, MulticastPool, Node, Topic, Transport};
 
 fn open_files() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
@@ -23,24 +21,19 @@ fn subscribing_past_the_open_file_limit_is_refused_with_the_reason() {
         .local_addr()
         .unwrap()
         .port();
-    let gms = GmsConfig {
-        multicast_pool: Some(MulticastPool {
-            // 4,096 addresses: every region of the test gets a group (past the pool, the
-            // service would make regions unicast).
-            base: [239, group_byte(), 0, 0],
-            prefix_len: 20,
-            port,
-            ports: MulticastPool::PORTS_DEFAULT,
-            groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
-        }),
-        // A region per topic, as for topics of distinct subscribers: topics of the same
-        // subscribers would otherwise share a few regions (and groups).
-        planner: PlannerConfig {
-            subset_topics_max: 1,
-            ..PlannerConfig::default()
-        },
-        ..GmsConfig::default()
-    };
+    let mut gms = GmsConfig::default();
+    gms.multicast_pool = Some(MulticastPool {
+        // 4,096 addresses: every region of the test gets a group (past the pool, the
+        // service would make regions unicast).
+        base: [239, group_byte(), 0, 0],
+        prefix_len: 20,
+        port,
+        ports: MulticastPool::PORTS_DEFAULT,
+        groups_max: MulticastPool::GROUPS_MAX_DEFAULT,
+    });
+    // A region per topic, as for topics of distinct subscribers: topics of the same
+    // subscribers would otherwise share a few regions (and groups).
+    gms.planner.subset_topics_max = 1;
     let transport = Transport::Multicast(MulticastConfig::default());
     let publisher = Node::builder()
         .embedded_gms(SocketAddr::from(([127, 0, 0, 1], 0)), gms)

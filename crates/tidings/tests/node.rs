@@ -291,16 +291,17 @@ fn regions_sharing_a_multicast_group_each_get_only_their_own_messages() {
         .local_addr()
         .unwrap()
         .port();
-    let gms = GmsConfig {
-        multicast_pool: Some(MulticastPool {
+    let gms = {
+        let mut c = GmsConfig::default();
+        c.multicast_pool = Some(MulticastPool {
             // Apart from other test processes' groups.
             base: [239, 130, (std::process::id() % 250) as u8, 0],
             prefix_len: 24,
             port,
             ports: 1,
             groups_max: 1,
-        }),
-        ..GmsConfig::default()
+        });
+        c
     };
     let transport = Transport::Multicast(MulticastConfig::default());
     let publisher_node = Node::builder()
@@ -628,9 +629,10 @@ fn sample(response: &str, prefix: &str) -> Option<f64> {
 
 #[test]
 fn metrics_name_the_slow_subscription_by_topic_within_the_bound() {
-    let runtime = |topics_max| tidings::RuntimeConfig {
-        metrics_topics_max: topics_max,
-        ..tidings::RuntimeConfig::default()
+    let runtime = |topics_max| {
+        let mut c = tidings::RuntimeConfig::default();
+        c.metrics_topics_max = topics_max;
+        c
     };
     let loopback = "127.0.0.1:0".parse().unwrap();
     let node = Node::builder()

@@ -75,6 +75,7 @@ pub struct SubsetId(pub u32);
 /// Tuning of the region planner. Every field has a documented default; check with
 /// [`PlannerConfig::validate`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PlannerConfig {
     /// Least members of a region that placing a topic may create (rule 1 and 2 of the module
     /// docs). Default 5: paper 001 reports regions of 5-10 members, and a partition (the lowest

@@ -39,6 +39,7 @@ pub const REPLICAS_MAX: usize = 7;
 /// Configuration of one replica. Every replica of a service must be given the same values
 /// except `index` (and `seed` may differ too).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplicaConfig {
     /// This replica's index, `0..replicas`.
     pub index: usize,

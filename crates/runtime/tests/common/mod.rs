@@ -88,20 +88,22 @@ impl Cluster {
         let mut logs = Vec::new();
         let mut subscription_handles = Vec::new();
         for (i, socket) in sockets.into_iter().enumerate() {
-            let config = RuntimeConfig {
-                receive_loss: if i == 0 { 0.0 } else { loss },
-                receive_loss_seed: seed + i as u64,
-                transport: if multicast {
+            let config = {
+                let mut c = RuntimeConfig::default();
+                c.receive_loss = if i == 0 { 0.0 } else { loss };
+                c.receive_loss_seed = seed + i as u64;
+                c.transport = if multicast {
                     Transport::Multicast(MulticastConfig::default())
                 } else {
                     Transport::Unicast
-                },
-                thread_name: format!("tidings-core-{i}"),
-                ..RuntimeConfig::default()
+                };
+                c.thread_name = format!("tidings-core-{i}");
+                c
             };
-            let protocol = Config {
-                rng_seed: seed,
-                ..Config::default()
+            let protocol = {
+                let mut c = Config::default();
+                c.rng_seed = seed;
+                c
             };
             let node = NodeRuntime::start_with_socket(
                 config,

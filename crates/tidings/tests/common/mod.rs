@@ -13,20 +13,18 @@ use tidings_gms::ClientConfig;
 /// The service's settings: a member is removed 0.6 s after its last heartbeat (0.3 s after a
 /// suspicion), and updates are resent every 50 ms.
 pub(crate) fn gms_config() -> GmsConfig {
-    GmsConfig {
-        heartbeat_timeout: Duration::from_millis(600),
-        suspicion_timeout: Duration::from_millis(300),
-        retransmit_interval: Duration::from_millis(50),
-        ..GmsConfig::default()
-    }
+    let mut c = GmsConfig::default();
+    c.heartbeat_timeout = Duration::from_millis(600);
+    c.suspicion_timeout = Duration::from_millis(300);
+    c.retransmit_interval = Duration::from_millis(50);
+    c
 }
 
 /// A replica with [`gms_config`]'s service.
 pub(crate) fn replica_config() -> ReplicaConfig {
-    ReplicaConfig {
-        gms: gms_config(),
-        ..ReplicaConfig::default()
-    }
+    let mut c = ReplicaConfig::default();
+    c.gms = gms_config();
+    c
 }
 
 /// The link to the service at `servers` (its replicas, by index): heartbeats every 100 ms,
