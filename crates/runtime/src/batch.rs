@@ -1,6 +1,7 @@
 //! Batch delivery: the core thread hands a subscription the in-order run of one topic's messages
-//! that one input (a datagram, a repair, a release) brought, as one scheduler event. The storage
-//! of a batch is recycled through a lock-free pool, so steady delivery allocates nothing.
+//! that one input (a datagram, a repair, a release) brought, as one scheduler event. A run of one
+//! message is kept in the batch itself; longer runs are stored on storage recycled through a
+//! lock-free pool, so steady delivery allocates nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,15 +36,18 @@ impl BatchPool {
 
     /// An empty batch of `topic`, on recycled storage if there is some.
     pub(crate) fn batch(self: &Arc<Self>, topic: TopicId) -> Deliveries {
-        let items = self
-            .free
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(BATCH_CAPACITY_INITIAL));
         Deliveries {
             topic,
-            items,
+            items: Items::One(None),
             pool: Some(Arc::clone(self)),
         }
+    }
+
+    /// Empty storage for a run of two or more messages, recycled if there is some.
+    fn storage(&self) -> Vec<Delivery> {
+        self.free
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(BATCH_CAPACITY_INITIAL))
     }
 
     fn put(&self, mut items: Vec<Delivery>) {
@@ -62,8 +66,19 @@ impl BatchPool {
 #[derive(Debug)]
 pub struct Deliveries {
     topic: TopicId,
-    items: Vec<Delivery>,
+    items: Items,
     pool: Option<Arc<BatchPool>>,
+}
+
+/// Where a batch keeps its messages: a run of one (every run of 1000-byte messages, one to a
+/// datagram, and of topics taken in turn) in place, without touching the pool; longer runs on
+/// pooled storage.
+#[derive(Debug)]
+enum Items {
+    /// At most one message.
+    One(Option<Delivery>),
+    /// Two or more (or a drained run's storage).
+    Many(Vec<Delivery>),
 }
 
 impl Deliveries {
@@ -72,7 +87,7 @@ impl Deliveries {
     pub fn new(topic: TopicId, items: Vec<Delivery>) -> Deliveries {
         Deliveries {
             topic,
-            items,
+            items: Items::Many(items),
             pool: None,
         }
     }
@@ -85,23 +100,47 @@ impl Deliveries {
 
     /// Takes the messages out, in order; the batch is empty afterwards.
     pub fn drain(&mut self) -> impl Iterator<Item = Delivery> + '_ {
-        self.items.drain(..)
+        let (one, many) = match &mut self.items {
+            Items::One(d) => (d.take(), None),
+            Items::Many(items) => (None, Some(items.drain(..))),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
     }
 
     /// Names the batch and its messages by `topic`: the topic's id after a rejoin.
     pub(crate) fn retopic(&mut self, topic: TopicId) {
         self.topic = topic;
-        for d in &mut self.items {
+        let items: &mut [Delivery] = match &mut self.items {
+            Items::One(d) => d.as_mut_slice(),
+            Items::Many(items) => items,
+        };
+        for d in items {
             d.topic = topic;
         }
     }
 
     pub(crate) fn push(&mut self, d: Delivery) {
-        self.items.push(d);
+        match &mut self.items {
+            Items::One(slot @ None) => *slot = Some(d),
+            Items::One(Some(_)) => {
+                let mut items = match &self.pool {
+                    Some(pool) => pool.storage(),
+                    None => Vec::with_capacity(BATCH_CAPACITY_INITIAL),
+                };
+                if let Items::One(Some(first)) =
+                    std::mem::replace(&mut self.items, Items::One(None))
+                {
+                    items.push(first);
+                }
+                items.push(d);
+                self.items = Items::Many(items);
+            }
+            Items::Many(items) => items.push(d),
+        }
     }
 
     pub(crate) fn is_full(&self) -> bool {
-        self.items.len() >= BATCH_MSGS_MAX
+        self.len() >= BATCH_MSGS_MAX
     }
 
     /// A copy of the messages `range` of the batch on storage of `pool` (payloads are shared,
@@ -112,8 +151,10 @@ impl Deliveries {
         range: std::ops::Range<usize>,
     ) -> Deliveries {
         let mut copy = pool.batch(self.topic);
-        if let Some(items) = self.items.get(range) {
-            copy.items.extend(items.iter().cloned());
+        if let Some(items) = self.get(range) {
+            for d in items {
+                copy.push(d.clone());
+            }
         }
         copy
     }
@@ -123,14 +164,17 @@ impl std::ops::Deref for Deliveries {
     type Target = [Delivery];
 
     fn deref(&self) -> &[Delivery] {
-        &self.items
+        match &self.items {
+            Items::One(d) => d.as_slice(),
+            Items::Many(items) => items,
+        }
     }
 }
 
 impl Drop for Deliveries {
     fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
-            pool.put(std::mem::take(&mut self.items));
+        if let (Some(pool), Items::Many(items)) = (self.pool.take(), &mut self.items) {
+            pool.put(std::mem::take(items));
         }
     }
 }
@@ -193,15 +237,43 @@ mod tests {
         drop(copy);
         drop(part);
         assert_eq!(pool.free.len(), 3);
-        let again = pool.batch(TopicId(8));
+        let mut again = pool.batch(TopicId(8));
         assert!(again.is_empty());
         assert_eq!(again.topic(), TopicId(8));
-        assert!(again.items.capacity() >= 100);
+        again.push(delivery(1));
+        again.push(delivery(2));
+        assert_eq!(pool.free.len(), 2, "a run of two takes pooled storage");
         assert_eq!(
             again.as_ptr(),
             storage,
             "the first storage back is reused first"
         );
+    }
+
+    #[test]
+    fn a_run_of_one_keeps_its_message_in_place_and_leaves_the_pool_alone() {
+        let pool = BatchPool::new();
+        let mut b = pool.batch(TopicId(7));
+        for i in 0..3 {
+            b.push(delivery(i));
+        }
+        drop(b);
+        assert_eq!(pool.free.len(), 1);
+        let mut one = pool.batch(TopicId(7));
+        one.push(delivery(5));
+        assert_eq!(pool.free.len(), 1, "a run of one takes no storage");
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].msg_id, MsgId(5));
+        one.retopic(TopicId(9));
+        assert_eq!((one.topic(), one[0].topic), (TopicId(9), TopicId(9)));
+        let copy = one.copy_in(&pool, 0..1);
+        assert_eq!(&*copy, &*one);
+        let ids: Vec<u64> = one.drain().map(|d| d.msg_id.0).collect();
+        assert_eq!(ids, vec![5]);
+        assert!(one.is_empty());
+        drop(one);
+        drop(copy);
+        assert_eq!(pool.free.len(), 1, "runs of one give nothing back");
     }
 
     #[test]
