@@ -304,7 +304,13 @@ impl NodeBuilder {
             }
             (None, _) => None,
         };
-        let sealing = match (self.sealing, security.is_some()) {
+        // A mode given in a `gms_link` counts when `security` was not called.
+        let link_sealing = self
+            .link
+            .as_ref()
+            .map(|l| l.sealing)
+            .filter(|m| *m != SecurityMode::Off);
+        let sealing = match (self.sealing.or(link_sealing), security.is_some()) {
             (None, true) => SecurityMode::Encrypt,
             (None, false) => SecurityMode::Off,
             (Some(SecurityMode::Off), _) => SecurityMode::Off,
