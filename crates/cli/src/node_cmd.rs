@@ -13,7 +13,7 @@ use clap::Args;
 use serde::Deserialize;
 use tidings::{
     AllowList, Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, MulticastPool, Node,
-    PublicKey, ReplicaConfig, RuntimeConfig, Topic, Transport,
+    PublicKey, ReplicaConfig, RuntimeConfig, SecurityMode, Topic, Transport,
 };
 use tidings_gms::ServiceSecurity;
 use tidings_runtime::{replica_data_dir, GmsServer, ReplicaHostConfig, STATE_FILE};
@@ -423,6 +423,11 @@ pub(crate) struct JoinArgs {
     /// a service that proves it holds it.
     #[arg(long, requires = "identity")]
     service_key: Option<PublicKey>,
+    /// How protocol datagrams are protected: off, authenticate (an AEAD tag, payloads
+    /// readable) or encrypt (payloads encrypted too). Default: encrypt with `--identity`, off
+    /// without; anything but off needs `--identity`. Every node of a group uses the same.
+    #[arg(long, value_name = "MODE")]
+    security: Option<SecurityMode>,
 }
 
 impl JoinArgs {
@@ -443,6 +448,9 @@ impl JoinArgs {
             let identity = Identity::read_file(path)
                 .map_err(|e| format!("identity {}: {e}", path.display()))?;
             builder = builder.identity(identity).service_key(key);
+        }
+        if let Some(mode) = self.security {
+            builder = builder.security(mode);
         }
         let node = builder
             .gms_replicas(&self.gms.0)
@@ -691,6 +699,7 @@ fn subscribe_inner(a: &SubArgs) -> Result<(), String> {
 /// seconds = 60                  # run this long (default: until killed)
 /// identity = "node.key"         # with service_key: be admitted by a secured service
 /// service_key = "ab12..."       # the key `tidings gms --identity` prints
+/// security = "encrypt"          # off, authenticate or encrypt (default: encrypt with identity)
 /// ```
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
@@ -716,6 +725,9 @@ struct NodeFile {
     /// The service's public key (with `identity`).
     #[serde(default)]
     service_key: Option<String>,
+    /// How protocol datagrams are protected (`off`, `authenticate`, `encrypt`).
+    #[serde(default)]
+    security: Option<String>,
 }
 
 fn default_bind() -> SocketAddr {
@@ -738,6 +750,10 @@ pub(crate) struct NodeArgs {
     /// `metrics` in the file.
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// How protocol datagrams are protected (off, authenticate, encrypt); overrides
+    /// `security` in the file.
+    #[arg(long, value_name = "MODE")]
+    security: Option<SecurityMode>,
 }
 
 /// Runs a member from a configuration file: joins, subscribes to its topics, and prints a status
@@ -771,6 +787,12 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
             a.config.display()
         ));
     }
+    let security = file
+        .security
+        .as_deref()
+        .map(str::parse::<SecurityMode>)
+        .transpose()
+        .map_err(|e| format!("{}: security: {e}", a.config.display()))?;
     let join = JoinArgs {
         gms,
         bind: file.bind,
@@ -779,6 +801,7 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
         metrics: a.metrics.or(file.metrics),
         identity: file.identity,
         service_key,
+        security: a.security.or(security),
     };
     let node = join.start()?;
     let received = Arc::new(AtomicU64::new(0));

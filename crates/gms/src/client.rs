@@ -8,7 +8,7 @@ use tidings_wire::{NodeId, RegionId, TopicId};
 
 use crate::config::{ClientConfig, ConfigError};
 use crate::message::{
-    GmsMessage, GmsRegionView, Item, RegionAddress, Request, NAMES_PER_REQUEST_MAX,
+    GmsMessage, GmsRegionView, Item, RegionAddress, Request, WireKey, NAMES_PER_REQUEST_MAX,
     TOPIC_NAME_BYTES_MAX,
 };
 
@@ -141,6 +141,9 @@ pub struct GmsClient {
     /// The next update sequence number expected.
     next_update: u64,
     reorder: BTreeMap<u64, Item>,
+    /// The latest datagram key the service handed out ([`Item::DatagramKey`]): its id and
+    /// secret.
+    datagram_key: Option<(u32, WireKey)>,
     ack_due: bool,
     regions: BTreeMap<RegionId, GmsRegionView>,
     topic_regions: BTreeMap<TopicId, Vec<RegionId>>,
@@ -207,6 +210,7 @@ impl GmsClient {
             last_heartbeat: None,
             next_update: 1,
             reorder: BTreeMap::new(),
+            datagram_key: None,
             ack_due: false,
             regions: BTreeMap::new(),
             topic_regions: BTreeMap::new(),
@@ -240,6 +244,13 @@ impl GmsClient {
     #[must_use]
     pub fn incarnation(&self) -> u32 {
         self.incarnation
+    }
+
+    /// The latest datagram key the service handed out (id and secret), if any: the member seals
+    /// its protocol datagrams with it.
+    #[must_use]
+    pub fn datagram_key(&self) -> Option<(u32, &WireKey)> {
+        self.datagram_key.as_ref().map(|(id, k)| (*id, k))
     }
 
     /// The join nonce (the runtime maps it to this client until it has a node id).
@@ -793,6 +804,7 @@ impl GmsClient {
                 }
             }
             Item::Removed => self.removed(),
+            Item::DatagramKey { id, secret } => self.datagram_key = Some((id, secret)),
         }
     }
 

@@ -123,6 +123,12 @@ pub struct GmsConfig {
     /// protocol nodes of the two never take each other's packets. A replicated service takes
     /// its first leader's. Default 1 (tests; hosts draw one).
     pub incarnation: u32,
+    /// Hand out datagram keys ([`Item::DatagramKey`](crate::Item::DatagramKey)): a key drawn
+    /// from the host's entropy ([`Gms::give_key_entropy`](crate::Gms::give_key_entropy)) goes
+    /// to every member in its update stream, and a new one replaces it whenever a member leaves
+    /// or is removed. Only for a service whose every member link is encrypted (the host runs
+    /// the admitted link, `ServiceLink`): the update stream carries the secret. Default false.
+    pub datagram_keys: bool,
 }
 
 impl Default for GmsConfig {
@@ -149,6 +155,7 @@ impl Default for GmsConfig {
             }),
             first_node: 1,
             incarnation: 1,
+            datagram_keys: false,
         }
     }
 }

@@ -42,8 +42,8 @@ pub use member::{
     NamedRequest, Stall, GMS_MAGIC,
 };
 pub use message::{
-    DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request, NAMES_PER_REQUEST_MAX,
-    TOPIC_NAME_BYTES_MAX,
+    DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request, WireKey,
+    NAMES_PER_REQUEST_MAX, TOPIC_NAME_BYTES_MAX,
 };
 pub use regions::{
     Changes, Planner, PlannerConfig, PlannerConfigError, PlannerStats, Region, SubsetId,

@@ -10,10 +10,14 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tidings_proto::{
     Config, ConfigError as ProtoConfigError, Event, Membership, MembershipChange, MsgId, Node,
     PublishError, RegionView, Time, Transmit,
+};
+use tidings_seal::datagram::TRAILER_LEN;
+use tidings_seal::{
+    KeyError, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, OpenStats, SealingKey,
 };
 use tidings_wire::{NodeId, RegionId, TopicId};
 
@@ -81,6 +85,19 @@ pub struct MemberConfig {
     /// 5 s, longer than a failure detection and a view change (3 s and a few token rounds by
     /// default), so a crash the service handles is not reported.
     pub stall_after: Duration,
+    /// How protocol datagrams are sealed and opened: the mode (`mode: Off`, the default,
+    /// seals nothing), the AEAD and the key ring's limits. With any other mode every datagram
+    /// the protocol writes is sealed with the service's current datagram key
+    /// ([`Item::DatagramKey`](crate::Item::DatagramKey)) and every one received must open
+    /// under a key the service handed out, or it is dropped and counted by cause
+    /// ([`MemberStats::open`]). The protocol's `max_datagram_bytes` shrinks by the trailer
+    /// ([`TRAILER_LEN`]), so sealed datagrams keep the configured size on the wire.
+    pub sealing: KeyRingConfig,
+    /// How long the previous datagram key still opens datagrams after a new one arrives:
+    /// members get a new key at slightly different times, and datagrams sealed just before
+    /// are still in flight or queued for retransmission. Default 2 s; a removed member's key
+    /// stops working this long after the others got the next one.
+    pub key_grace: Duration,
 }
 
 impl Default for MemberConfig {
@@ -89,6 +106,11 @@ impl Default for MemberConfig {
             suspect_interval: Duration::from_millis(500),
             leave_timeout: Duration::from_secs(1),
             stall_after: Duration::from_secs(5),
+            sealing: KeyRingConfig {
+                mode: Mode::Off,
+                ..KeyRingConfig::default()
+            },
+            key_grace: Duration::from_secs(2),
         }
     }
 }
@@ -101,7 +123,69 @@ impl MemberConfig {
                 "stall_after must be at least 4 ms".to_owned(),
             ));
         }
+        self.sealing
+            .validate()
+            .map_err(|e| MemberError::Config(format!("sealing: {e}")))?;
         Ok(())
+    }
+
+    /// `protocol` with its datagram budget reduced by the sealing trailer when sealing is on,
+    /// so a sealed datagram is no longer on the wire than the configuration says.
+    fn sealed_protocol(&self, mut protocol: Config) -> Result<Config, MemberError> {
+        let overhead = self.sealing.mode.overhead();
+        protocol.max_datagram_bytes = protocol
+            .max_datagram_bytes
+            .checked_sub(overhead)
+            .ok_or_else(|| {
+                MemberError::Config("max_datagram_bytes is shorter than the sealing trailer".into())
+            })?;
+        Ok(protocol)
+    }
+}
+
+/// Bytes of the block a member copies shared received datagrams into before opening them in
+/// place (a block is reused once every datagram cut from it is dropped).
+const OPEN_BLOCK_BYTES: usize = 256 * 1024;
+
+/// A member's sealing state, when [`MemberConfig::sealing`] is on.
+struct Sealing {
+    ring: KeyRing,
+    /// The key this node seals with: the service's latest, under this node's id.
+    key: Option<SealingKey>,
+    /// That key's id and secret, to seal again under a new node id after a rejoin.
+    secret: Option<(KeyId, KeySecret)>,
+    /// Previous keys and when they stop opening datagrams.
+    retiring: Vec<(KeyId, Time)>,
+    /// Where a received datagram whose buffer is shared is copied to be opened in place.
+    block: BytesMut,
+}
+
+impl std::fmt::Debug for Sealing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealing")
+            .field("ring", &self.ring)
+            .field("key", &self.key)
+            .field("retiring", &self.retiring)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sealing {
+    /// The datagram in a buffer this member may write: the same one when nobody else holds
+    /// it, else a copy in the current block.
+    fn writable(&mut self, datagram: Bytes, copies: &mut u64) -> BytesMut {
+        match datagram.try_into_mut() {
+            Ok(buf) => buf,
+            Err(shared) => {
+                *copies += 1;
+                if self.block.capacity() < shared.len() && !self.block.try_reclaim(OPEN_BLOCK_BYTES)
+                {
+                    self.block = BytesMut::with_capacity(OPEN_BLOCK_BYTES.max(shared.len()));
+                }
+                self.block.extend_from_slice(&shared);
+                self.block.split()
+            }
+        }
     }
 }
 
@@ -243,6 +327,21 @@ pub struct MemberStats {
     pub rejoins: u64,
     /// Messages of replaced protocol nodes that were never stable, reported abandoned.
     pub messages_abandoned: u64,
+    /// Protocol datagrams sealed ([`MemberConfig::sealing`]).
+    pub datagrams_sealed: u64,
+    /// Protocol datagrams the protocol wrote that could not be sealed (no key from the service
+    /// yet, or the key's counter limit reached), dropped unsent; the protocol recovers them
+    /// as it does lost ones.
+    pub datagrams_unsealed_dropped: u64,
+    /// Received datagrams opened and refused, by cause (bad tag, unknown key, retired key,
+    /// replayed, too old ...): a refused datagram is dropped before the protocol sees it.
+    pub open: OpenStats,
+    /// Received datagrams copied before opening (their buffer was shared).
+    pub open_copies: u64,
+    /// Datagram keys installed (from the service, or [`Member::install_datagram_key`]).
+    pub keys_installed: u64,
+    /// Previous keys retired after their grace ([`MemberConfig::key_grace`]).
+    pub keys_retired: u64,
 }
 
 /// A named request waiting for the service.
@@ -399,6 +498,8 @@ pub struct Member {
     stalls_checked: Time,
     /// The admitted GMS link, when the node joined with an identity.
     secure: Option<NodeLink>,
+    /// Sealing and opening of protocol datagrams, when [`MemberConfig::sealing`] is on.
+    sealing: Option<Sealing>,
     stats: MemberStats,
 }
 
@@ -588,8 +689,9 @@ impl Member {
         now: Time,
     ) -> Result<Member, MemberError> {
         config.validate()?;
+        let protocol = config.sealed_protocol(protocol)?;
         let node = Node::new(protocol, id, membership, now)?;
-        let mut member = Member::around(node, config, None, now);
+        let mut member = Member::around(node, config, None, now)?;
         member.reindex();
         member.queue_installed(0, None);
         Ok(member)
@@ -607,6 +709,7 @@ impl Member {
         now: Time,
     ) -> Result<Member, MemberError> {
         config.validate()?;
+        let protocol = config.sealed_protocol(protocol)?;
         let id = client.node().ok_or(MemberError::NotJoined)?;
         // Changes are taken from the client as differences from here on, not whole copies.
         client.set_membership_events(false);
@@ -636,7 +739,8 @@ impl Member {
             rejoining: false,
             moving: HashMap::new(),
         };
-        let mut member = Member::around(node, config, Some(link), now);
+        let mut member = Member::around(node, config, Some(link), now)?;
+        member.take_datagram_key(now);
         member.reindex();
         if let Some(link) = member.link.as_mut() {
             for (name, topic) in bound {
@@ -649,8 +753,25 @@ impl Member {
         Ok(member)
     }
 
-    fn around(node: Node, config: MemberConfig, link: Option<Link>, now: Time) -> Member {
-        Member {
+    fn around(
+        node: Node,
+        config: MemberConfig,
+        link: Option<Link>,
+        now: Time,
+    ) -> Result<Member, MemberError> {
+        let sealing = match config.sealing.mode {
+            Mode::Off => None,
+            _ => Some(Sealing {
+                ring: KeyRing::new(config.sealing.clone())
+                    .map_err(|e| MemberError::Config(format!("sealing: {e}")))?,
+                key: None,
+                secret: None,
+                retiring: Vec::new(),
+                block: BytesMut::new(),
+            }),
+        };
+        Ok(Member {
+            sealing,
             node,
             config,
             link,
@@ -666,7 +787,7 @@ impl Member {
             stalls_checked: now,
             secure: None,
             stats: MemberStats::default(),
-        }
+        })
     }
 
     /// This node's id.
@@ -723,16 +844,165 @@ impl Member {
 
     // ---- Inputs --------------------------------------------------------------------------
 
-    /// A protocol datagram from a peer.
+    /// A protocol datagram from a peer. With sealing on it is opened first (in place when
+    /// its buffer is not shared): one that does not open is counted by cause in
+    /// [`MemberStats::open`] and dropped before the protocol sees it.
     pub fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
         self.now = now;
-        self.node.handle_datagram(now, datagram);
+        if let Some(datagram) = self.open(datagram) {
+            self.node.handle_datagram(now, datagram);
+        }
     }
 
-    /// A protocol datagram received on a multicast group (where regions may share the group).
+    /// A protocol datagram received on a multicast group (where regions may share the group),
+    /// opened as in [`handle_datagram`](Member::handle_datagram).
     pub fn handle_group_datagram(&mut self, now: Time, datagram: Bytes) {
         self.now = now;
-        self.node.handle_group_datagram(now, datagram);
+        if let Some(datagram) = self.open(datagram) {
+            self.node.handle_group_datagram(now, datagram);
+        }
+    }
+
+    /// The protocol datagram inside a received one: itself without sealing, opened with
+    /// sealing, `None` (counted) if it does not open.
+    fn open(&mut self, datagram: Bytes) -> Option<Bytes> {
+        let Some(sealing) = self.sealing.as_mut() else {
+            return Some(datagram);
+        };
+        let mut buf = sealing.writable(datagram, &mut self.stats.open_copies);
+        let opened = sealing.ring.open(&mut buf);
+        self.stats.open = sealing.ring.stats().clone();
+        let opened = opened.ok()?;
+        buf.truncate(opened.len);
+        Some(buf.freeze())
+    }
+
+    /// Installs datagram key `id` with `secret`: this node seals with it from now on, and the
+    /// key it sealed with before keeps opening datagrams for [`MemberConfig::key_grace`]. The
+    /// service's keys come by themselves (this is for a member without a service, whose host
+    /// distributes keys, and for tests). Ignored with sealing off or when `id` is the key in
+    /// use. A key id the ring knew before (a service that restarted without its state numbers
+    /// keys afresh) starts the ring over with this key alone.
+    pub fn install_datagram_key(&mut self, now: Time, id: u32, secret: [u8; 32]) {
+        let me = self.node.id().0;
+        let grace = self.config.key_grace;
+        let Some(sealing) = self.sealing.as_mut() else {
+            return;
+        };
+        let id = KeyId(id);
+        if sealing.secret.as_ref().is_some_and(|(k, _)| *k == id) {
+            return;
+        }
+        let secret = KeySecret::from_bytes(secret);
+        let config = sealing.ring.config().clone();
+        // Keep room for the new key: the oldest retiring keys go first.
+        while sealing.ring.len() + 1 > config.keys_max && !sealing.retiring.is_empty() {
+            let (old, _) = sealing.retiring.remove(0);
+            sealing.ring.retire(old);
+            self.stats.keys_retired += 1;
+        }
+        if let Err(KeyError::Installed(_) | KeyError::Retired(_) | KeyError::Full) =
+            sealing.ring.install(id, &secret)
+        {
+            let Ok(mut ring) = KeyRing::new(config.clone()) else {
+                return;
+            };
+            if ring.install(id, &secret).is_err() {
+                return;
+            }
+            sealing.ring = ring;
+            sealing.retiring.clear();
+            sealing.key = None;
+        }
+        if let Some(old) = sealing.key.take() {
+            sealing.retiring.push((old.id(), now + grace));
+        }
+        sealing.key = Some(SealingKey::new(
+            config.aead,
+            config.mode,
+            id,
+            me,
+            &secret,
+            tidings_seal::datagram::COUNTER_LIMIT_DEFAULT,
+        ));
+        sealing.secret = Some((id, secret));
+        self.stats.keys_installed += 1;
+    }
+
+    /// Installs the service's latest datagram key if it is new.
+    fn take_datagram_key(&mut self, now: Time) {
+        if self.sealing.is_none() {
+            return;
+        }
+        let key = self
+            .link
+            .as_ref()
+            .and_then(|l| l.client.datagram_key())
+            .map(|(id, secret)| (id, secret.0));
+        if let Some((id, secret)) = key {
+            self.install_datagram_key(now, id, secret);
+        }
+    }
+
+    /// Seals under this node's id again after the protocol node was replaced under a new id
+    /// (a rejoin): the same key, counters from 0 under the new sender.
+    fn reseal(&mut self) {
+        let me = self.node.id().0;
+        let Some(sealing) = self.sealing.as_mut() else {
+            return;
+        };
+        let Some((id, secret)) = sealing.secret.as_ref() else {
+            return;
+        };
+        let config = sealing.ring.config();
+        sealing.key = Some(SealingKey::new(
+            config.aead,
+            config.mode,
+            *id,
+            me,
+            secret,
+            tidings_seal::datagram::COUNTER_LIMIT_DEFAULT,
+        ));
+    }
+
+    /// Bytes sealing adds to every protocol datagram (0 with sealing off): a transmit buffer
+    /// must hold `max_datagram_bytes` of the protocol node plus these.
+    #[must_use]
+    pub fn datagram_overhead(&self) -> usize {
+        self.sealing.as_ref().map_or(0, |_| TRAILER_LEN)
+    }
+
+    /// The id of the datagram key this node seals with, if sealing is on and it has one.
+    #[must_use]
+    pub fn datagram_key_id(&self) -> Option<u32> {
+        self.sealing
+            .as_ref()
+            .and_then(|s| s.key.as_ref())
+            .map(|k| k.id().0)
+    }
+
+    /// Retires the previous keys whose grace has passed.
+    fn retire_keys(&mut self, now: Time) {
+        let Some(sealing) = self.sealing.as_mut() else {
+            return;
+        };
+        let ring = &mut sealing.ring;
+        let retired = &mut self.stats.keys_retired;
+        sealing.retiring.retain(|&(id, at)| {
+            if at > now {
+                return true;
+            }
+            ring.retire(id);
+            *retired += 1;
+            false
+        });
+    }
+
+    /// When the next previous key must be retired.
+    fn retire_at(&self) -> Option<Time> {
+        self.sealing
+            .as_ref()
+            .and_then(|s| s.retiring.iter().map(|&(_, at)| at).min())
     }
 
     /// A datagram from replica `replica` of the membership service (0 when it has one),
@@ -769,6 +1039,7 @@ impl Member {
                 _ => self.stats.gms_unframed += 1,
             }
         }
+        self.take_datagram_key(now);
         self.pump(now);
     }
 
@@ -781,6 +1052,9 @@ impl Member {
         }
         if self.stall_check_at().is_some_and(|t| t <= now) {
             self.check_stalls(now);
+        }
+        if self.retire_at().is_some_and(|t| t <= now) {
+            self.retire_keys(now);
         }
         if let Some(secure) = self.secure.as_mut() {
             if secure.poll_timeout().is_some_and(|t| t <= now) {
@@ -1020,14 +1294,38 @@ impl Member {
         self.secure.as_ref().map(NodeLink::stats)
     }
 
-    /// The next protocol datagram, written into `buf` ([`Node::poll_transmit`], which refuses
-    /// a buffer shorter than `max_datagram_bytes`).
+    /// The next protocol datagram, written into `buf` ([`Node::poll_transmit`]) and, with
+    /// sealing on, sealed in place: `buf` must hold the protocol node's `max_datagram_bytes`
+    /// plus [`datagram_overhead`](Member::datagram_overhead), or it is refused. A datagram
+    /// that cannot be sealed (no key yet) is dropped and counted, and the next one taken.
     pub fn poll_transmit(
         &mut self,
         now: Time,
         buf: &mut [u8],
     ) -> Result<Option<Transmit>, tidings_proto::BufferTooSmall> {
-        self.node.poll_transmit(now, buf)
+        let Some(sealing) = self.sealing.as_mut() else {
+            return self.node.poll_transmit(now, buf);
+        };
+        let needed = self.node.config().max_datagram_bytes + TRAILER_LEN;
+        if buf.len() < needed {
+            return Err(tidings_proto::BufferTooSmall {
+                len: buf.len(),
+                needed,
+            });
+        }
+        loop {
+            let Some(mut t) = self.node.poll_transmit(now, buf)? else {
+                return Ok(None);
+            };
+            match sealing.key.as_mut().map(|k| k.seal(buf, t.len)) {
+                Some(Ok(len)) => {
+                    t.len = len;
+                    self.stats.datagrams_sealed += 1;
+                    return Ok(Some(t));
+                }
+                _ => self.stats.datagrams_unsealed_dropped += 1,
+            }
+        }
     }
 
     /// The next time [`handle_timeout`](Member::handle_timeout) must be called.
@@ -1040,7 +1338,7 @@ impl Member {
         let secure = self.secure.as_ref().and_then(NodeLink::poll_timeout);
         earliest(
             earliest(self.node.poll_timeout().map(|(at, _)| at), link),
-            earliest(self.stall_check_at(), secure),
+            earliest(earliest(self.stall_check_at(), secure), self.retire_at()),
         )
     }
 
@@ -1160,6 +1458,7 @@ impl Member {
             .filter(|_| !link.removed && !link.rejoining);
         if let Some(new) = rejoined {
             self.rebuild(now, new);
+            self.reseal();
         }
         let Some(link) = self.link.as_mut() else {
             return;
@@ -1710,6 +2009,185 @@ mod tests {
         fn take_events(&mut self, i: usize) -> Vec<MemberEvent> {
             std::mem::take(&mut self.events[i])
         }
+    }
+
+    /// Two members of one region on topic 1, sealing in `mode` with key 1 installed.
+    fn sealed_pair(mode: Mode) -> Vec<Member> {
+        let subs: BTreeMap<NodeId, Vec<TopicId>> =
+            [(NodeId(1), vec![TopicId(1)]), (NodeId(2), vec![TopicId(1)])].into();
+        let membership = Membership::from_subscriptions(&subs, 6);
+        let config = MemberConfig {
+            sealing: KeyRingConfig {
+                mode,
+                ..KeyRingConfig::default()
+            },
+            key_grace: Duration::from_millis(500),
+            ..MemberConfig::default()
+        };
+        (1..=2)
+            .map(|n| {
+                let mut m = Member::with_membership(
+                    Config::default(),
+                    config.clone(),
+                    NodeId(n),
+                    membership.clone(),
+                    T0,
+                )
+                .unwrap();
+                m.install_datagram_key(T0, 1, [7; 32]);
+                m
+            })
+            .collect()
+    }
+
+    /// Moves every datagram between `members` at `now`; returns them as sent (sealed), with
+    /// the index of their receiver, and the deliveries each member made.
+    fn exchange(members: &mut [Member], now: Time) -> (Vec<(usize, Vec<u8>)>, Vec<usize>) {
+        let mut wire = Vec::new();
+        let mut delivered = vec![0; members.len()];
+        for _ in 0..100 {
+            let mut moved = false;
+            for i in 0..members.len() {
+                let len =
+                    members[i].node().config().max_datagram_bytes + members[i].datagram_overhead();
+                let mut buf = vec![0u8; len];
+                while let Some(t) = members[i].poll_transmit(now, &mut buf).unwrap() {
+                    moved = true;
+                    let to: Vec<usize> = match t.destination {
+                        Destination::Node(n) => vec![n.0 as usize - 1],
+                        Destination::Region(_) => (0..members.len()).filter(|&j| j != i).collect(),
+                    };
+                    for j in to {
+                        wire.push((j, buf[..t.len].to_vec()));
+                        members[j].handle_datagram(now, Bytes::copy_from_slice(&buf[..t.len]));
+                    }
+                }
+                while let Some(e) = members[i].poll_event() {
+                    if matches!(e, MemberEvent::Protocol(Event::Deliver(_))) {
+                        delivered[i] += 1;
+                    }
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+        (wire, delivered)
+    }
+
+    #[test]
+    fn sealed_members_deliver_in_both_modes_and_refuse_forgeries_by_cause() {
+        for mode in [Mode::Authenticate, Mode::Encrypt] {
+            let mut m = sealed_pair(mode);
+            let payload = Bytes::from_static(b"sealed hello, sealed hello");
+            m[0].publish(T0, TopicId(1), payload.clone()).unwrap();
+            let (wire, delivered) = exchange(&mut m, T0);
+            assert_eq!(delivered, vec![1, 1], "{mode}");
+            assert!(m[0].stats().datagrams_sealed > 0, "{mode}");
+            assert!(m[1].stats().open.opened > 0, "{mode}");
+            assert_eq!(m[1].stats().open.refused(), 0, "{mode}");
+            // In encrypt mode the payload is not on the wire in clear.
+            let visible = wire
+                .iter()
+                .any(|(_, d)| d.windows(payload.len()).any(|w| w == &payload[..]));
+            assert_eq!(visible, mode == Mode::Authenticate, "{mode}");
+
+            let (to, captured) = wire.iter().find(|(j, _)| *j == 1).unwrap().clone();
+            let before = m[1].node().stats().clone();
+            // A replay.
+            m[1].handle_datagram(T0, Bytes::from(captured.clone()));
+            assert_eq!(m[1].stats().open.replayed, 1, "{mode}");
+            // The right format and key id, sealed with another secret.
+            let plain_len = captured.len() - TRAILER_LEN;
+            let mut forged = captured.clone();
+            let mut other = SealingKey::new(
+                tidings_seal::Aead::Aes256Gcm,
+                mode,
+                KeyId(1),
+                1,
+                &KeySecret::from_bytes([8; 32]),
+                u64::MAX,
+            );
+            // Past every counter node 1 used, so the replay window does not stop it first.
+            for _ in 0..1_000 {
+                other.seal(&mut captured.clone(), plain_len).unwrap();
+            }
+            other.seal(&mut forged, plain_len).unwrap();
+            m[to].handle_datagram(T0, Bytes::from(forged));
+            assert_eq!(m[1].stats().open.bad_tag, 1, "{mode}");
+            // An unknown key.
+            let mut unknown = captured.clone();
+            let mut stranger = SealingKey::new(
+                tidings_seal::Aead::Aes256Gcm,
+                mode,
+                KeyId(99),
+                1,
+                &KeySecret::from_bytes([7; 32]),
+                u64::MAX,
+            );
+            stranger.seal(&mut unknown, plain_len).unwrap();
+            m[1].handle_datagram(T0, Bytes::from(unknown));
+            assert_eq!(m[1].stats().open.unknown_key, 1, "{mode}");
+            // A clear datagram.
+            m[1].handle_datagram(T0, Bytes::copy_from_slice(&captured[..plain_len]));
+            assert_eq!(m[1].stats().open.refused(), 4, "{mode}");
+            // None of it reached the protocol.
+            assert_eq!(m[1].node().stats(), &before, "{mode}");
+        }
+    }
+
+    #[test]
+    fn a_replaced_key_opens_for_its_grace_and_then_is_retired() {
+        let mut m = sealed_pair(Mode::Authenticate);
+        // A third party (a member about to be removed) holds key 1 and seals as node 2.
+        let mut leaver = SealingKey::new(
+            tidings_seal::Aead::Aes256Gcm,
+            Mode::Authenticate,
+            KeyId(1),
+            2,
+            &KeySecret::from_bytes([7; 32]),
+            u64::MAX,
+        );
+        m[1].publish(T0, TopicId(1), Bytes::from_static(b"one"))
+            .unwrap();
+        let (wire, _) = exchange(&mut m, T0);
+        let (_, sample) = wire.iter().find(|(j, _)| *j == 0).unwrap().clone();
+        let plain_len = sample.len() - TRAILER_LEN;
+        let mut late = |at_counter: u64| {
+            let mut d = sample.clone();
+            while leaver.sealed() < at_counter {
+                let mut scratch = sample.clone();
+                leaver.seal(&mut scratch, plain_len).unwrap();
+            }
+            leaver.seal(&mut d, plain_len).unwrap();
+            d
+        };
+        let t1 = T0 + Duration::from_millis(100);
+        for member in &mut m {
+            member.install_datagram_key(t1, 2, [9; 32]);
+            assert_eq!(member.datagram_key_id(), Some(2));
+        }
+        // Within the grace: key 1 still opens (a counter node 2 never used).
+        let within = late(1_000);
+        m[0].handle_datagram(t1, Bytes::from(within));
+        assert_eq!(m[0].stats().open.retired_key, 0);
+        assert_eq!(m[0].stats().open.refused(), 0);
+        // After it: refused as retired, and new traffic goes under key 2.
+        let t2 = t1 + Duration::from_millis(500);
+        assert!(m[0].poll_timeout().is_some_and(|t| t <= t2));
+        m[0].handle_timeout(t2);
+        assert_eq!(m[0].stats().keys_retired, 1);
+        let after = late(2_000);
+        m[0].handle_datagram(t2, Bytes::from(after));
+        assert_eq!(m[0].stats().open.retired_key, 1);
+        m[1].handle_timeout(t2);
+        m[0].publish(t2, TopicId(1), Bytes::from_static(b"two"))
+            .unwrap();
+        let (wire, delivered) = exchange(&mut m, t2);
+        assert_eq!(delivered[1], 1);
+        assert!(wire
+            .iter()
+            .all(|(_, d)| d[d.len() - TRAILER_LEN..][..4] == 2u32.to_be_bytes()));
     }
 
     fn answers(events: &[MemberEvent]) -> Vec<(u64, Result<TopicId, String>)> {

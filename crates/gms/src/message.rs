@@ -110,6 +110,26 @@ pub enum Item {
     Commit,
     /// This node was removed (declared failed, or it left). Rejoin to take part again.
     Removed,
+    /// The key that seals protocol datagrams from now on (sent to admitted members only, over
+    /// their encrypted GMS link): seal with it at once, and open with the previous one for a
+    /// grace period. Ids grow with every key the service draws.
+    DatagramKey {
+        /// The key's id, carried in clear in every datagram sealed with it.
+        id: u32,
+        /// Its secret.
+        secret: WireKey,
+    },
+}
+
+/// The 32 secret bytes of a datagram key inside an update item: printed redacted, so a debug
+/// log of the update stream never shows a key.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WireKey(pub [u8; 32]);
+
+impl std::fmt::Debug for WireKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WireKey(..)")
+    }
 }
 
 /// A message between a client and the GMS.
@@ -344,6 +364,7 @@ const I_TOPIC_GONE: u8 = 5;
 const I_COMMIT: u8 = 6;
 const I_REMOVED: u8 = 7;
 const I_NODE_ADDRESS: u8 = 8;
+const I_DATAGRAM_KEY: u8 = 9;
 
 const ADDR_NONE: u8 = 0;
 const ADDR_V4: u8 = 4;
@@ -589,6 +610,11 @@ fn encode_item(item: &Item, out: &mut Vec<u8>) {
         }
         Item::Commit => out.push(I_COMMIT),
         Item::Removed => out.push(I_REMOVED),
+        Item::DatagramKey { id, secret } => {
+            out.push(I_DATAGRAM_KEY);
+            put_u32(out, *id);
+            out.extend_from_slice(&secret.0);
+        }
     }
 }
 
@@ -680,6 +706,15 @@ fn decode_item(r: &mut Reader<'_>) -> Result<Item, DecodeError> {
         }
         I_COMMIT => Item::Commit,
         I_REMOVED => Item::Removed,
+        I_DATAGRAM_KEY => {
+            let id = r.u32()?;
+            let mut secret = [0u8; 32];
+            secret.copy_from_slice(r.take(32)?);
+            Item::DatagramKey {
+                id,
+                secret: WireKey(secret),
+            }
+        }
         t => return Err(DecodeError::Tag(t)),
     })
 }
@@ -759,6 +794,10 @@ mod tests {
                     Item::NodeAddress {
                         node: NodeId(4),
                         addr: "[::1]:9000".parse().expect("address"),
+                    },
+                    Item::DatagramKey {
+                        id: 7,
+                        secret: WireKey([0xa5; 32]),
                     },
                     Item::Commit,
                 ],

@@ -10,8 +10,8 @@ use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 use crate::config::{ConfigError, GmsConfig};
 use crate::groups::GroupLoads;
 use crate::message::{
-    item_len, GmsMessage, GmsRegionView, Item, RegionAddress, Request, ITEMS_PER_UPDATE_MAX,
-    TOPIC_NAME_BYTES_MAX,
+    item_len, GmsMessage, GmsRegionView, Item, RegionAddress, Request, WireKey,
+    ITEMS_PER_UPDATE_MAX, TOPIC_NAME_BYTES_MAX,
 };
 use crate::regions::{Changes, Planner};
 
@@ -118,6 +118,16 @@ pub enum Command {
         /// Why.
         cause: RemoveCause,
     },
+    /// The service's datagram key from now on (with [`GmsConfig::datagram_keys`]): decided by
+    /// the leader from the host's entropy, logged so that every replica (and so a new leader)
+    /// holds the same key, and sent to every member. Ignored unless `id` is above the current
+    /// key's.
+    DatagramKey {
+        /// The key's id.
+        id: u32,
+        /// Its secret.
+        secret: WireKey,
+    },
     /// The service takes its incarnation: the first decision of a replicated service's first
     /// leader (the one in its configuration), so every replica holds the same one. Ignored once
     /// the service has one.
@@ -182,6 +192,9 @@ pub enum GmsEvent {
 pub struct GmsStats {
     /// Messages that failed to decode (dropped).
     pub malformed: u64,
+    /// Datagram keys decided ([`GmsConfig::datagram_keys`]): the first, and one after each
+    /// departure.
+    pub keys_drawn: u64,
     /// Messages from unknown nodes, or of a kind the GMS does not accept (dropped).
     pub unexpected: u64,
     /// Requests received again (re-acknowledged, not re-applied).
@@ -351,6 +364,15 @@ pub struct Gms {
     requests_decided: BTreeMap<NodeId, u64>,
     /// The highest acknowledgement of each member a replicated leader decided (soft state).
     acks_decided: BTreeMap<NodeId, u64>,
+    /// The current datagram key (replicated state), with [`GmsConfig::datagram_keys`].
+    datagram_key: Option<(u32, WireKey)>,
+    /// Entropy from the host for the next datagram key (soft state).
+    key_entropy: Option<[u8; 32]>,
+    /// A member left or was removed since the current key was drawn: the key must be
+    /// replaced (soft state; a new leader replaces it once more, which is harmless).
+    rotation_due: bool,
+    /// A replicated leader decided a key that is not applied yet (soft state).
+    key_deciding: bool,
 }
 
 /// A replica's role in a replicated service.
@@ -382,6 +404,7 @@ struct StateRef<'a> {
     known_by: &'a BTreeMap<RegionId, BTreeSet<NodeId>>,
     last_now: Time,
     incarnation: u32,
+    datagram_key: &'a Option<(u32, WireKey)>,
 }
 
 /// [`StateRef`] decoded.
@@ -402,6 +425,7 @@ struct State {
     known_by: BTreeMap<RegionId, BTreeSet<NodeId>>,
     last_now: Time,
     incarnation: u32,
+    datagram_key: Option<(u32, WireKey)>,
 }
 
 /// Why a snapshot was not restored.
@@ -446,7 +470,62 @@ impl Gms {
             removing: BTreeSet::new(),
             requests_decided: BTreeMap::new(),
             acks_decided: BTreeMap::new(),
+            datagram_key: None,
+            key_entropy: None,
+            rotation_due: false,
+            key_deciding: false,
         })
+    }
+
+    /// Whether the service wants 32 bytes of fresh entropy for its next datagram key
+    /// ([`give_key_entropy`](Gms::give_key_entropy)): with [`GmsConfig::datagram_keys`], while
+    /// it holds none. A host asks after every input, so a key is ready when a member leaves.
+    #[must_use]
+    pub fn wants_key_entropy(&self) -> bool {
+        self.config.datagram_keys && self.key_entropy.is_none()
+    }
+
+    /// Entropy for the next datagram key, drawn by the host from a cryptographic RNG (the
+    /// simulator, from its seed). The service keeps one; a leader draws a key from it at once
+    /// if it has none or must replace it.
+    pub fn give_key_entropy(&mut self, bytes: [u8; 32]) {
+        if self.config.datagram_keys {
+            self.key_entropy = Some(bytes);
+            self.rotate_key_if_due();
+        }
+    }
+
+    /// The id of the current datagram key, if one was drawn.
+    #[must_use]
+    pub fn datagram_key_id(&self) -> Option<u32> {
+        self.datagram_key.as_ref().map(|(id, _)| *id)
+    }
+
+    /// Decides a new datagram key when there is none or a member left since the last one, and
+    /// the host gave entropy; only where the service leads, one key in flight at a time.
+    fn rotate_key_if_due(&mut self) {
+        if !self.config.datagram_keys
+            || !self.is_leading()
+            || self.key_deciding
+            || !(self.rotation_due || self.datagram_key.is_none())
+        {
+            return;
+        }
+        let Some(secret) = self.key_entropy.take() else {
+            return;
+        };
+        let id = self.datagram_key_id().unwrap_or(0).wrapping_add(1).max(1);
+        self.rotation_due = false;
+        self.key_deciding = true;
+        self.stats.keys_drawn += 1;
+        let now = self.last_now;
+        self.decide(
+            now,
+            Decision::Command(Command::DatagramKey {
+                id,
+                secret: WireKey(secret),
+            }),
+        );
     }
 
     /// A service run as one replica of a replicated log (ADR 32), starting as a follower: it
@@ -478,6 +557,7 @@ impl Gms {
         self.replicated = Some(Role::Leader);
         self.last_now = self.last_now.max(now);
         self.clear_decided();
+        self.key_deciding = false;
         if self.incarnation == 0 {
             // The service's first leader: its incarnation goes first into the log, ahead of
             // any join it welcomes.
@@ -519,6 +599,7 @@ impl Gms {
 
     /// The next decision a replicated leader made, to append to the log.
     pub fn poll_decision(&mut self) -> Option<Decision> {
+        self.rotate_key_if_due();
         self.decisions.pop_front()
     }
 
@@ -563,6 +644,7 @@ impl Gms {
             known_by: &self.known_by,
             last_now: self.last_now,
             incarnation: self.incarnation,
+            datagram_key: &self.datagram_key,
         };
         postcard::to_allocvec(&state).unwrap_or_default()
     }
@@ -588,6 +670,7 @@ impl Gms {
         self.known_by = state.known_by;
         self.last_now = state.last_now;
         self.incarnation = state.incarnation;
+        self.datagram_key = state.datagram_key;
         self.syncs_pending.clear();
         self.unsent.clear();
         self.outbox.clear();
@@ -840,6 +923,7 @@ impl Gms {
 
     /// The next message to send.
     pub fn poll_transmit(&mut self) -> Option<GmsTransmit> {
+        self.rotate_key_if_due();
         self.run_syncs();
         if !self.is_leading() {
             self.unsent.clear();
@@ -908,8 +992,17 @@ impl Gms {
                         incarnation: self.incarnation,
                     },
                 });
-                // An empty first batch: the node learns it has an (empty) membership.
-                self.push_items(now, node, vec![Item::Commit]);
+                // An empty first batch: the node learns it has an (empty) membership, and
+                // the datagram key ahead of it.
+                let mut first = Vec::with_capacity(2);
+                if let Some((id, secret)) = &self.datagram_key {
+                    first.push(Item::DatagramKey {
+                        id: *id,
+                        secret: secret.clone(),
+                    });
+                }
+                first.push(Item::Commit);
+                self.push_items(now, node, first);
             }
             Command::Subscribe { node, .. }
             | Command::SubscribeMany { node, .. }
@@ -952,6 +1045,24 @@ impl Gms {
                     self.incarnation = incarnation;
                 }
             }
+            Command::DatagramKey { id, secret } => {
+                self.key_deciding = false;
+                if self.datagram_key_id().is_some_and(|current| id <= current) {
+                    return;
+                }
+                self.datagram_key = Some((id, secret.clone()));
+                let members: Vec<NodeId> = self.nodes.keys().copied().collect();
+                for node in members {
+                    self.push_items(
+                        now,
+                        node,
+                        vec![Item::DatagramKey {
+                            id,
+                            secret: secret.clone(),
+                        }],
+                    );
+                }
+            }
             Command::Remove { node, cause } => {
                 let Some(e) = self.nodes.remove(&node) else {
                     return;
@@ -980,6 +1091,8 @@ impl Gms {
                     },
                 });
                 self.events.push_back(GmsEvent::Removed { node, cause });
+                // What follows is sealed under a key the removed node never gets.
+                self.rotation_due = self.config.datagram_keys;
                 let ch = self.planner.remove_node(node);
                 self.propagate(ch, BTreeMap::new());
             }

@@ -1331,3 +1331,85 @@ fn a_region_that_only_gains_topics_keeps_its_base() {
         "a member joining restarts"
     );
 }
+
+/// A world whose service hands out datagram keys, with the host's entropy given after every
+/// input (a counter, so each key differs).
+fn keyed_world(n: usize) -> World {
+    let mut w = World::with_config(
+        n,
+        GmsConfig {
+            datagram_keys: true,
+            ..GmsConfig::default()
+        },
+    );
+    w.gms.give_key_entropy([1; 32]);
+    w.pump();
+    w
+}
+
+#[test]
+fn datagram_keys_go_to_every_member_and_change_when_one_leaves() {
+    let mut w = keyed_world(3);
+    for i in 0..3 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.datagram_key_id(), Some(1));
+    for i in 0..3 {
+        let (id, secret) = w.clients[i].datagram_key().unwrap();
+        assert_eq!((id, secret.0), (1, [1; 32]), "client {i}");
+    }
+    // No entropy yet: the rotation waits for it.
+    assert!(w.gms.wants_key_entropy());
+    w.clients[1].leave().unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.datagram_key_id(), Some(1));
+    w.gms.give_key_entropy([2; 32]);
+    w.pump();
+    assert_eq!(w.gms.datagram_key_id(), Some(2));
+    for i in [0, 2] {
+        let (id, secret) = w.clients[i].datagram_key().unwrap();
+        assert_eq!((id, secret.0), (2, [2; 32]), "client {i}");
+    }
+    // The one that left never gets the new key.
+    assert_eq!(w.clients[1].datagram_key().map(|(id, _)| id), Some(1));
+    assert_eq!(w.gms.stats().keys_drawn, 2);
+    // A joiner gets the current key with its first batch; a join is no reason to rotate.
+    w.gms.give_key_entropy([3; 32]);
+    w.clients.push(
+        GmsClient::new(ClientConfig {
+            seed: 999,
+            data_addr: Some(client_addr(3)),
+            ..ClientConfig::default()
+        })
+        .unwrap(),
+    );
+    w.delivered.push(Vec::new());
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.clients[3].datagram_key().map(|(id, _)| id), Some(2));
+    assert_eq!(w.gms.datagram_key_id(), Some(2));
+}
+
+#[test]
+fn a_service_without_datagram_keys_hands_out_none() {
+    let mut w = World::new(2);
+    w.gms.give_key_entropy([1; 32]);
+    w.run_for(Duration::from_millis(10));
+    assert!(!w.gms.wants_key_entropy());
+    assert_eq!(w.gms.datagram_key_id(), None);
+    assert!(w.clients[0].datagram_key().is_none());
+}
+
+#[test]
+fn the_datagram_key_is_kept_by_snapshots() {
+    let mut w = keyed_world(1);
+    w.run_for(Duration::from_millis(10));
+    let snapshot = w.gms.snapshot();
+    let mut other = Gms::new_replicated(GmsConfig {
+        datagram_keys: true,
+        ..GmsConfig::default()
+    })
+    .unwrap();
+    other.restore(&snapshot).unwrap();
+    assert_eq!(other.datagram_key_id(), Some(1));
+}

@@ -234,6 +234,14 @@ pub struct GmsLinkConfig {
     /// This node's identity and the service's key, for a service that admits only its allow
     /// list (`None`: the link is plain, for a service that admits anyone).
     pub security: Option<tidings_gms::LinkSecurity>,
+    /// How protocol datagrams are protected: `Off` (default), `Authenticate` or `Encrypt`,
+    /// under the datagram keys the service hands to its admitted members. Anything but `Off`
+    /// needs `security` (the keys come only over the admitted link), and every node of the
+    /// group must use the same mode.
+    pub sealing: tidings_seal::Mode,
+    /// How long a replaced datagram key still opens datagrams (`MemberConfig::key_grace`).
+    /// Default 2 s.
+    pub key_grace: Duration,
 }
 
 impl GmsLinkConfig {
@@ -264,6 +272,8 @@ impl GmsLinkConfig {
             leave_timeout: Duration::from_secs(1),
             suspect_interval: Duration::from_millis(500),
             security: None,
+            sealing: tidings_seal::Mode::Off,
+            key_grace: Duration::from_secs(2),
         }
     }
 
@@ -312,6 +322,14 @@ impl GmsLinkConfig {
                     "must not name an address twice",
                 ));
             }
+        }
+        if self.sealing != tidings_seal::Mode::Off && self.security.is_none() {
+            return Err(invalid(
+                "gms.sealing",
+                self.sealing,
+                "needs an admitted link (gms.security: an identity and the service key): \
+                 datagram keys are handed out only over it",
+            ));
         }
         if self.client.replicas != self.servers.len() {
             return Err(invalid(

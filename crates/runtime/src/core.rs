@@ -546,7 +546,7 @@ impl Core {
         }
         let tx = TxBatch::new(
             config.send_batch_datagrams_max,
-            member.node().config().max_datagram_bytes,
+            member.node().config().max_datagram_bytes + member.datagram_overhead(),
             gso_segments,
         );
         let batch = config.recv_batch_datagrams_max;
@@ -1803,7 +1803,8 @@ impl Core {
                 return TxOutcome::Expired;
             }
             let member = &mut self.member;
-            // The batch's slots are `max_datagram_bytes` long (`TxBatch::new`): never refused.
+            // The batch's slots are `max_datagram_bytes` long with room for the sealing
+            // trailer (`TxBatch::new`): never refused.
             let pull = |buf: &mut [u8]| {
                 member
                     .poll_transmit(now, buf)
@@ -2037,6 +2038,16 @@ impl Core {
             .chain(self.groups.iter().flatten().map(|g| &g.net.socket));
         s.kernel_drops = net::kernel_drops(sockets);
         s.suspicions_reported = self.member.stats().suspicions_reported;
+        let m = self.member.stats();
+        s.sealing = crate::stats::SealingStats {
+            sealed: m.datagrams_sealed,
+            unsealed_dropped: m.datagrams_unsealed_dropped,
+            open: m.open.clone(),
+            open_copies: m.open_copies,
+            keys_installed: m.keys_installed,
+            keys_retired: m.keys_retired,
+            key_id: self.member.datagram_key_id(),
+        };
         s.stalls_reported = self.member.stats().stalls_reported;
         s.stalls = self.stalls.values().cloned().collect();
         let now = clock::now();

@@ -235,6 +235,8 @@ impl GmsReplicaServer {
         let index = config.index;
         // Used only if this replica is the first leader of a service without state.
         config.gms.incarnation = crate::config::draw_incarnation();
+        // Datagram keys go to admitted members only, over their encrypted links.
+        config.gms.datagram_keys = security.is_some();
         config.validate()?;
         let store = host.data_dir.map(StateStore::open).transpose()?;
         let kept = match &store {
@@ -737,6 +739,11 @@ impl Host {
             }
             self.stop.store(true, Ordering::Release);
             return;
+        }
+        if self.replica.wants_key_entropy() {
+            if let Some(bytes) = tidings_seal::os_random::<32>() {
+                self.replica.give_key_entropy(now, bytes);
+            }
         }
         while let Some(t) = self.replica.poll_transmit() {
             match t {

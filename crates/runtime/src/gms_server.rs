@@ -144,13 +144,16 @@ impl GmsServer {
 
     /// As [`start`](GmsServer::start); with `security`, the service admits only the identities
     /// of its allow list, each after a Noise handshake, and speaks with them only over the
-    /// handshake's session (plain GMS datagrams are dropped).
+    /// handshake's session (plain GMS datagrams are dropped), and hands out datagram keys
+    /// (`GmsConfig::datagram_keys`, drawn from the OS RNG) to its admitted members over those
+    /// sessions. Without `security` it hands out none: they would travel in clear.
     pub fn start_secure(
         mut config: GmsConfig,
         bind: SocketAddr,
         security: Option<ServiceSecurity>,
     ) -> Result<GmsServer, GmsServerError> {
         config.incarnation = crate::config::draw_incarnation();
+        config.datagram_keys = security.is_some();
         let gms = Gms::new(config)?;
         let socket = UdpSocket::bind(bind)?;
         socket.set_read_timeout(Some(SERVER_TICK))?;
@@ -352,6 +355,11 @@ impl Host {
 
     /// Sends what the service queued and follows its events.
     fn flush(&mut self) {
+        if self.gms.wants_key_entropy() {
+            if let Some(bytes) = tidings_seal::os_random::<32>() {
+                self.gms.give_key_entropy(bytes);
+            }
+        }
         while let Some(t) = self.gms.poll_transmit() {
             let to = match t.to {
                 Peer::Node(n) => self.members.get(&n).copied(),

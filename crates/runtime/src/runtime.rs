@@ -224,6 +224,11 @@ impl NodeRuntime {
             suspect_interval: gms.suspect_interval,
             leave_timeout: gms.leave_timeout,
             stall_after: config.stall_after,
+            sealing: tidings_seal::KeyRingConfig {
+                mode: gms.sealing,
+                ..tidings_seal::KeyRingConfig::default()
+            },
+            key_grace: gms.key_grace,
         };
         let member_error = |e| match e {
             MemberError::Protocol(e) => StartError::Protocol(e),

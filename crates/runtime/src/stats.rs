@@ -61,6 +61,27 @@ impl MaxPerSecond {
     }
 }
 
+/// Counters of the sealing of protocol datagrams (all zero with sealing off).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SealingStats {
+    /// Protocol datagrams sealed.
+    pub sealed: u64,
+    /// Protocol datagrams dropped because they could not be sealed (no key from the service
+    /// yet); the protocol recovers them as lost ones.
+    pub unsealed_dropped: u64,
+    /// Received datagrams opened, and refused by cause (bad tag, unknown key, retired key,
+    /// replayed ...): a refused one never reaches the protocol.
+    pub open: tidings_seal::OpenStats,
+    /// Received datagrams copied before opening in place (their buffer was shared).
+    pub open_copies: u64,
+    /// Datagram keys installed.
+    pub keys_installed: u64,
+    /// Replaced keys retired after their grace.
+    pub keys_retired: u64,
+    /// The id of the key this node seals with now.
+    pub key_id: Option<u32>,
+}
+
 /// The counters of one node's runtime. Monotonic unless the name says otherwise.
 #[derive(Clone, Debug, Default)]
 pub struct RuntimeStats {
@@ -198,6 +219,9 @@ pub struct RuntimeStats {
     pub memberships_installed: u64,
     /// Suspicions of ring neighbours reported to the GMS.
     pub suspicions_reported: u64,
+    /// Sealing of protocol datagrams (`GmsLinkConfig::sealing`): datagrams sealed, dropped
+    /// unsealed, opened and refused by cause, keys installed and retired, the key in use.
+    pub sealing: SealingStats,
     /// Regions reported stalled: they did not acknowledge a message of this node for
     /// `RuntimeConfig::stall_after`.
     pub stalls_reported: u64,

@@ -64,4 +64,4 @@ pub use tidings_runtime::{
     GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MetricsServer, MulticastConfig,
     PublishHandle, ReplicaHostConfig, ReplicaSnapshot, RuntimeConfig, StartError, Transport,
 };
-pub use tidings_seal::{AllowList, Identity, LinkError, PublicKey};
+pub use tidings_seal::{AllowList, Identity, LinkError, Mode as SecurityMode, PublicKey};

@@ -11,7 +11,7 @@ use tidings_runtime::{
     GmsLinkConfig, GmsServer, GmsServerError, GmsSnapshot, MetricsServer, NodeRuntime,
     RuntimeConfig, RuntimeStats, Transport,
 };
-use tidings_seal::{AllowList, Identity, PublicKey};
+use tidings_seal::{AllowList, Identity, Mode as SecurityMode, PublicKey};
 
 use crate::error::Error;
 use crate::publish::Publisher;
@@ -63,6 +63,7 @@ pub struct NodeBuilder {
     identity: Option<Identity>,
     service_key: Option<PublicKey>,
     service_security: Option<ServiceSecurity>,
+    sealing: Option<SecurityMode>,
 }
 
 impl Default for NodeBuilder {
@@ -81,6 +82,7 @@ impl Default for NodeBuilder {
             identity: None,
             service_key: None,
             service_security: None,
+            sealing: None,
         }
     }
 }
@@ -242,6 +244,25 @@ impl NodeBuilder {
         self
     }
 
+    /// How this node's protocol datagrams (data, retransmissions, tokens, ACKs, NAKs ...) are
+    /// protected, under the datagram keys the membership service hands to its admitted
+    /// members: [`SecurityMode::Off`], [`SecurityMode::Authenticate`] (an AEAD tag over the
+    /// clear datagram: outsiders cannot forge or replay) or [`SecurityMode::Encrypt`] (the
+    /// payload encrypted too). Anything but `Off` needs an [`identity`](NodeBuilder::identity):
+    /// the keys travel only over the admitted link. Every node of a group must use the same
+    /// mode.
+    ///
+    /// Default: `Encrypt` when the node has an identity, `Off` otherwise. A user who set up
+    /// identities asked for protection, and admission alone would leave every datagram
+    /// forgeable by anyone on the network; encryption also keeps topic data from everyone on
+    /// the path, and with AES-256-GCM on CPUs with AES instructions it costs less than
+    /// authenticating alone (`docs/security.md`).
+    #[must_use]
+    pub fn security(mut self, mode: SecurityMode) -> Self {
+        self.sealing = Some(mode);
+        self
+    }
+
     /// Checks the settings, starts the embedded membership service if asked, and joins.
     pub fn start(self) -> Result<Node, Error> {
         if !(1..=SUBSCRIPTION_CAPACITY_MAX).contains(&self.subscription_capacity) {
@@ -282,6 +303,24 @@ impl NodeBuilder {
             }
             (None, _) => None,
         };
+        // A mode given in a `gms_link` counts when `security` was not called.
+        let link_sealing = self
+            .link
+            .as_ref()
+            .map(|l| l.sealing)
+            .filter(|m| *m != SecurityMode::Off);
+        let sealing = match (self.sealing.or(link_sealing), security.is_some()) {
+            (None, true) => SecurityMode::Encrypt,
+            (None, false) => SecurityMode::Off,
+            (Some(SecurityMode::Off), _) => SecurityMode::Off,
+            (Some(mode), true) => mode,
+            (Some(mode), false) => {
+                return Err(Error::Config(format!(
+                    "security mode {mode} needs an identity (and the service's key): datagram \
+                     keys are handed out only to admitted nodes"
+                )))
+            }
+        };
         let service_security = self.service_security;
         let (server, gms_addrs) = match self.gms {
             GmsMode::Local { config } => {
@@ -310,6 +349,7 @@ impl NodeBuilder {
         if security.is_some() {
             link.security = security;
         }
+        link.sealing = sealing;
         let socket = UdpSocket::bind(self.bind).map_err(|source| Error::Bind {
             addr: self.bind,
             source,

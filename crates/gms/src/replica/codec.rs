@@ -36,6 +36,7 @@ const C_ADVERTISE_MANY: u8 = 7;
 const C_UNADVERTISE: u8 = 8;
 const C_REMOVE: u8 = 9;
 const C_INCARNATE: u8 = 10;
+const C_DATAGRAM_KEY: u8 = 11;
 
 /// Most voters (or learners) a snapshot's configuration lists.
 const VOTERS_MAX: usize = 64;
@@ -144,6 +145,11 @@ fn encode_command(cmd: &Command, out: &mut Vec<u8>) {
             out.push(C_INCARNATE);
             put_u32(out, *incarnation);
         }
+        Command::DatagramKey { id, secret } => {
+            out.push(C_DATAGRAM_KEY);
+            put_u32(out, *id);
+            out.extend_from_slice(&secret.0);
+        }
     }
 }
 
@@ -187,6 +193,15 @@ fn decode_command(r: &mut Reader<'_>) -> Result<Command, DecodeError> {
         C_INCARNATE => Command::Incarnate {
             incarnation: r.u32()?,
         },
+        C_DATAGRAM_KEY => {
+            let id = r.u32()?;
+            let mut secret = [0u8; 32];
+            secret.copy_from_slice(r.take(32)?);
+            Command::DatagramKey {
+                id,
+                secret: crate::message::WireKey(secret),
+            }
+        }
         t => return Err(DecodeError::Tag(t)),
     })
 }

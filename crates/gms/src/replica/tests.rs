@@ -52,8 +52,13 @@ fn ms(n: u64) -> Duration {
 
 impl Cluster {
     fn new(seed: u64, replicas: usize, clients: usize, loss: f64) -> Cluster {
+        Cluster::with_gms(seed, replicas, clients, loss, GmsConfig::default())
+    }
+
+    fn with_gms(seed: u64, replicas: usize, clients: usize, loss: f64, gms: GmsConfig) -> Cluster {
         let config = ReplicaConfig {
             replicas,
+            gms,
             ..ReplicaConfig::default()
         };
         let mut c = Cluster {
@@ -649,6 +654,10 @@ fn log_entries_round_trip_and_refuse_truncation() {
         Command::Remove {
             node,
             cause: RemoveCause::Suspected,
+        },
+        Command::DatagramKey {
+            id: 9,
+            secret: crate::WireKey([0x5a; 32]),
         },
     ];
     let mut decisions: Vec<Decision> = commands.iter().cloned().map(Decision::Command).collect();
@@ -1340,4 +1349,68 @@ fn bad_fragments_are_counted_and_dropped() {
     assert_eq!(s.fragments.messages_reassembled, 1);
     assert_eq!(s.malformed - before.malformed, 1);
     assert_eq!(r.leader(), Some(leader));
+}
+
+/// Gives every replica that asks 32 bytes of key entropy from the cluster's seeded RNG, as a
+/// host gives its OS RNG's.
+fn feed_key_entropy(c: &mut Cluster) {
+    let Cluster {
+        replicas, rng, now, ..
+    } = c;
+    for r in replicas.iter_mut().flatten() {
+        if r.wants_key_entropy() {
+            let mut bytes = [0u8; 32];
+            rng.fill(&mut bytes);
+            r.give_key_entropy(*now, bytes);
+        }
+    }
+}
+
+/// The datagram key every live client holds: all the same, or the test fails.
+fn clients_key(c: &Cluster, skip: &[usize]) -> (u32, [u8; 32]) {
+    let keys: BTreeSet<(u32, [u8; 32])> = c
+        .clients
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !skip.contains(i))
+        .map(|(_, cl)| cl.datagram_key().map(|(id, k)| (id, k.0)).unwrap())
+        .collect();
+    assert_eq!(
+        keys.len(),
+        1,
+        "clients disagree: {:?}",
+        keys.iter().map(|k| k.0).collect::<Vec<_>>()
+    );
+    keys.into_iter().next().unwrap()
+}
+
+#[test]
+fn the_datagram_key_is_replicated_and_a_new_leader_replaces_it_when_a_member_leaves() {
+    let gms = GmsConfig {
+        datagram_keys: true,
+        ..GmsConfig::default()
+    };
+    let mut c = Cluster::with_gms(21, 3, 4, 0.0, gms);
+    let mut churn = churn(21);
+    c.run_until(at(2000), &mut |c: &mut Cluster| {
+        feed_key_entropy(c);
+        churn(c);
+    });
+    let (first, secret) = clients_key(&c, &[]);
+    for r in c.replicas.iter().flatten() {
+        assert_eq!(r.gms().datagram_key_id(), Some(first));
+    }
+    let old = c.leader().expect("a leader");
+    c.crash(old);
+    c.run_until(at(5000), &mut feed_key_entropy);
+    // The new leader hands out the same key: nothing changed it.
+    assert_eq!(clients_key(&c, &[]), (first, secret));
+    c.clients[0].leave().unwrap();
+    c.run_until(at(8000), &mut feed_key_entropy);
+    let (next, next_secret) = clients_key(&c, &[0]);
+    assert!(next > first && next_secret != secret);
+    assert_eq!(c.clients[0].datagram_key().map(|(id, _)| id), Some(first));
+    for r in c.replicas.iter().flatten() {
+        assert_eq!(r.gms().datagram_key_id(), Some(next));
+    }
 }
