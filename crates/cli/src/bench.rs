@@ -16,7 +16,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tidings::GmsConfig;
+use tidings::{AllowList, GmsConfig, Identity, SecurityMode};
 use tidings_bench::runtime::{self as rt_bench, RawMode, RawTarget};
 use tidings_proto::{CongestionControl, Membership, NodeId, RegionId, TopicId};
 use tidings_runtime::{AddressBook, GmsServer, MulticastConfig, Transport};
@@ -184,6 +184,11 @@ pub(crate) struct BenchArgs {
     /// endpoint.
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     metrics_scrape_ms: Option<u64>,
+    /// How protocol datagrams are protected (the library only): off, authenticate (an AEAD
+    /// tag) or encrypt (payloads encrypted too). With any but off the benchmark makes an
+    /// identity per process, admits them at its membership service and deletes them after.
+    #[arg(long, value_name = "MODE", default_value_t = SecurityMode::Off)]
+    security: SecurityMode,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -282,12 +287,67 @@ pub(crate) struct ChildSpec {
     /// Serve metrics and scrape them this often, in milliseconds (`--metrics-scrape-ms`).
     #[serde(default)]
     pub(crate) metrics_scrape_ms: Option<u64>,
+    /// With sealed datagrams: the mode, this child's identity file and the service's public
+    /// key (`--security`).
+    #[serde(default)]
+    pub(crate) security: Option<ChildSecurity>,
     /// Injected receive loss at subscribers (tests).
     pub(crate) receive_loss: f64,
     /// The child exits by itself after this long, whatever happens.
     pub(crate) lifetime_ms: u64,
     /// How long to wait for stability (publishers) or the last deliveries (subscribers).
     pub(crate) drain_ms: u64,
+}
+
+/// A child's part in a benchmark with sealed datagrams.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ChildSecurity {
+    /// `off`, `authenticate` or `encrypt`.
+    pub(crate) mode: String,
+    /// The child's identity (written by the benchmark, mode 0600).
+    pub(crate) identity_file: std::path::PathBuf,
+    /// The membership service's public key, as text.
+    pub(crate) service_key: String,
+}
+
+/// Identities of a benchmark with sealed datagrams, in a directory of their own that is removed
+/// when this is dropped.
+struct BenchIdentities {
+    dir: std::path::PathBuf,
+    service: tidings_gms::ServiceSecurity,
+    children: Vec<std::path::PathBuf>,
+}
+
+impl BenchIdentities {
+    /// An identity for the service and for each of `children` processes, all admitted.
+    fn new(children: u32) -> Result<BenchIdentities, String> {
+        let dir = std::env::temp_dir().join(format!("tidings-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut ids = BenchIdentities {
+            dir,
+            service: tidings_gms::ServiceSecurity {
+                identity: Identity::generate().map_err(|e| e.to_string())?,
+                allowed: AllowList::new(),
+            },
+            children: Vec::new(),
+        };
+        for i in 0..children {
+            let identity = Identity::generate().map_err(|e| e.to_string())?;
+            let path = ids.dir.join(format!("node-{i}.key"));
+            identity.write_file(&path).map_err(|e| e.to_string())?;
+            ids.service
+                .allowed
+                .insert(*identity.public(), &format!("bench-{i}"));
+            ids.children.push(path);
+        }
+        Ok(ids)
+    }
+}
+
+impl Drop for BenchIdentities {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 impl ChildSpec {
@@ -449,6 +509,12 @@ pub(crate) struct ChildResult {
     /// the whole run.
     #[serde(default)]
     pub(crate) pushed: u64,
+    /// Subscribers: sealed datagrams opened (`--security`), and those refused, over the whole
+    /// run.
+    #[serde(default)]
+    pub(crate) datagrams_opened: u64,
+    #[serde(default)]
+    pub(crate) datagrams_refused: u64,
 }
 
 /// Entry point of the hidden `tidings bench-child`.
@@ -695,6 +761,8 @@ struct Report {
     out_of_window: u64,
     duplicates: u64,
     pushed: u64,
+    datagrams_opened: u64,
+    datagrams_refused: u64,
     /// Datagrams all subscribers sent in the window.
     subscriber_datagrams: u64,
 }
@@ -753,7 +821,7 @@ impl Report {
     fn json(&self) -> String {
         let a = &self.args;
         let opt = |x: Option<f64>| x.map_or(serde_json::Value::Null, serde_json::Value::from);
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "verdict": if self.pass() { "pass" } else { "fail" },
             "api": match a.api {
                 ApiArg::Library => "library",
@@ -814,6 +882,9 @@ impl Report {
                 / self.window_secs.max(1e-9)
                 / f64::from(self.args.subscribers.max(1)),
         });
+        v["security"] = a.security.to_string().into();
+        v["datagrams_opened"] = self.datagrams_opened.into();
+        v["datagrams_refused"] = self.datagrams_refused.into();
         v.to_string()
     }
 
@@ -823,10 +894,14 @@ impl Report {
         let f =
             |x: Option<f64>, digits: usize| x.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
         s += &format!(
-            "tidings bench ({}): {} publisher(s) -> {} subscriber(s), {} topic(s), {} B messages, {}, {}\n",
+            "tidings bench ({}{}): {} publisher(s) -> {} subscriber(s), {} topic(s), {} B messages, {}, {}\n",
             match a.api {
                 ApiArg::Library => "the library",
                 ApiArg::Runtime => "the runtime",
+            },
+            match a.security {
+                SecurityMode::Off => String::new(),
+                mode => format!(", datagrams sealed: {mode}"),
             },
             a.publishers,
             a.subscribers,
@@ -917,6 +992,12 @@ impl Report {
             self.duplicates,
             self.pushed
         );
+        if a.security != SecurityMode::Off {
+            s += &format!(
+                "  sealing      {} datagrams opened by the subscribers, {} refused (whole run)\n",
+                self.datagrams_opened, self.datagrams_refused
+            );
+        }
         s += &format!(
             "  delivery     {}: {} published, {} out of order, {} missing, {} publisher(s) not stable\n",
             if self.pass() { "pass" } else { "FAIL" },
@@ -1008,11 +1089,26 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
 
     let p = args.publishers;
     let n = p + args.subscribers;
+    let identities = match (args.security, args.api) {
+        (SecurityMode::Off, _) => None,
+        (_, ApiArg::Library) => Some(BenchIdentities::new(n)?),
+        (_, ApiArg::Runtime) => {
+            return Err(
+                "--security needs the library (--api library): the runtime's nodes \
+                        have no membership service to admit them"
+                    .to_owned(),
+            )
+        }
+    };
     // The library's nodes join a membership service of the benchmark's own, in this process.
     let gms = match args.api {
         ApiArg::Library => Some(
-            GmsServer::start(GmsConfig::default(), SocketAddr::from((args.interface, 0)))
-                .map_err(|e| format!("cannot start the membership service: {e}"))?,
+            GmsServer::start_secure(
+                GmsConfig::default(),
+                SocketAddr::from((args.interface, 0)),
+                identities.as_ref().map(|ids| ids.service.clone()),
+            )
+            .map_err(|e| format!("cannot start the membership service: {e}"))?,
         ),
         ApiArg::Runtime => None,
     };
@@ -1047,6 +1143,13 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             delivery_backlog: args.delivery_backlog,
             socket_buffer_bytes: args.socket_buffer_bytes,
             metrics_scrape_ms: args.metrics_scrape_ms,
+            security: identities.as_ref().and_then(|ids| {
+                Some(ChildSecurity {
+                    mode: args.security.to_string(),
+                    identity_file: ids.children.get(i as usize)?.clone(),
+                    service_key: ids.service.identity.public().to_string(),
+                })
+            }),
             receive_loss: 0.0,
             lifetime_ms: nanos(lifetime) / 1_000_000,
             drain_ms: nanos(DRAIN) / 1_000_000,
@@ -1224,6 +1327,8 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         out_of_window: sub_results.iter().map(|r| r.out_of_window).sum(),
         duplicates: sub_results.iter().map(|r| r.duplicates).sum(),
         pushed: pubs.iter().chain(&sub_results).map(|r| r.pushed).sum(),
+        datagrams_opened: sub_results.iter().map(|r| r.datagrams_opened).sum(),
+        datagrams_refused: sub_results.iter().map(|r| r.datagrams_refused).sum(),
         subscriber_datagrams: sub_results.iter().map(|r| r.datagrams_sent).sum(),
     })
 }

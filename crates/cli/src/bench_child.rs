@@ -330,10 +330,26 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         (ApiArg::Library, Some(gms)) => {
             // The builder binds the address this child reported (free again once dropped).
             drop(socket);
-            let builder = match spec.metrics_scrape_ms {
+            let mut builder = match spec.metrics_scrape_ms {
                 Some(_) => tidings::Node::builder().metrics(SocketAddr::from(([127, 0, 0, 1], 0))),
                 None => tidings::Node::builder(),
             };
+            if let Some(security) = &spec.security {
+                let mode = security
+                    .mode
+                    .parse::<tidings::SecurityMode>()
+                    .map_err(|e| format!("security: {e}"))?;
+                let identity = tidings::Identity::read_file(&security.identity_file)
+                    .map_err(|e| format!("{}: {e}", security.identity_file.display()))?;
+                let service_key = security
+                    .service_key
+                    .parse::<tidings::PublicKey>()
+                    .map_err(|e| format!("service key: {e}"))?;
+                builder = builder
+                    .identity(identity)
+                    .service_key(service_key)
+                    .security(mode);
+            }
             let node = builder
                 .gms(gms)
                 .bind(addr)
@@ -753,6 +769,8 @@ fn subscriber(
         out_of_window: stats.proto.out_of_window_dropped,
         duplicates: stats.proto.duplicates_dropped,
         pushed: stats.proto.messages_pushed,
+        datagrams_opened: stats.sealing.open.opened,
+        datagrams_refused: stats.sealing.open.refused(),
         datagrams_sent: last.datagrams_sent - start.datagrams_sent,
         send_calls: last.send_calls - start.send_calls,
         ..ChildResult::default()

@@ -126,6 +126,21 @@ fn bench_json_count_mode_two_publishers() {
 }
 
 #[test]
+fn bench_json_with_sealed_datagrams() {
+    for mode in ["authenticate", "encrypt"] {
+        let v = bench_json(&["--security", mode]);
+        check(&v);
+        assert_eq!(v["security"], mode, "{v}");
+        // Every datagram the subscribers read went through opening.
+        assert!(v["datagrams_opened"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["datagrams_refused"], 0, "{v}");
+    }
+    let plain = bench_json(&[]);
+    assert_eq!(plain["security"], "off", "{plain}");
+    assert_eq!(plain["datagrams_opened"], 0, "{plain}");
+}
+
+#[test]
 fn bench_rejects_bad_input() {
     for args in [
         &["bench", "--subscribers", "0"][..],
@@ -144,6 +159,7 @@ fn bench_rejects_bad_input() {
         &["bench", "--transport", "carrier-pigeon"],
         &["bench", "--messages", "10", "--seconds", "2"],
         &["bench", "--latency-sample-every", "0"],
+        &["bench", "--security", "rot13"],
     ] {
         let out = tidings(args, "");
         let stderr = String::from_utf8_lossy(&out.stderr);
