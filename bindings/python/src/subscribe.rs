@@ -161,8 +161,8 @@ impl PySubscription {
         self.decoder.message(py, message)
     }
 
-    /// Waits (detached, in slices between which signals are handled) for the next item, at
-    /// most until `deadline`.
+    /// The next item: one already queued at once, else waits (detached, in slices between
+    /// which signals are handled) at most until `deadline`.
     fn wait(&self, py: Python<'_>, deadline: Option<Instant>) -> PyResult<Item> {
         if let Some(item) = lock(&self.taken).pop_front() {
             return Ok(item);
@@ -170,12 +170,14 @@ impl PySubscription {
         loop {
             // Looked up again each slice, so that a close from another thread ends the wait.
             let inner = self.inner()?;
+            // What is queued is taken without detaching (a queue's pop never waits), also
+            // once out of time.
+            match inner.try_recv() {
+                Err(tidings::Error::Empty) => {}
+                item => return Ok(item),
+            }
             let Some(slice) = next_slice(deadline) else {
-                // Out of time (or none given): what is queued is still taken.
-                return Ok(match inner.try_recv() {
-                    Err(tidings::Error::Empty) => Err(tidings::Error::Timeout("no message")),
-                    item => item,
-                });
+                return Ok(Err(tidings::Error::Timeout("no message")));
             };
             match crate::detached(py, || inner.recv_timeout(slice)) {
                 Err(tidings::Error::Timeout(_)) => py.check_signals()?,
@@ -280,20 +282,19 @@ impl PySubscription {
             }
         }
         if items.len() < n {
+            // Attached: taking what is queued never waits.
             if let Ok(inner) = self.inner() {
-                crate::detached(py, || {
-                    while items.len() < n {
-                        match inner.try_recv() {
-                            Err(tidings::Error::Empty) => break,
-                            // Ends the batch: an end, or an error for the next call to raise.
-                            item @ Err(_) => {
-                                items.push_back(item);
-                                break;
-                            }
-                            item => items.push_back(item),
+                while items.len() < n {
+                    match inner.try_recv() {
+                        Err(tidings::Error::Empty) => break,
+                        // Ends the batch: an end, or an error for the next call to raise.
+                        item @ Err(_) => {
+                            items.push_back(item);
+                            break;
                         }
+                        item => items.push_back(item),
                     }
-                });
+                }
             }
         }
         let list = PyList::empty(py);
