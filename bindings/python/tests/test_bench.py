@@ -28,3 +28,4 @@ def test_the_benchmark_runs_and_every_subscriber_gets_every_message_in_order(arg
     assert result["published"] > 0 and result["publisher_msgs_per_s"] > 0
     assert result["subscriber_msgs_per_s_min"] > 0
     assert result["latency_us_p50"] > 0
+    assert result["cpu_us_per_msg_all_processes"] > result["publisher_cpu_us_per_msg"] > 0

@@ -58,6 +58,9 @@ def _subscriber(args: argparse.Namespace) -> None:
         in_window = 0
         samples: List[float] = []
         sample_every = args.sample_every
+        # The process's CPU time at the first batch of the window and at the first after it.
+        cpu_start: Optional[float] = None
+        cpu_end: Optional[float] = None
         while True:
             batch = sub.recv_many(args.batch, timeout=60)
             if not batch:
@@ -79,6 +82,11 @@ def _subscriber(args: argparse.Namespace) -> None:
             if seqs != list(range(expected, expected + count)):
                 at = next(i for i, seq in enumerate(seqs) if seq != expected + i)
                 raise SystemExit(f"subscriber: message {seqs[at]} came where {expected + at} was due")
+            if cpu_end is None and now >= window_start_ns:
+                if cpu_start is None:
+                    cpu_start = time.process_time()
+                elif now >= window_end_ns:
+                    cpu_end = time.process_time()
             if window_start_ns <= now < window_end_ns:
                 in_window += count
                 # The messages of this batch whose sequence number is a multiple of sample_every.
@@ -87,7 +95,14 @@ def _subscriber(args: argparse.Namespace) -> None:
             expected += count
             if ended:
                 print(
-                    json.dumps({"received": expected, "in_window": in_window, "latency_us": samples}),
+                    json.dumps(
+                        {
+                            "received": expected,
+                            "in_window": in_window,
+                            "cpu_seconds": (cpu_end or time.process_time()) - (cpu_start or 0.0),
+                            "latency_us": samples,
+                        }
+                    ),
                     flush=True,
                 )
                 return
@@ -183,6 +198,13 @@ def _publisher(args: argparse.Namespace) -> Dict[str, Any]:
         "published": seq,
         "publisher_msgs_per_s": published_in_window / args.seconds,
         "publisher_cpu_us_per_msg": (cpu_end - cpu_start) * 1e6 / max(1, published_in_window),
+        # As `tidings bench` counts it: the CPU of every process over the measured seconds, per
+        # message published in them.
+        "cpu_us_per_msg_all_processes": (
+            (cpu_end - cpu_start) + sum(r["cpu_seconds"] for r in results)
+        )
+        * 1e6
+        / max(1, published_in_window),
         "subscriber_msgs_per_s_min": min(r["in_window"] for r in results) / args.seconds,
         "latency_us_p50": _percentile(latencies, 50),
         "latency_us_p90": _percentile(latencies, 90),
@@ -235,6 +257,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         f"  publisher    {r['publisher_msgs_per_s']:>12,.0f} messages/s  "
         f"({r['publisher_cpu_us_per_msg']:.2f} us of CPU per message)\n"
         f"  subscribers  {r['subscriber_msgs_per_s_min']:>12,.0f} messages/s (the slowest)\n"
+        f"  CPU          {r['cpu_us_per_msg_all_processes']:.2f} us per message, all processes\n"
         f"  latency      p50 {r['latency_us_p50']:.0f} us  p90 {r['latency_us_p90']:.0f} us  "
         f"p99 {r['latency_us_p99']:.0f} us  max {r['latency_us_max']:.0f} us\n"
         f"  every subscriber got all {r['published']:,} messages in order"
