@@ -70,6 +70,7 @@ pub(crate) struct Decoder {
 }
 
 impl Decoder {
+    /// The decoder of the topic `name`, with the codec's `decode` (`None`: bytes as they are).
     pub(crate) fn new(py: Python<'_>, name: String, decode: Option<Py<PyAny>>) -> Self {
         Decoder {
             name: PyString::new(py, &name).unbind(),
