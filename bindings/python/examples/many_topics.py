@@ -1,5 +1,5 @@
-"""Many topics: one callback subscription per topic, a publisher per topic, and a batch
-reader on a topic that carries the most.
+"""Many topics: subscribed with callbacks and published in batched calls (`subscribe_many`,
+`publishers`), and a batch reader on a topic that carries the most.
 
     python bindings/python/examples/many_topics.py [TOPICS]
 """
@@ -31,11 +31,10 @@ with tidings.Node(gms="private") as node:
         return callback
 
     started = time.monotonic()
-    subscriptions = [
-        node.subscribe(tidings.Topic(f"sensor/{i}", tidings.STR), callback=on_message(i))
-        for i in range(topics)
-    ]
-    publishers = [node.publisher(tidings.Topic(f"sensor/{i}", tidings.STR)) for i in range(topics)]
+    sensors = [tidings.Topic(f"sensor/{i}", tidings.STR) for i in range(topics)]
+    # One request per batch of topics; the callbacks run on the node's delivery workers.
+    subscriptions = node.subscribe_many(sensors, [on_message(i) for i in range(topics)])
+    publishers = node.publishers(sensors)
     print(f"{topics} topics subscribed and published in {time.monotonic() - started:.2f} s")
 
     bulk = node.subscribe("bulk", capacity=4096)
@@ -58,4 +57,4 @@ with tidings.Node(gms="private") as node:
     reader.join(30)
     assert done.wait(10), "some sensor topics did not get all their readings"
     print(f"every sensor topic got 10 readings; bulk got {received[0]} messages")
-# Leaving the block closes the node, which ends every subscription and its callback thread.
+# Leaving the block closes the node, which ends every subscription.

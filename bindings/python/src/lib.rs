@@ -130,5 +130,6 @@ fn _tidings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<publish::PyPublishHandle>()?;
     m.add_class::<subscribe::PySubscription>()?;
     m.add_class::<subscribe::PyMessage>()?;
+    m.add_class::<subscribe::PyWorkerSubscription>()?;
     Ok(())
 }

@@ -9,7 +9,7 @@ use pyo3::types::PyDict;
 
 use crate::errors::to_py;
 use crate::publish::PyPublisher;
-use crate::subscribe::PySubscription;
+use crate::subscribe::{deliver_to, Decoder, PySubscription, PyWorkerSubscription};
 
 /// A node (the Rust `tidings::Node`). The Python class `tidings.Node` wraps it; see there.
 #[pyclass(name = "Node", module = "tidings._tidings", frozen)]
@@ -247,6 +247,48 @@ impl PyNode {
             name,
             decode,
         ))
+    }
+
+    /// Subscribes to every bytes topic of `topics` (triples of a name, its `decode` as for
+    /// `subscribe`, and a `deliver` callable), the callables running on the node's delivery
+    /// workers (the Rust `Node::subscribe_many_with`): `deliver(message)` for each message in
+    /// order, or `deliver(exception)` for an error in its place. The membership service takes
+    /// them in batches, one membership update per batch, so subscribing to thousands of topics
+    /// takes time linear in their number. Returns once all are in force, in the order of
+    /// `topics`; on an error none is kept.
+    fn subscribe_many(
+        &self,
+        py: Python<'_>,
+        topics: Vec<(String, Option<Py<PyAny>>, Py<PyAny>)>,
+    ) -> PyResult<Vec<PyWorkerSubscription>> {
+        let raw = topics
+            .iter()
+            .map(|(name, _, _)| tidings::Topic::raw(name.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(to_py)?;
+        let names: Vec<String> = topics.iter().map(|(name, _, _)| name.clone()).collect();
+        let mut callables: Vec<Option<(Decoder, Py<PyAny>)>> = topics
+            .into_iter()
+            .map(|(name, decode, deliver)| Some((Decoder::new(py, name, decode), deliver)))
+            .collect();
+        let guard = self.node()?;
+        let node = guard
+            .as_ref()
+            .ok_or_else(|| to_py(tidings::Error::Closed))?;
+        let subscriptions = crate::detached(py, || {
+            node.subscribe_many_with(&raw, |i| {
+                let (decoder, deliver) = callables[i]
+                    .take()
+                    .expect("subscribe_many_with asks for each topic's callback once");
+                deliver_to(decoder, deliver)
+            })
+        })
+        .map_err(to_py)?;
+        Ok(subscriptions
+            .into_iter()
+            .zip(&names)
+            .map(|(subscription, name)| PyWorkerSubscription::new(py, subscription, name))
+            .collect())
     }
 
     /// A few of the node's counters, by name.

@@ -1,11 +1,11 @@
 //! `_tidings.Publisher` and `_tidings.PublishHandle`.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyByteArray, PyBytes};
 
 use crate::errors::{exception_text, to_py};
@@ -13,8 +13,74 @@ use crate::{deadline_in, next_slice, timeout_from, waker};
 
 type Shared = Arc<Mutex<tidings::Publisher<Bytes>>>;
 
-fn lock(p: &Shared) -> MutexGuard<'_, tidings::Publisher<Bytes>> {
-    p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock<U>(m: &Mutex<U>) -> MutexGuard<'_, U> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Smallest and largest chunk of a publisher's [`Arena`]: a publisher starts small and doubles
+/// its chunks as it publishes, so that a rarely used one holds little.
+const CHUNK_BYTES_MIN: usize = 1024;
+const CHUNK_BYTES_MAX: usize = 64 * 1024;
+
+/// Most bytes of full chunks an [`Arena`] keeps for reuse: above the 16 MiB that the default
+/// credit window (16,384 unstable messages) holds of 1000-byte messages, so that a publisher
+/// held by its window reuses its chunks rather than allocating new ones.
+const RETIRED_BYTES_MAX: usize = 32 * 1024 * 1024;
+
+/// Where a publisher's payloads are copied: one after another into a chunk, each split off as
+/// a message's payload, so that a run of messages shares one allocation. A full chunk is kept
+/// and used again once every payload in it has been released (its messages are stable), so a
+/// busy publisher cycles through the same memory instead of allocating (and faulting in) new.
+#[derive(Default)]
+struct Arena {
+    /// The chunk being filled, and its size.
+    current: BytesMut,
+    current_bytes: usize,
+    /// Full chunks, oldest first (its messages become stable first), with their sizes.
+    retired: VecDeque<(BytesMut, usize)>,
+    retired_bytes: usize,
+}
+
+impl Arena {
+    /// `data` copied into the arena, as a message's payload.
+    fn copy_in(&mut self, data: &[u8]) -> Bytes {
+        if self.current.capacity() < data.len() {
+            self.next_chunk(data.len());
+        }
+        self.current.extend_from_slice(data);
+        self.current.split().freeze()
+    }
+
+    /// Retires the current chunk and takes the oldest retired one if it is free and fits
+    /// `len` bytes, else a new chunk twice the size of the last (within the bounds).
+    fn next_chunk(&mut self, len: usize) {
+        let full = std::mem::take(&mut self.current);
+        if self.current_bytes > 0 {
+            self.retired.push_back((full, self.current_bytes));
+            self.retired_bytes += self.current_bytes;
+        }
+        if let Some((chunk, size)) = self.retired.front_mut() {
+            if *size >= len && chunk.try_reclaim(*size) {
+                let size = *size;
+                self.current = self.retired.pop_front().map(|(c, _)| c).unwrap_or_default();
+                self.current_bytes = size;
+                self.retired_bytes -= size;
+                return;
+            }
+        }
+        // Past the bound the oldest are let go: each is freed once its last payload is.
+        while self.retired_bytes > RETIRED_BYTES_MAX {
+            match self.retired.pop_front() {
+                Some((_, size)) => self.retired_bytes -= size,
+                None => break,
+            }
+        }
+        let size = (self.current_bytes * 2)
+            .clamp(CHUNK_BYTES_MIN, CHUNK_BYTES_MAX)
+            .max(len);
+        self.current = BytesMut::with_capacity(size);
+        self.current_bytes = size;
+    }
 }
 
 /// A publisher on one topic (the Rust `tidings::Publisher`); wrapped by `tidings.Publisher`.
@@ -26,6 +92,8 @@ pub(crate) struct PyPublisher {
     max_payload: usize,
     /// The codec's `encode`, or `None` for a bytes topic.
     encode: Option<Py<PyAny>>,
+    /// Where payloads are copied. Never locked while calling into Python.
+    arena: Mutex<Arena>,
 }
 
 impl PyPublisher {
@@ -40,7 +108,15 @@ impl PyPublisher {
             inner: Arc::new(Mutex::new(publisher)),
             name,
             encode,
+            arena: Mutex::new(Arena::default()),
         }
+    }
+
+    /// `data` copied into the publisher's arena, as a message's payload. Copying (rather than
+    /// keeping the Python object) lets Python free its object at once, and the payload is
+    /// released by the node's threads without the interpreter.
+    fn copy_in(&self, data: &[u8]) -> Bytes {
+        lock(&self.arena).copy_in(data)
     }
 
     fn handle(&self, handle: tidings::PublishHandle) -> PyPublishHandle {
@@ -48,19 +124,6 @@ impl PyPublisher {
             publisher: Arc::clone(&self.inner),
             handle,
         }
-    }
-}
-
-/// `bytes` or `bytearray` as bytes; anything else is not a payload. A `bytes` object is
-/// shared, not copied (it is immutable): the payload keeps a reference to it until the message
-/// is stable, released without the interpreter through PyO3's pool of pending releases.
-fn payload(value: &Bound<'_, PyAny>) -> Option<Bytes> {
-    if let Ok(b) = value.cast::<PyBytes>() {
-        Some(Bytes::from_owner(PyBackedBytes::from(b.clone())))
-    } else if let Ok(b) = value.cast::<PyByteArray>() {
-        Some(Bytes::from(b.to_vec()))
-    } else {
-        None
     }
 }
 
@@ -144,7 +207,7 @@ impl PyPublisher {
     /// another thread once there may be room) and returns `None`: one step of
     /// `publish_async`.
     fn poll_publish(&self, data: &[u8], wake: Py<PyAny>) -> PyResult<Option<PyPublishHandle>> {
-        let bytes = Bytes::copy_from_slice(data);
+        let bytes = self.copy_in(data);
         let mut publisher = lock(&self.inner);
         match waker::poll_once(publisher.publish_async(&bytes), wake) {
             Poll::Ready(Ok(handle)) => {
@@ -185,6 +248,17 @@ impl PyPublisher {
         }
     }
 
+    /// `bytes` or `bytearray` as a payload (copied); anything else is not one.
+    fn payload(&self, value: &Bound<'_, PyAny>) -> Option<Bytes> {
+        if let Ok(b) = value.cast::<PyBytes>() {
+            Some(self.copy_in(b.as_bytes()))
+        } else if let Ok(b) = value.cast::<PyByteArray>() {
+            Some(Bytes::from(b.to_vec()))
+        } else {
+            None
+        }
+    }
+
     fn encode_value(&self, value: &Bound<'_, PyAny>) -> PyResult<Bytes> {
         let encoded;
         let value = match &self.encode {
@@ -198,7 +272,7 @@ impl PyPublisher {
                 &encoded
             }
         };
-        payload(value).ok_or_else(|| {
+        self.payload(value).ok_or_else(|| {
             let what = if self.encode.is_some() {
                 "the codec's encode returned"
             } else {

@@ -56,11 +56,64 @@ pub(crate) struct PySubscription {
     /// Items taken from the queue but not yet handed out (the rest of a batch whose decoding
     /// failed part way), in order: every receive takes from here first.
     taken: Mutex<VecDeque<Item>>,
+    decoder: Decoder,
+    topic_id: u32,
+}
+
+/// Turns a topic's received messages into Python `Message` objects.
+pub(crate) struct Decoder {
+    /// The topic's name, shared by its messages.
     name: Py<PyString>,
     name_str: String,
-    topic_id: u32,
     /// The codec's `decode`, or `None` for a bytes topic.
     decode: Option<Py<PyAny>>,
+}
+
+impl Decoder {
+    /// The decoder of the topic `name`, with the codec's `decode` (`None`: bytes as they are).
+    pub(crate) fn new(py: Python<'_>, name: String, decode: Option<Py<PyAny>>) -> Self {
+        Decoder {
+            name: PyString::new(py, &name).unbind(),
+            name_str: name,
+            decode,
+        }
+    }
+
+    /// The topic's name.
+    pub(crate) fn name(&self, py: Python<'_>) -> Py<PyString> {
+        self.name.clone_ref(py)
+    }
+
+    /// A message as Python sees it, its value decoded by the codec (`DecodeError` if the codec
+    /// raises).
+    pub(crate) fn message(
+        &self,
+        py: Python<'_>,
+        message: &tidings::Message<Bytes>,
+    ) -> PyResult<PyMessage> {
+        let value = match &self.decode {
+            None => PyBytes::new(py, &message.value).into_any().unbind(),
+            Some(decode) => {
+                let bytes = PyBytes::new(py, &message.value);
+                decode.bind(py).call1((bytes,)).map_err(|e| {
+                    let err = to_py(tidings::Error::Decode {
+                        topic: self.name_str.clone(),
+                        why: crate::errors::exception_text(py, &e),
+                    });
+                    err.set_cause(py, Some(e));
+                    err
+                })?
+            }
+            .unbind(),
+        };
+        Ok(PyMessage {
+            value,
+            origin: message.origin.0,
+            topic: self.name.clone_ref(py),
+            topic_id: message.topic.0,
+            sent_at_us: message.sent_at_us,
+        })
+    }
 }
 
 fn lock<U>(m: &Mutex<U>) -> MutexGuard<'_, U> {
@@ -78,9 +131,7 @@ impl PySubscription {
             topic_id: subscription.topic_id().0,
             inner: Mutex::new(Some(subscription)),
             taken: Mutex::new(VecDeque::new()),
-            name: PyString::new(py, &name).unbind(),
-            name_str: name,
-            decode,
+            decoder: Decoder::new(py, name, decode),
         }
     }
 
@@ -108,32 +159,11 @@ impl PySubscription {
 
     /// A message as Python sees it, its value decoded by the codec.
     fn message(&self, py: Python<'_>, message: &tidings::Message<Bytes>) -> PyResult<PyMessage> {
-        let value = match &self.decode {
-            None => PyBytes::new(py, &message.value).into_any().unbind(),
-            Some(decode) => {
-                let bytes = PyBytes::new(py, &message.value);
-                decode.bind(py).call1((bytes,)).map_err(|e| {
-                    let err = to_py(tidings::Error::Decode {
-                        topic: self.name_str.clone(),
-                        why: crate::errors::exception_text(py, &e),
-                    });
-                    err.set_cause(py, Some(e));
-                    err
-                })?
-            }
-            .unbind(),
-        };
-        Ok(PyMessage {
-            value,
-            origin: message.origin.0,
-            topic: self.name.clone_ref(py),
-            topic_id: message.topic.0,
-            sent_at_us: message.sent_at_us,
-        })
+        self.decoder.message(py, message)
     }
 
-    /// Waits (detached, in slices between which signals are handled) for the next item, at
-    /// most until `deadline`.
+    /// The next item: one already queued at once, else waits (detached, in slices between
+    /// which signals are handled) at most until `deadline`.
     fn wait(&self, py: Python<'_>, deadline: Option<Instant>) -> PyResult<Item> {
         if let Some(item) = lock(&self.taken).pop_front() {
             return Ok(item);
@@ -141,12 +171,14 @@ impl PySubscription {
         loop {
             // Looked up again each slice, so that a close from another thread ends the wait.
             let inner = self.inner()?;
+            // What is queued is taken without detaching (a queue's pop never waits), also
+            // once out of time.
+            match inner.try_recv() {
+                Err(tidings::Error::Empty) => {}
+                item => return Ok(item),
+            }
             let Some(slice) = next_slice(deadline) else {
-                // Out of time (or none given): what is queued is still taken.
-                return Ok(match inner.try_recv() {
-                    Err(tidings::Error::Empty) => Err(tidings::Error::Timeout("no message")),
-                    item => item,
-                });
+                return Ok(Err(tidings::Error::Timeout("no message")));
             };
             match crate::detached(py, || inner.recv_timeout(slice)) {
                 Err(tidings::Error::Timeout(_)) => py.check_signals()?,
@@ -161,7 +193,7 @@ impl PySubscription {
     /// The topic's name.
     #[getter]
     fn name(&self, py: Python<'_>) -> Py<PyString> {
-        self.name.clone_ref(py)
+        self.decoder.name(py)
     }
 
     /// The topic's id.
@@ -183,6 +215,13 @@ impl PySubscription {
     fn bottleneck(&self) -> PyResult<(Option<f64>, u64)> {
         let state = self.inner()?.bottleneck();
         Ok((state.since.map(|d| d.as_secs_f64()), state.times))
+    }
+
+    /// Changes the share of the delivery workers' time this subscription's deliveries get when
+    /// topics compete, in (0, 1] (the node's `subscription_share` until changed). Raises
+    /// `ConfigError` for a share outside it, `ClosedError` once closed.
+    fn set_share(&self, share: f64) -> PyResult<()> {
+        self.inner()?.set_share(share).map_err(to_py)
     }
 
     /// Whether the subscription has been closed.
@@ -244,20 +283,19 @@ impl PySubscription {
             }
         }
         if items.len() < n {
+            // Attached: taking what is queued never waits.
             if let Ok(inner) = self.inner() {
-                crate::detached(py, || {
-                    while items.len() < n {
-                        match inner.try_recv() {
-                            Err(tidings::Error::Empty) => break,
-                            // Ends the batch: an end, or an error for the next call to raise.
-                            item @ Err(_) => {
-                                items.push_back(item);
-                                break;
-                            }
-                            item => items.push_back(item),
+                while items.len() < n {
+                    match inner.try_recv() {
+                        Err(tidings::Error::Empty) => break,
+                        // Ends the batch: an end, or an error for the next call to raise.
+                        item @ Err(_) => {
+                            items.push_back(item);
+                            break;
                         }
+                        item => items.push_back(item),
                     }
-                });
+                }
             }
         }
         let list = PyList::empty(py);
@@ -310,6 +348,96 @@ impl PySubscription {
         let inner = lock(&self.inner).take();
         lock(&self.taken).clear();
         // Unsubscribing tells the node, which may take a moment: detached.
+        crate::detached(py, || drop(inner));
+    }
+}
+
+/// A subscription whose callable runs on the node's delivery workers (the Rust
+/// `tidings::CallbackSubscription` of `Node::subscribe_many_with`); wrapped by
+/// `tidings.WorkerSubscription`.
+#[pyclass(name = "WorkerSubscription", module = "tidings._tidings", frozen)]
+pub(crate) struct PyWorkerSubscription {
+    /// `None` once closed (unsubscribed).
+    inner: Mutex<Option<tidings::CallbackSubscription>>,
+    name: Py<PyString>,
+    topic_id: u32,
+}
+
+impl PyWorkerSubscription {
+    pub(crate) fn new(
+        py: Python<'_>,
+        subscription: tidings::CallbackSubscription,
+        name: &str,
+    ) -> Self {
+        PyWorkerSubscription {
+            topic_id: subscription.topic_id().0,
+            inner: Mutex::new(Some(subscription)),
+            name: PyString::new(py, name).unbind(),
+        }
+    }
+}
+
+/// What a delivery worker runs for each message of a topic of `Node.subscribe_many`: attached
+/// to the interpreter (counted outside it meanwhile, see [`crate::Outside`]), it calls `deliver`
+/// with the `Message`, or with the exception that took its place (`DecodeError`...). Once the
+/// interpreter is exiting it calls nothing.
+pub(crate) fn deliver_to(
+    decoder: Decoder,
+    deliver: Py<PyAny>,
+) -> impl FnMut(Item) + Send + 'static {
+    move |item| {
+        let Some(_outside) = crate::Outside::enter() else {
+            return;
+        };
+        let _ = Python::try_attach(|py| {
+            let arg = match item.map_err(to_py).and_then(|m| decoder.message(py, &m)) {
+                Ok(message) => Py::new(py, message).map(Py::into_any),
+                Err(e) => Ok(e.into_value(py).into_any()),
+            };
+            // `deliver` is the package's own and reports what the application's callback
+            // raises; anything else is a bug worth seeing, not stopping the worker for.
+            if let Err(e) = arg.and_then(|arg| deliver.call1(py, (arg,))) {
+                e.write_unraisable(py, None);
+            }
+        });
+    }
+}
+
+#[pymethods]
+impl PyWorkerSubscription {
+    /// The topic's name.
+    #[getter]
+    fn name(&self, py: Python<'_>) -> Py<PyString> {
+        self.name.clone_ref(py)
+    }
+
+    /// The topic's id.
+    #[getter]
+    fn topic_id(&self) -> u32 {
+        self.topic_id
+    }
+
+    /// Whether the subscription has been closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        lock(&self.inner).is_none()
+    }
+
+    /// Changes the share of the delivery workers' time this subscription's callable gets when
+    /// topics compete, in (0, 1]. Raises `ConfigError` for a share outside it, `ClosedError`
+    /// once closed.
+    fn set_share(&self, share: f64) -> PyResult<()> {
+        lock(&self.inner)
+            .as_ref()
+            .ok_or_else(|| to_py(tidings::Error::Closed))?
+            .set_share(share)
+            .map_err(to_py)
+    }
+
+    /// Unsubscribes: messages not yet delivered are dropped (a call already running
+    /// finishes). Closing twice does nothing.
+    fn close(&self, py: Python<'_>) {
+        let inner = lock(&self.inner).take();
         crate::detached(py, || drop(inner));
     }
 }

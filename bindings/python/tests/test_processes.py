@@ -124,6 +124,9 @@ threading.Thread(target=lambda: blocked.recv(), daemon=True).start()   # a block
 pub = a.publisher("held")
 threading.Thread(target=lambda: [pub.publish(bytes(100)) for _ in range(1_000_000)], daemon=True).start()
 a.publisher("cb").publish(b"x")
+many = b.subscribe_many(["many"], lambda m: None)   # callbacks on the delivery workers, busy
+pm = a.publisher("many")
+threading.Thread(target=lambda: [pm.publish(bytes(100)) for _ in range(1_000_000)], daemon=True).start()
 loop = asyncio.new_event_loop()
 loop.run_until_complete(asyncio.sleep(0))
 task = loop.create_task(blocked.recv_async())     # a pending asyncio receive

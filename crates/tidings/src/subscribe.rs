@@ -111,6 +111,13 @@ impl<T> Subscription<T> {
         self.unread.bottleneck()
     }
 
+    /// Changes the share of the delivery workers' time this subscription's deliveries get when
+    /// topics compete, in `(0, 1]` (the node's `subscription_share` until changed):
+    /// `Err(Error::Config)` for a share outside it.
+    pub fn set_share(&self, share: f64) -> Result<(), Error> {
+        Ok(self.inner.set_share(share)?)
+    }
+
     /// A blocking iterator over the messages (ends when the node shuts down).
     pub fn iter(&self) -> Iter<'_, T> {
         Iter { queue: &self.queue }

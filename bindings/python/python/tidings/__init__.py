@@ -27,6 +27,7 @@ from ._api import (
     SlowDown,
     Subscription,
     Topic,
+    WorkerSubscription,
 )
 from ._codecs import (
     BYTES,
@@ -70,6 +71,7 @@ __all__ = [
     "Publisher",
     "Subscription",
     "CallbackSubscription",
+    "WorkerSubscription",
     "Bottleneck",
     "SlowDown",
     "Disconnect",
