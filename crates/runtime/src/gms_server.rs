@@ -255,7 +255,7 @@ impl Host {
     fn run(&mut self) {
         let mut buf = vec![0u8; GMS_DATAGRAM_BYTES_MAX];
         while !self.stop.load(Ordering::Acquire) {
-            let now = clock::now();
+            let now = clock::service_now();
             let wait = self
                 .gms
                 .poll_timeout()
@@ -265,7 +265,7 @@ impl Host {
             let _ = self.socket.set_read_timeout(Some(wait));
             match self.socket.recv_from(&mut buf) {
                 Ok((len, from)) => {
-                    let now = clock::now();
+                    let now = clock::service_now();
                     if let Some(datagram) = buf.get(..len) {
                         self.on_datagram(now, from, datagram);
                     }
@@ -288,7 +288,7 @@ impl Host {
                 // An ICMP error from a node that went away: nothing to do.
                 Err(_) => {}
             }
-            let now = clock::now();
+            let now = clock::service_now();
             if self.gms.poll_timeout().is_some_and(|t| t <= now) {
                 self.gms.handle_timeout(now);
             }
@@ -403,7 +403,7 @@ impl Host {
             removed: self.removed.clone(),
             stats: self.gms.stats().clone(),
             member_states: {
-                let now = clock::now();
+                let now = clock::service_now();
                 self.gms
                     .members()
                     .filter_map(|n| {

@@ -633,6 +633,13 @@ fn register_labelled(r: &mut Registry, s: &RuntimeStats, topics_max: usize) {
          when the acknowledgement that made it stable arrived",
         SnapshotHistogram::from(&s.time_to_stable),
     );
+    r.register(
+        "delivery_latency_seconds",
+        "Time from when a message's sender took it from its publisher to when this node \
+         handed it to its subscriptions, for messages of other nodes (between hosts, off by \
+         their clocks' difference)",
+        SnapshotHistogram::from(&s.delivery_latency),
+    );
 }
 
 /// The label value of the region and sender of the streams past `metrics_streams_max`.
