@@ -111,6 +111,8 @@ pub(crate) enum Control {
     AdvertiseMany { entries: Vec<(String, NamedReply)> },
     /// Send a copy of the counters.
     Stats { reply: SyncSender<RuntimeStats> },
+    /// Tell the membership service where this node serves its metrics.
+    AnnounceMetrics(Option<std::net::SocketAddr>),
     /// Stop the core thread.
     Shutdown,
 }
@@ -841,6 +843,7 @@ impl Core {
             // Leave the group first, so that the others' views drop this node at once rather
             // than after a failure timeout; the thread stops at `MemberEvent::Left`.
             Control::Shutdown => self.member.leave(now),
+            Control::AnnounceMetrics(addr) => self.member.announce_metrics(now, addr),
         }
     }
 
@@ -2139,7 +2142,10 @@ impl Core {
                 Control::SetMembership { reply, .. } => {
                     let _ = reply.send(Err(SHUTTING_DOWN.to_owned()));
                 }
-                Control::Unsubscribe { .. } | Control::Bound { .. } | Control::Shutdown => {}
+                Control::Unsubscribe { .. }
+                | Control::Bound { .. }
+                | Control::AnnounceMetrics(_)
+                | Control::Shutdown => {}
             }
         }
         for (_, pending) in self.pending.drain() {

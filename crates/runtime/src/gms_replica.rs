@@ -104,6 +104,8 @@ pub struct ReplicaSnapshot {
     pub leader: Option<usize>,
     /// The members (as applied here) and the address each sends from.
     pub members: BTreeMap<NodeId, SocketAddr>,
+    /// Where members serve their metrics, as applied here (`Gms::member_metrics`).
+    pub member_metrics: Vec<(NodeId, SocketAddr)>,
     /// Topic names bound so far.
     pub topics: BTreeMap<String, TopicId>,
     /// Every removal applied here, in order: the node, why, and when this replica applied it.
@@ -855,6 +857,7 @@ impl Host {
             serving: self.replica.is_serving(),
             leader: self.replica.leader(),
             members: self.members.clone(),
+            member_metrics: self.replica.gms().member_metrics().collect(),
             topics: self.topics.clone(),
             removed: self.removed.clone(),
             leading_since: self.leading_since,

@@ -124,6 +124,8 @@ pub struct GmsSnapshot {
     pub invalid_datagrams: u64,
     /// The admitted link's counters (all zero when the service admits anyone).
     pub link: ServiceLinkStats,
+    /// Where members serve their metrics, as they told the service (`Gms::member_metrics`).
+    pub member_metrics: Vec<(NodeId, SocketAddr)>,
 }
 
 /// A running membership service.
@@ -414,6 +416,7 @@ impl Host {
             },
             unknown_sources: self.unknown_sources,
             invalid_datagrams: self.invalid_datagrams,
+            member_metrics: self.gms.member_metrics().collect(),
             link: self
                 .secure
                 .as_ref()

@@ -36,6 +36,7 @@ const C_ADVERTISE_MANY: u8 = 7;
 const C_UNADVERTISE: u8 = 8;
 const C_REMOVE: u8 = 9;
 const C_INCARNATE: u8 = 10;
+const C_METRICS_AT: u8 = 11;
 
 /// Most voters (or learners) a snapshot's configuration lists.
 const VOTERS_MAX: usize = 64;
@@ -144,6 +145,11 @@ fn encode_command(cmd: &Command, out: &mut Vec<u8>) {
             out.push(C_INCARNATE);
             put_u32(out, *incarnation);
         }
+        Command::MetricsAt { node, addr } => {
+            out.push(C_METRICS_AT);
+            put_u32(out, node.0);
+            put_addr(out, *addr);
+        }
     }
 }
 
@@ -186,6 +192,10 @@ fn decode_command(r: &mut Reader<'_>) -> Result<Command, DecodeError> {
         },
         C_INCARNATE => Command::Incarnate {
             incarnation: r.u32()?,
+        },
+        C_METRICS_AT => Command::MetricsAt {
+            node: NodeId(r.u32()?),
+            addr: r.addr()?,
         },
         t => return Err(DecodeError::Tag(t)),
     })
@@ -338,7 +348,7 @@ pub fn decode_raft(buf: &[u8], limits: RaftLimits) -> Result<Message, DecodeErro
 /// The first bytes of a replica's state file ([`encode_durable`]).
 pub const DURABLE_MAGIC: [u8; 4] = *b"TGRS";
 /// The state file format this build writes and reads.
-pub const DURABLE_VERSION: u8 = 1;
+pub const DURABLE_VERSION: u8 = 2;
 /// Magic, version, and the CRC-32 at the end.
 const DURABLE_FRAME_BYTES: usize = DURABLE_MAGIC.len() + 1 + 4;
 
@@ -393,7 +403,7 @@ pub enum DurableError {
     #[error("not a replica state file (bad magic)")]
     Magic,
     /// A format version this build does not read.
-    #[error("format version {0} is not supported (this build reads version 1)")]
+    #[error("format version {0} is not supported (this build reads version 2)")]
     Version(u8),
     /// The CRC-32 at the end does not match the bytes before it.
     #[error(
