@@ -787,10 +787,12 @@ fn clients_rejoin_a_service_restarted_without_its_state() {
         })
         .collect();
     c.run_until(at(1000), &mut |_| {});
+    let metrics_at = std::net::SocketAddr::from(([127, 0, 0, 1], 9464));
     for (i, client) in c.clients.iter_mut().enumerate() {
         client.subscribe(&format!("t{}", i % 2)).unwrap();
         client.advertise("t0").unwrap();
     }
+    c.clients[0].announce_metrics(Some(metrics_at)).unwrap();
     c.run_until(at(2000), &mut |_| {});
     let old: Vec<NodeId> = c.clients.iter().filter_map(GmsClient::node).collect();
     assert_eq!(old.len(), 4);
@@ -813,6 +815,9 @@ fn clients_rejoin_a_service_restarted_without_its_state() {
     assert_eq!(gms.members().count(), 4);
     // The harness's joins carry no address.
     assert!(gms.members().all(|n| gms.member_addr(n).is_none()));
+    // The metrics endpoint was told again under the new id.
+    let listed: Vec<_> = gms.member_metrics().collect();
+    assert_eq!(listed, vec![(c.clients[0].node().unwrap(), metrics_at)]);
     for (i, client) in c.clients.iter().enumerate() {
         let node = client.node().expect("a member again");
         assert!(node.0 >= 1000, "{node:?}");
