@@ -46,7 +46,7 @@ fn wall_nanos() -> u64 {
 }
 
 /// Microseconds of the wall clock since the Unix epoch: the base of a node's hello stamps, which
-/// must grow across restarts of one identity (protocol time starts again at each).
+/// must grow across restarts of one identity.
 #[allow(clippy::disallowed_methods)]
 pub(crate) fn wall_micros() -> u64 {
     std::time::SystemTime::now()
