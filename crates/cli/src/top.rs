@@ -443,15 +443,25 @@ fn run_in(terminal: &mut ratatui::DefaultTerminal, a: &TopArgs) -> io::Result<()
                     families,
                 })
             };
+            // The members last listed: kept while no service answers, so that a service's
+            // failover does not blank the screen.
+            let mut listed = Vec::new();
             while round_rx.recv().is_ok() {
                 let mut found = Vec::new();
                 let mut scraped = Vec::new();
+                let mut answered = false;
                 for addr in &gms {
                     let r = one(addr);
                     if let Ok(s) = &r {
+                        answered = true;
                         found.extend(member_endpoints(&s.families));
                     }
                     scraped.push((addr.clone(), r));
+                }
+                if answered {
+                    listed.clone_from(&found);
+                } else {
+                    found.clone_from(&listed);
                 }
                 let mut round: Vec<String> = gms.clone();
                 for addr in addrs.iter().chain(&found) {
