@@ -25,9 +25,8 @@ pub(crate) struct PyMessage {
     topic: Py<PyString>,
     /// The topic's id (bound to its name by the membership service).
     topic_id: u32,
-    /// The publisher's protocol clock when it was published, in microseconds: comparable
-    /// between messages of one publisher (and between nodes of one process), not across
-    /// processes.
+    /// When it was published, in microseconds since the Unix epoch by the publisher's clock
+    /// (its wall clock read once when its process started, advanced monotonically).
     sent_at_us: u64,
 }
 

@@ -716,6 +716,7 @@ impl Service {
                     .clone();
                 Some(GmsSnapshot {
                     members: snap.members,
+                    member_metrics: snap.member_metrics,
                     topics: snap.topics,
                     removed: snap.removed.into_iter().map(|(n, c, _)| (n, c)).collect(),
                     stats: snap.stats,

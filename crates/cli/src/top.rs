@@ -4,8 +4,10 @@
 //! regions. Scrapes every endpoint once per interval on a thread of its own (a slow endpoint
 //! never freezes the screen); keys sort the tables, `q` quits.
 //!
-//! It takes the endpoints' addresses: the membership service knows each member's protocol
-//! address, not where (or whether) it serves metrics, so it cannot list them.
+//! It takes the endpoints' addresses, or finds the nodes through the membership service
+//! (`--gms`): members with metrics on tell the service where they serve them, and its own
+//! endpoint lists them (`tidings_gms_member_metrics_info`); each round asks it again, so nodes
+//! that join show up and nodes that leave go.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -28,8 +30,12 @@ use crate::scrape::{self, Family, Sample};
 pub(crate) struct TopArgs {
     /// Metrics endpoints of the group's nodes, membership service and replicas: `HOST:PORT`
     /// (its `/metrics`) or URLs.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "gms")]
     addrs: Vec<String>,
+    /// Metrics endpoint of the membership service (or of a replica; repeat for several):
+    /// shown, and asked each round for the members' metrics endpoints, which are shown too.
+    #[arg(long)]
+    gms: Vec<String>,
     /// Time between two scrapes of every endpoint, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
@@ -420,32 +426,62 @@ pub(crate) fn run(a: &TopArgs) -> ExitCode {
 // The screen refreshes on the wall clock: it is an operator's view, not protocol logic.
 #[allow(clippy::disallowed_methods)]
 fn run_in(terminal: &mut ratatui::DefaultTerminal, a: &TopArgs) -> io::Result<()> {
-    let mut endpoints: Vec<Endpoint> = a
-        .addrs
-        .iter()
-        .map(|addr| Endpoint {
-            addr: addr.clone(),
-            last: None,
-            prev: None,
-            error: None,
-        })
-        .collect();
+    let mut endpoints: Vec<Endpoint> = Vec::new();
     let interval = Duration::from_millis(a.interval_ms);
-    let (results_tx, results) = mpsc::channel::<(usize, Result<Scrape, String>)>();
+    let (results_tx, results) = mpsc::channel::<Scraped>();
     let (rounds, round_rx) = mpsc::sync_channel::<()>(1);
-    let addrs = a.addrs.clone();
+    let (gms, addrs) = (a.gms.clone(), a.addrs.clone());
     let (timeout, body_max) = (Duration::from_millis(a.timeout_ms), a.body_bytes_max);
-    // The scraper: one round of every endpoint per request, results as they come.
+    // The scraper: one round of every endpoint per request (the services' first, then the
+    // endpoints given and those the services list), results as they come.
     let scraper = std::thread::Builder::new()
         .name("tidings-top-scrape".to_owned())
         .spawn(move || {
+            let one = |addr: &str| {
+                scrape::scrape(addr, timeout, body_max).map(|families| Scrape {
+                    at: Instant::now(),
+                    families,
+                })
+            };
+            // The members last listed: kept while no service answers, so that a service's
+            // failover does not blank the screen.
+            let mut listed = Vec::new();
             while round_rx.recv().is_ok() {
-                for (i, addr) in addrs.iter().enumerate() {
-                    let r = scrape::scrape(addr, timeout, body_max).map(|families| Scrape {
-                        at: Instant::now(),
-                        families,
-                    });
-                    if results_tx.send((i, r)).is_err() {
+                let mut found = Vec::new();
+                let mut scraped = Vec::new();
+                let mut answered = false;
+                for addr in &gms {
+                    let r = one(addr);
+                    if let Ok(s) = &r {
+                        answered = true;
+                        found.extend(member_endpoints(&s.families));
+                    }
+                    scraped.push((addr.clone(), r));
+                }
+                if answered {
+                    listed.clone_from(&found);
+                } else {
+                    found.clone_from(&listed);
+                }
+                let mut round: Vec<String> = gms.clone();
+                for addr in addrs.iter().chain(&found) {
+                    if !round.contains(addr) {
+                        round.push(addr.clone());
+                    }
+                }
+                if results_tx.send(Scraped::Round(round.clone())).is_err() {
+                    return;
+                }
+                for (addr, r) in scraped {
+                    if results_tx.send(Scraped::One(addr, r)).is_err() {
+                        return;
+                    }
+                }
+                for addr in round.iter().skip(gms.len()) {
+                    if results_tx
+                        .send(Scraped::One(addr.clone(), one(addr)))
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -461,14 +497,21 @@ fn run_in(terminal: &mut ratatui::DefaultTerminal, a: &TopArgs) -> io::Result<()
             next_round += interval;
         }
         let mut changed = false;
-        while let Ok((i, r)) = results.try_recv() {
-            let e = &mut endpoints[i];
-            match r {
-                Ok(s) => {
-                    e.prev = e.last.replace(s);
-                    e.error = None;
+        while let Ok(scraped) = results.try_recv() {
+            match scraped {
+                Scraped::Round(addrs) => set_endpoints(&mut endpoints, &addrs),
+                Scraped::One(addr, r) => {
+                    let Some(e) = endpoints.iter_mut().find(|e| e.addr == addr) else {
+                        continue;
+                    };
+                    match r {
+                        Ok(s) => {
+                            e.prev = e.last.replace(s);
+                            e.error = None;
+                        }
+                        Err(why) => e.error = Some(why),
+                    }
                 }
-                Err(why) => e.error = Some(why),
             }
             changed = true;
         }
@@ -509,6 +552,38 @@ fn run_in(terminal: &mut ratatui::DefaultTerminal, a: &TopArgs) -> io::Result<()
     // The scraper ends after its current scrape (each bounded by the timeout).
     let _ = scraper.join();
     result
+}
+
+/// What the scraper reports: the endpoints of a round (before their scrapes), or one scrape.
+enum Scraped {
+    Round(Vec<String>),
+    One(String, Result<Scrape, String>),
+}
+
+/// The members' metrics endpoints a membership service's scrape lists.
+pub(crate) fn member_endpoints(families: &[Family]) -> Vec<String> {
+    samples(Some(families), "tidings_gms_member_metrics_info")
+        .filter_map(|s| s.label("address"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Makes `endpoints` those of `addrs`, in that order: the ones kept keep their scrapes (for
+/// rates), new ones start empty, the others (members that left) go.
+fn set_endpoints(endpoints: &mut Vec<Endpoint>, addrs: &[String]) {
+    let mut old = std::mem::take(endpoints);
+    for addr in addrs {
+        let e = match old.iter().position(|e| &e.addr == addr) {
+            Some(i) => old.swap_remove(i),
+            None => Endpoint {
+                addr: addr.clone(),
+                last: None,
+                prev: None,
+                error: None,
+            },
+        };
+        endpoints.push(e);
+    }
 }
 
 fn rate(v: f64) -> String {
@@ -744,6 +819,28 @@ mod tests {
             }),
             error: None,
         }
+    }
+
+    #[test]
+    fn members_are_found_in_the_services_scrape_and_kept_across_rounds() {
+        let service = "# TYPE tidings_gms_member_metrics_info gauge\n\
+            tidings_gms_member_metrics_info{member=\"1\",address=\"127.0.0.1:9464\"} 1.0\n\
+            tidings_gms_member_metrics_info{member=\"2\",address=\"[::1]:9465\"} 1.0\n\
+            # TYPE tidings_gms_members gauge\n\
+            tidings_gms_members 3\n";
+        let found = member_endpoints(&scrape::parse(service).unwrap());
+        assert_eq!(found, ["127.0.0.1:9464", "[::1]:9465"]);
+        let mut endpoints = vec![endpoint("127.0.0.1:9464", "", "")];
+        set_endpoints(
+            &mut endpoints,
+            &["gms:9400".to_owned(), "127.0.0.1:9464".to_owned()],
+        );
+        let addrs: Vec<&str> = endpoints.iter().map(|e| e.addr.as_str()).collect();
+        assert_eq!(addrs, ["gms:9400", "127.0.0.1:9464"]);
+        // The kept endpoint keeps its scrapes; one that left goes.
+        assert!(endpoints[1].last.is_some() && endpoints[0].last.is_none());
+        set_endpoints(&mut endpoints, &["gms:9400".to_owned()]);
+        assert_eq!(endpoints.len(), 1);
     }
 
     #[test]

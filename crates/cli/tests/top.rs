@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{standalone_gms, tidings, Guard};
+use common::{standalone_gms_with, tidings, Guard};
 
 /// A loopback address with a free TCP port (for a metrics endpoint).
 fn free_tcp_addr() -> String {
@@ -77,7 +77,9 @@ fn top_shows_the_busiest_topic_and_the_slowed_subscriber_and_quits_on_q() {
         println!("skipped: tmux is not installed (apt-get install tmux)");
         return;
     }
-    let (_gms, gms) = standalone_gms();
+    // The service serves metrics too: `top` finds the nodes through it.
+    let gms_metrics = free_tcp_addr();
+    let (_gms, gms) = standalone_gms_with(&["--metrics", &gms_metrics]);
     let (fast_metrics, slow_metrics) = (free_tcp_addr(), free_tcp_addr());
     let join = |metrics: &str| -> Vec<String> {
         ["--gms", &gms, "--metrics", metrics, "--seconds", "60"]
@@ -124,9 +126,25 @@ fn top_shows_the_busiest_topic_and_the_slowed_subscriber_and_quits_on_q() {
         .iter()
         .any(|f| f["name"] == "tidings_messages_delivered" && f["type"] == "counter"));
 
+    // The service lists both subscribers' endpoints (the publishers serve none).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = tidings(&["stats", &gms_metrics, "--members"], "");
+        assert!(out.status.success(), "{out:?}");
+        let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        let addrs: Vec<&str> = listed.lines().filter_map(|l| l.split(' ').nth(1)).collect();
+        if addrs.len() == 2 && addrs.contains(&&*fast_metrics) && addrs.contains(&&*slow_metrics) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the service lists {listed:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // `top` is given the service and the fast subscriber; it finds the slowed one through the
+    // service.
     let tmux = Tmux(format!("tidings-top-test-{}", std::process::id()));
     let top = format!(
-        "{} top {fast_metrics} {slow_metrics}",
+        "{} top --gms {gms_metrics} {fast_metrics}",
         env!("CARGO_BIN_EXE_tidings")
     );
     let started = tmux.run(&[

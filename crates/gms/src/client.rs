@@ -184,6 +184,9 @@ pub struct GmsClient {
     subscription_changes: Vec<(TopicId, bool)>,
     /// A `Leave` was requested: a removal then ends the client, never a rejoin.
     leaving: bool,
+    /// Where this node serves its metrics, as last told ([`GmsClient::announce_metrics`]):
+    /// what a rejoin tells again.
+    metrics_at: Option<SocketAddr>,
     /// The incarnation of the service that welcomed this node (0 before).
     incarnation: u32,
     /// Failovers since a message was last taken from the replica talked to.
@@ -233,6 +236,7 @@ impl GmsClient {
             subscription_changes: Vec::new(),
             advertised: BTreeSet::new(),
             leaving: false,
+            metrics_at: None,
             incarnation: 0,
             silent_failovers: 0,
             failover_probes: Vec::new(),
@@ -470,6 +474,12 @@ impl GmsClient {
         self.request(Request::Leave)
     }
 
+    /// Tells the service where this node serves its metrics (`None`: nowhere), for operators'
+    /// tools that find the members' endpoints through it; told again after a rejoin.
+    pub fn announce_metrics(&mut self, addr: Option<SocketAddr>) -> Result<(), RequestError> {
+        self.request(Request::MetricsAt(addr))
+    }
+
     fn request_named(
         &mut self,
         name: &str,
@@ -517,6 +527,7 @@ impl GmsClient {
                 self.advertised.remove(n);
             }
             Request::Leave => self.leaving = true,
+            Request::MetricsAt(addr) => self.metrics_at = *addr,
             Request::Suspect(_) => {}
         }
         self.requests.push_back(PendingRequest {
@@ -714,6 +725,9 @@ impl GmsClient {
         }
         for names in advertised.chunks(NAMES_PER_REQUEST_MAX) {
             self.queue_again(Request::AdvertiseMany(names.to_vec()));
+        }
+        if self.metrics_at.is_some() {
+            self.queue_again(Request::MetricsAt(self.metrics_at));
         }
     }
 

@@ -27,9 +27,10 @@ use crate::message::{GmsMessage, NAMES_PER_REQUEST_MAX};
 use crate::secure::NodeLink;
 
 /// The first bytes of every GMS datagram, in both directions: unlike the protocol's `"TD"`
-/// header, so one socket can carry both. The last byte is the codec's version (3: the welcome
-/// carries the service's incarnation); a node of another version is not understood.
-pub const GMS_MAGIC: [u8; 4] = *b"TGM\x03";
+/// header, so one socket can carry both. The last byte is the codec's version (4: a member
+/// may tell where it serves its metrics, `Request::MetricsAt`); a node of another version is
+/// not understood.
+pub const GMS_MAGIC: [u8; 4] = *b"TGM\x04";
 
 /// `msg` framed for the wire.
 #[must_use]
@@ -1195,6 +1196,18 @@ impl Member {
             if let Some(name) = link.names.remove(&topic) {
                 link.unsubscribing.push(name);
             }
+        }
+    }
+
+    /// Tells the service where this node serves its metrics (`None`: nowhere), so that
+    /// operators' tools find it through the service (and again after a rejoin). Without a
+    /// service, or once removed, there is no one to tell and nothing happens.
+    pub fn announce_metrics(&mut self, now: Time, addr: Option<std::net::SocketAddr>) {
+        self.now = now;
+        if let Some(link) = self.link.as_mut().filter(|l| !l.removed) {
+            // A full request queue refuses it: the service then does not list the endpoint.
+            let _ = link.client.announce_metrics(addr);
+            self.pump(now);
         }
     }
 

@@ -72,6 +72,10 @@ pub enum Request {
     Suspect(NodeId),
     /// Leave the system.
     Leave,
+    /// Where this node serves its metrics (`GET /metrics`), or `None` when it serves none: kept
+    /// in the member table (replicated like the rest of it) so that operators' tools find the
+    /// members' endpoints through the service.
+    MetricsAt(Option<SocketAddr>),
 }
 
 /// One element of a node's update stream. A [`Commit`](Item::Commit) ends each consistent batch.
@@ -355,6 +359,7 @@ const R_LEAVE: u8 = 6;
 const R_SUBSCRIBE_MANY: u8 = 7;
 const R_ADVERTISE_MANY: u8 = 8;
 const R_UNSUBSCRIBE_MANY: u8 = 9;
+const R_METRICS_AT: u8 = 10;
 
 const I_TOPIC_BOUND: u8 = 1;
 const I_REGION: u8 = 2;
@@ -416,6 +421,10 @@ impl GmsMessage {
                     Request::Unadvertise(n) => {
                         out.push(R_UNADVERTISE);
                         put_string(out, n);
+                    }
+                    Request::MetricsAt(addr) => {
+                        out.push(R_METRICS_AT);
+                        put_addr(out, *addr);
                     }
                     Request::Suspect(node) => {
                         out.push(R_SUSPECT);
@@ -515,6 +524,8 @@ impl GmsMessage {
                     R_UNADVERTISE => Request::Unadvertise(r.string()?),
                     R_SUSPECT => Request::Suspect(NodeId(r.u32()?)),
                     R_LEAVE => Request::Leave,
+                    // A fixed-size address (at most 19 bytes), checked against the bytes left.
+                    R_METRICS_AT => Request::MetricsAt(r.addr()?),
                     t => return Err(DecodeError::Tag(t)),
                 };
                 GmsMessage::Request { req, body }
@@ -763,6 +774,14 @@ mod tests {
                 req: 6,
                 body: Request::UnsubscribeMany(vec!["a".into(), "b/c".into()]),
             },
+            GmsMessage::Request {
+                req: 7,
+                body: Request::MetricsAt(Some("127.0.0.1:9464".parse().expect("address"))),
+            },
+            GmsMessage::Request {
+                req: 8,
+                body: Request::MetricsAt(None),
+            },
             GmsMessage::RequestAck { upto: 3 },
             GmsMessage::Heartbeat,
             GmsMessage::Probe,
@@ -865,6 +884,35 @@ mod tests {
         assert_eq!(GmsMessage::decode(&forged), Err(DecodeError::TooLong));
     }
 
+    #[test]
+    fn a_metrics_address_is_checked() {
+        let request = |tail: &[u8]| {
+            let mut b = vec![T_REQUEST];
+            b.extend_from_slice(&1u64.to_le_bytes());
+            b.push(R_METRICS_AT);
+            b.extend_from_slice(tail);
+            b
+        };
+        let v4 = [ADDR_V4, 127, 0, 0, 1, 0x24, 0xfc];
+        assert_eq!(
+            GmsMessage::decode(&request(&v4)),
+            Ok(GmsMessage::Request {
+                req: 1,
+                body: Request::MetricsAt(Some("127.0.0.1:64548".parse().expect("address"))),
+            })
+        );
+        // An address cut short, an unknown address kind, bytes after it.
+        assert_eq!(
+            GmsMessage::decode(&request(&v4[..5])),
+            Err(DecodeError::Truncated)
+        );
+        assert_eq!(GmsMessage::decode(&request(&[9])), Err(DecodeError::Tag(9)));
+        assert_eq!(
+            GmsMessage::decode(&request(&[ADDR_NONE, 0])),
+            Err(DecodeError::Trailing)
+        );
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
@@ -872,7 +920,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_messages_never_panic(i in 0usize..13, at in 0usize..64, byte in any::<u8>()) {
+        fn mutated_messages_never_panic(i in 0usize..15, at in 0usize..64, byte in any::<u8>()) {
             let mut b = samples()[i].to_bytes();
             let at = at % b.len();
             b[at] = byte;

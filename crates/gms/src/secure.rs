@@ -545,10 +545,10 @@ mod tests {
             vec![framed.clone()]
         );
         assert!(link.is_up(0));
-        let back = svc.seal_to(&1, b"TGM\x03welcome").unwrap();
+        let back = svc.seal_to(&1, b"TGM\x04welcome").unwrap();
         assert_eq!(
             link.receive(Time::ZERO, 0, &back).unwrap(),
-            b"TGM\x03welcome"
+            b"TGM\x04welcome"
         );
         // A replay is refused.
         assert!(link.receive(Time::ZERO, 0, &back).is_none());
@@ -589,13 +589,13 @@ mod tests {
         assert_eq!(exchange(&mut link, &mut svc, Time::ZERO).len(), 1);
         svc.forget(&1);
         let later = Time::ZERO + Duration::from_secs(1);
-        link.send(later, 0, b"TGM\x03a".to_vec());
+        link.send(later, 0, b"TGM\x04a".to_vec());
         // The sealed datagram is answered with the notice; the next send handshakes again.
         exchange(&mut link, &mut svc, later);
         assert!(!link.is_up(0) || link.stats().sessions == 2);
-        link.send(later, 0, b"TGM\x03b".to_vec());
+        link.send(later, 0, b"TGM\x04b".to_vec());
         let got = exchange(&mut link, &mut svc, later);
-        assert_eq!(got.last().map(Vec::as_slice), Some(&b"TGM\x03b"[..]));
+        assert_eq!(got.last().map(Vec::as_slice), Some(&b"TGM\x04b"[..]));
     }
 
     #[test]

@@ -111,6 +111,13 @@ pub enum Command {
         /// The topic's name.
         name: String,
     },
+    /// A member says where it serves its metrics (`None`: nowhere).
+    MetricsAt {
+        /// The member.
+        node: NodeId,
+        /// Its metrics endpoint.
+        addr: Option<SocketAddr>,
+    },
     /// A member is removed.
     Remove {
         /// The member.
@@ -287,6 +294,8 @@ struct NodeEntry {
     /// The nodes whose address this node has been sent (node ids are never reused, so an
     /// address once told stays true).
     told_addresses: BTreeSet<NodeId>,
+    /// Where this node serves its metrics, as it said ([`Request::MetricsAt`]).
+    metrics: Option<SocketAddr>,
 }
 
 /// What a pending sync of a node looks at: the regions and published topics whose state may
@@ -739,6 +748,19 @@ impl Gms {
         self.nodes.get(&node).and_then(|e| e.addr)
     }
 
+    /// The members that serve metrics, with where (their [`Request::MetricsAt`]), by node id.
+    /// An endpoint bound to every interface (`0.0.0.0`, `::`) is given at the IP of the
+    /// member's data address, where known: the one its peers reach it at.
+    pub fn member_metrics(&self) -> impl Iterator<Item = (NodeId, SocketAddr)> + '_ {
+        self.nodes.iter().filter_map(|(&node, e)| {
+            let mut at = e.metrics?;
+            if let Some(data) = e.addr.filter(|_| at.ip().is_unspecified()) {
+                at.set_ip(data.ip());
+            }
+            Some((node, at))
+        })
+    }
+
     /// The id bound to a topic name.
     #[must_use]
     pub fn topic_id(&self, name: &str) -> Option<TopicId> {
@@ -979,6 +1001,7 @@ impl Gms {
                         known_topics: BTreeMap::new(),
                         addr,
                         told_addresses: BTreeSet::new(),
+                        metrics: None,
                     },
                 );
                 self.events.push_back(GmsEvent::Joined(node));
@@ -1039,6 +1062,11 @@ impl Gms {
                     ..SyncScope::default()
                 };
                 self.propagate(Changes::default(), [(node, scope)].into());
+            }
+            Command::MetricsAt { node, addr } => {
+                if let Some(e) = self.nodes.get_mut(&node) {
+                    e.metrics = addr;
+                }
             }
             Command::Incarnate { incarnation } => {
                 if self.incarnation == 0 {
@@ -1251,6 +1279,7 @@ impl Gms {
                     self.on_suspect(now, node, suspect);
                     None
                 }
+                Request::MetricsAt(addr) => Some(Command::MetricsAt { node, addr }),
                 Request::Leave => Some(Command::Remove {
                     node,
                     cause: RemoveCause::Left,

@@ -188,6 +188,35 @@ impl World {
 /// The incarnation is the configuration's, reaches every client in its welcome, and is part
 /// of the snapshot; a replicated service has none until its first leader decides one, and the
 /// decision is taken once.
+/// A member says where it serves metrics; the service lists it until the member leaves, and
+/// a snapshot keeps it.
+#[test]
+fn the_service_lists_where_members_serve_metrics() {
+    let mut w = World::new(3);
+    w.run_for(Duration::from_secs(1));
+    let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
+    w.clients[0].announce_metrics(Some(addr(9464))).unwrap();
+    w.clients[2].announce_metrics(Some(addr(9466))).unwrap();
+    w.run_for(Duration::from_secs(1));
+    let (n0, n2) = (w.node(0), w.node(2));
+    let listed: Vec<_> = w.gms.member_metrics().collect();
+    assert_eq!(listed, vec![(n0, addr(9464)), (n2, addr(9466))]);
+    let mut copy = Gms::new(GmsConfig::default()).unwrap();
+    copy.restore(&w.gms.snapshot()).unwrap();
+    assert_eq!(copy.member_metrics().collect::<Vec<_>>(), listed);
+    // A new address replaces the old; `None` withdraws it; a member that leaves is gone.
+    w.clients[0].announce_metrics(Some(addr(9470))).unwrap();
+    w.clients[2].announce_metrics(None).unwrap();
+    w.run_for(Duration::from_secs(1));
+    assert_eq!(
+        w.gms.member_metrics().collect::<Vec<_>>(),
+        vec![(n0, addr(9470))]
+    );
+    w.clients[0].leave().unwrap();
+    w.run_for(Duration::from_secs(1));
+    assert_eq!(w.gms.member_metrics().count(), 0);
+}
+
 #[test]
 fn the_incarnation_is_welcomed_and_kept_by_snapshots() {
     let mut w = World::new(2);

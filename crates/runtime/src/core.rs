@@ -111,6 +111,8 @@ pub(crate) enum Control {
     AdvertiseMany { entries: Vec<(String, NamedReply)> },
     /// Send a copy of the counters.
     Stats { reply: SyncSender<RuntimeStats> },
+    /// Tell the membership service where this node serves its metrics.
+    AnnounceMetrics(Option<std::net::SocketAddr>),
     /// Stop the core thread.
     Shutdown,
 }
@@ -841,6 +843,7 @@ impl Core {
             // Leave the group first, so that the others' views drop this node at once rather
             // than after a failure timeout; the thread stops at `MemberEvent::Left`.
             Control::Shutdown => self.member.leave(now),
+            Control::AnnounceMetrics(addr) => self.member.announce_metrics(now, addr),
         }
     }
 
@@ -1276,6 +1279,13 @@ impl Core {
     /// Adds `d` to the current run of deliveries if it is of the run's topic and the run has
     /// room; otherwise hands the run on and starts a new one.
     fn on_delivery(&mut self, d: Delivery) {
+        if d.origin != self.member.id() {
+            // The wake of this cycle stands for now (no clock read per message).
+            let sent = Time::ZERO + Duration::from_micros(d.timestamp_us);
+            self.stats
+                .delivery_latency
+                .record(self.woke_at.saturating_duration_since(sent));
+        }
         if let Some(run) = self.run.as_mut() {
             if run.topic() == d.topic && !run.is_full() {
                 run.push(d);
@@ -2143,7 +2153,10 @@ impl Core {
                 Control::SetMembership { reply, .. } => {
                     let _ = reply.send(Err(SHUTTING_DOWN.to_owned()));
                 }
-                Control::Unsubscribe { .. } | Control::Bound { .. } | Control::Shutdown => {}
+                Control::Unsubscribe { .. }
+                | Control::Bound { .. }
+                | Control::AnnounceMetrics(_)
+                | Control::Shutdown => {}
             }
         }
         for (_, pending) in self.pending.drain() {

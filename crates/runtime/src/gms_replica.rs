@@ -105,6 +105,8 @@ pub struct ReplicaSnapshot {
     pub leader: Option<usize>,
     /// The members (as applied here) and the address each sends from.
     pub members: BTreeMap<NodeId, SocketAddr>,
+    /// Where members serve their metrics, as applied here (`Gms::member_metrics`).
+    pub member_metrics: Vec<(NodeId, SocketAddr)>,
     /// Topic names bound so far.
     pub topics: BTreeMap<String, TopicId>,
     /// Every removal applied here, in order: the node, why, and when this replica applied it.
@@ -581,7 +583,7 @@ impl Host {
     fn run(&mut self) {
         let mut buf = vec![0u8; DATAGRAM_BYTES_MAX + 1];
         while !self.stop.load(Ordering::Acquire) {
-            let now = clock::now();
+            let now = clock::service_now();
             let wait = self
                 .replica
                 .poll_timeout()
@@ -590,7 +592,7 @@ impl Host {
             // A zero timeout would mean "block forever" to the socket.
             let _ = self.socket.set_read_timeout(Some(wait));
             if let Ok((len, from)) = self.socket.recv_from(&mut buf) {
-                let now = clock::now();
+                let now = clock::service_now();
                 if let Some(datagram) = buf.get(..len) {
                     self.on_datagram(now, from, datagram);
                 }
@@ -616,7 +618,7 @@ impl Host {
                 let _ = self.socket.set_nonblocking(false);
             }
             // Timeouts, interruptions and ICMP errors from peers that went away: nothing to do.
-            let now = clock::now();
+            let now = clock::service_now();
             if self.replica.poll_timeout().is_some_and(|t| t <= now) {
                 self.replica.handle_timeout(now);
             }
@@ -704,7 +706,7 @@ impl Host {
         if self.written_generation == Some(generation) {
             return Ok(());
         }
-        let started = clock::now();
+        let started = clock::service_now();
         let config = self.replica.config();
         let mut bytes = Vec::with_capacity(self.state_bytes as usize + 4096);
         encode_durable(
@@ -714,7 +716,7 @@ impl Host {
             &mut bytes,
         );
         store.write(&bytes)?;
-        let took = clock::now().saturating_duration_since(started);
+        let took = clock::service_now().saturating_duration_since(started);
         self.written_generation = Some(generation);
         self.state_writes += 1;
         self.state_bytes = bytes.len() as u64;
@@ -864,6 +866,7 @@ impl Host {
             serving: self.replica.is_serving(),
             leader: self.replica.leader(),
             members: self.members.clone(),
+            member_metrics: self.replica.gms().member_metrics().collect(),
             topics: self.topics.clone(),
             removed: self.removed.clone(),
             leading_since: self.leading_since,

@@ -124,6 +124,8 @@ pub struct GmsSnapshot {
     pub invalid_datagrams: u64,
     /// The admitted link's counters (all zero when the service admits anyone).
     pub link: ServiceLinkStats,
+    /// Where members serve their metrics, as they told the service (`Gms::member_metrics`).
+    pub member_metrics: Vec<(NodeId, SocketAddr)>,
 }
 
 /// A running membership service.
@@ -258,7 +260,7 @@ impl Host {
     fn run(&mut self) {
         let mut buf = vec![0u8; GMS_DATAGRAM_BYTES_MAX];
         while !self.stop.load(Ordering::Acquire) {
-            let now = clock::now();
+            let now = clock::service_now();
             let wait = self
                 .gms
                 .poll_timeout()
@@ -268,7 +270,7 @@ impl Host {
             let _ = self.socket.set_read_timeout(Some(wait));
             match self.socket.recv_from(&mut buf) {
                 Ok((len, from)) => {
-                    let now = clock::now();
+                    let now = clock::service_now();
                     if let Some(datagram) = buf.get(..len) {
                         self.on_datagram(now, from, datagram);
                     }
@@ -291,7 +293,7 @@ impl Host {
                 // An ICMP error from a node that went away: nothing to do.
                 Err(_) => {}
             }
-            let now = clock::now();
+            let now = clock::service_now();
             if self.gms.poll_timeout().is_some_and(|t| t <= now) {
                 self.gms.handle_timeout(now);
             }
@@ -411,7 +413,7 @@ impl Host {
             removed: self.removed.clone(),
             stats: self.gms.stats().clone(),
             member_states: {
-                let now = clock::now();
+                let now = clock::service_now();
                 self.gms
                     .members()
                     .filter_map(|n| {
@@ -422,6 +424,7 @@ impl Host {
             },
             unknown_sources: self.unknown_sources,
             invalid_datagrams: self.invalid_datagrams,
+            member_metrics: self.gms.member_metrics().collect(),
             link: self
                 .secure
                 .as_ref()

@@ -60,7 +60,7 @@ pub use gms_replica::{
 pub use gms_server::{GmsServer, GmsServerError, GmsSnapshot, GMS_MAGIC};
 pub use metrics::{
     register_gms, register_node, register_replica, Collect, MetricsError, MetricsServer, Registry,
-    OTHER_STREAMS, OTHER_TOPICS,
+    MEMBER_ENDPOINTS_MAX, OTHER_STREAMS, OTHER_TOPICS,
 };
 pub use net::set_socket_buffers;
 pub use oplog::{GMS_TARGET, STALL_TARGET, VIEW_TARGET};

@@ -633,6 +633,13 @@ fn register_labelled(r: &mut Registry, s: &RuntimeStats, topics_max: usize) {
          when the acknowledgement that made it stable arrived",
         SnapshotHistogram::from(&s.time_to_stable),
     );
+    r.register(
+        "delivery_latency_seconds",
+        "Time from when a message's sender took it from its publisher to when this node \
+         handed it to its subscriptions, for messages of other nodes (between hosts, off by \
+         their clocks' difference)",
+        SnapshotHistogram::from(&s.delivery_latency),
+    );
 }
 
 /// The label value of the region and sender of the streams past `metrics_streams_max`.
@@ -784,8 +791,44 @@ impl EncodeMetric for SnapshotHistogram {
     }
 }
 
+/// Most members whose metrics endpoints the service lists one by one
+/// (`tidings_gms_member_metrics_info`): the first by node id; `gms_member_metrics_endpoints`
+/// counts them all.
+pub const MEMBER_ENDPOINTS_MAX: usize = 1000;
+
+/// Where members serve their metrics: a series per member (at most [`MEMBER_ENDPOINTS_MAX`])
+/// labelled with its id and endpoint, for tools that find the nodes through the service
+/// (`tidings top --gms`), and their number.
+fn register_member_endpoints(r: &mut Registry, endpoints: &[(tidings_proto::NodeId, SocketAddr)]) {
+    gauge(
+        r,
+        "gms_member_metrics_endpoints",
+        "Members that told the service where they serve metrics",
+        endpoints.len() as u64,
+    );
+    gauges(
+        r,
+        "gms_member_metrics_info",
+        "Where a member serves its metrics (1 per member that told the service; the first \
+         MEMBER_ENDPOINTS_MAX by node id)",
+        endpoints
+            .iter()
+            .take(MEMBER_ENDPOINTS_MAX)
+            .map(|(node, addr)| {
+                (
+                    labels([
+                        ("member", node.0.to_string()),
+                        ("address", addr.to_string()),
+                    ]),
+                    1.0,
+                )
+            }),
+    );
+}
+
 /// The membership service's metrics (one process, not replicated).
 pub fn register_gms(registry: &mut Registry, s: &GmsSnapshot) {
+    register_member_endpoints(registry, &s.member_metrics);
     gauge(
         registry,
         "gms_members",
@@ -829,6 +872,7 @@ pub fn register_gms(registry: &mut Registry, s: &GmsSnapshot) {
 pub fn register_replica(registry: &mut Registry, s: &ReplicaSnapshot) {
     let r = registry
         .sub_registry_with_label((Cow::Borrowed("replica"), Cow::Owned(s.index.to_string())));
+    register_member_endpoints(r, &s.member_metrics);
     gauge(
         r,
         "gms_members",

@@ -645,8 +645,19 @@ impl NodeRuntime {
     }
 
     /// Serves this node's metrics on `bind` (`GET /metrics`, OpenMetrics text) until the
-    /// returned server is dropped; each scrape asks the core thread for a snapshot.
+    /// returned server is dropped; each scrape asks the core thread for a snapshot. A node of
+    /// a membership service tells it where (so that `tidings top --gms` finds the node).
     pub fn serve_metrics(
+        &self,
+        bind: SocketAddr,
+    ) -> Result<crate::metrics::MetricsServer, crate::metrics::MetricsError> {
+        let server = self.serve_metrics_unannounced(bind)?;
+        self.shared
+            .send(Control::AnnounceMetrics(Some(server.local_addr())));
+        Ok(server)
+    }
+
+    fn serve_metrics_unannounced(
         &self,
         bind: SocketAddr,
     ) -> Result<crate::metrics::MetricsServer, crate::metrics::MetricsError> {

@@ -254,6 +254,11 @@ pub struct RuntimeStats {
     /// Time from when the core thread took a message from its publisher to when the node
     /// woke with the acknowledgement that made it stable, for every message of this node.
     pub time_to_stable: LatencyHistogram,
+    /// Time from when a message's sender took it from its publisher (the timestamp it wrote
+    /// on it) to when this node's core thread woke with it and handed it to its subscriptions,
+    /// for every message the protocol delivered here from another node. Between hosts it is off
+    /// by the hosts' clock difference (negative differences count as 0).
+    pub delivery_latency: LatencyHistogram,
     /// The subscriptions of this node, in the order of their topics (a snapshot).
     pub subscriptions: Vec<SubscriptionState>,
     /// The names of the topics this node asked for by name and the service bound, by topic.

@@ -156,6 +156,10 @@ fn a_stalled_publisher_names_the_members_it_waits_for() {
         .collect();
     let sender = nodes.remove(0);
     let metrics = sender.serve_metrics(loopback()).unwrap();
+    let receiver_metrics = nodes[0].serve_metrics(loopback()).unwrap();
+    let latency_count = "tidings_delivery_latency_seconds_count{node=\"1\"}";
+    let before = request(receiver_metrics.local_addr(), "GET", "/metrics");
+    assert_eq!(sample(&before, latency_count), Some(0.0), "{before}");
     let mut publisher = sender.publisher();
     let publish = |publisher: &mut tidings_runtime::Publisher| {
         publisher
@@ -179,6 +183,21 @@ fn a_stalled_publisher_names_the_members_it_waits_for() {
         r.contains("tidings_time_to_stable_seconds_count{node=\"0\"} 1"),
         "{r}"
     );
+    // The subscriber's delivery latency counted the message (stable: delivered everywhere),
+    // within the test's wait, and the sender's own messages are not counted at the sender.
+    let after = request(receiver_metrics.local_addr(), "GET", "/metrics");
+    assert_eq!(sample(&after, latency_count), Some(1.0), "{after}");
+    let latency_sum = sample(&after, "tidings_delivery_latency_seconds_sum{node=\"1\"}");
+    assert!(
+        latency_sum.is_some_and(|s| (0.0..10.0).contains(&s)),
+        "{after}"
+    );
+    assert_eq!(
+        sample(&r, "tidings_delivery_latency_seconds_count{node=\"0\"}"),
+        Some(0.0),
+        "{r}"
+    );
+    drop(receiver_metrics);
     // Node 1 goes away without telling anyone (no membership service): the region can no
     // longer acknowledge, and the gauge names its members.
     drop(nodes.remove(0).shutdown());

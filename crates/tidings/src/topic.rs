@@ -136,8 +136,9 @@ pub struct Message<T> {
     pub origin: NodeId,
     /// The topic's id (bound to its name by the membership service).
     pub topic: TopicId,
-    /// The publisher's protocol clock when it was published, in microseconds since that
-    /// process started its clock: comparable between messages of one publisher (and between
-    /// nodes of one process), not across processes.
+    /// When it was published, in microseconds since the Unix epoch by the publisher's clock
+    /// (its wall clock read once when its process started, advanced monotonically): `now`
+    /// minus it is the delivery latency, exact within a host and off by the hosts' clock
+    /// difference between hosts.
     pub sent_at_us: u64,
 }

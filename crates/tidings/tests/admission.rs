@@ -142,7 +142,7 @@ fn a_plain_process_cannot_join_or_inject() {
     let mut forged_data = b"TGS\x01\x04".to_vec();
     forged_data.extend_from_slice(&[0u8; 40]);
     for datagram in [
-        &b"TGM\x03\x01\x02\x03"[..],
+        &b"TGM\x04\x01\x02\x03"[..],
         &forged_data[..],
         &[0xFFu8; 64][..],
     ] {

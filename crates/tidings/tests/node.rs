@@ -711,3 +711,62 @@ fn metrics_name_the_slow_subscription_by_topic_within_the_bound() {
     peer.shutdown().unwrap();
     node.shutdown().unwrap();
 }
+
+/// Two nodes with metrics on tell the membership service where they serve them; the service's
+/// own endpoint lists both (how `tidings top --gms` finds the nodes).
+#[test]
+fn the_service_lists_where_its_members_serve_metrics() {
+    let loopback: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let server =
+        tidings_runtime::GmsServer::start(tidings_gms::GmsConfig::default(), loopback).unwrap();
+    let gms_metrics = server.serve_metrics(loopback).unwrap();
+    let nodes: Vec<Node> = (0..2)
+        .map(|_| {
+            Node::builder()
+                .gms(server.local_addr())
+                .metrics(loopback)
+                .start()
+                .unwrap()
+        })
+        .collect();
+    let listed = |r: &str, node: &Node| {
+        let (id, at) = (node.id().0, node.metrics_addr().unwrap());
+        r.lines().any(|l| {
+            l.starts_with(&format!(
+                "tidings_gms_member_metrics_info{{member=\"{id}\",address=\"{at}\"}} 1"
+            ))
+        })
+    };
+    let start = std::time::Instant::now();
+    let r = loop {
+        let r = http_get(gms_metrics.local_addr(), "/metrics");
+        if nodes.iter().all(|n| listed(&r, n)) {
+            break r;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{r}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        sample(&r, "tidings_gms_member_metrics_endpoints "),
+        Some(2.0),
+        "{r}"
+    );
+    // A node that leaves is no longer listed.
+    let mut nodes = nodes;
+    nodes.pop().unwrap().shutdown().unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let r = http_get(gms_metrics.local_addr(), "/metrics");
+        if sample(&r, "tidings_gms_member_metrics_endpoints ") == Some(1.0) {
+            assert!(listed(&r, &nodes[0]), "{r}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{r}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for n in nodes {
+        n.shutdown().unwrap();
+    }
+    drop(gms_metrics);
+    server.shutdown();
+}

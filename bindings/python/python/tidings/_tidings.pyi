@@ -100,8 +100,8 @@ class Message:
         """The topic's id."""
     @property
     def sent_at_us(self) -> int:
-        """The publisher's clock when it was published, in microseconds (comparable between
-        messages of one publisher, not across processes)."""
+        """When it was published, in microseconds since the Unix epoch by the publisher's
+        clock (its wall clock read once when its process started, advanced monotonically)."""
 
 @final
 class PublishHandle:

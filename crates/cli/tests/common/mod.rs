@@ -51,6 +51,11 @@ pub(crate) fn tidings(args: &[&str], stdin: &str) -> Output {
 /// Starts a standalone membership service (`tidings gms`) on a free loopback port; returns it
 /// (killed when dropped) and its address.
 pub(crate) fn standalone_gms() -> (Guard, String) {
+    standalone_gms_with(&[])
+}
+
+/// [`standalone_gms`] with more arguments for `tidings gms`.
+pub(crate) fn standalone_gms_with(args: &[&str]) -> (Guard, String) {
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -60,6 +65,7 @@ pub(crate) fn standalone_gms() -> (Guard, String) {
     let gms = Guard(
         Command::new(env!("CARGO_BIN_EXE_tidings"))
             .args(["gms", "--bind", &addr, "--seconds", "100"])
+            .args(args)
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),

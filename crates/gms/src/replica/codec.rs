@@ -37,6 +37,7 @@ const C_UNADVERTISE: u8 = 8;
 const C_REMOVE: u8 = 9;
 const C_INCARNATE: u8 = 10;
 const C_DATAGRAM_KEY: u8 = 11;
+const C_METRICS_AT: u8 = 12;
 
 /// Most voters (or learners) a snapshot's configuration lists.
 const VOTERS_MAX: usize = 64;
@@ -150,6 +151,11 @@ fn encode_command(cmd: &Command, out: &mut Vec<u8>) {
             put_u32(out, *id);
             out.extend_from_slice(&secret.0);
         }
+        Command::MetricsAt { node, addr } => {
+            out.push(C_METRICS_AT);
+            put_u32(out, node.0);
+            put_addr(out, *addr);
+        }
     }
 }
 
@@ -202,6 +208,10 @@ fn decode_command(r: &mut Reader<'_>) -> Result<Command, DecodeError> {
                 secret: crate::message::WireKey(secret),
             }
         }
+        C_METRICS_AT => Command::MetricsAt {
+            node: NodeId(r.u32()?),
+            addr: r.addr()?,
+        },
         t => return Err(DecodeError::Tag(t)),
     })
 }
@@ -353,7 +363,7 @@ pub fn decode_raft(buf: &[u8], limits: RaftLimits) -> Result<Message, DecodeErro
 /// The first bytes of a replica's state file ([`encode_durable`]).
 pub const DURABLE_MAGIC: [u8; 4] = *b"TGRS";
 /// The state file format this build writes and reads.
-pub const DURABLE_VERSION: u8 = 1;
+pub const DURABLE_VERSION: u8 = 2;
 /// Magic, version, and the CRC-32 at the end.
 const DURABLE_FRAME_BYTES: usize = DURABLE_MAGIC.len() + 1 + 4;
 
@@ -408,7 +418,7 @@ pub enum DurableError {
     #[error("not a replica state file (bad magic)")]
     Magic,
     /// A format version this build does not read.
-    #[error("format version {0} is not supported (this build reads version 1)")]
+    #[error("format version {0} is not supported (this build reads version 2)")]
     Version(u8),
     /// The CRC-32 at the end does not match the bytes before it.
     #[error(

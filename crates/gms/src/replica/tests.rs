@@ -440,6 +440,48 @@ fn leader_crash(seed: u64, replicas: usize, loss: f64) -> (Duration, Cluster) {
     (first.saturating_duration_since(crashed_at), c)
 }
 
+/// Members' metrics addresses go through the log: every replica lists them, a new leader
+/// after a crash too, and a restarted replica from its state file.
+#[test]
+fn every_replica_knows_where_members_serve_metrics() {
+    let mut c = Cluster::new(11, 3, 3, 0.0);
+    c.run_until(at(2000), &mut |_| {});
+    let addr = |i: u16| std::net::SocketAddr::from(([127, 0, 0, 1], 9400 + i));
+    for i in 0..2 {
+        c.clients[i].announce_metrics(Some(addr(i as u16))).unwrap();
+    }
+    c.run_until(at(4000), &mut |_| {});
+    let mut expected: Vec<(NodeId, std::net::SocketAddr)> = (0..2)
+        .map(|i| (c.clients[i].node().unwrap(), addr(i as u16)))
+        .collect();
+    expected.sort();
+    for r in c.replicas.iter().flatten() {
+        let listed: Vec<_> = r.gms().member_metrics().collect();
+        assert_eq!(listed, expected);
+    }
+    let old = c.leader().unwrap();
+    c.crash(old);
+    c.run_until(at(8000), &mut |_| {});
+    let leader = c.leader().unwrap();
+    assert_ne!(leader, old);
+    let listed: Vec<_> = c.replicas[leader]
+        .as_ref()
+        .unwrap()
+        .gms()
+        .member_metrics()
+        .collect();
+    assert_eq!(listed, expected);
+    c.restart(old);
+    c.run_until(at(10_000), &mut |_| {});
+    let listed: Vec<_> = c.replicas[old]
+        .as_ref()
+        .unwrap()
+        .gms()
+        .member_metrics()
+        .collect();
+    assert_eq!(listed, expected);
+}
+
 #[test]
 fn a_new_leader_takes_over_after_the_leader_crashes_during_churn() {
     for replicas in [3, 5] {
@@ -651,6 +693,11 @@ fn log_entries_round_trip_and_refuse_truncation() {
             node,
             name: "b".into(),
         },
+        Command::MetricsAt {
+            node,
+            addr: Some("[::1]:9464".parse().unwrap()),
+        },
+        Command::MetricsAt { node, addr: None },
         Command::Remove {
             node,
             cause: RemoveCause::Suspected,
@@ -749,10 +796,12 @@ fn clients_rejoin_a_service_restarted_without_its_state() {
         })
         .collect();
     c.run_until(at(1000), &mut |_| {});
+    let metrics_at = std::net::SocketAddr::from(([127, 0, 0, 1], 9464));
     for (i, client) in c.clients.iter_mut().enumerate() {
         client.subscribe(&format!("t{}", i % 2)).unwrap();
         client.advertise("t0").unwrap();
     }
+    c.clients[0].announce_metrics(Some(metrics_at)).unwrap();
     c.run_until(at(2000), &mut |_| {});
     let old: Vec<NodeId> = c.clients.iter().filter_map(GmsClient::node).collect();
     assert_eq!(old.len(), 4);
@@ -775,6 +824,9 @@ fn clients_rejoin_a_service_restarted_without_its_state() {
     assert_eq!(gms.members().count(), 4);
     // The harness's joins carry no address.
     assert!(gms.members().all(|n| gms.member_addr(n).is_none()));
+    // The metrics endpoint was told again under the new id.
+    let listed: Vec<_> = gms.member_metrics().collect();
+    assert_eq!(listed, vec![(c.clients[0].node().unwrap(), metrics_at)]);
     for (i, client) in c.clients.iter().enumerate() {
         let node = client.node().expect("a member again");
         assert!(node.0 >= 1000, "{node:?}");
@@ -1053,10 +1105,10 @@ fn state_files_round_trip_and_refuse_corruption() {
         DurableError::Magic
     );
     let mut bad = bytes.clone();
-    bad[DURABLE_MAGIC.len()] = 2;
+    bad[DURABLE_MAGIC.len()] = DURABLE_VERSION + 1;
     assert_eq!(
         decode_durable(&bad, limits).unwrap_err(),
-        DurableError::Version(2)
+        DurableError::Version(DURABLE_VERSION + 1)
     );
     let small = DurableLimits {
         bytes_max: bytes.len() - 1,
