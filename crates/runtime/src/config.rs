@@ -225,8 +225,10 @@ pub struct GmsLinkConfig {
     /// Longest wait for the service to answer the join. Default 5 s; then `join` fails and names
     /// the addresses it tried.
     pub join_timeout: Duration,
-    /// Longest wait, on shutdown, for the service to confirm the leave. Default 1 s; a node that
-    /// cannot confirm is removed by the service's failure detection instead.
+    /// Longest wait, on shutdown, for the service to confirm the leave. Default 2.5 s: a
+    /// replicated service's leader that just crashed is found again only after the client's
+    /// `failover_timeout` (1.5 s) and a round trip, and a leave sent meanwhile must wait for
+    /// it. A node that cannot confirm is removed by the service's failure detection instead.
     pub leave_timeout: Duration,
     /// Least time between two suspicions of one node reported to the service. Default 500 ms:
     /// one per heartbeat interval is enough, the service decides.
@@ -269,7 +271,7 @@ impl GmsLinkConfig {
                 ..tidings_gms::ClientConfig::default()
             },
             join_timeout: Duration::from_secs(5),
-            leave_timeout: Duration::from_secs(1),
+            leave_timeout: Duration::from_millis(2500),
             suspect_interval: Duration::from_millis(500),
             security: None,
             sealing: tidings_seal::Mode::Off,
