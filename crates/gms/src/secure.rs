@@ -353,6 +353,8 @@ pub struct ServiceLinkStats {
     pub sealed: u64,
     /// Hellos dropped because [`SESSIONS_MAX`] sessions are up.
     pub sessions_full: u64,
+    /// Sessions up now (a gauge): one per admitted address, ended when its node is removed.
+    pub sessions_up: u64,
 }
 
 /// What a [`ServiceLink`] made of a datagram.
@@ -412,6 +414,7 @@ impl<A: Copy + Eq + Hash> ServiceLink<A> {
     /// unreadable notice, so it must be admitted again.
     pub fn forget(&mut self, addr: &A) {
         self.sessions.remove(addr);
+        self.stats.sessions_up = self.sessions.len() as u64;
     }
 
     /// A datagram from `from`.
@@ -443,6 +446,7 @@ impl<A: Copy + Eq + Hash> ServiceLink<A> {
                 Ok(session) => {
                     self.stats.admitted += 1;
                     self.sessions.insert(from, session);
+                    self.stats.sessions_up = self.sessions.len() as u64;
                 }
                 Err(LinkError::NotAdmitted(_)) => self.stats.not_admitted += 1,
                 Err(_) => self.stats.bad_hellos += 1,

@@ -841,6 +841,11 @@ impl Host {
         if let Some(a) = self.members.remove(&node) {
             if self.by_addr.get(&a) == Some(&node) {
                 self.by_addr.remove(&a);
+                // Its admitted session ends too (sessions are bounded by `SESSIONS_MAX`);
+                // were it still running, it is admitted again.
+                if let Some(link) = self.secure.as_mut() {
+                    link.forget(&a);
+                }
             }
         }
     }

@@ -68,6 +68,25 @@ fn admitted_nodes_join_and_exchange_messages() {
     assert_eq!(gms.link.admitted, 2, "{:?}", gms.link);
     assert!(gms.link.opened > 0 && gms.link.sealed > 0, "{:?}", gms.link);
     assert_eq!(gms.members.len(), 2);
+    assert_eq!(gms.link.sessions_up, 2, "{:?}", gms.link);
+    // A node that leaves takes its session with it: sessions are bounded, and a service that
+    // kept every departed address's would refuse new nodes once the bound filled.
+    drop(sub);
+    second.shutdown().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let gms = c.first.stats().unwrap().gms.unwrap();
+        if gms.members.len() == 1 && gms.link.sessions_up == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the departed node's session stayed: {:?}, members {:?}",
+            gms.link,
+            gms.members
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
