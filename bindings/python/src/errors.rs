@@ -1,4 +1,4 @@
-//! The Python exceptions: one class per variant of [`tidings::Error`], with its message.
+//! The Python exceptions: one class per kind of the library's errors, with its message.
 
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -141,44 +141,56 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// The Python exception for `e`, with the Rust error's message (its `Display`) and, where the
 /// variant has fields, the same fields as attributes.
-pub(crate) fn to_py(e: tidings::Error) -> PyErr {
+pub(crate) fn to_py(e: impl Into<tidings::Error>) -> PyErr {
+    let e: tidings::Error = e.into();
     let message = e.to_string();
+    use tidings::{Error, PublishError, RecvError, RequestError, StableError, StartError as Start};
     match e {
-        tidings::Error::Config(_) => ConfigError::new_err(message),
-        tidings::Error::Bind { .. } => BindError::new_err(message),
-        tidings::Error::Start(_) => StartError::new_err(message),
-        tidings::Error::Metrics(_) => MetricsError::new_err(message),
-        tidings::Error::Gms(_) => GmsError::new_err(message),
-        tidings::Error::TopicName(_) => TopicNameError::new_err(message),
-        tidings::Error::WouldBlock => WouldBlock::new_err(message),
-        tidings::Error::Timeout(_) => TimeoutError::new_err(message),
-        tidings::Error::Empty => EmptyError::new_err(message),
-        tidings::Error::NotStable(_) => NotStableError::new_err(message),
-        tidings::Error::TooLarge { len, max } => {
+        Error::Start(Start::Config(_)) | Error::Request(RequestError::Config(_)) => {
+            ConfigError::new_err(message)
+        }
+        Error::Start(Start::Bind { .. }) => BindError::new_err(message),
+        Error::Start(Start::Metrics(_)) => MetricsError::new_err(message),
+        Error::Start(Start::Gms(_)) => GmsError::new_err(message),
+        Error::Start(_) => StartError::new_err(message),
+        Error::TopicName(_) => TopicNameError::new_err(message),
+        Error::Publish(PublishError::WouldBlock) => WouldBlock::new_err(message),
+        Error::Stable(StableError::NotStable(_)) => NotStableError::new_err(message),
+        Error::Request(RequestError::Timeout)
+        | Error::Publish(PublishError::Timeout)
+        | Error::Stable(StableError::Timeout)
+        | Error::Recv(RecvError::Timeout) => TimeoutError::new_err(message),
+        Error::Recv(RecvError::Empty) => EmptyError::new_err(message),
+        Error::Publish(PublishError::TooLarge { len, max }) => {
             with_fields(TooLargeError::new_err(message), |_, v| {
                 v.setattr("len", len)?;
                 v.setattr("max", max)
             })
         }
-        tidings::Error::Encode(_) => EncodeError::new_err(message),
-        tidings::Error::Decode { topic, why } => {
+        Error::Publish(PublishError::Encode(_)) => EncodeError::new_err(message),
+        Error::Recv(RecvError::Decode { topic, why }) => {
             with_fields(DecodeError::new_err(message), |_, v| {
                 v.setattr("topic", topic)?;
                 v.setattr("why", why)
             })
         }
-        tidings::Error::Refused(_) => RefusedError::new_err(message),
-        tidings::Error::SlowConsumer {
+        Error::Request(RequestError::Refused(_)) | Error::Stable(StableError::ForeignHandle) => {
+            RefusedError::new_err(message)
+        }
+        Error::Recv(RecvError::SlowConsumer {
             topic,
             capacity,
             waited,
-        } => with_fields(SlowConsumerError::new_err(message), |_, v| {
+        }) => with_fields(SlowConsumerError::new_err(message), |_, v| {
             v.setattr("topic", topic)?;
             v.setattr("capacity", capacity)?;
             v.setattr("waited", waited.as_secs_f64())
         }),
-        tidings::Error::Closed => ClosedError::new_err(message),
-        tidings::Error::Shutdown(_) => ShutdownError::new_err(message),
+        Error::Request(RequestError::Closed)
+        | Error::Publish(PublishError::Closed)
+        | Error::Stable(StableError::Closed)
+        | Error::Recv(RecvError::Closed) => ClosedError::new_err(message),
+        Error::Shutdown(_) => ShutdownError::new_err(message),
         // A kind of failure added to the library after this binding: its message, as the base.
         _ => TidingsError::new_err(message),
     }

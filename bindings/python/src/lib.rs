@@ -84,7 +84,7 @@ pub(crate) fn timeout_from(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
         None => Ok(None),
         Some(s) => Duration::try_from_secs_f64(s).map(Some).map_err(|_| {
-            errors::to_py(tidings::Error::Config(format!(
+            errors::to_py(tidings::RequestError::Config(format!(
                 "timeout = {s} must be a finite number of seconds >= 0"
             )))
         }),

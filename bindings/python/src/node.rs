@@ -24,7 +24,7 @@ pub(crate) struct PyNode {
 /// A `host:port` address from Python (a name is resolved; its first address is taken).
 fn parse_addr(what: &str, text: &str) -> PyResult<SocketAddr> {
     let bad = |why: String| {
-        to_py(tidings::Error::Config(format!(
+        to_py(tidings::StartError::Config(format!(
             "{what} = {text:?} is not a host:port address: {why}"
         )))
     };
@@ -44,7 +44,7 @@ impl PyNode {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if guard.is_none() {
-            return Err(to_py(tidings::Error::Closed));
+            return Err(to_py(tidings::RequestError::Closed));
         }
         Ok(guard)
     }
@@ -102,7 +102,7 @@ impl PyNode {
             ("embed", [addr]) => builder.embedded_gms(*addr, tidings::GmsConfig::default()),
             ("connect", [_, ..]) => builder.gms_replicas(&addrs),
             _ => {
-                return Err(to_py(tidings::Error::Config(format!(
+                return Err(to_py(tidings::StartError::Config(format!(
                     "gms = {gms:?} with {} addresses: expected local or private (none), embed \
                      (one address) or connect (one or more)",
                     addrs.len()
@@ -115,7 +115,7 @@ impl PyNode {
                 tidings::MulticastConfig::default(),
             )),
             other => {
-                return Err(to_py(tidings::Error::Config(format!(
+                return Err(to_py(tidings::StartError::Config(format!(
                     "transport = {other:?} must be \"unicast\" or \"multicast\""
                 ))))
             }
@@ -179,7 +179,7 @@ impl PyNode {
         let guard = self.node()?;
         let node = guard
             .as_ref()
-            .ok_or_else(|| to_py(tidings::Error::Closed))?;
+            .ok_or_else(|| to_py(tidings::RequestError::Closed))?;
         let publisher = crate::detached(py, || node.publisher(&topic)).map_err(to_py)?;
         Ok(PyPublisher::new(publisher, name, encode))
     }
@@ -201,7 +201,7 @@ impl PyNode {
         let guard = self.node()?;
         let node = guard
             .as_ref()
-            .ok_or_else(|| to_py(tidings::Error::Closed))?;
+            .ok_or_else(|| to_py(tidings::RequestError::Closed))?;
         let publishers = crate::detached(py, || node.publishers(&raw)).map_err(to_py)?;
         Ok(publishers
             .into_iter()
@@ -232,7 +232,7 @@ impl PyNode {
         let guard = self.node()?;
         let node = guard
             .as_ref()
-            .ok_or_else(|| to_py(tidings::Error::Closed))?;
+            .ok_or_else(|| to_py(tidings::RequestError::Closed))?;
         let subscription: tidings::Subscription<Bytes> = crate::detached(py, || {
             let mut builder = node.subscription(&topic).slow_consumer(policy);
             if let Some(capacity) = capacity {
@@ -274,7 +274,7 @@ impl PyNode {
         let guard = self.node()?;
         let node = guard
             .as_ref()
-            .ok_or_else(|| to_py(tidings::Error::Closed))?;
+            .ok_or_else(|| to_py(tidings::RequestError::Closed))?;
         let subscriptions = crate::detached(py, || {
             node.subscribe_many_with(&raw, |i| {
                 let (decoder, deliver) = callables[i]
@@ -296,7 +296,7 @@ impl PyNode {
         let guard = self.node()?;
         let node = guard
             .as_ref()
-            .ok_or_else(|| to_py(tidings::Error::Closed))?;
+            .ok_or_else(|| to_py(tidings::RequestError::Closed))?;
         let stats = crate::detached(py, || node.stats()).map_err(to_py)?.runtime;
         let dict = PyDict::new(py);
         dict.set_item("datagrams_received", stats.datagrams_received)?;

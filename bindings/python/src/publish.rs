@@ -232,17 +232,17 @@ impl PyPublisher {
     ) -> PyResult<tidings::PublishHandle> {
         match lock(&self.inner).try_publish(bytes) {
             Ok(handle) => return Ok(handle),
-            Err(tidings::Error::WouldBlock) => {}
+            Err(tidings::PublishError::WouldBlock) => {}
             Err(e) => return Err(to_py(e)),
         }
         loop {
             let Some(slice) = next_slice(deadline) else {
-                return Err(to_py(tidings::Error::Timeout("no room to publish")));
+                return Err(to_py(tidings::PublishError::Timeout));
             };
             let inner = &self.inner;
             match crate::detached(py, || lock(inner).publish_timeout(bytes, slice)) {
                 Ok(handle) => return Ok(handle),
-                Err(tidings::Error::Timeout(_)) => py.check_signals()?,
+                Err(tidings::PublishError::Timeout) => py.check_signals()?,
                 Err(e) => return Err(to_py(e)),
             }
         }
@@ -265,7 +265,10 @@ impl PyPublisher {
             None => value,
             Some(encode) => {
                 encoded = encode.bind(value.py()).call1((value,)).map_err(|e| {
-                    let err = to_py(tidings::Error::Encode(exception_text(value.py(), &e)));
+                    let err = to_py(tidings::PublishError::Encode(exception_text(
+                        value.py(),
+                        &e,
+                    )));
                     err.set_cause(value.py(), Some(e));
                     err
                 })?;
@@ -282,7 +285,7 @@ impl PyPublisher {
                 .get_type()
                 .name()
                 .map_or_else(|_| "?".to_owned(), |n| n.to_string());
-            to_py(tidings::Error::Encode(format!("{what} {type_name}")))
+            to_py(tidings::PublishError::Encode(format!("{what} {type_name}")))
         })
     }
 }
@@ -315,7 +318,7 @@ impl PyPublishHandle {
     #[pyo3(signature = (timeout=None))]
     fn wait_stable(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let deadline = deadline_in(timeout_from(timeout)?);
-        let mut last = tidings::Error::Timeout("the message did not become stable");
+        let mut last = tidings::StableError::Timeout;
         loop {
             if self.is_stable() {
                 return Ok(());
@@ -326,7 +329,7 @@ impl PyPublishHandle {
             let (publisher, handle) = (&self.publisher, self.handle);
             match crate::detached(py, || lock(publisher).wait_stable(handle, slice)) {
                 Ok(()) => return Ok(()),
-                Err(e @ (tidings::Error::Timeout(_) | tidings::Error::NotStable(_))) => {
+                Err(e @ (tidings::StableError::Timeout | tidings::StableError::NotStable(_))) => {
                     last = e;
                     py.check_signals()?;
                 }

@@ -12,7 +12,7 @@ use pyo3::types::{PyBytes, PyList, PyString};
 use crate::errors::to_py;
 use crate::{deadline_in, next_slice, timeout_from, waker};
 
-type Item = Result<tidings::Message<Bytes>, tidings::Error>;
+type Item = Result<tidings::Message<Bytes>, tidings::RecvError>;
 
 /// One delivered message.
 #[pyclass(name = "Message", module = "tidings._tidings", frozen, get_all)]
@@ -95,7 +95,7 @@ impl Decoder {
             Some(decode) => {
                 let bytes = PyBytes::new(py, &message.value);
                 decode.bind(py).call1((bytes,)).map_err(|e| {
-                    let err = to_py(tidings::Error::Decode {
+                    let err = to_py(tidings::RecvError::Decode {
                         topic: self.name_str.clone(),
                         why: crate::errors::exception_text(py, &e),
                     });
@@ -138,7 +138,7 @@ impl PySubscription {
     fn inner(&self) -> PyResult<Arc<tidings::Subscription<Bytes>>> {
         lock(&self.inner)
             .clone()
-            .ok_or_else(|| to_py(tidings::Error::Closed))
+            .ok_or_else(|| to_py(tidings::RecvError::Closed))
     }
 
     /// A received item as Python sees it: a message with its value decoded, or the error.
@@ -173,14 +173,14 @@ impl PySubscription {
             // What is queued is taken without detaching (a queue's pop never waits), also
             // once out of time.
             match inner.try_recv() {
-                Err(tidings::Error::Empty) => {}
+                Err(tidings::RecvError::Empty) => {}
                 item => return Ok(item),
             }
             let Some(slice) = next_slice(deadline) else {
-                return Ok(Err(tidings::Error::Timeout("no message")));
+                return Ok(Err(tidings::RecvError::Timeout));
             };
             match crate::detached(py, || inner.recv_timeout(slice)) {
-                Err(tidings::Error::Timeout(_)) => py.check_signals()?,
+                Err(tidings::RecvError::Timeout) => py.check_signals()?,
                 item => return Ok(item),
             }
         }
@@ -261,13 +261,13 @@ impl PySubscription {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyList>> {
         if n == 0 {
-            return Err(to_py(tidings::Error::Config(
+            return Err(to_py(tidings::RequestError::Config(
                 "recv_many: n = 0 must be at least 1".to_owned(),
             )));
         }
         let deadline = deadline_in(timeout_from(timeout)?);
         let first = match self.wait(py, deadline)? {
-            Err(tidings::Error::Timeout(_)) => return Ok(PyList::empty(py)),
+            Err(tidings::RecvError::Timeout) => return Ok(PyList::empty(py)),
             item => item,
         };
         let mut items = VecDeque::with_capacity(n.min(4096));
@@ -286,7 +286,7 @@ impl PySubscription {
             if let Ok(inner) = self.inner() {
                 while items.len() < n {
                     match inner.try_recv() {
-                        Err(tidings::Error::Empty) => break,
+                        Err(tidings::RecvError::Empty) => break,
                         // Ends the batch: an end, or an error for the next call to raise.
                         item @ Err(_) => {
                             items.push_back(item);
@@ -314,7 +314,7 @@ impl PySubscription {
                     }
                 },
                 // The end after messages: the next call finds the subscription ended again.
-                Err(tidings::Error::Closed) if !list.is_empty() => break,
+                Err(tidings::RecvError::Closed) if !list.is_empty() => break,
                 Err(e) if list.is_empty() => {
                     self.keep(items);
                     return Err(to_py(e));
@@ -428,7 +428,7 @@ impl PyWorkerSubscription {
     fn set_share(&self, share: f64) -> PyResult<()> {
         lock(&self.inner)
             .as_ref()
-            .ok_or_else(|| to_py(tidings::Error::Closed))?
+            .ok_or_else(|| to_py(tidings::RecvError::Closed))?
             .set_share(share)
             .map_err(to_py)
     }

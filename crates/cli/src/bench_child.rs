@@ -94,7 +94,7 @@ impl BenchPublisher {
                         last[i] = Some(h);
                         Ok(Attempt::Published)
                     }
-                    Err(tidings::Error::Timeout(_)) => Ok(Attempt::NoRoom(payload)),
+                    Err(tidings::PublishError::Timeout) => Ok(Attempt::NoRoom(payload)),
                     Err(e) => Err(format!("publish: {e}")),
                 }
             }
@@ -635,7 +635,7 @@ fn subscriber(
                 .subscribe_many_with(&topics, |i| {
                     let tally = Arc::clone(&tally);
                     let topic = TopicId(i as u32);
-                    move |m: Result<tidings::Message<Bytes>, tidings::Error>| match m {
+                    move |m: Result<tidings::Message<Bytes>, tidings::RecvError>| match m {
                         Ok(m) => tally.record(topic, &m.value),
                         Err(_) => {
                             tally.order_errors.fetch_add(1, Ordering::Relaxed);

@@ -583,7 +583,7 @@ fn publish_watching(
                 }
                 return Ok(h);
             }
-            Err(tidings::Error::Timeout(_)) => {
+            Err(tidings::PublishError::Timeout) => {
                 let stats = node.stats().map_err(|e| e.to_string())?;
                 let now: Vec<String> = stats.runtime.stalls.iter().map(|s| s.to_string()).collect();
                 let now = now.join("; ");
@@ -678,7 +678,7 @@ fn subscribe_inner(a: &SubArgs) -> Result<(), String> {
                     std::thread::sleep(Duration::from_millis(a.delay_ms));
                 }
             }
-            Err(tidings::Error::Timeout(_)) => waited += slice,
+            Err(tidings::RecvError::Timeout) => waited += slice,
             Err(e) => return Err(e.to_string()),
         }
     }

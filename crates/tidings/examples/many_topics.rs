@@ -100,7 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The callback of topic `t`: checks that its messages come in order.
     let callback_for = |t: usize| {
         let (next, errors, delivered) = (next.clone(), errors.clone(), delivered.clone());
-        move |message: Result<tidings::Message<Bytes>, tidings::Error>| {
+        move |message: Result<tidings::Message<Bytes>, tidings::RecvError>| {
             let expected = &next[t];
             let seq = message
                 .ok()
@@ -174,7 +174,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     published += 1;
                     last.push(handle);
                 }
-                Err(tidings::Error::Timeout(_)) => {
+                Err(tidings::PublishError::Timeout) => {
                     println!(
                         "publishing stopped after {} s: {published} messages published",
                         TRAFFIC_SECONDS_MAX.as_secs()

@@ -59,7 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let counter = Arc::clone(&delivered);
     let mut subscriptions = subscriber_node.subscribe_many_with(&topics[..busy], move |_| {
         let counter = Arc::clone(&counter);
-        move |_: Result<Message<Bytes>, tidings::Error>| {
+        move |_: Result<Message<Bytes>, tidings::RecvError>| {
             counter.fetch_add(1, Ordering::Relaxed);
         }
     })?;

@@ -50,7 +50,7 @@ mod queue;
 mod subscribe;
 mod topic;
 
-pub use error::Error;
+pub use error::{Error, PublishError, RecvError, RequestError, StableError, StartError};
 pub use node::SubscribeBuilder;
 pub use node::{GmsMode, Node, NodeBuilder, NodeStats, LOCAL_GMS_PORT};
 pub use publish::Publisher;
@@ -62,6 +62,7 @@ pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig, ReplicaConfig};
 pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
 pub use tidings_runtime::{
     GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MetricsServer, MulticastConfig,
-    PublishHandle, ReplicaHostConfig, ReplicaSnapshot, RuntimeConfig, StartError, Transport,
+    PublishHandle, ReplicaHostConfig, ReplicaSnapshot, RuntimeConfig, StartError as JoinError,
+    Transport,
 };
 pub use tidings_seal::{AllowList, Identity, LinkError, Mode as SecurityMode, PublicKey};

@@ -13,7 +13,7 @@ use tidings_runtime::{
 };
 use tidings_seal::{AllowList, Identity, Mode as SecurityMode, PublicKey};
 
-use crate::error::Error;
+use crate::error::{Error, RecvError, RequestError, StartError};
 use crate::publish::Publisher;
 use crate::subscribe::{CallbackSubscription, SlowConsumerPolicy, Subscription};
 use crate::topic::{Message, Topic};
@@ -264,38 +264,38 @@ impl NodeBuilder {
     }
 
     /// Checks the settings, starts the embedded membership service if asked, and joins.
-    pub fn start(self) -> Result<Node, Error> {
+    pub fn start(self) -> Result<Node, StartError> {
         if !(1..=SUBSCRIPTION_CAPACITY_MAX).contains(&self.subscription_capacity) {
-            return Err(Error::Config(format!(
+            return Err(StartError::Config(format!(
                 "subscription_capacity = {} must be within 1..={SUBSCRIPTION_CAPACITY_MAX}",
                 self.subscription_capacity
             )));
         }
         if !(self.share > 0.0 && self.share <= 1.0) {
-            return Err(Error::Config(format!(
+            return Err(StartError::Config(format!(
                 "subscription_share = {} must be within (0, 1]",
                 self.share
             )));
         }
         self.runtime
             .validate()
-            .map_err(|e| Error::Config(e.to_string()))?;
+            .map_err(|e| StartError::Config(e.to_string()))?;
         self.protocol
             .validate()
-            .map_err(|e| Error::Config(e.to_string()))?;
+            .map_err(|e| StartError::Config(e.to_string()))?;
         let embedded_key = self.service_security.as_ref().map(|s| *s.identity.public());
         let service_key = self.service_key.or(embedded_key);
         let security = match (self.identity, service_key) {
             (Some(identity), Some(service)) => Some(LinkSecurity::new(identity, service)),
             (Some(_), None) => {
-                return Err(Error::Config(
+                return Err(StartError::Config(
                     "identity is set but no service_key: the node needs the membership \
                      service's public key (or secure_gms for an embedded service)"
                         .to_owned(),
                 ))
             }
             (None, Some(_)) if self.service_security.is_some() => {
-                return Err(Error::Config(
+                return Err(StartError::Config(
                     "secure_gms is set but this node has no identity: the service would \
                      refuse its own node"
                         .to_owned(),
@@ -315,7 +315,7 @@ impl NodeBuilder {
             (Some(SecurityMode::Off), _) => SecurityMode::Off,
             (Some(mode), true) => mode,
             (Some(mode), false) => {
-                return Err(Error::Config(format!(
+                return Err(StartError::Config(format!(
                     "security mode {mode} needs an identity (and the service's key): datagram \
                      keys are handed out only to admitted nodes"
                 )))
@@ -350,7 +350,7 @@ impl NodeBuilder {
             link.security = security;
         }
         link.sealing = sealing;
-        let socket = UdpSocket::bind(self.bind).map_err(|source| Error::Bind {
+        let socket = UdpSocket::bind(self.bind).map_err(|source| StartError::Bind {
             addr: self.bind,
             source,
         })?;
@@ -409,8 +409,8 @@ impl Node {
         NodeBuilder::default()
     }
 
-    fn runtime(&self) -> Result<&NodeRuntime, Error> {
-        self.runtime.as_ref().ok_or(Error::Closed)
+    fn runtime(&self) -> Result<&NodeRuntime, RequestError> {
+        self.runtime.as_ref().ok_or(RequestError::Closed)
     }
 
     /// This node's id (given by the membership service).
@@ -447,7 +447,7 @@ impl Node {
 
     /// A publisher on `topic`: declares to the membership service that this node publishes on
     /// it, and returns once the node knows the topic's regions.
-    pub fn publisher<T>(&self, topic: &Topic<T>) -> Result<Publisher<T>, Error> {
+    pub fn publisher<T>(&self, topic: &Topic<T>) -> Result<Publisher<T>, RequestError> {
         let runtime = self.runtime()?;
         let id = runtime.advertise(topic.name())?;
         Ok(Publisher::new(runtime.publisher(), topic.clone(), id))
@@ -457,7 +457,7 @@ impl Node {
     /// for each, but the membership service is told in batches (up to 128 topics per request),
     /// one membership update per batch instead of one per topic, so that a node publishing on
     /// thousands of topics starts in time linear in their number.
-    pub fn publishers<T>(&self, topics: &[Topic<T>]) -> Result<Vec<Publisher<T>>, Error> {
+    pub fn publishers<T>(&self, topics: &[Topic<T>]) -> Result<Vec<Publisher<T>>, RequestError> {
         let runtime = self.runtime()?;
         let names: Vec<String> = topics.iter().map(|t| t.name().to_owned()).collect();
         let ids = runtime.advertise_many(&names)?;
@@ -471,7 +471,10 @@ impl Node {
     /// Subscribes to `topic`, read as an iterator; in force when this returns (every message
     /// published after it is delivered). The node's subscription capacity and the default
     /// [`SlowConsumerPolicy::SlowDown`]; [`Node::subscription`] chooses others.
-    pub fn subscribe<T: Send + 'static>(&self, topic: &Topic<T>) -> Result<Subscription<T>, Error> {
+    pub fn subscribe<T: Send + 'static>(
+        &self,
+        topic: &Topic<T>,
+    ) -> Result<Subscription<T>, RequestError> {
         self.subscription(topic).subscribe()
     }
 
@@ -491,7 +494,7 @@ impl Node {
     }
 
     /// Subscribes to `topic` with a callback, run on a delivery worker thread for every message
-    /// in order (a message that does not decode as `T` comes as `Err(Error::Decode)`). Its back
+    /// in order (a message that does not decode as `T` comes as `Err(RecvError::Decode)`). Its back
     /// pressure is its delivery task's queue: a callback slower than the topic fills it, and the
     /// topic's streams are then held at this node until the callback has taken half of it
     /// ([`CallbackSubscription`]).
@@ -499,10 +502,10 @@ impl Node {
         &self,
         topic: &Topic<T>,
         mut callback: F,
-    ) -> Result<CallbackSubscription, Error>
+    ) -> Result<CallbackSubscription, RequestError>
     where
         T: Send + 'static,
-        F: FnMut(Result<Message<T>, Error>) + Send + 'static,
+        F: FnMut(Result<Message<T>, RecvError>) + Send + 'static,
     {
         let runtime = self.runtime()?;
         let decode = topic.decoder();
@@ -526,10 +529,10 @@ impl Node {
         &self,
         topics: &[Topic<T>],
         mut callback_for: impl FnMut(usize) -> F,
-    ) -> Result<Vec<CallbackSubscription>, Error>
+    ) -> Result<Vec<CallbackSubscription>, RequestError>
     where
         T: Send + 'static,
-        F: FnMut(Result<Message<T>, Error>) + Send + 'static,
+        F: FnMut(Result<Message<T>, RecvError>) + Send + 'static,
     {
         let runtime = self.runtime()?;
         let names: Vec<String> = topics.iter().map(|t| t.name().to_owned()).collect();
@@ -591,7 +594,7 @@ fn to_message<T>(
     d: tidings_proto::Delivery,
     decode: fn(bytes::Bytes) -> Result<T, String>,
     topic_name: &str,
-) -> Result<Message<T>, Error> {
+) -> Result<Message<T>, RecvError> {
     let (origin, topic, sent_at_us) = (d.origin, d.topic, d.timestamp_us);
     decode(d.payload)
         .map(|value| Message {
@@ -600,7 +603,7 @@ fn to_message<T>(
             topic,
             sent_at_us,
         })
-        .map_err(|why| Error::Decode {
+        .map_err(|why| RecvError::Decode {
             topic: topic_name.to_owned(),
             why,
         })
@@ -632,9 +635,9 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
     }
 
     /// Subscribes; in force when this returns (every message published after it is delivered).
-    pub fn subscribe(self) -> Result<Subscription<T>, Error> {
+    pub fn subscribe(self) -> Result<Subscription<T>, RequestError> {
         if !(1..=SUBSCRIPTION_CAPACITY_MAX).contains(&self.capacity) {
-            return Err(Error::Config(format!(
+            return Err(RequestError::Config(format!(
                 "subscription capacity {} must be within 1..={SUBSCRIPTION_CAPACITY_MAX}",
                 self.capacity
             )));
@@ -672,7 +675,7 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
                 // The error goes after what is queued; dropping the sender then ends the
                 // reader's iterator.
                 if let Some(queue) = lock(&told).take() {
-                    let _ = queue.send(Err(Error::SlowConsumer {
+                    let _ = queue.send(Err(RecvError::SlowConsumer {
                         topic: error_name,
                         capacity,
                         waited,
@@ -693,10 +696,10 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
     /// bounded queue, so that [`capacity`](Self::capacity) and
     /// [`slow_consumer`](Self::slow_consumer) apply to it as to an iterator: under
     /// [`SlowConsumerPolicy::Disconnect`] a callback that falls behind gets the messages queued
-    /// before, then `Err(Error::SlowConsumer)` as its last call. In force when this returns.
-    pub fn subscribe_with<F>(self, mut callback: F) -> Result<CallbackSubscription, Error>
+    /// before, then `Err(RecvError::SlowConsumer)` as its last call. In force when this returns.
+    pub fn subscribe_with<F>(self, mut callback: F) -> Result<CallbackSubscription, RequestError>
     where
-        F: FnMut(Result<Message<T>, Error>) + Send + 'static,
+        F: FnMut(Result<Message<T>, RecvError>) + Send + 'static,
     {
         let subscription = self.subscribe()?;
         let queue = subscription.queue.clone();
@@ -710,7 +713,7 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
                     callback(message);
                 }
             })
-            .map_err(|e| Error::Refused(format!("no thread for the callback: {e}")))?;
+            .map_err(|e| RequestError::Refused(format!("no thread for the callback: {e}")))?;
         Ok(CallbackSubscription {
             handle: Box::new(subscription),
         })

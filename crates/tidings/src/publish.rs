@@ -6,7 +6,7 @@ use bytes::BytesMut;
 use tidings_proto::TopicId;
 use tidings_runtime::PublishHandle;
 
-use crate::error::Error;
+use crate::error::{PublishError, StableError};
 use crate::topic::Topic;
 
 /// Publishes on one topic from one thread (or task): messages of one publisher are published
@@ -50,7 +50,7 @@ impl<T> Publisher<T> {
 
     /// Publishes `value`, waiting while back pressure holds (the protocol's window of unstable
     /// messages is full), until there is room or the node shuts down.
-    pub fn publish(&mut self, value: &T) -> Result<PublishHandle, Error> {
+    pub fn publish(&mut self, value: &T) -> Result<PublishHandle, PublishError> {
         let bytes = self.topic.encode(value, &mut self.arena)?;
         Ok(self.inner.publish(self.id, bytes)?)
     }
@@ -60,19 +60,19 @@ impl<T> Publisher<T> {
         &mut self,
         value: &T,
         timeout: Duration,
-    ) -> Result<PublishHandle, Error> {
+    ) -> Result<PublishHandle, PublishError> {
         let bytes = self.topic.encode(value, &mut self.arena)?;
         Ok(self.inner.publish_timeout(self.id, bytes, Some(timeout))?)
     }
 
-    /// Publishes `value` without waiting: [`Error::WouldBlock`] under back pressure.
-    pub fn try_publish(&mut self, value: &T) -> Result<PublishHandle, Error> {
+    /// Publishes `value` without waiting: [`PublishError::WouldBlock`] under back pressure.
+    pub fn try_publish(&mut self, value: &T) -> Result<PublishHandle, PublishError> {
         let bytes = self.topic.encode(value, &mut self.arena)?;
         Ok(self.inner.try_publish(self.id, bytes)?)
     }
 
     /// Publishes from async code: under back pressure the task waits, not the thread.
-    pub async fn publish_async(&mut self, value: &T) -> Result<PublishHandle, Error> {
+    pub async fn publish_async(&mut self, value: &T) -> Result<PublishHandle, PublishError> {
         let bytes = self.topic.encode(value, &mut self.arena)?;
         Ok(self.inner.publish_async(self.id, bytes).await?)
     }
@@ -85,12 +85,16 @@ impl<T> Publisher<T> {
 
     /// Waits until `handle`'s message and every earlier one of this publisher are stable
     /// (received by every member of every region the topic spans), at most `timeout`.
-    pub fn wait_stable(&mut self, handle: PublishHandle, timeout: Duration) -> Result<(), Error> {
+    pub fn wait_stable(
+        &mut self,
+        handle: PublishHandle,
+        timeout: Duration,
+    ) -> Result<(), StableError> {
         Ok(self.inner.wait_stable(handle, timeout)?)
     }
 
     /// Waits from async code until `handle`'s message and every earlier one are stable.
-    pub async fn wait_stable_async(&self, handle: PublishHandle) -> Result<(), Error> {
+    pub async fn wait_stable_async(&self, handle: PublishHandle) -> Result<(), StableError> {
         Ok(self.inner.wait_stable_async(handle).await?)
     }
 

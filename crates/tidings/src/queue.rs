@@ -141,7 +141,7 @@ impl<T> Drop for Sender<T> {
 
 /// Why nothing was received.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RecvError {
+pub(crate) enum NoItem {
     /// Nothing came within the timeout.
     Timeout,
     /// Nothing is queued (from `try_recv`).
@@ -182,7 +182,7 @@ impl<T> Receiver<T> {
 
     /// The next item, waiting until `deadline` (`None`: as long as it takes).
     #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
-    pub(crate) fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvError> {
+    pub(crate) fn recv_until(&self, deadline: Option<Instant>) -> Result<T, NoItem> {
         let shared = self.shared();
         let mut taken = lock(&shared.taken);
         if let Some(item) = pop(&mut taken, shared) {
@@ -194,10 +194,10 @@ impl<T> Receiver<T> {
                 std::mem::swap(&mut taken.items, &mut pushed.items);
                 drop(pushed);
                 taken.peak = taken.peak.max(taken.items.len());
-                return pop(&mut taken, shared).ok_or(RecvError::Closed);
+                return pop(&mut taken, shared).ok_or(NoItem::Closed);
             }
             if pushed.closed {
-                return Err(RecvError::Closed);
+                return Err(NoItem::Closed);
             }
             pushed.reader_waiting = true;
             pushed = match deadline {
@@ -209,7 +209,7 @@ impl<T> Receiver<T> {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left == Duration::ZERO {
                         pushed.reader_waiting = false;
-                        return Err(RecvError::Timeout);
+                        return Err(NoItem::Timeout);
                     }
                     shared
                         .readable
@@ -224,7 +224,7 @@ impl<T> Receiver<T> {
 
     /// The next item if one is queued: `Err(Empty)` if none is, `Err(Closed)` once the sender
     /// is gone and the queue is empty.
-    pub(crate) fn try_recv(&self) -> Result<T, RecvError> {
+    pub(crate) fn try_recv(&self) -> Result<T, NoItem> {
         let shared = self.shared();
         let mut taken = lock(&shared.taken);
         if let Some(item) = pop(&mut taken, shared) {
@@ -237,14 +237,14 @@ impl<T> Receiver<T> {
         taken.peak = taken.peak.max(taken.items.len());
         match pop(&mut taken, shared) {
             Some(item) => Ok(item),
-            None if closed => Err(RecvError::Closed),
-            None => Err(RecvError::Empty),
+            None if closed => Err(NoItem::Closed),
+            None => Err(NoItem::Empty),
         }
     }
 
     /// The next item for an async reader: `Pending` (the task is woken by the next send or the
     /// end) while none is queued, `Err(Closed)` once the sender is gone and the queue is empty.
-    pub(crate) fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<T, RecvError>> {
+    pub(crate) fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<T, NoItem>> {
         let shared = self.shared();
         let mut taken = lock(&shared.taken);
         if let Some(item) = pop(&mut taken, shared) {
@@ -255,10 +255,10 @@ impl<T> Receiver<T> {
             std::mem::swap(&mut taken.items, &mut pushed.items);
             drop(pushed);
             taken.peak = taken.peak.max(taken.items.len());
-            return Poll::Ready(pop(&mut taken, shared).ok_or(RecvError::Closed));
+            return Poll::Ready(pop(&mut taken, shared).ok_or(NoItem::Closed));
         }
         if pushed.closed {
-            return Poll::Ready(Err(RecvError::Closed));
+            return Poll::Ready(Err(NoItem::Closed));
         }
         // Registered under the lock a send takes: no send can slip between the look and this.
         match &mut pushed.waker {
@@ -339,7 +339,7 @@ mod tests {
             for i in 0..7 {
                 assert_eq!(rx.try_recv(), Ok(round * 10 + i));
             }
-            assert_eq!(rx.try_recv(), Err(RecvError::Empty));
+            assert_eq!(rx.try_recv(), Err(NoItem::Empty));
         }
     }
 
@@ -347,7 +347,7 @@ mod tests {
     fn a_waiting_reader_is_woken_by_a_send_and_a_timeout_ends_the_wait() {
         let (tx, rx) = queue();
         let deadline = Instant::now() + Duration::from_millis(30);
-        assert_eq!(rx.recv_until(Some(deadline)), Err(RecvError::Timeout));
+        assert_eq!(rx.recv_until(Some(deadline)), Err(NoItem::Timeout));
         let sender = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
             tx.send(7).unwrap();
@@ -356,7 +356,7 @@ mod tests {
         assert_eq!(rx.recv_until(None), Ok(7));
         drop(sender.join().unwrap());
         // The sender is gone and nothing is queued: the end.
-        assert_eq!(rx.recv_until(None), Err(RecvError::Closed));
+        assert_eq!(rx.recv_until(None), Err(NoItem::Closed));
     }
 
     #[test]
@@ -379,7 +379,7 @@ mod tests {
         drop(tx);
         assert_eq!(rx.recv_until(None), Ok(1));
         assert_eq!(rx.recv_until(None), Ok(2));
-        assert_eq!(rx.recv_until(None), Err(RecvError::Closed));
+        assert_eq!(rx.recv_until(None), Err(NoItem::Closed));
     }
 
     #[test]
@@ -407,17 +407,17 @@ mod tests {
         tx.send(9).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         drop(tx);
-        assert_eq!(reader.join().unwrap(), (Ok(9), Err(RecvError::Closed)));
+        assert_eq!(reader.join().unwrap(), (Ok(9), Err(NoItem::Closed)));
     }
 
     #[test]
     fn try_recv_tells_an_empty_queue_from_an_ended_one() {
         let (tx, rx) = queue();
-        assert_eq!(rx.try_recv(), Err(RecvError::Empty));
+        assert_eq!(rx.try_recv(), Err(NoItem::Empty));
         tx.send(1).unwrap();
         drop(tx);
         assert_eq!(rx.try_recv(), Ok(1));
-        assert_eq!(rx.try_recv(), Err(RecvError::Closed));
+        assert_eq!(rx.try_recv(), Err(NoItem::Closed));
     }
 
     #[test]

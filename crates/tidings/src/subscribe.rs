@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::queue::{Receiver, RecvError};
+use crate::queue::{NoItem, Receiver};
 use tidings_proto::TopicId;
 
-use crate::error::Error;
+use crate::error::{RecvError, RequestError};
 use crate::topic::Message;
 
 /// What an iterator [`Subscription`] does when its reader falls behind: its queue holds
@@ -27,7 +27,7 @@ pub enum SlowConsumerPolicy {
     SlowDown,
     /// Slow the stream for at most this long; if the queue is still full then, the
     /// subscription is disconnected and its topic released at once: its reader gets the
-    /// messages already queued, then `Err(Error::SlowConsumer)`, then the end (`None`). Later
+    /// messages already queued, then `Err(RecvError::SlowConsumer)`, then the end (`None`). Later
     /// messages of the topic are not queued for it (it was told), and the node's other
     /// subscriptions go on.
     Disconnect {
@@ -47,7 +47,7 @@ pub enum SlowConsumerPolicy {
 /// Dropping the subscription unsubscribes.
 pub struct Subscription<T> {
     pub(crate) inner: tidings_runtime::Subscription,
-    pub(crate) queue: Receiver<Result<Message<T>, Error>>,
+    pub(crate) queue: Receiver<Result<Message<T>, RecvError>>,
     pub(crate) name: String,
     /// What the reader has not read, as the runtime counts it.
     pub(crate) unread: Arc<tidings_runtime::Unread>,
@@ -66,35 +66,35 @@ impl<T> Subscription<T> {
         &self.name
     }
 
-    /// The next message, waiting as long as it takes; `Err(Error::Closed)` once the
+    /// The next message, waiting as long as it takes; `Err(RecvError::Closed)` once the
     /// subscription has ended (the node shut down, or it was disconnected) and every queued
     /// message was taken.
     ///
     /// The three receive calls and [`recv_async`](Self::recv_async) have one shape: a message,
     /// or the error that took its place (a message that did not decode, a slow-consumer
     /// disconnection), or why none came (`Timeout`, `Empty`, `Closed`).
-    pub fn recv(&self) -> Result<Message<T>, Error> {
+    pub fn recv(&self) -> Result<Message<T>, RecvError> {
         from_queue(self.queue.recv_until(None))
     }
 
-    /// The next message, waiting at most `timeout`: `Err(Error::Timeout)` if none came,
-    /// `Err(Error::Closed)` once the subscription has ended and the queue is empty.
-    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message<T>, Error> {
+    /// The next message, waiting at most `timeout`: `Err(RecvError::Timeout)` if none came,
+    /// `Err(RecvError::Closed)` once the subscription has ended and the queue is empty.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message<T>, RecvError> {
         #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
         let deadline = std::time::Instant::now().checked_add(timeout);
         from_queue(self.queue.recv_until(deadline))
     }
 
-    /// The next message if one is queued: `Err(Error::Empty)` if none is, `Err(Error::Closed)`
+    /// The next message if one is queued: `Err(RecvError::Empty)` if none is, `Err(RecvError::Closed)`
     /// once the subscription has ended and the queue is empty.
-    pub fn try_recv(&self) -> Result<Message<T>, Error> {
+    pub fn try_recv(&self) -> Result<Message<T>, RecvError> {
         from_queue(self.queue.try_recv())
     }
 
-    /// The next message, from async code: the task waits, not the thread. `Err(Error::Closed)`
+    /// The next message, from async code: the task waits, not the thread. `Err(RecvError::Closed)`
     /// once the subscription has ended and the queue is empty. Works on any executor (the
     /// delivery worker wakes the task).
-    pub async fn recv_async(&self) -> Result<Message<T>, Error> {
+    pub async fn recv_async(&self) -> Result<Message<T>, RecvError> {
         from_queue(std::future::poll_fn(|cx| self.queue.poll_recv(cx)).await)
     }
 
@@ -113,8 +113,8 @@ impl<T> Subscription<T> {
 
     /// Changes the share of the delivery workers' time this subscription's deliveries get when
     /// topics compete, in `(0, 1]` (the node's `subscription_share` until changed):
-    /// `Err(Error::Config)` for a share outside it.
-    pub fn set_share(&self, share: f64) -> Result<(), Error> {
+    /// `Err(RequestError::Config)` for a share outside it.
+    pub fn set_share(&self, share: f64) -> Result<(), RequestError> {
         Ok(self.inner.set_share(share)?)
     }
 
@@ -128,22 +128,22 @@ impl<T> Subscription<T> {
 }
 
 /// A received item as the application sees it.
-fn from_queue<T>(r: Result<Result<Message<T>, Error>, RecvError>) -> Result<Message<T>, Error> {
-    r.unwrap_or_else(|e| Err(recv_error(e)))
-}
-
-fn recv_error(e: RecvError) -> Error {
-    match e {
-        RecvError::Timeout => Error::Timeout("no message"),
-        RecvError::Empty => Error::Empty,
-        RecvError::Closed => Error::Closed,
-    }
+fn from_queue<T>(
+    r: Result<Result<Message<T>, RecvError>, NoItem>,
+) -> Result<Message<T>, RecvError> {
+    r.unwrap_or_else(|e| {
+        Err(match e {
+            NoItem::Timeout => RecvError::Timeout,
+            NoItem::Empty => RecvError::Empty,
+            NoItem::Closed => RecvError::Closed,
+        })
+    })
 }
 
 /// A subscription is a stream of its messages for async code (`futures::StreamExt::next`),
 /// ending when the subscription does.
 impl<T> futures_core::Stream for Subscription<T> {
-    type Item = Result<Message<T>, Error>;
+    type Item = Result<Message<T>, RecvError>;
 
     fn poll_next(
         self: std::pin::Pin<&mut Self>,
@@ -156,11 +156,11 @@ impl<T> futures_core::Stream for Subscription<T> {
 /// Blocking iterator of a [`Subscription`].
 #[derive(Debug)]
 pub struct Iter<'a, T> {
-    queue: &'a Receiver<Result<Message<T>, Error>>,
+    queue: &'a Receiver<Result<Message<T>, RecvError>>,
 }
 
 impl<T> Iterator for Iter<'_, T> {
-    type Item = Result<Message<T>, Error>;
+    type Item = Result<Message<T>, RecvError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         self.queue.recv_until(None).ok()
@@ -168,7 +168,7 @@ impl<T> Iterator for Iter<'_, T> {
 }
 
 impl<'a, T> IntoIterator for &'a Subscription<T> {
-    type Item = Result<Message<T>, Error>;
+    type Item = Result<Message<T>, RecvError>;
     type IntoIter = Iter<'a, T>;
 
     fn into_iter(self) -> Iter<'a, T> {
@@ -190,7 +190,7 @@ impl<'a, T> IntoIterator for &'a Subscription<T> {
 /// [`SubscribeBuilder::subscribe_with`](crate::SubscribeBuilder::subscribe_with) it runs on a
 /// thread of its own behind the subscription's bounded queue, so the builder's capacity and
 /// [`SlowConsumerPolicy`] apply: a callback that falls behind under
-/// [`SlowConsumerPolicy::Disconnect`] gets `Err(Error::SlowConsumer)` as its last call.
+/// [`SlowConsumerPolicy::Disconnect`] gets `Err(RecvError::SlowConsumer)` as its last call.
 pub struct CallbackSubscription {
     pub(crate) handle: Box<dyn SubscriptionHandle>,
 }
@@ -198,7 +198,7 @@ pub struct CallbackSubscription {
 /// What a [`CallbackSubscription`] keeps of its subscription: dropping it unsubscribes.
 pub(crate) trait SubscriptionHandle: Send {
     fn topic_id(&self) -> TopicId;
-    fn set_share(&self, share: f64) -> Result<(), Error>;
+    fn set_share(&self, share: f64) -> Result<(), RequestError>;
 }
 
 impl SubscriptionHandle for tidings_runtime::Subscription {
@@ -206,7 +206,7 @@ impl SubscriptionHandle for tidings_runtime::Subscription {
         self.topic()
     }
 
-    fn set_share(&self, share: f64) -> Result<(), Error> {
+    fn set_share(&self, share: f64) -> Result<(), RequestError> {
         Ok(tidings_runtime::Subscription::set_share(self, share)?)
     }
 }
@@ -216,7 +216,7 @@ impl<T: Send> SubscriptionHandle for Subscription<T> {
         self.inner.topic()
     }
 
-    fn set_share(&self, share: f64) -> Result<(), Error> {
+    fn set_share(&self, share: f64) -> Result<(), RequestError> {
         Ok(self.inner.set_share(share)?)
     }
 }
@@ -230,7 +230,7 @@ impl CallbackSubscription {
 
     /// Changes the share of the delivery workers' time this subscription gets when topics
     /// compete, in `(0, 1]`.
-    pub fn set_share(&self, share: f64) -> Result<(), Error> {
+    pub fn set_share(&self, share: f64) -> Result<(), RequestError> {
         self.handle.set_share(share)
     }
 

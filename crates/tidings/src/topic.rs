@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tidings_proto::{NodeId, TopicId};
 
-use crate::error::Error;
+use crate::error::{Error, PublishError};
 
 /// Longest topic name, in bytes.
 pub const TOPIC_NAME_BYTES_MAX: usize = tidings_gms::message::TOPIC_NAME_BYTES_MAX;
@@ -117,8 +117,8 @@ impl<T> Topic<T> {
         &self.name
     }
 
-    pub(crate) fn encode(&self, value: &T, arena: &mut BytesMut) -> Result<Bytes, Error> {
-        (self.encode)(value, arena).map_err(Error::Encode)
+    pub(crate) fn encode(&self, value: &T, arena: &mut BytesMut) -> Result<Bytes, PublishError> {
+        (self.encode)(value, arena).map_err(PublishError::Encode)
     }
 
     pub(crate) fn decoder(&self) -> Decode<T> {

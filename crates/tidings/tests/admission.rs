@@ -9,7 +9,7 @@ mod common;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use tidings::{AllowList, Error, GmsLinkConfig, Identity, LinkError, Node, StartError, Topic};
+use tidings::{AllowList, GmsLinkConfig, Identity, JoinError, LinkError, Node, StartError, Topic};
 
 struct Cluster {
     service: Identity,
@@ -100,7 +100,7 @@ fn an_identity_off_the_list_is_refused_at_once_with_a_clear_error() {
         .service_key(*c.service.public())
         .start();
     match refused {
-        Err(Error::Start(StartError::NotAdmitted {
+        Err(StartError::Join(JoinError::NotAdmitted {
             reason: LinkError::NotAdmitted(key),
             ..
         })) => assert_eq!(key, *c.nodes[2].public()),
@@ -108,7 +108,7 @@ fn an_identity_off_the_list_is_refused_at_once_with_a_clear_error() {
     }
     // The refusal is authenticated, so the node does not wait for its join timeout.
     assert!(started.elapsed() < Duration::from_secs(3));
-    let message = Error::Start(StartError::NotAdmitted {
+    let message = StartError::Join(JoinError::NotAdmitted {
         servers: vec![c.first.gms_addr()],
         reason: LinkError::NotAdmitted(*c.nodes[2].public()),
     })
@@ -131,7 +131,7 @@ fn a_node_with_the_wrong_service_key_gets_a_clear_error() {
         .start();
     match refused {
         Err(
-            e @ Error::Start(StartError::NotAdmitted {
+            e @ StartError::Join(JoinError::NotAdmitted {
                 reason: LinkError::WrongServiceKey,
                 ..
             }),
@@ -152,7 +152,10 @@ fn a_plain_process_cannot_join_or_inject() {
         .gms_link(link_to(&c.first, Duration::from_millis(800)))
         .start();
     assert!(
-        matches!(plain, Err(Error::Start(StartError::GmsUnreachable { .. }))),
+        matches!(
+            plain,
+            Err(StartError::Join(JoinError::GmsUnreachable { .. }))
+        ),
         "{plain:?}"
     );
     // Raw datagrams: plain GMS framing, a link data datagram without a session, garbage.
@@ -237,7 +240,7 @@ fn a_replicated_service_admits_only_its_list() {
     assert!(
         matches!(
             refused,
-            Err(Error::Start(StartError::NotAdmitted {
+            Err(StartError::Join(JoinError::NotAdmitted {
                 reason: LinkError::NotAdmitted(_),
                 ..
             }))

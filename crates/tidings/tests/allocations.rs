@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tidings::{Bytes, Error, Node, Publisher, Subscription, Topic};
+use tidings::{Bytes, Node, PublishError, Publisher, Subscription, Topic};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -40,7 +40,7 @@ fn publish_and_read<T>(
         if sent < n {
             match publisher.try_publish(&make(sent)) {
                 Ok(_) => sent += 1,
-                Err(Error::WouldBlock) => {}
+                Err(PublishError::WouldBlock) => {}
                 Err(e) => panic!("publish: {e}"),
             }
         }

@@ -52,7 +52,7 @@ fn run(topics: u64, batched: bool) {
         .collect();
     let callback_for = |t: usize| {
         let (next, errors, delivered) = (next.clone(), errors.clone(), delivered.clone());
-        move |message: Result<tidings::Message<Bytes>, tidings::Error>| {
+        move |message: Result<tidings::Message<Bytes>, tidings::RecvError>| {
             let seq = message
                 .ok()
                 .and_then(|m| Some(u64::from_be_bytes(m.value.get(..8)?.try_into().ok()?)));

@@ -8,7 +8,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tidings::{Bytes, Error, GmsConfig, MulticastConfig, MulticastPool, Node, Topic, Transport};
+use tidings::{
+    Bytes, GmsConfig, MulticastConfig, MulticastPool, Node, RequestError, Topic, Transport,
+};
 
 fn open_files() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
@@ -87,7 +89,7 @@ fn subscribing_past_the_open_file_limit_is_refused_with_the_reason() {
     };
     let text = err.to_string();
     assert!(
-        matches!(err, Error::Refused(_)) && text.contains("open-file limit"),
+        matches!(err, RequestError::Refused(_)) && text.contains("open-file limit"),
         "{text}"
     );
     let stats = subscriber.stats().unwrap().runtime;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tidings::{Bytes, Error, Node, SlowConsumerPolicy, Topic};
+use tidings::{Bytes, Error, Node, PublishError, RecvError, SlowConsumerPolicy, StartError, Topic};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 struct Quote {
@@ -118,7 +118,7 @@ fn a_message_of_another_type_is_reported_not_dropped() {
         .unwrap();
     publisher.wait_stable(h, Duration::from_secs(10)).unwrap();
     match sub.recv_timeout(Duration::from_secs(10)) {
-        Err(Error::Decode { topic, .. }) => assert_eq!(topic, "mixed"),
+        Err(RecvError::Decode { topic, .. }) => assert_eq!(topic, "mixed"),
         other => panic!("expected a decode error, got {other:?}"),
     }
     drop(sub);
@@ -151,7 +151,7 @@ fn too_large_messages_are_refused_with_the_limit() {
     let err = publisher
         .try_publish(&Bytes::from(vec![0u8; max + 1]))
         .unwrap_err();
-    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+    assert!(matches!(err, PublishError::TooLarge { .. }), "{err}");
     node.shutdown().unwrap();
 }
 
@@ -198,12 +198,12 @@ fn a_slow_subscriber_is_disconnected_with_an_error_and_the_others_go_on() {
         }
     };
     assert!(
-        matches!(error, Error::SlowConsumer { capacity: 4, .. }),
+        matches!(error, RecvError::SlowConsumer { capacity: 4, .. }),
         "{error}"
     );
     assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>());
     assert!(got.len() <= 5, "{got:?}");
-    assert!(matches!(slow.recv(), Err(tidings::Error::Closed)));
+    assert!(matches!(slow.recv(), Err(RecvError::Closed)));
 }
 
 #[test]
@@ -220,7 +220,7 @@ fn a_slow_callback_is_disconnected_with_an_error_as_its_last_call() {
         .slow_consumer(SlowConsumerPolicy::Disconnect {
             max_wait: Duration::from_millis(50),
         })
-        .subscribe_with(move |m: Result<tidings::Message<Quote>, Error>| {
+        .subscribe_with(move |m: Result<tidings::Message<Quote>, RecvError>| {
             std::thread::sleep(Duration::from_millis(200));
             let _ = calls.send(m.map(|m| m.value.seq));
         })
@@ -247,7 +247,7 @@ fn a_slow_callback_is_disconnected_with_an_error_as_its_last_call() {
         }
     };
     assert!(
-        matches!(error, Error::SlowConsumer { capacity: 4, .. }),
+        matches!(error, RecvError::SlowConsumer { capacity: 4, .. }),
         "{error}"
     );
     assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>());
@@ -264,7 +264,7 @@ fn a_builder_callback_within_its_capacity_gets_everything() {
     let subscription = node
         .subscription(&topic)
         .capacity(8)
-        .subscribe_with(move |m: Result<tidings::Message<Quote>, Error>| {
+        .subscribe_with(move |m: Result<tidings::Message<Quote>, RecvError>| {
             let _ = calls.send(m.unwrap().value.seq);
         })
         .unwrap();
@@ -485,7 +485,7 @@ fn a_subscription_is_read_from_async_code_as_a_future_and_as_a_stream() {
     let node = Node::builder().private_gms().start().unwrap();
     let topic: Topic<u64> = Topic::new("async/recv").unwrap();
     let mut sub = node.subscribe(&topic).unwrap();
-    assert!(matches!(sub.try_recv(), Err(Error::Empty)));
+    assert!(matches!(sub.try_recv(), Err(RecvError::Empty)));
     let mut publisher = node.publisher(&topic).unwrap();
     let writer = std::thread::spawn(move || {
         // After the reader has started waiting: the delivery must wake its task.
@@ -509,10 +509,10 @@ fn a_subscription_is_read_from_async_code_as_a_future_and_as_a_stream() {
     drop(writer.join().unwrap());
     node.shutdown().unwrap();
     // The subscription has ended: every call says so, the stream ends.
-    assert!(matches!(sub.try_recv(), Err(Error::Closed)));
+    assert!(matches!(sub.try_recv(), Err(RecvError::Closed)));
     assert!(matches!(
         pollster::block_on(sub.recv_async()),
-        Err(Error::Closed)
+        Err(RecvError::Closed)
     ));
     let end = pollster::block_on(std::future::poll_fn(|cx| {
         std::pin::Pin::new(&mut sub).poll_next(cx)
@@ -530,11 +530,11 @@ fn a_taken_address_is_refused_with_the_system_error_as_source() {
         .start()
         .unwrap_err();
     match &err {
-        Error::Bind { addr: a, source } => {
+        StartError::Bind { addr: a, source } => {
             assert_eq!(*a, addr);
             assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
         }
-        other => panic!("expected Error::Bind, got {other:?}"),
+        other => panic!("expected StartError::Bind, got {other:?}"),
     }
     assert!(std::error::Error::source(&err).is_some());
 }

@@ -127,7 +127,7 @@ fn a_node_without_an_identity_cannot_ask_for_sealing() {
         .security(SecurityMode::Encrypt)
         .start();
     match refused {
-        Err(tidings::Error::Config(why)) => assert!(why.contains("identity"), "{why}"),
+        Err(tidings::StartError::Config(why)) => assert!(why.contains("identity"), "{why}"),
         other => panic!("expected a configuration error, got {other:?}"),
     }
 }

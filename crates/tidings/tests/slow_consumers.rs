@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tidings::{Error, Node, SlowConsumerPolicy, Subscription, Topic};
+use tidings::{Node, PublishError, RecvError, SlowConsumerPolicy, Subscription, Topic};
 
 /// Messages C publishes on "fast" while "slow" is unread.
 const FAST: u64 = 20_000;
@@ -45,7 +45,7 @@ fn flood(b: &Node, slow: &Topic<u64>) -> Flood {
                     next += 1;
                     p.store(next, Ordering::Release);
                 }
-                Err(Error::Timeout(_)) => {
+                Err(PublishError::Timeout) => {
                     w.fetch_add(1, Ordering::AcqRel);
                 }
                 Err(e) => panic!("B's publisher failed: {e}"),
@@ -164,7 +164,7 @@ fn an_unread_subscription_slows_only_its_publisher_and_loses_nothing() {
     let stats = g.a.stats().unwrap().runtime;
     assert!(stats.delivery_stalls >= 1 && stats.topic_releases >= 1);
     assert!(stats.proto.held_topic_stops >= 1);
-    assert!(matches!(slow.try_recv(), Err(Error::Empty)));
+    assert!(matches!(slow.try_recv(), Err(RecvError::Empty)));
 }
 
 #[test]
@@ -203,7 +203,7 @@ fn an_unread_subscription_under_disconnect_is_dropped_and_the_rest_goes_on() {
     assert!(
         matches!(
             error,
-            Error::SlowConsumer {
+            RecvError::SlowConsumer {
                 capacity: CAPACITY,
                 ..
             }
@@ -211,7 +211,7 @@ fn an_unread_subscription_under_disconnect_is_dropped_and_the_rest_goes_on() {
         "{error}"
     );
     assert_eq!(got, (0..CAPACITY as u64).collect::<Vec<_>>());
-    assert!(matches!(slow.recv(), Err(Error::Closed)));
+    assert!(matches!(slow.recv(), Err(RecvError::Closed)));
     assert_eq!(g.a.stats().unwrap().runtime.slow_consumer_disconnects, 1);
     // B was slowed, not failed, and goes on now that nobody holds it.
     let before = b.published.load(Ordering::Acquire);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tidings::{Bytes, Error, Node, Topic};
+use tidings::{Bytes, Node, RequestError, Topic};
 
 #[test]
 fn an_iterator_subscription_takes_a_share_in_the_open_unit_interval() {
@@ -15,7 +15,7 @@ fn an_iterator_subscription_takes_a_share_in_the_open_unit_interval() {
     sub.set_share(1.0).unwrap();
     for bad in [0.0, -0.5, 1.5, f64::NAN] {
         match sub.set_share(bad) {
-            Err(Error::Config(why)) => assert!(why.contains("is not in (0, 1]"), "{why}"),
+            Err(RequestError::Config(why)) => assert!(why.contains("is not in (0, 1]"), "{why}"),
             other => panic!("share {bad}: {other:?}"),
         }
     }
