@@ -432,7 +432,57 @@ class Bottleneck:
     """How many times it has become the bottleneck."""
 
 
-class Publisher(Generic[T]):
+class _OnTopic:
+    """What every handle on one topic has: the topic, its name and its id."""
+
+    topic: "Topic[Any]"
+    _inner: Any
+
+    @property
+    def name(self) -> str:
+        """The topic's name."""
+        return self.topic.name
+
+    @property
+    def topic_id(self) -> int:
+        """The topic's id, as the membership service bound it."""
+        return int(self._inner.topic_id)
+
+
+_Closing = TypeVar("_Closing", bound="_Closable")
+
+
+class _Closable(_OnTopic):
+    """A subscription: its share of the delivery workers, and closing it (also by leaving its
+    ``with`` block) unsubscribes."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the subscription was closed."""
+        return bool(self._inner.closed)
+
+    def set_share(self, share: float) -> None:
+        """Changes the share of the delivery workers' time this subscription's deliveries get
+        when topics compete, in (0, 1] (the node's ``subscription_share`` until changed).
+        ``ConfigError`` for a share outside it; ``ClosedError`` once closed."""
+        self._inner.set_share(share)
+
+    def close(self) -> None:
+        """Unsubscribes. Closing twice does nothing."""
+        self._inner.close()
+
+    def unsubscribe(self) -> None:
+        """Unsubscribes (``close``)."""
+        self.close()
+
+    def __enter__(self: _Closing) -> _Closing:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Publisher(_OnTopic, Generic[T]):
     """Publishes on one topic. Messages of one publisher are delivered in the order they were
     published; use one publisher from one thread (or task) at a time.
 
@@ -443,6 +493,8 @@ class Publisher(Generic[T]):
     every region its topic spans.
     """
 
+    _inner: _tidings.Publisher
+
     def __init__(self, inner: _tidings.Publisher, topic: "Topic[T]") -> None:
         self._inner = inner
         self.topic = topic
@@ -450,16 +502,6 @@ class Publisher(Generic[T]):
         # methods of the class below document them).
         self.publish = inner.publish  # type: ignore[method-assign]
         self.try_publish = inner.try_publish  # type: ignore[method-assign]
-
-    @property
-    def name(self) -> str:
-        """The topic's name."""
-        return self.topic.name
-
-    @property
-    def topic_id(self) -> int:
-        """The topic's id, as the membership service bound it."""
-        return self._inner.topic_id
 
     @property
     def max_payload(self) -> int:
@@ -514,7 +556,7 @@ class Publisher(Generic[T]):
         return f"Publisher({self.topic!r})"
 
 
-class Subscription(Generic[T]):
+class Subscription(_Closable, Generic[T]):
     """A subscription read from its queue: every message of the topic, in each publisher's
     order, as ``Message`` objects (``.value``, ``.origin``, ``.topic``).
 
@@ -525,6 +567,8 @@ class Subscription(Generic[T]):
     a disconnected slow consumer gets ``SlowConsumerError`` after its queued messages.
     Closing it (or leaving its ``with`` block) unsubscribes.
     """
+
+    _inner: _tidings.Subscription
 
     def __init__(self, inner: _tidings.Subscription, topic: "Topic[T]") -> None:
         self._inner = inner
@@ -538,36 +582,15 @@ class Subscription(Generic[T]):
         self._async_loop: Optional[asyncio.AbstractEventLoop] = None
 
     @property
-    def name(self) -> str:
-        """The topic's name."""
-        return self.topic.name
-
-    @property
-    def topic_id(self) -> int:
-        """The topic's id."""
-        return self._inner.topic_id
-
-    @property
     def queued(self) -> int:
         """Messages queued and not yet taken."""
         return self._inner.queued
-
-    @property
-    def closed(self) -> bool:
-        """Whether the subscription was closed."""
-        return self._inner.closed
 
     def bottleneck(self) -> Bottleneck:
         """Whether this subscription holds its topic back now (its queue is full), since
         when, and how many times it has. Raises ``ClosedError`` once closed."""
         since, times = self._inner.bottleneck()
         return Bottleneck(since, times)
-
-    def set_share(self, share: float) -> None:
-        """Changes the share of the delivery workers' time this subscription's deliveries get
-        when topics compete, in (0, 1] (the node's ``subscription_share`` until changed).
-        ``ConfigError`` for a share outside it; ``ClosedError`` once closed."""
-        self._inner.set_share(share)
 
     def recv(self, timeout: Optional[float] = None) -> Message:
         """The next message, waiting at most ``timeout`` seconds (``None``: as long as it
@@ -619,23 +642,11 @@ class Subscription(Generic[T]):
         except ClosedError:
             raise StopAsyncIteration from None
 
-    def close(self) -> None:
-        """Unsubscribes; later receives raise ``ClosedError``. Closing twice does nothing."""
-        self._inner.close()
-
-    unsubscribe = close
-
-    def __enter__(self) -> "Subscription[T]":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"Subscription({self.topic!r}, queued={self.queued})"
 
 
-class CallbackSubscription:
+class CallbackSubscription(_Closable):
     """A subscription whose messages go to a callback, on a thread of its own, in order.
 
     The subscription's queue, capacity and slow-consumer policy apply as to a read one: a
@@ -644,6 +655,8 @@ class CallbackSubscription:
     callback in progress to return.
     """
 
+    _inner: _tidings.Subscription
+
     def __init__(
         self,
         subscription: "Subscription[Any]",
@@ -651,6 +664,8 @@ class CallbackSubscription:
         on_error: Optional[Callable[[BaseException], Any]],
     ) -> None:
         self._subscription = subscription
+        self.topic = subscription.topic
+        self._inner = subscription._inner
         self._callback = callback
         self._on_error = on_error
         self._thread = threading.Thread(
@@ -658,26 +673,10 @@ class CallbackSubscription:
         )
         self._thread.start()
 
-    @property
-    def name(self) -> str:
-        """The topic's name."""
-        return self._subscription.name
-
-    @property
-    def topic_id(self) -> int:
-        """The topic's id."""
-        return self._subscription.topic_id
-
     def bottleneck(self) -> Bottleneck:
         """Whether the callback holds its topic back now (its queue is full), since when,
         and how many times it has."""
         return self._subscription.bottleneck()
-
-    def set_share(self, share: float) -> None:
-        """Changes the share of the delivery workers' time this subscription's deliveries get
-        when topics compete, in (0, 1]. ``ConfigError`` for a share outside it;
-        ``ClosedError`` once closed."""
-        self._subscription.set_share(share)
 
     def _report(self, error: BaseException) -> None:
         _report(self.name, self._on_error, error)
@@ -703,19 +702,11 @@ class CallbackSubscription:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    unsubscribe = close
-
-    def __enter__(self) -> "CallbackSubscription":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"CallbackSubscription({self._subscription.topic!r})"
 
 
-class WorkerSubscription:
+class WorkerSubscription(_Closable):
     """A subscription of ``Node.subscribe_many``: its callback runs on the node's delivery
     workers, in order within the topic, with no queue of its own.
 
@@ -725,42 +716,11 @@ class WorkerSubscription:
     dropped, a call already running finishes.
     """
 
+    _inner: _tidings.WorkerSubscription
+
     def __init__(self, inner: _tidings.WorkerSubscription, topic: "Topic[Any]") -> None:
         self._inner = inner
         self.topic = topic
-
-    @property
-    def name(self) -> str:
-        """The topic's name."""
-        return self.topic.name
-
-    @property
-    def topic_id(self) -> int:
-        """The topic's id."""
-        return self._inner.topic_id
-
-    @property
-    def closed(self) -> bool:
-        """Whether the subscription was closed."""
-        return self._inner.closed
-
-    def set_share(self, share: float) -> None:
-        """Changes the share of the delivery workers' time this subscription's callback gets
-        when topics compete, in (0, 1] (the node's ``subscription_share`` until changed).
-        ``ConfigError`` for a share outside it; ``ClosedError`` once closed."""
-        self._inner.set_share(share)
-
-    def close(self) -> None:
-        """Unsubscribes. Closing twice does nothing."""
-        self._inner.close()
-
-    unsubscribe = close
-
-    def __enter__(self) -> "WorkerSubscription":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"WorkerSubscription({self.topic!r})"
