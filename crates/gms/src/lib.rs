@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod arena;
 mod client;
 mod config;
 mod groups;
@@ -35,6 +36,7 @@ mod service;
 #[cfg(test)]
 mod tests;
 
+pub use arena::BlockArena;
 pub use client::{ClientEvent, ClientStats, GmsClient, RequestError};
 pub use config::{ClientConfig, ConfigError, GmsConfig, MulticastPool};
 pub use member::{

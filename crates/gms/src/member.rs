@@ -21,6 +21,7 @@ use tidings_seal::{
 };
 use tidings_wire::{NodeId, RegionId, TopicId};
 
+use crate::arena::BlockArena;
 use crate::client::{ClientEvent, GmsClient, RequestError};
 use crate::config::ClientConfig;
 use crate::message::{GmsMessage, NAMES_PER_REQUEST_MAX};
@@ -144,10 +145,6 @@ impl MemberConfig {
     }
 }
 
-/// Bytes of the block a member copies shared received datagrams into before opening them in
-/// place (a block is reused once every datagram cut from it is dropped).
-const OPEN_BLOCK_BYTES: usize = 256 * 1024;
-
 /// A member's sealing state, when [`MemberConfig::sealing`] is on.
 struct Sealing {
     ring: KeyRing,
@@ -157,8 +154,9 @@ struct Sealing {
     secret: Option<(KeyId, KeySecret)>,
     /// Previous keys and when they stop opening datagrams.
     retiring: Vec<(KeyId, Time)>,
-    /// Where a received datagram whose buffer is shared is copied to be opened in place.
-    block: BytesMut,
+    /// Where a received datagram whose buffer is shared is copied to be opened in place
+    /// (blocks reused once every datagram cut from them is dropped).
+    arena: BlockArena,
 }
 
 impl std::fmt::Debug for Sealing {
@@ -179,12 +177,7 @@ impl Sealing {
             Ok(buf) => buf,
             Err(shared) => {
                 *copies += 1;
-                if self.block.capacity() < shared.len() && !self.block.try_reclaim(OPEN_BLOCK_BYTES)
-                {
-                    self.block = BytesMut::with_capacity(OPEN_BLOCK_BYTES.max(shared.len()));
-                }
-                self.block.extend_from_slice(&shared);
-                self.block.split()
+                self.arena.keep_mut(&shared)
             }
         }
     }
@@ -339,6 +332,9 @@ pub struct MemberStats {
     pub open: OpenStats,
     /// Received datagrams copied before opening (their buffer was shared).
     pub open_copies: u64,
+    /// Blocks allocated for those copies (each reused once every datagram cut from it is
+    /// dropped, so a steady flow stops allocating).
+    pub open_blocks_allocated: u64,
     /// Datagram keys installed (from the service, or [`Member::install_datagram_key`]).
     pub keys_installed: u64,
     /// Previous keys retired after their grace ([`MemberConfig::key_grace`]).
@@ -768,7 +764,7 @@ impl Member {
                 key: None,
                 secret: None,
                 retiring: Vec::new(),
-                block: BytesMut::new(),
+                arena: BlockArena::new(),
             }),
         };
         Ok(Member {
@@ -871,6 +867,7 @@ impl Member {
             return Some(datagram);
         };
         let mut buf = sealing.writable(datagram, &mut self.stats.open_copies);
+        self.stats.open_blocks_allocated = sealing.arena.blocks_allocated();
         let opened = sealing.ring.open(&mut buf);
         self.stats.open = sealing.ring.stats().clone();
         let opened = opened.ok()?;

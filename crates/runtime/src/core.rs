@@ -37,7 +37,7 @@ use crate::batch::{BatchPool, Deliveries, SubTask};
 use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
 use crate::flow::Unread;
-use crate::net::{self, Flush, NetSocket, RxArena, RxBuffers, TxBatch, TxCounts};
+use crate::net::{self, Flush, NetSocket, RxBuffers, TxBatch, TxCounts};
 use crate::oplog::{self, ViewLog};
 use crate::publish::{request_cost, PublishRequest, PublishRoom, PublisherCore};
 use crate::stats::{HeldTopicState, RuntimeStats, SubscriptionState};
@@ -415,7 +415,7 @@ pub(crate) struct Core {
     routes: Routes,
     addresses: AddressBook,
     rx: RxBuffers,
-    arena: RxArena,
+    arena: tidings_gms::BlockArena,
     /// The received batch, by priority class (control, recovery, data), each datagram with
     /// whether it came on a multicast group (where regions may share the group).
     classes: [Vec<(Bytes, bool)>; 3],
@@ -2054,6 +2054,7 @@ impl Core {
             unsealed_dropped: m.datagrams_unsealed_dropped,
             open: m.open.clone(),
             open_copies: m.open_copies,
+            open_blocks_allocated: m.open_blocks_allocated,
             keys_installed: m.keys_installed,
             keys_retired: m.keys_retired,
             key_id: self.member.datagram_key_id(),

@@ -9,6 +9,8 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use bytes::{Bytes, BytesMut};
 use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tidings_gms::arena::ARENA_REUSE_PROBES;
+use tidings_gms::BlockArena;
 use tidings_proto::Destination;
 
 use crate::addr::Routes;
@@ -76,18 +78,6 @@ pub(crate) const RECV_BUFFERS: usize = quinn_udp::BATCH_SIZE;
 /// Size of each receive buffer: the largest UDP payload, so that neither a big datagram nor a
 /// GRO-coalesced run is ever truncated.
 const RECV_BUFFER_BYTES: usize = 64 * 1024;
-/// Size of the blocks received datagrams are copied into. Each datagram becomes a `Bytes` slice
-/// of a block (payloads handed to the protocol and the application share it; nothing else is
-/// copied). 256 KiB: about 180 full datagrams or 250 of 1048 bytes.
-const ARENA_BYTES: usize = 256 * 1024;
-/// Most filled blocks the arena keeps for reuse (see [`RxArena`]): 128 blocks, 32 MiB, about
-/// 0.2 s of 1000-byte messages at 160 MB/s, longer than the protocol holds received messages
-/// (until they are stable, a few token rounds). A block beyond it is let go: freed when its last
-/// slice is dropped.
-const ARENA_BLOCKS_RETAINED_MAX: usize = 128;
-/// Retained blocks examined for reuse when the current block is full: a block pinned by a
-/// long-held slice (a cached message) is passed over and looked at again later.
-const ARENA_REUSE_PROBES: usize = 4;
 /// GSO sends may not exceed one IP datagram's worth of payload in total.
 const GSO_BYTES_MAX: usize = 65_000;
 
@@ -256,7 +246,7 @@ const SHARED_BUFFERS_RETAINED_MAX: usize = 512;
 /// place. A recycled buffer is one handed over before whose slices have all been dropped
 /// (`Bytes::try_into_mut` takes it back without allocating); a new one is allocated only when
 /// none is free, so a steady flow allocates nothing. A buffer with little in it (datagrams
-/// arriving one by one) is copied into the [`RxArena`] instead, so that a few small datagrams
+/// arriving one by one) is copied into the [`BlockArena`] instead, so that a few small datagrams
 /// never pin 64 KiB each.
 pub(crate) struct RxBuffers {
     /// `RECV_BUFFERS` buffers of `RECV_BUFFER_BYTES`, initialised, in the shared
@@ -290,7 +280,7 @@ pub(crate) struct Received<'a> {
 impl Received<'_> {
     /// The datagram as shared bytes: a slice of its receive buffer if that was handed over,
     /// else a copy in the arena.
-    pub(crate) fn keep(&self, arena: &mut RxArena) -> Bytes {
+    pub(crate) fn keep(&self, arena: &mut BlockArena) -> Bytes {
         match self.shared {
             Some((buffer, at)) => buffer.slice(at..at + self.bytes.len()),
             None => arena.keep(self.bytes),
@@ -403,128 +393,8 @@ impl RxBuffers {
     }
 
     /// A fresh arena for [`Received::keep`].
-    pub(crate) fn arena() -> RxArena {
-        RxArena::new()
-    }
-}
-
-/// The blocks received datagrams are copied into, recycled so that a steady flow of datagrams
-/// allocates nothing.
-///
-/// Datagrams are appended to the current block and split off as `Bytes` slices. When it is
-/// full, the block is *retired*: its handle (the empty tail of the block, which shares the block
-/// with the slices) is kept, oldest first. A retired block is reusable as soon as every slice of
-/// it has been dropped (delivered, no longer cached): `BytesMut::try_reclaim` then takes the
-/// whole block back without allocating. So in steady state the arena cycles through as many
-/// blocks as the protocol and the application hold at once, and allocates only when that number
-/// grows. The current block itself is reused in place if all its slices are gone.
-///
-/// What can still allocate: a burst that holds more blocks than ever before (each new block is
-/// one allocation, then kept), and more than [`ARENA_BLOCKS_RETAINED_MAX`] blocks held at once
-/// (then the oldest handles are let go). A slice held for long (a message in the cooperative
-/// cache of a stream that stays unstable) pins its whole block; the arena passes over it.
-#[derive(Debug)]
-pub(crate) struct RxArena {
-    current: BytesMut,
-    /// Filled blocks, oldest first (each the empty tail handle of its block).
-    retired: VecDeque<BytesMut>,
-    /// Blocks allocated so far (the first included).
-    pub(crate) blocks_allocated: u64,
-}
-
-impl RxArena {
-    fn new() -> RxArena {
-        RxArena {
-            current: BytesMut::with_capacity(ARENA_BYTES),
-            retired: VecDeque::with_capacity(ARENA_BLOCKS_RETAINED_MAX),
-            blocks_allocated: 1,
-        }
-    }
-
-    /// Copies `datagram` into the current block and returns it as shared bytes.
-    pub(crate) fn keep(&mut self, datagram: &[u8]) -> Bytes {
-        if self.current.capacity() < datagram.len() {
-            self.next_block(datagram.len());
-        }
-        self.current.extend_from_slice(datagram);
-        self.current.split().freeze()
-    }
-
-    /// Makes room for `len` bytes: the current block again, a retired block, or a new one.
-    fn next_block(&mut self, len: usize) {
-        if len <= ARENA_BYTES {
-            // Every slice of the current block is gone: start it over.
-            if self.current.try_reclaim(ARENA_BYTES) {
-                return;
-            }
-            for _ in 0..ARENA_REUSE_PROBES.min(self.retired.len()) {
-                let Some(mut block) = self.retired.pop_front() else {
-                    break;
-                };
-                if block.try_reclaim(ARENA_BYTES) {
-                    let full = std::mem::replace(&mut self.current, block);
-                    self.retired.push_back(full);
-                    return;
-                }
-                // Still in use: look at it again after the others.
-                self.retired.push_back(block);
-            }
-        }
-        let full = std::mem::replace(
-            &mut self.current,
-            BytesMut::with_capacity(ARENA_BYTES.max(len)),
-        );
-        self.blocks_allocated += 1;
-        if self.retired.len() >= ARENA_BLOCKS_RETAINED_MAX {
-            // Let the oldest go: its block is freed when its last slice is dropped.
-            self.retired.pop_front();
-        }
-        self.retired.push_back(full);
-    }
-}
-
-#[cfg(test)]
-mod arena_tests {
-    use super::*;
-
-    #[test]
-    fn blocks_are_reused_once_their_slices_are_dropped() {
-        let mut arena = RxArena::new();
-        let datagram = [7u8; 1000];
-        // Two blocks' worth, all dropped at once: the current block and the retired one cycle.
-        for _ in 0..3 {
-            let kept: Vec<Bytes> = (0..2 * ARENA_BYTES / 1000)
-                .map(|_| arena.keep(&datagram))
-                .collect();
-            assert!(kept.iter().all(|b| b[..] == datagram[..]));
-        }
-        assert_eq!(
-            arena.blocks_allocated, 2,
-            "no new block after the first round"
-        );
-        // Slices dropped as they go: the current block is reused in place.
-        let before = arena.blocks_allocated;
-        for _ in 0..10 * ARENA_BYTES / 1000 {
-            drop(arena.keep(&datagram));
-        }
-        assert_eq!(arena.blocks_allocated, before);
-    }
-
-    #[test]
-    fn a_pinned_block_is_passed_over() {
-        let mut arena = RxArena::new();
-        let datagram = [1u8; 1000];
-        let pinned = arena.keep(&datagram);
-        let per_block = ARENA_BYTES / 1000;
-        for _ in 0..20 * per_block {
-            drop(arena.keep(&datagram));
-        }
-        // The pinned block stays retired; one more block serves everything else.
-        assert_eq!(arena.blocks_allocated, 2);
-        assert_eq!(pinned[..], datagram[..]);
-        // A datagram larger than a block gets its own.
-        let big = vec![2u8; ARENA_BYTES + 1];
-        assert_eq!(arena.keep(&big).len(), big.len());
+    pub(crate) fn arena() -> BlockArena {
+        BlockArena::default()
     }
 }
 
@@ -769,7 +639,7 @@ mod rx_tests {
     #[allow(clippy::disallowed_methods)] // a test's bound on its wait, in wall time
     fn receive(
         rx: &mut RxBuffers,
-        arena: &mut RxArena,
+        arena: &mut BlockArena,
         socket: &NetSocket,
         count: usize,
     ) -> Vec<Bytes> {
@@ -809,7 +679,11 @@ mod rx_tests {
             rx.buffers_allocated <= start + ARENA_REUSE_PROBES as u64,
             "dropped slices give their buffers back: {rx:?}"
         );
-        assert_eq!(arena.blocks_allocated, 1, "nothing went through the arena");
+        assert_eq!(
+            arena.blocks_allocated(),
+            1,
+            "nothing went through the arena"
+        );
         // A slice held pins its buffer, and the others go on.
         sender.send(&big(7)).unwrap();
         let pinned = receive(&mut rx, &mut arena, &socket, 1);

@@ -74,6 +74,8 @@ pub struct SealingStats {
     pub open: tidings_seal::OpenStats,
     /// Received datagrams copied before opening in place (their buffer was shared).
     pub open_copies: u64,
+    /// Blocks allocated for those copies, reused once their datagrams are dropped.
+    pub open_blocks_allocated: u64,
     /// Datagram keys installed.
     pub keys_installed: u64,
     /// Replaced keys retired after their grace.
