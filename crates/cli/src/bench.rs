@@ -25,6 +25,8 @@ use tidings_runtime::{AddressBook, GmsServer, MulticastConfig, Transport};
 pub(crate) mod bench_sys;
 #[path = "bench_child.rs"]
 mod child;
+#[path = "bench_oneway.rs"]
+pub(crate) mod oneway;
 
 /// Bytes at the start of every payload: publish time (shared clock, ns), publisher index,
 /// sequence number within (publisher, topic).
@@ -167,6 +169,13 @@ pub(crate) struct BenchArgs {
     /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.
     #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero)]
     ceiling_seconds: f64,
+    /// Seconds of the raw UDP one-way latency measured beside a paced run (`--rate`): the
+    /// benchmark's process sends datagrams of one message's size, timestamped and paced as the
+    /// publishers pace their messages, to one receiver process per subscriber blocking in
+    /// `recv`. Default: `--seconds` (after `--warmup-seconds`, at most 1 s of warm-up); 0 skips
+    /// it. Not measured without `--rate`.
+    #[arg(long, value_parser = parse_seconds_or_zero)]
+    udp_latency_seconds: Option<f64>,
     /// Latency is measured on every Nth message each publisher sends (its clock read at publish
     /// and the subscriber's at delivery); the others carry the publisher's last reading, which
     /// places them in or out of the measured window. Default 16 at full rate (two clock reads
@@ -735,6 +744,8 @@ struct Report {
     ceiling_batched_mb_per_sec: Option<f64>,
     /// Every measurement of the batched ceiling (the best is `ceiling_batched_mb_per_sec`).
     ceiling_batched_trials: Vec<f64>,
+    /// The raw UDP one-way latency at the run's rate (`--rate`), and its datagram size.
+    one_way: Option<(oneway::OneWay, usize)>,
     window_secs: f64,
     published: u64,
     published_in_window: u64,
@@ -760,6 +771,8 @@ struct Report {
     delivery_stalls: u64,
     out_of_window: u64,
     duplicates: u64,
+    /// Per subscriber: duplicates dropped and messages delivered, whole run.
+    duplicates_delivered: Vec<(u64, u64)>,
     pushed: u64,
     datagrams_opened: u64,
     datagrams_refused: u64,
@@ -810,6 +823,26 @@ impl Report {
     fn cpu_subscriber_max(&self) -> u64 {
         self.cpu_ns_subscribers.iter().copied().max().unwrap_or(0)
     }
+    /// Duplicates dropped per message delivered, each subscriber (whole run).
+    fn duplicate_fractions(&self) -> Vec<f64> {
+        self.duplicates_delivered
+            .iter()
+            .map(|&(d, n)| d as f64 / n.max(1) as f64)
+            .collect()
+    }
+    /// Duplicates dropped per message delivered, all subscribers (whole run).
+    fn duplicate_fraction(&self) -> f64 {
+        let (d, n) = self
+            .duplicates_delivered
+            .iter()
+            .fold((0, 0), |(d, n), &(a, b)| (d + a, n + b));
+        d as f64 / n.max(1) as f64
+    }
+    /// A quantile of the raw UDP one-way latency, if measured.
+    fn one_way(&self, q: f64) -> Option<u64> {
+        let (o, _) = self.one_way.as_ref()?;
+        (!o.latency_us.is_empty()).then(|| o.latency_us.value_at_quantile(q))
+    }
     fn latency(&self, q: f64) -> u64 {
         if self.latency_us.is_empty() {
             0
@@ -842,6 +875,7 @@ impl Report {
             "mb_per_sec": self.mb_per_sec(),
             "latency_us": {
                 "p50": self.latency(0.5),
+                "p90": self.latency(0.9),
                 "p99": self.latency(0.99),
                 "p999": self.latency(0.999),
                 "max": self.latency_us.max(),
@@ -882,6 +916,27 @@ impl Report {
                 / self.window_secs.max(1e-9)
                 / f64::from(self.args.subscribers.max(1)),
         });
+        v["udp_one_way_us"] = match &self.one_way {
+            Some((o, bytes)) => serde_json::json!({
+                "p50": self.one_way(0.5),
+                "p90": self.one_way(0.9),
+                "p99": self.one_way(0.99),
+                "max": o.latency_us.max(),
+                "samples": o.latency_us.len(),
+                "sent_per_receiver": o.sent_in_window,
+                "receivers": a.subscribers,
+                "datagram_bytes": bytes,
+            }),
+            None => serde_json::Value::Null,
+        };
+        let ratio = |x: u64, y: Option<u64>| {
+            y.filter(|&y| y > 0 && x > 0)
+                .map_or(serde_json::Value::Null, |y| (x as f64 / y as f64).into())
+        };
+        v["latency_p50_to_udp_one_way_p50"] = ratio(self.latency(0.5), self.one_way(0.5));
+        v["latency_p99_to_p50"] = ratio(self.latency(0.99), Some(self.latency(0.5)));
+        v["duplicates_per_delivered"] = self.duplicate_fraction().into();
+        v["duplicates_per_delivered_each"] = self.duplicate_fractions().into();
         v["security"] = a.security.to_string().into();
         v["datagrams_opened"] = self.datagrams_opened.into();
         v["datagrams_refused"] = self.datagrams_refused.into();
@@ -928,13 +983,33 @@ impl Report {
             n => format!("1 message in {n}"),
         };
         s += &format!(
-            "  latency      p50 {} us, p99 {} us, p999 {} us, max {} us (publish to callback, across processes; {sampled}, {} samples)\n",
+            "  latency      p50 {} us, p90 {} us, p99 {} us, p999 {} us, max {} us (publish to callback, across processes; {sampled}, {} samples)\n",
             self.latency(0.5),
+            self.latency(0.9),
             self.latency(0.99),
             self.latency(0.999),
             self.latency_us.max(),
             self.latency_us.len()
         );
+        if let Some((o, bytes)) = &self.one_way {
+            let f0 = |x: Option<u64>| x.map_or("-".to_owned(), |x| x.to_string());
+            let r = |x: u64, y: Option<u64>| {
+                y.filter(|&y| y > 0)
+                    .map_or("-".to_owned(), |y| format!("{:.2}", x as f64 / y as f64))
+            };
+            s += &format!(
+                "  raw UDP 1-way p50 {} us, p90 {} us, p99 {} us, max {} us ({} B datagrams at the same rate to {} receiver process(es) blocking in recv, {} samples); tidings p50 {}x of it, tidings p99 {}x of tidings p50\n",
+                f0(self.one_way(0.5)),
+                f0(self.one_way(0.9)),
+                f0(self.one_way(0.99)),
+                o.latency_us.max(),
+                bytes,
+                a.subscribers,
+                o.latency_us.len(),
+                r(self.latency(0.5), self.one_way(0.5)),
+                r(self.latency(0.99), Some(self.latency(0.5))),
+            );
+        }
         s += &format!(
             "  allocations  {} per message, all processes (publishers {} per published, subscribers {} per delivered)\n",
             f(self.allocs_per_message(), 3),
@@ -981,7 +1056,7 @@ impl Report {
             None => s += "  raw UDP      not measured (--ceiling-seconds 0)\n",
         }
         s += &format!(
-            "  subscribers  {:.0} datagrams/s sent each (tokens, acknowledgements, repair requests); {} repairs received, {} dropped by the kernel, {} delivery stalls, {} dropped beyond the receive window, {} duplicates, {} pushed to neighbours (whole run)\n",
+            "  subscribers  {:.0} datagrams/s sent each (tokens, acknowledgements, repair requests); {} repairs received, {} dropped by the kernel, {} delivery stalls, {} dropped beyond the receive window, {} duplicates ({:.3}% of delivered; each: {}), {} pushed to neighbours (whole run)\n",
             self.subscriber_datagrams as f64
                 / self.window_secs.max(1e-9)
                 / f64::from(a.subscribers.max(1)),
@@ -990,6 +1065,12 @@ impl Report {
             self.delivery_stalls,
             self.out_of_window,
             self.duplicates,
+            100.0 * self.duplicate_fraction(),
+            self.duplicate_fractions()
+                .iter()
+                .map(|x| format!("{:.3}%", 100.0 * x))
+                .collect::<Vec<_>>()
+                .join(", "),
             self.pushed
         );
         if a.security != SecurityMode::Off {
@@ -1086,6 +1167,29 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             }
         }
     }
+
+    // The raw UDP one-way latency, at the rate of a paced run, before its processes start.
+    let one_way_secs = args.udp_latency_seconds.unwrap_or(args.seconds);
+    let one_way = match args.rate {
+        Some(rate) if one_way_secs > 0.0 => {
+            let bytes = rt_bench::packing(args.message_bytes, 0).1;
+            progress.phase(&format!(
+                "raw UDP one-way latency ({bytes} B datagrams, {rate}/s, {} receiver(s))",
+                args.subscribers
+            ));
+            let o = oneway::measure(
+                args.interface,
+                args.subscribers,
+                bytes,
+                rate,
+                Duration::from_secs_f64(args.warmup_seconds.min(1.0)),
+                Duration::from_secs_f64(one_way_secs),
+            )
+            .map_err(|e| format!("raw UDP one-way latency: {e}"))?;
+            Some((o, bytes))
+        }
+        _ => None,
+    };
 
     let p = args.publishers;
     let n = p + args.subscribers;
@@ -1299,6 +1403,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         ceiling_plain_mb_per_sec: ceiling[0],
         ceiling_batched_mb_per_sec: ceiling[1],
         ceiling_batched_trials: batched_trials,
+        one_way,
         window_secs,
         published: pubs.iter().map(|r| r.published).sum(),
         published_in_window: pubs.iter().map(|r| r.in_window).sum(),
@@ -1326,6 +1431,10 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         delivery_stalls: sub_results.iter().map(|r| r.delivery_stalls).sum(),
         out_of_window: sub_results.iter().map(|r| r.out_of_window).sum(),
         duplicates: sub_results.iter().map(|r| r.duplicates).sum(),
+        duplicates_delivered: sub_results
+            .iter()
+            .map(|r| (r.duplicates, r.delivered))
+            .collect(),
         pushed: pubs.iter().chain(&sub_results).map(|r| r.pushed).sum(),
         datagrams_opened: sub_results.iter().map(|r| r.datagrams_opened).sum(),
         datagrams_refused: sub_results.iter().map(|r| r.datagrams_refused).sum(),

@@ -53,6 +53,10 @@ enum Command {
     /// One process of `tidings bench` (started by it; not for direct use).
     #[command(hide = true)]
     BenchChild(bench::ChildArgs),
+    /// One receiver of `tidings bench`'s raw UDP one-way latency (started by it; not for
+    /// direct use).
+    #[command(hide = true)]
+    BenchUdpReceiver(bench::oneway::ReceiverArgs),
     /// Reads a metrics endpoint (a node's, the membership service's) once and prints it.
     Stats(stats_cmd::StatsArgs),
     /// A live view of a running group from its metrics endpoints: nodes, topics, lagging
@@ -135,6 +139,7 @@ fn main() -> ExitCode {
         Command::Sim { command } => sim_cmd::run(command),
         Command::Bench(args) => bench::run(&args),
         Command::BenchChild(args) => bench::run_child(&args),
+        Command::BenchUdpReceiver(args) => bench::oneway::run_receiver(&args),
         Command::Stats(args) => stats_cmd::run(&args),
         Command::Top(args) => top::run(&args),
         Command::Keygen(args) => keygen(&args),

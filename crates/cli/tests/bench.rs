@@ -45,6 +45,7 @@ fn check(v: &serde_json::Value) {
         "duplicates_dropped",
         "messages_pushed",
         "out_of_window_dropped",
+        "duplicates_per_delivered",
     ] {
         assert!(v[field].is_number(), "{field} missing in {v}");
     }
@@ -77,6 +78,42 @@ fn bench_json_unicast() {
     let v = bench_json(&[]);
     check(&v);
     assert_eq!(v["api"], "library", "the library is measured by default");
+}
+
+#[test]
+fn bench_json_paced_with_the_raw_udp_one_way_latency() {
+    let v = bench_json(&["--rate", "2000", "--udp-latency-seconds", "0.5"]);
+    check(&v);
+    let one_way = &v["udp_one_way_us"];
+    for q in ["p50", "p90", "p99", "max"] {
+        assert!(
+            one_way[q].as_u64().unwrap() >= 1,
+            "udp_one_way_us.{q} in {v}"
+        );
+    }
+    assert!(one_way["p50"].as_u64() <= one_way["p99"].as_u64(), "{v}");
+    // 2000 datagrams/s for 0.5 s to each of the 2 receivers (a loaded host may lose a few
+    // datagrams or fall behind the pace, so only the order of magnitude is checked).
+    assert_eq!(one_way["receivers"], 2, "{v}");
+    let samples = one_way["samples"].as_u64().unwrap();
+    assert!((500..=2000).contains(&samples), "{v}");
+    assert!(
+        v["latency_p50_to_udp_one_way_p50"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(v["latency_p99_to_p50"].as_f64().unwrap() >= 1.0, "{v}");
+    assert!(v["latency_us"]["p90"].is_u64(), "{v}");
+    assert_eq!(
+        v["duplicates_per_delivered_each"].as_array().unwrap().len(),
+        2,
+        "{v}"
+    );
+}
+
+#[test]
+fn bench_json_unpaced_measures_no_one_way_latency() {
+    let v = bench_json(&["--messages", "2000"]);
+    assert!(v["udp_one_way_us"].is_null(), "{v}");
 }
 
 #[test]

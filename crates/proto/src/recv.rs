@@ -635,6 +635,26 @@ impl InboundStream {
         }
     }
 
+    /// Whether everything this node lacks is a young tail: no hole before the last message
+    /// received, and every gap after it noticed less than `young` ago (mostly on its way, in
+    /// this node's socket buffer). False with nothing missing.
+    pub(crate) fn lacks_only_young_tail(&self, now: Time, young: std::time::Duration) -> bool {
+        if self.missing == 0 {
+            return false;
+        }
+        let last_received = self
+            .window
+            .iter()
+            .rposition(|slot| matches!(slot, Slot::Have(_)));
+        self.window.iter().enumerate().all(|(i, slot)| match slot {
+            Slot::Have(_) => true,
+            Slot::Missing(gap) => {
+                last_received.is_none_or(|last| i > last)
+                    && now.saturating_duration_since(gap.noticed) < young
+            }
+        })
+    }
+
     /// How long to wait for an answer after `attempts` requests.
     pub(crate) fn backoff(timeout: std::time::Duration, attempts: u32) -> std::time::Duration {
         timeout * (1u32 << attempts.saturating_sub(1).min(2))
@@ -1017,6 +1037,23 @@ mod tests {
             answer_at(&mut s, 44, 3);
             assert_eq!(ask(&mut s, 44), vec![(1, 1)]);
         }
+    }
+
+    #[test]
+    fn a_young_tail_alone_is_told_apart_from_holes_and_old_tails() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let mut s = InboundStream::new(NodeId(1));
+        // Nothing missing.
+        s.receive(Time::ZERO, 1, msg(1), 100, |_, _, _| true);
+        assert!(!s.lacks_only_young_tail(Time::ZERO, ms(40)));
+        // 2-5 are known to exist (a token said so) and not received: a tail.
+        s.note_exists(Time::ZERO, 5, 100);
+        assert!(s.lacks_only_young_tail(Time::ZERO + ms(39), ms(40)));
+        assert!(!s.lacks_only_young_tail(Time::ZERO + ms(40), ms(40)));
+        // 4 arrives: 2 and 3 are holes now.
+        s.receive(Time::ZERO, 4, msg(4), 100, |_, _, _| false);
+        assert!(!s.lacks_only_young_tail(Time::ZERO, ms(40)));
     }
 
     #[test]

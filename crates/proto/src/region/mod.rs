@@ -539,7 +539,19 @@ mod tests {
             stream
                 .nack
                 .on_progress(1000, std::time::Duration::from_secs(1));
-            stream.note_exists(Time::ZERO, 50, 1000);
+            // 50 arrived: 1-49 are holes.
+            stream.receive(
+                Time::ZERO,
+                50,
+                InMsg {
+                    msg_id: tidings_wire::MsgId(50),
+                    topic: TopicId(1),
+                    timestamp_us: 0,
+                    payload: bytes::Bytes::new(),
+                },
+                1000,
+                |_, _, _| true,
+            );
             let t = Time::ZERO + config.repair_delay;
             stream.due_gaps(
                 t,
@@ -556,6 +568,27 @@ mod tests {
             st.offer_pushes(t, NodeId(0), 10, true, &config, &mut ms);
             assert!(ms.lost.is_empty());
         }
+    }
+
+    /// A receiver that lacks only a tail younger than its request timeout (on its way, in its
+    /// socket buffer) asks for no pushes: its record names one sequence number beyond what it
+    /// describes (ADR 42). Once the tail is older, it takes anything again.
+    #[test]
+    fn a_receiver_lacking_only_a_young_tail_asks_for_no_pushes() {
+        let config = Config::default();
+        let mut st = RegionState::new(&view(4, 5), NodeId(2), &config, Time::ZERO).unwrap();
+        let stream = st.stream_mut(NodeId(0), &config).unwrap();
+        stream.note_exists(Time::ZERO, 50, 1000);
+        let timeout = stream.nack.retry(&config).timeout;
+        let mut ms = MemberState {
+            missing: vec![range(1, 51)],
+            exact_upto: 50,
+            ..MemberState::default()
+        };
+        st.offer_pushes(Time::ZERO, NodeId(0), 10, true, &config, &mut ms);
+        assert_eq!(ms.lost, vec![range(51, 52)]);
+        st.offer_pushes(Time::ZERO + timeout, NodeId(0), 10, true, &config, &mut ms);
+        assert!(ms.lost.is_empty());
     }
 
     /// The region leader ACKs a sender when its stability point advanced, not every round;

@@ -125,7 +125,8 @@ impl RegionState {
     /// At level 0, before this node's state for `origin` goes into a token: which of its gaps it
     /// asks its successor to push, into `st.lost` (ADR 13). A node that is not recovering leaves
     /// the list empty, which takes pushes of anything it lacks, as before: repairs are cheap
-    /// then, and a push may beat a pull that was lost. A recovering one (with SDCC, its gaps
+    /// then, and a push may beat a pull that was lost; unless all it lacks is a tail younger
+    /// than its request timeout, which it asks nothing for (ADR 42). A recovering one (with SDCC, its gaps
     /// reach beyond its NACK window) names only gaps its partition caches (all the successor
     /// keeps), not requested already, within the NACK window and the room
     /// `recovery.inflight_max` leaves, at most `push_max_per_token`, and they count as requested
@@ -154,10 +155,12 @@ impl RegionState {
         let span = stream.known_max().saturating_sub(stream.delivered_upto);
         // A window of any size (fixed pacing) never counts as recovering.
         let recovering = span > u64::try_from(range).unwrap_or(u64::MAX);
-        if !recovering {
+        if !recovering && !stream.lacks_only_young_tail(now, retry.timeout) {
             return;
         }
-        if requests {
+        // A node that lacks only a young tail asks for nothing (ADR 42): the tail is mostly in
+        // its socket buffer, and a neighbour that read further pushed it again.
+        if recovering && requests {
             let stable = stream.stable_upto;
             stream.offer_for_push(
                 now,
