@@ -74,6 +74,18 @@ pub enum Error {
     /// The node refused the request (the message says why), e.g. the GMS removed it.
     #[error("refused: {0}")]
     Refused(String),
+    /// The membership service's access rules refused to let this node subscribe to or publish
+    /// on the topic: `rule` is the rule that denied it (`rule N (deny ...)`) or `no rule
+    /// allows` (docs/security.md). The node does not take part in the topic.
+    #[error("{action} on topic {topic:?} refused by the service's access rules: {rule}")]
+    TopicRefused {
+        /// The topic's name.
+        topic: String,
+        /// What was refused: publish or subscribe.
+        action: crate::AclAction,
+        /// The rule.
+        rule: String,
+    },
     /// The subscription's reader fell behind: its queue stayed full longer than its
     /// [`SlowConsumerPolicy::Disconnect`](crate::SlowConsumerPolicy::Disconnect) allows, so it
     /// was disconnected. The messages before this error were delivered in order; none after it
@@ -109,6 +121,11 @@ impl From<RequestError> for Error {
             }
             RequestError::Share(s) => Error::Config(format!("share {s} is not in (0, 1]")),
             RequestError::Refused(why) => Error::Refused(why),
+            RequestError::TopicRefused(r) => Error::TopicRefused {
+                topic: r.topic,
+                action: r.action,
+                rule: r.rule,
+            },
         }
     }
 }

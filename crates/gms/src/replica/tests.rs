@@ -706,6 +706,23 @@ fn log_entries_round_trip_and_refuse_truncation() {
             id: 9,
             secret: crate::WireKey([0x5a; 32]),
         },
+        Command::Refuse {
+            node,
+            refusals: vec![crate::TopicRefusal {
+                topic: "market.eu".into(),
+                action: crate::AclAction::Publish,
+                rule: "no rule allows".into(),
+            }],
+            then: Some(Box::new(Command::Advertise {
+                node,
+                name: "market.us".into(),
+            })),
+        },
+        Command::Refuse {
+            node,
+            refusals: vec![],
+            then: None,
+        },
     ];
     let mut decisions: Vec<Decision> = commands.iter().cloned().map(Decision::Command).collect();
     decisions.push(Decision::Request {
@@ -729,6 +746,36 @@ fn log_entries_round_trip_and_refuse_truncation() {
         bytes.push(0);
         assert!(decode_decision(&bytes).is_err());
     }
+    // A refusal nested in a refusal is refused before it is read any further, so hostile
+    // input cannot nest them deeply.
+    let nested = Decision::Command(Command::Refuse {
+        node,
+        refusals: vec![],
+        then: Some(Box::new(Command::Refuse {
+            node,
+            refusals: vec![],
+            then: None,
+        })),
+    });
+    let mut bytes = Vec::new();
+    encode_decision(at(5), &nested, &mut bytes);
+    // Encoded as a refusal without a rest.
+    assert!(matches!(
+        decode_decision(&bytes),
+        Ok((_, Decision::Command(Command::Refuse { then: None, .. })))
+    ));
+    let mut deep = bytes[..bytes.len() - 1].to_vec();
+    for _ in 0..10_000 {
+        deep.push(1);
+        deep.push(13);
+        deep.extend_from_slice(&3u32.to_le_bytes());
+        deep.extend_from_slice(&0u32.to_le_bytes());
+    }
+    deep.push(0);
+    assert_eq!(
+        decode_decision(&deep).map(|_| ()),
+        Err(crate::DecodeError::Invalid)
+    );
 }
 
 /// Replica memory with compaction: a 3-replica service applies 100,000 subscription requests
