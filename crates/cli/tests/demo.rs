@@ -73,6 +73,18 @@ fn demo_passes_over_multicast_on_loopback() {
 }
 
 #[test]
+fn demo_runs_with_generated_identities_and_sealed_datagrams() {
+    let v = demo_json(&["--security", "encrypt", "--messages-per-topic", "20"]);
+    assert_eq!(v["security"], "encrypt", "{v:#}");
+    // Every process was admitted with its generated identity.
+    assert_eq!(v["identities_admitted"], 5, "{v:#}");
+    assert!(v["datagrams_sealed"].as_u64().unwrap() > 0, "{v:#}");
+    assert!(v["datagrams_opened"].as_u64().unwrap() > 0, "{v:#}");
+    assert!(v["datagrams_refused"].is_u64(), "{v:#}");
+    assert_eq!(v["messages_delivered"], v["messages_expected"]);
+}
+
+#[test]
 fn demo_refuses_bad_options() {
     let out = tidings(&["demo", "--loss", "0.9"], "");
     assert_eq!(out.status.code(), Some(2));
