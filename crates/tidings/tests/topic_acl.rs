@@ -79,6 +79,17 @@ fn a_refused_publisher_and_subscriber_get_the_topic_and_the_rule() {
 
     // What is allowed works: the reader subscribes, the feed publishes.
     let sub = reader.subscribe(&prices).unwrap();
+    // Subscribed to the topic, still not allowed to publish on it.
+    assert!(
+        matches!(
+            reader.publisher(&prices),
+            Err(Error::TopicRefused {
+                action: AclAction::Publish,
+                ..
+            })
+        ),
+        "a subscriber publishes against the rules"
+    );
     let mut publisher = feed.publisher(&prices).unwrap();
     for k in 0..20u64 {
         publisher.publish(&k).unwrap();
@@ -87,5 +98,5 @@ fn a_refused_publisher_and_subscriber_get_the_topic_and_the_rule() {
         assert_eq!(sub.recv_timeout(Duration::from_secs(10)).unwrap().value, k);
     }
     let gms = feed.stats().unwrap().gms.unwrap();
-    assert_eq!(gms.stats.topics_refused, 2, "{:?}", gms.stats);
+    assert_eq!(gms.stats.topics_refused, 3, "{:?}", gms.stats);
 }

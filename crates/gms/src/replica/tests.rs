@@ -1513,3 +1513,41 @@ fn the_datagram_key_is_replicated_and_a_new_leader_replaces_it_when_a_member_lea
         assert_eq!(r.gms().datagram_key_id(), Some(next));
     }
 }
+
+/// The leader checks the access rules and logs what it refused: every replica applies the
+/// same refusal (the topic never bound, the same update stream), and the client is told once.
+#[test]
+fn every_replica_applies_the_leaders_refusals_alike() {
+    let mut gms = GmsConfig::default();
+    gms.acl = crate::Acl::parse("allow subscribe * open.*\n", None).unwrap();
+    let mut c = Cluster::with_gms(13, 3, 2, 0.0, gms);
+    c.run_until(at(2000), &mut |_| {});
+    c.clients[0]
+        .subscribe_many(&["open.a".into(), "closed.b".into()])
+        .unwrap();
+    c.clients[1].advertise("open.a").unwrap();
+    c.run_until(at(4000), &mut |_| {});
+    check_converged(&c);
+    for r in c.replicas.iter().flatten() {
+        assert_eq!(r.gms().stats().topics_refused, 2);
+        assert!(r.gms().topic_id("open.a").is_some());
+        assert!(r.gms().topic_id("closed.b").is_none());
+    }
+    let told = |client: &str, topic: &str| {
+        c.trace
+            .iter()
+            .filter(|l| l.contains(client) && l.contains("Refused") && l.contains(topic))
+            .count()
+    };
+    assert_eq!(told(" c0 ", "closed.b"), 1, "{:#?}", c.trace);
+    assert_eq!(told(" c1 ", "open.a"), 1, "{:#?}", c.trace);
+    assert_eq!(told(" c0 ", "open.a"), 0);
+    assert!(c.clients[0].subscribed_topics().iter().all(|t| Some(*t)
+        == c.replicas
+            .iter()
+            .flatten()
+            .next()
+            .unwrap()
+            .gms()
+            .topic_id("open.a")));
+}
