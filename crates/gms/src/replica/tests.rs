@@ -1518,8 +1518,10 @@ fn the_datagram_key_is_replicated_and_a_new_leader_replaces_it_when_a_member_lea
 /// same refusal (the topic never bound, the same update stream), and the client is told once.
 #[test]
 fn every_replica_applies_the_leaders_refusals_alike() {
-    let mut gms = GmsConfig::default();
-    gms.acl = crate::Acl::parse("allow subscribe * open.*\n", None).unwrap();
+    let gms = GmsConfig {
+        acl: crate::Acl::parse("allow subscribe * open.*\n", None).unwrap(),
+        ..GmsConfig::default()
+    };
     let mut c = Cluster::with_gms(13, 3, 2, 0.0, gms);
     c.run_until(at(2000), &mut |_| {});
     c.clients[0]
