@@ -1996,7 +1996,11 @@ mod tests {
         }
 
         fn with(n: usize, rejoin: bool) -> Group {
-            let mut gms = Gms::new(GmsConfig::default()).unwrap();
+            Group::with_gms(n, rejoin, GmsConfig::default())
+        }
+
+        fn with_gms(n: usize, rejoin: bool, config: GmsConfig) -> Group {
+            let mut gms = Gms::new(config).unwrap();
             let (joinings, _) = handshake_with(&mut gms, n, 10, rejoin);
             let members: Vec<Member> = joinings
                 .into_iter()
@@ -2289,6 +2293,49 @@ mod tests {
             .enumerate()
             .map(|(i, n)| (i as u64 + 1, (*n).to_owned()))
             .collect()
+    }
+
+    /// A request the service's access rules refuse is answered with the topic and the rule;
+    /// the allowed names of the same batch are answered with their topics.
+    #[test]
+    fn refused_named_requests_are_answered_with_the_topic_and_the_rule() {
+        let config = GmsConfig {
+            acl: crate::Acl::parse("allow subscribe * a\n", None).unwrap(),
+            ..GmsConfig::default()
+        };
+        let mut g = Group::with_gms(1, false, config);
+        g.take_events(0);
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["a", "b"]));
+        g.members[0].request_named(g.now, NamedRequest::Advertise, vec![(3, "a".to_owned())]);
+        g.pump();
+        let events = g.take_events(0);
+        let a = g.members[0].client().unwrap().topic_id("a").unwrap();
+        let refusal = |topic: &str, action| {
+            NamedRefusal::Topic(TopicRefusal {
+                topic: topic.to_owned(),
+                action,
+                rule: crate::acl::NO_RULE_ALLOWS.to_owned(),
+            })
+        };
+        let mut got: Vec<(u64, Result<TopicId, NamedRefusal>)> = events
+            .iter()
+            .filter_map(|e| match e {
+                MemberEvent::Answered { token, result } => Some((*token, result.clone())),
+                _ => None,
+            })
+            .collect();
+        got.sort_by_key(|(token, _)| *token);
+        assert_eq!(
+            got,
+            vec![
+                (1, Ok(a)),
+                (2, Err(refusal("b", AclAction::Subscribe))),
+                (3, Err(refusal("a", AclAction::Publish))),
+            ],
+            "{events:?}"
+        );
+        assert!(g.members[0].client().unwrap().topic_id("b").is_none());
+        assert_eq!(g.members[0].requests_waiting(), (0, 0));
     }
 
     #[test]
