@@ -97,6 +97,14 @@ create_exception!(
 );
 create_exception!(
     _tidings,
+    TopicRefusedError,
+    RefusedError,
+    "The membership service's access rules refused to let this node subscribe to or publish on \
+     a topic (attributes `topic`, `action`: \"publish\" or \"subscribe\", and `rule`: the rule \
+     that denied it, or \"no rule allows\")."
+);
+create_exception!(
+    _tidings,
     SlowConsumerError,
     TidingsError,
     "The subscription's reader fell behind and was disconnected (attributes `topic`, \
@@ -133,6 +141,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("EncodeError", py.get_type::<EncodeError>())?;
     m.add("DecodeError", py.get_type::<DecodeError>())?;
     m.add("RefusedError", py.get_type::<RefusedError>())?;
+    m.add("TopicRefusedError", py.get_type::<TopicRefusedError>())?;
     m.add("SlowConsumerError", py.get_type::<SlowConsumerError>())?;
     m.add("ClosedError", py.get_type::<ClosedError>())?;
     m.add("ShutdownError", py.get_type::<ShutdownError>())?;
@@ -177,6 +186,15 @@ pub(crate) fn to_py(e: impl Into<tidings::Error>) -> PyErr {
         Error::Request(RequestError::Refused(_)) | Error::Stable(StableError::ForeignHandle) => {
             RefusedError::new_err(message)
         }
+        Error::Request(RequestError::TopicRefused {
+            topic,
+            action,
+            rule,
+        }) => with_fields(TopicRefusedError::new_err(message), |_, v| {
+            v.setattr("topic", topic)?;
+            v.setattr("action", action.to_string())?;
+            v.setattr("rule", rule)
+        }),
         Error::Recv(RecvError::SlowConsumer {
             topic,
             capacity,

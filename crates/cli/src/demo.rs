@@ -18,11 +18,11 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use tidings::{
-    Bytes, GmsConfig, GmsReplicaServer, MulticastConfig, Node, ReplicaConfig, RuntimeConfig, Topic,
-    Transport,
+    AllowList, Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, Node, PublicKey,
+    RuntimeConfig, SecurityMode, Topic, Transport,
 };
-use tidings_gms::MulticastPool;
-use tidings_runtime::{GmsServer, GmsSnapshot};
+use tidings_gms::{MulticastPool, ServiceSecurity};
+use tidings_runtime::{GmsServer, GmsSnapshot, ReplicaHostConfig};
 
 use crate::node_cmd::{parse_gms_addrs, GmsAddrs};
 
@@ -104,9 +104,57 @@ pub(crate) struct DemoArgs {
     /// must take over, and every subscriber must still get everything (needs `--gms-replicas`).
     #[arg(long, requires = "gms_replicas")]
     kill_gms_leader: bool,
+    /// How protocol datagrams are protected: off, authenticate or encrypt. With
+    /// authenticate or encrypt the demo generates an identity for its membership service and
+    /// one for each process (files of mode 0600 in a temporary directory, each read and
+    /// deleted by its process at start, the directory removed at the end), admits them all,
+    /// and every node seals its datagrams in that mode.
+    #[arg(long, value_name = "MODE", default_value_t = SecurityMode::Off)]
+    security: SecurityMode,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// The demo's generated identities: the service's, and one file per process in a temporary
+/// directory (removed when dropped).
+struct DemoIdentities {
+    dir: std::path::PathBuf,
+    service: ServiceSecurity,
+    children: Vec<std::path::PathBuf>,
+}
+
+impl DemoIdentities {
+    /// An identity for the service and for each of `children` processes, all admitted.
+    fn new(children: u32) -> Result<DemoIdentities, String> {
+        let dir = std::env::temp_dir().join(format!("tidings-demo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut ids = DemoIdentities {
+            dir,
+            service: ServiceSecurity {
+                identity: Identity::generate().map_err(|e| e.to_string())?,
+                allowed: AllowList::new(),
+            },
+            children: Vec::new(),
+        };
+        for i in 0..children {
+            let identity = Identity::generate().map_err(|e| e.to_string())?;
+            let path = ids.dir.join(format!("node-{i}.key"));
+            identity.write_file(&path).map_err(|e| e.to_string())?;
+            ids.service
+                .allowed
+                .insert(*identity.public(), &format!("demo-{i}"));
+            ids.children.push(path);
+        }
+        Ok(ids)
+    }
+}
+
+impl Drop for DemoIdentities {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Options of one demo process (set by the parent).
@@ -139,6 +187,15 @@ pub(crate) struct DemoNodeArgs {
     timeout_seconds: u64,
     #[arg(long)]
     rate: Option<u64>,
+    /// This process's identity file (deleted once read), with `--service-key`.
+    #[arg(long, requires = "service_key")]
+    identity: Option<std::path::PathBuf>,
+    /// The demo's service key.
+    #[arg(long, requires = "identity")]
+    service_key: Option<PublicKey>,
+    /// How protocol datagrams are protected.
+    #[arg(long, value_name = "MODE", default_value_t = SecurityMode::Off)]
+    security: SecurityMode,
 }
 
 /// What a child reports, one JSON object per line.
@@ -175,6 +232,8 @@ struct SubscriberResult {
     pulls_sent: u64,
     view_changes: u64,
     regions: usize,
+    #[serde(default)]
+    sealing: SealCounts,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -183,6 +242,49 @@ struct PublisherResult {
     seconds: f64,
     stable: bool,
     retransmit_packets_sent: u64,
+    #[serde(default)]
+    sealing: SealCounts,
+}
+
+/// A node's sealed datagrams: sealed, opened, and refused when opening (any cause).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default)]
+struct SealCounts {
+    sealed: u64,
+    opened: u64,
+    refused: u64,
+}
+
+impl SealCounts {
+    fn of(stats: &tidings_runtime::RuntimeStats) -> SealCounts {
+        SealCounts {
+            sealed: stats.sealing.sealed,
+            opened: stats.sealing.open.opened,
+            refused: stats.sealing.open.refused(),
+        }
+    }
+
+    fn add(self, o: SealCounts) -> SealCounts {
+        SealCounts {
+            sealed: self.sealed + o.sealed,
+            opened: self.opened + o.opened,
+            refused: self.refused + o.refused,
+        }
+    }
+}
+
+/// A demo node's builder: the service's replicas, and its identity and sealing when the demo
+/// runs with `--security` (the identity file is deleted once read).
+fn demo_builder(a: &DemoNodeArgs) -> Result<tidings::NodeBuilder, String> {
+    let builder = Node::builder().gms_replicas(&a.gms.0);
+    let (Some(path), Some(key)) = (&a.identity, a.service_key) else {
+        return Ok(builder);
+    };
+    let identity = Identity::read_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let _ = std::fs::remove_file(path);
+    Ok(builder
+        .identity(identity)
+        .service_key(key)
+        .security(a.security))
 }
 
 /// Whether subscriber `s` takes topic `t`: about 70%, overlapping irregularly.
@@ -329,8 +431,7 @@ impl Account {
 }
 
 fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
-    let node = Node::builder()
-        .gms_replicas(&a.gms.0)
+    let node = demo_builder(a)?
         .runtime_config(runtime_config(a, a.loss, 1000 + u64::from(a.index)))
         .start()
         .map_err(|e| e.to_string())?;
@@ -422,6 +523,7 @@ fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
             pulls_sent: stats.proto.pulls_sent,
             view_changes: stats.proto.view_changes,
             regions: stats.groups_joined,
+            sealing: SealCounts::of(&stats),
         }
     };
     emit(&Report::Done(result));
@@ -434,8 +536,7 @@ fn run_subscriber(a: &DemoNodeArgs) -> Result<(), String> {
 }
 
 fn run_publisher(a: &DemoNodeArgs) -> Result<(), String> {
-    let node = Node::builder()
-        .gms_replicas(&a.gms.0)
+    let node = demo_builder(a)?
         .runtime_config(runtime_config(a, 0.0, 1))
         .start()
         .map_err(|e| e.to_string())?;
@@ -497,6 +598,7 @@ fn run_publisher(a: &DemoNodeArgs) -> Result<(), String> {
         seconds,
         stable,
         retransmit_packets_sent: stats.proto.retransmit_packets_sent,
+        sealing: SealCounts::of(&stats),
     }));
     wait_for_word("exit");
     drop(publishers);
@@ -538,7 +640,20 @@ fn spawn(
     index: u32,
     reports: &mpsc::Sender<(usize, Report)>,
     slot: usize,
+    identities: Option<&DemoIdentities>,
 ) -> Result<Proc, String> {
+    let security: Vec<String> =
+        match identities.and_then(|ids| Some((ids, ids.children.get(slot)?))) {
+            Some((ids, path)) => vec![
+                "--identity".to_owned(),
+                path.to_string_lossy().into_owned(),
+                "--service-key".to_owned(),
+                ids.service.identity.public().to_string(),
+                "--security".to_owned(),
+                a.security.to_string(),
+            ],
+            None => Vec::new(),
+        };
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let mut child = Command::new(exe)
         .arg("demo-node")
@@ -558,6 +673,7 @@ fn spawn(
                 .map(|r| vec!["--rate".to_owned(), r.to_string()])
                 .unwrap_or_default(),
         )
+        .args(security)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -619,6 +735,17 @@ struct Summary {
     gms_leader_killed: bool,
     /// Messages per second per publisher, if paced.
     rate_per_publisher: Option<u64>,
+    /// How protocol datagrams were protected (`--security`).
+    security: String,
+    /// Identities the membership service admitted (0 without `--security`).
+    identities_admitted: u64,
+    /// Protocol datagrams sealed by every node.
+    datagrams_sealed: u64,
+    /// Sealed datagrams every node opened (authenticated, not replayed).
+    datagrams_opened: u64,
+    /// Sealed datagrams every node refused when opening (bad tag, unknown or retired key,
+    /// replay ...): dropped before the protocol saw them.
+    datagrams_refused: u64,
 }
 
 fn progress_bar(total: u64, quiet: bool) -> Option<indicatif::ProgressBar> {
@@ -672,22 +799,42 @@ enum Service {
 }
 
 impl Service {
-    fn start(a: &DemoArgs, config: GmsConfig) -> Result<Service, String> {
+    fn start(
+        a: &DemoArgs,
+        config: GmsConfig,
+        security: Option<ServiceSecurity>,
+    ) -> Result<Service, String> {
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-        match a.gms_replicas {
-            None => GmsServer::start(config, loopback).map(Service::One),
-            Some(n) => GmsReplicaServer::start_loopback(
-                &{
-                    let mut c = ReplicaConfig::default();
-                    c.gms = config;
-                    c.seed = fastrand::u64(..);
-                    c
-                },
-                usize::from(n),
-            )
-            .map(Service::Replicated),
+        let failed = |e: tidings_runtime::GmsServerError| {
+            format!("cannot start the membership service: {e}")
+        };
+        let Some(n) = a.gms_replicas else {
+            return GmsServer::start_secure(config, loopback, security)
+                .map(Service::One)
+                .map_err(failed);
+        };
+        let sockets = (0..n)
+            .map(|_| std::net::UdpSocket::bind(loopback))
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| failed(e.into()))?;
+        let peers = sockets
+            .iter()
+            .map(std::net::UdpSocket::local_addr)
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| failed(e.into()))?;
+        let seed = fastrand::u64(..);
+        let mut replicas = Vec::new();
+        for (index, socket) in sockets.into_iter().enumerate() {
+            let mut host = ReplicaHostConfig::default();
+            host.replica.gms = config.clone();
+            host.replica.index = index;
+            host.replica.seed = seed.wrapping_add(index as u64);
+            replicas.push(
+                GmsReplicaServer::start_secure_on(host, peers.clone(), socket, security.clone())
+                    .map_err(failed)?,
+            );
         }
-        .map_err(|e| format!("cannot start the membership service: {e}"))
+        Ok(Service::Replicated(replicas))
     }
 
     /// Every replica's address, by index, as `--gms` takes them.
@@ -723,7 +870,7 @@ impl Service {
                     member_states: Default::default(),
                     unknown_sources: snap.unknown_sources,
                     invalid_datagrams: snap.invalid_datagrams,
-                    link: Default::default(),
+                    link: snap.link,
                 })
             }
         }
@@ -843,33 +990,42 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
         c
     };
     let heartbeat_timeout = gms_config.heartbeat_timeout;
-    let mut server = Service::start(a, gms_config)?;
+    let identities = match a.security {
+        SecurityMode::Off => None,
+        _ => Some(DemoIdentities::new(a.subscribers + a.publishers)?),
+    };
+    let mut server = Service::start(
+        a,
+        gms_config,
+        identities.as_ref().map(|i| i.service.clone()),
+    )?;
     let gms = server.addrs();
     if !a.json {
         eprintln!(
             "tidings demo: membership service on {gms}; {} publishers and {} subscribers \
              (separate processes), {} topics, {} messages per publisher per topic, {} B, \
-             {:.1}% receive loss, {:?}",
+             {:.1}% receive loss, {:?}, security {}",
             a.publishers,
             a.subscribers,
             a.topics,
             a.messages_per_topic,
             a.size,
             a.loss * 100.0,
-            a.transport
+            a.transport,
+            a.security
         );
     }
     let (tx, rx) = mpsc::channel();
     let mut procs = Vec::new();
     for i in 0..a.subscribers {
         let slot = procs.len();
-        procs.push(spawn(a, &gms, "sub", i, &tx, slot)?);
+        procs.push(spawn(a, &gms, "sub", i, &tx, slot, identities.as_ref())?);
     }
     let subs: Vec<usize> = (0..procs.len()).collect();
     wait_ready(&procs, &rx, &subs).map_err(|why| format!("{why}; {}", gms_state(&server)))?;
     for i in 0..a.publishers {
         let slot = procs.len();
-        procs.push(spawn(a, &gms, "pub", i, &tx, slot)?);
+        procs.push(spawn(a, &gms, "pub", i, &tx, slot, identities.as_ref())?);
     }
     let pubs: Vec<usize> = (subs.len()..procs.len()).collect();
     wait_ready(&procs, &rx, &pubs).map_err(|why| format!("{why}; {}", gms_state(&server)))?;
@@ -1083,8 +1239,23 @@ fn summarize(
         injected_drops: done.values().map(|r| r.injected_drops).sum(),
         repairs_received: done.values().map(|r| r.repairs_received).sum(),
         retransmit_packets_sent: published.values().map(|r| r.retransmit_packets_sent).sum(),
+        security: a.security.to_string(),
         ..Summary::default()
     };
+    let sealing = done
+        .values()
+        .map(|r| r.sealing)
+        .chain(published.values().map(|r| r.sealing))
+        .fold(SealCounts::default(), SealCounts::add);
+    s.datagrams_sealed = sealing.sealed;
+    s.datagrams_opened = sealing.opened;
+    s.datagrams_refused = sealing.refused;
+    if a.security != SecurityMode::Off && (sealing.sealed == 0 || sealing.opened == 0) {
+        reasons.push(format!(
+            "--security {}: {} datagrams sealed and {} opened, expected some of each",
+            a.security, sealing.sealed, sealing.opened
+        ));
+    }
     if elapsed_s > 0.0 {
         s.messages_per_sec = published_total as f64 / elapsed_s;
         s.deliveries_per_sec = delivered as f64 / elapsed_s;
@@ -1127,6 +1298,7 @@ fn summarize(
     }
     match snapshot {
         Some(snap) => {
+            s.identities_admitted = snap.link.admitted;
             s.gms_members_after = snap.members.len();
             s.gms_removed_for_failure = snap
                 .removed
@@ -1197,6 +1369,21 @@ fn print_summary(a: &DemoArgs, s: &Summary) {
     }
     if s.gms_replicas > 1 {
         println!("membership service: {} replicas (Raft)", s.gms_replicas);
+    }
+    if a.security == SecurityMode::Off {
+        println!(
+            "security: off (datagrams not sealed; --security authenticate|encrypt seals them)"
+        );
+    } else {
+        println!(
+            "security: {}: generated identities, {} admitted by the service; {} datagrams \
+             sealed, {} opened, {} refused",
+            s.security,
+            s.identities_admitted,
+            s.datagrams_sealed,
+            s.datagrams_opened,
+            s.datagrams_refused
+        );
     }
     if s.gms_leader_killed {
         println!("the leader replica was stopped a quarter of the way through");

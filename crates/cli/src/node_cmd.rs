@@ -12,8 +12,8 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 use tidings::{
-    AllowList, Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, MulticastPool, Node,
-    PublicKey, ReplicaConfig, RuntimeConfig, SecurityMode, Topic, Transport,
+    Acl, AllowList, Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, MulticastPool,
+    Node, PublicKey, ReplicaConfig, RuntimeConfig, SecurityMode, Topic, Transport,
 };
 use tidings_gms::ServiceSecurity;
 use tidings_runtime::{replica_data_dir, GmsServer, ReplicaHostConfig, STATE_FILE};
@@ -108,6 +108,41 @@ pub(crate) struct GmsArgs {
     /// The admitted node identities: one public key a line, optionally followed by a name.
     #[arg(long, requires = "identity")]
     allow: Option<PathBuf>,
+    /// Topic access rules, one a line: `allow|deny publish|subscribe|* WHO TOPICS`, WHO being
+    /// `*`, a public key or a name from `--allow`, TOPICS a name or a prefix ending in `*`
+    /// (docs/security.md). The first matching rule decides; what no rule allows is refused.
+    /// Without it every node may publish and subscribe to every topic.
+    #[arg(long, value_name = "FILE")]
+    acl: Option<PathBuf>,
+}
+
+/// Most bytes of an `--acl` file (4096 rules of about 400 bytes).
+const ACL_FILE_BYTES_MAX: u64 = 2 << 20;
+
+/// The access rules of `--acl`, names resolved in the `--allow` list, printing their number
+/// and fingerprint (compare it across the replicas of one service).
+fn service_acl(a: &GmsArgs, security: Option<&ServiceSecurity>) -> Result<Acl, String> {
+    let Some(path) = &a.acl else {
+        return Ok(Acl::default());
+    };
+    let what = |e: &dyn std::fmt::Display| format!("--acl {}: {e}", path.display());
+    let len = std::fs::metadata(path).map_err(|e| what(&e))?.len();
+    if len > ACL_FILE_BYTES_MAX {
+        return Err(what(&format!("larger than {ACL_FILE_BYTES_MAX} bytes")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| what(&e))?;
+    let acl = Acl::parse(&text, security.map(|s| &s.allowed)).map_err(|e| what(&e))?;
+    println!(
+        "tidings gms: {} access rules, fingerprint {:016x}{}",
+        acl.rules().len(),
+        acl.fingerprint(),
+        if acl.is_empty() {
+            " (none: everything is allowed)"
+        } else {
+            " (what no rule allows is refused)"
+        }
+    );
+    Ok(acl)
 }
 
 /// The service's security from `--identity` and `--allow`, printing its public key.
@@ -141,8 +176,23 @@ fn metrics_addr(a: &GmsArgs, i: usize) -> Option<Result<SocketAddr, String>> {
 
 /// Runs the membership service.
 pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
+    let security = match service_security(a) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let acl = match service_acl(a, security.as_ref()) {
+        Ok(acl) => acl,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let config = {
         let mut c = GmsConfig::default();
+        c.acl = acl;
         c.multicast_pool = if a.no_multicast {
             None
         } else {
@@ -162,13 +212,6 @@ pub(crate) fn gms(a: &GmsArgs) -> ExitCode {
     }
     // With a data directory the one-process service is a replicated service of one replica,
     // whose state survives a restart.
-    let security = match service_security(a) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
     if a.id.is_some() || a.replicas.is_some() || a.data_dir.is_some() {
         return gms_replicated(a, config, security);
     }

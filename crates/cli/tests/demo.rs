@@ -73,6 +73,18 @@ fn demo_passes_over_multicast_on_loopback() {
 }
 
 #[test]
+fn demo_runs_with_generated_identities_and_sealed_datagrams() {
+    let v = demo_json(&["--security", "encrypt", "--messages-per-topic", "20"]);
+    assert_eq!(v["security"], "encrypt", "{v:#}");
+    // Every process was admitted with its generated identity.
+    assert_eq!(v["identities_admitted"], 5, "{v:#}");
+    assert!(v["datagrams_sealed"].as_u64().unwrap() > 0, "{v:#}");
+    assert!(v["datagrams_opened"].as_u64().unwrap() > 0, "{v:#}");
+    assert!(v["datagrams_refused"].is_u64(), "{v:#}");
+    assert_eq!(v["messages_delivered"], v["messages_expected"]);
+}
+
+#[test]
 fn demo_refuses_bad_options() {
     let out = tidings(&["demo", "--loss", "0.9"], "");
     assert_eq!(out.status.code(), Some(2));
@@ -339,4 +351,104 @@ fn gms_replicas_restart_from_their_data_dir() {
     let (code, stdout, stderr) = run(&alone);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("restarted from"), "{stdout}");
+}
+
+#[test]
+fn pub_and_sub_refused_by_the_access_rules_say_the_topic_and_the_rule() {
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Dir(std::env::temp_dir().join(format!("tidings-cli-acl-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = |name: &str| dir.0.join(name).to_string_lossy().into_owned();
+    let keygen = |name: &str| {
+        let out = tidings(&["keygen", "--out", &path(name)], "");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let service_key = keygen("gms.key");
+    let reader = keygen("reader.key");
+    std::fs::write(path("allowed"), format!("{reader} reader\n")).unwrap();
+    std::fs::write(
+        path("acl"),
+        "# the reader may read the market, nothing else\n\
+         deny subscribe * market.secret*\n\
+         allow subscribe reader market.*\n",
+    )
+    .unwrap();
+    // A rule that names no one on the list is refused, naming the file and the line.
+    std::fs::write(path("bad-acl"), "allow publish nobody x\n").unwrap();
+    let out = tidings(
+        &[
+            "gms",
+            "--seconds",
+            "1",
+            "--identity",
+            &path("gms.key"),
+            "--allow",
+            &path("allowed"),
+            "--acl",
+            &path("bad-acl"),
+        ],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("bad-acl") && stderr.contains("line 1"),
+        "{stderr}"
+    );
+
+    let (_gms, gms_addr) = common::standalone_gms_with(&[
+        "--identity",
+        &path("gms.key"),
+        "--allow",
+        &path("allowed"),
+        "--acl",
+        &path("acl"),
+        "--no-multicast",
+    ]);
+    let join = [
+        "--gms",
+        &gms_addr,
+        "--identity",
+        &path("reader.key"),
+        "--service-key",
+        &service_key,
+    ];
+    let mut args = vec!["pub", "market.eu", "--generate", "1"];
+    args.extend_from_slice(&join);
+    let out = tidings(&args, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("publish on topic \"market.eu\" refused")
+            && stderr.contains("no rule allows"),
+        "{stderr}"
+    );
+    let mut args = vec!["sub", "market.secret", "--seconds", "1"];
+    args.extend_from_slice(&join);
+    let out = tidings(&args, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("subscribe on topic \"market.secret\" refused")
+            && stderr.contains("rule 1 (deny subscribe * market.secret*)"),
+        "{stderr}"
+    );
+    // What the rules allow works.
+    let mut args = vec!["sub", "market.eu", "--seconds", "1"];
+    args.extend_from_slice(&join);
+    let out = tidings(&args, "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("subscribed to \"market.eu\""), "{stderr}");
 }

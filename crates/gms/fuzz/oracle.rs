@@ -106,7 +106,25 @@ pub fn check(bytes: &[u8]) {
             encoded.len(),
             "item_len disagrees with the encoding"
         );
+        for item in items {
+            if let Item::Refused(r) = item {
+                check_refusal(r);
+            }
+        }
     }
+}
+
+/// An accepted refusal (an update's `Item::Refused`, a log entry's `Command::Refuse`) keeps
+/// its bounds: the topic name and the rule within their lengths.
+fn check_refusal(r: &tidings_gms::TopicRefusal) {
+    assert!(
+        r.topic.len() <= tidings_gms::TOPIC_NAME_BYTES_MAX,
+        "an accepted refusal's topic past TOPIC_NAME_BYTES_MAX"
+    );
+    assert!(
+        r.rule.len() <= tidings_gms::acl::RULE_TEXT_BYTES_MAX,
+        "an accepted refusal's rule past RULE_TEXT_BYTES_MAX"
+    );
 }
 
 /// The allocation budget of decoding `len` input bytes.
@@ -137,6 +155,22 @@ pub fn check_decision(bytes: &[u8]) {
     let mut encoded = Vec::new();
     tidings_gms::replica::encode_decision(at, &decision, &mut encoded);
     assert_eq!(encoded, bytes, "an accepted entry re-encodes differently");
+    let command = match &decision {
+        tidings_gms::Decision::Command(c) => Some(c),
+        tidings_gms::Decision::Request { command, .. } => command.as_ref(),
+        _ => None,
+    };
+    if let Some(tidings_gms::Command::Refuse { refusals, then, .. }) = command {
+        assert!(
+            refusals.len() <= tidings_gms::NAMES_PER_REQUEST_MAX,
+            "an accepted refusal of more than one request's names"
+        );
+        assert!(
+            !matches!(then.as_deref(), Some(tidings_gms::Command::Refuse { .. })),
+            "an accepted refusal nested in a refusal"
+        );
+        refusals.iter().for_each(check_refusal);
+    }
 }
 
 /// A replica-to-replica Raft message (`decode_raft`, at the default bounds): the same budget,

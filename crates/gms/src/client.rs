@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use tidings_proto::{Membership, MembershipChange, Time};
 use tidings_wire::{NodeId, RegionId, TopicId};
 
+use crate::acl::{AclAction, TopicRefusal};
 use crate::config::{ClientConfig, ConfigError};
 use crate::message::{
     GmsMessage, GmsRegionView, Item, RegionAddress, Request, WireKey, NAMES_PER_REQUEST_MAX,
@@ -26,6 +27,10 @@ pub enum ClientEvent {
     },
     /// The full membership this node must now use (after every committed batch of updates).
     Membership(Membership),
+    /// The service's access rules refused a subscription or advertisement of this node
+    /// ([`Item::Refused`]): the name is dropped from what the client subscribed to or
+    /// advertised (a rejoin does not ask for it again).
+    Refused(TopicRefusal),
     /// The GMS removed this node; it must stop and may join again with a new client.
     Removed,
     /// The service no longer knows this node (it was removed, or the service lost its state:
@@ -774,6 +779,19 @@ impl GmsClient {
                 }
                 self.events
                     .push_back(ClientEvent::TopicBound { name, topic });
+            }
+            Item::Refused(r) => {
+                match r.action {
+                    AclAction::Subscribe => {
+                        if self.subscribed.remove(&r.topic) {
+                            self.note_subscribed(&r.topic, false);
+                        }
+                    }
+                    AclAction::Publish => {
+                        self.advertised.remove(&r.topic);
+                    }
+                }
+                self.events.push_back(ClientEvent::Refused(r));
             }
             // The membership changes at the batch's Commit, all at once: what a host installs
             // is always a committed state, never part of a batch.

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::acl::{Acl, AclError};
 use crate::regions::{PlannerConfig, PlannerConfigError};
 
 /// The pool multicast addresses of regions are taken from.
@@ -129,6 +130,14 @@ pub struct GmsConfig {
     /// or is removed. Only for a service whose every member link is encrypted (the host runs
     /// the admitted link, `ServiceLink`): the update stream carries the secret. Default false.
     pub datagram_keys: bool,
+    /// Topic access rules (ADR 41): which identities may publish and subscribe, by topic name
+    /// or prefix, checked by the leader when it takes a `Subscribe`, `SubscribeMany`,
+    /// `Advertise` or `AdvertiseMany` request. Default empty: everything is allowed, as a
+    /// service without admission cannot tell its nodes apart; once there are rules, what no
+    /// rule allows is refused. Every replica of one service should hold the same rules (a
+    /// refusal is logged, so replicas never disagree about what was taken; the leader's rules
+    /// decide).
+    pub acl: Acl,
 }
 
 impl Default for GmsConfig {
@@ -156,6 +165,7 @@ impl Default for GmsConfig {
             first_node: 1,
             incarnation: 1,
             datagram_keys: false,
+            acl: Acl::default(),
         }
     }
 }
@@ -166,6 +176,9 @@ pub enum ConfigError {
     /// The planner's part is invalid.
     #[error(transparent)]
     Planner(#[from] PlannerConfigError),
+    /// The access rules are invalid (`acl`).
+    #[error(transparent)]
+    Acl(#[from] AclError),
     /// A field that must be positive is zero.
     #[error("gms config: {0} must be positive")]
     Zero(&'static str),
@@ -192,6 +205,7 @@ impl GmsConfig {
     /// Checks every field and the relations between them.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.planner.validate()?;
+        self.acl.validate()?;
         for (name, zero) in [
             ("partition_size", self.partition_size == 0),
             ("heartbeat_timeout", self.heartbeat_timeout.is_zero()),

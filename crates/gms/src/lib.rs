@@ -15,6 +15,8 @@
 //! - [`Member`]: a node's control plane, the protocol node and the client together; the
 //!   runtime and the simulator both drive it.
 //! - [`message`]: the messages between them and their checked encoding.
+//! - [`acl`]: topic access rules, checked when the service takes subscriptions and
+//!   advertisements.
 //! - [`secure`]: the admitted GMS link (Noise handshake and sessions of `tidings-seal`).
 //!
 //! Nothing here reads a clock, opens a socket or spawns a thread: time and seeds are inputs.
@@ -23,6 +25,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod acl;
 pub mod arena;
 mod client;
 mod config;
@@ -36,12 +39,13 @@ mod service;
 #[cfg(test)]
 mod tests;
 
+pub use acl::{Acl, AclAction, AclEffect, AclError, AclRule, AclWho, TopicRefusal};
 pub use arena::BlockArena;
 pub use client::{ClientEvent, ClientStats, GmsClient, RequestError};
 pub use config::{ClientConfig, ConfigError, GmsConfig, MulticastPool};
 pub use member::{
     frame, unframe, Joining, Member, MemberConfig, MemberError, MemberEvent, MemberStats,
-    NamedRequest, Stall, GMS_MAGIC,
+    NamedRefusal, NamedRequest, Stall, GMS_MAGIC,
 };
 pub use message::{
     DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request, WireKey,

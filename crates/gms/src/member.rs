@@ -21,6 +21,7 @@ use tidings_seal::{
 };
 use tidings_wire::{NodeId, RegionId, TopicId};
 
+use crate::acl::{AclAction, TopicRefusal};
 use crate::arena::BlockArena;
 use crate::client::{ClientEvent, GmsClient, RequestError};
 use crate::config::ClientConfig;
@@ -244,7 +245,7 @@ pub enum MemberEvent {
         /// The token the host gave with the request.
         token: u64,
         /// The topic, or the reason for the refusal.
-        result: Result<TopicId, String>,
+        result: Result<TopicId, NamedRefusal>,
     },
     /// The service bound a topic name this node asked for to an id.
     TopicBound {
@@ -341,6 +342,31 @@ pub struct MemberStats {
     pub keys_retired: u64,
 }
 
+/// Why a named request was not done ([`MemberEvent::Answered`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamedRefusal {
+    /// The service's access rules refused the topic (`GmsConfig::acl`).
+    Topic(TopicRefusal),
+    /// Any other reason (no service, the node was removed, an unreachable region, a bad
+    /// name), in words.
+    Other(String),
+}
+
+impl std::fmt::Display for NamedRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NamedRefusal::Topic(r) => r.fmt(f),
+            NamedRefusal::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<String> for NamedRefusal {
+    fn from(why: String) -> NamedRefusal {
+        NamedRefusal::Other(why)
+    }
+}
+
 /// A named request waiting for the service.
 #[derive(Debug)]
 struct Waiting {
@@ -380,6 +406,30 @@ impl WaitingRequests {
             self.bound.entry(topic).or_default().extend(requests);
             self.recheck.push(topic);
         }
+    }
+
+    /// Takes the tokens of the requests of `kind` for `name` out (the service refused them).
+    fn refuse(&mut self, name: &str, kind: NamedRequest, client: &GmsClient) -> Vec<u64> {
+        let mut tokens = Vec::new();
+        let mut take = |list: &mut Vec<Waiting>| {
+            list.retain(|w| {
+                let refused = w.kind == kind && w.name == name;
+                if refused {
+                    tokens.push(w.token);
+                }
+                !refused
+            });
+            list.is_empty()
+        };
+        if self.unbound.get_mut(name).is_some_and(&mut take) {
+            self.unbound.remove(name);
+        }
+        if let Some(topic) = client.topic_id(name) {
+            if self.bound.get_mut(&topic).is_some_and(&mut take) {
+                self.bound.remove(&topic);
+            }
+        }
+        tokens
     }
 
     fn drain(&mut self) -> impl Iterator<Item = Waiting> + '_ {
@@ -1149,7 +1199,7 @@ impl Member {
                                 after: self.node_events_taken + self.node.events_pending() as u64,
                                 event: MemberEvent::Answered {
                                     token,
-                                    result: Err(e.to_string()),
+                                    result: Err(e.to_string().into()),
                                 },
                             }),
                         }
@@ -1162,7 +1212,7 @@ impl Member {
         for (token, _) in names {
             self.push_event(MemberEvent::Answered {
                 token,
-                result: Err(why.to_owned()),
+                result: Err(why.to_owned().into()),
             });
         }
     }
@@ -1421,6 +1471,7 @@ impl Member {
         let mut removed = false;
         let mut rejoined = None;
         let mut bound = Vec::new();
+        let mut refused = Vec::new();
         while let Some(e) = link.client.poll_event() {
             match e {
                 // Only if a host turned the events back on: installed whole.
@@ -1430,6 +1481,7 @@ impl Member {
                     link.bound.insert(name.clone(), topic);
                     bound.push((name, topic));
                 }
+                ClientEvent::Refused(r) => refused.push(r),
                 ClientEvent::Removed => removed = true,
                 // The old protocol node runs on in its views until the service welcomes the
                 // node again; the requests waiting are asked again by name.
@@ -1491,6 +1543,21 @@ impl Member {
         }
         for (name, topic) in bound {
             self.push_event(MemberEvent::TopicBound { name, topic });
+        }
+        for r in refused {
+            let kind = match r.action {
+                AclAction::Subscribe => NamedRequest::Subscribe,
+                AclAction::Publish => NamedRequest::Advertise,
+            };
+            let Some(link) = self.link.as_mut() else {
+                return;
+            };
+            for token in link.waiting.refuse(&r.topic, kind, &link.client) {
+                self.push_event(MemberEvent::Answered {
+                    token,
+                    result: Err(NamedRefusal::Topic(r.clone())),
+                });
+            }
         }
         if let Some(m) = whole {
             self.install_whole(now, m);
@@ -1741,7 +1808,9 @@ impl Member {
                             let _ = link.client.unsubscribe(&w.name);
                             answers.push(MemberEvent::Answered {
                                 token: w.token,
-                                result: Err(format!("cannot subscribe to {:?}: {why}", w.name)),
+                                result: Err(
+                                    format!("cannot subscribe to {:?}: {why}", w.name).into()
+                                ),
                             });
                         } else if mine.is_some() {
                             answers.push(MemberEvent::Answered {
@@ -1787,7 +1856,7 @@ impl Member {
         for token in refused {
             self.push_event(MemberEvent::Answered {
                 token,
-                result: Err(REMOVED.to_owned()),
+                result: Err(REMOVED.to_owned().into()),
             });
         }
         if !leaving {
@@ -1924,7 +1993,11 @@ mod tests {
         }
 
         fn with(n: usize, rejoin: bool) -> Group {
-            let mut gms = Gms::new(GmsConfig::default()).unwrap();
+            Group::with_gms(n, rejoin, GmsConfig::default())
+        }
+
+        fn with_gms(n: usize, rejoin: bool, config: GmsConfig) -> Group {
+            let mut gms = Gms::new(config).unwrap();
             let (joinings, _) = handshake_with(&mut gms, n, 10, rejoin);
             let members: Vec<Member> = joinings
                 .into_iter()
@@ -2204,7 +2277,9 @@ mod tests {
         events
             .iter()
             .filter_map(|e| match e {
-                MemberEvent::Answered { token, result } => Some((*token, result.clone())),
+                MemberEvent::Answered { token, result } => {
+                    Some((*token, result.clone().map_err(|why| why.to_string())))
+                }
                 _ => None,
             })
             .collect()
@@ -2215,6 +2290,49 @@ mod tests {
             .enumerate()
             .map(|(i, n)| (i as u64 + 1, (*n).to_owned()))
             .collect()
+    }
+
+    /// A request the service's access rules refuse is answered with the topic and the rule;
+    /// the allowed names of the same batch are answered with their topics.
+    #[test]
+    fn refused_named_requests_are_answered_with_the_topic_and_the_rule() {
+        let config = GmsConfig {
+            acl: crate::Acl::parse("allow subscribe * a\n", None).unwrap(),
+            ..GmsConfig::default()
+        };
+        let mut g = Group::with_gms(1, false, config);
+        g.take_events(0);
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["a", "b"]));
+        g.members[0].request_named(g.now, NamedRequest::Advertise, vec![(3, "a".to_owned())]);
+        g.pump();
+        let events = g.take_events(0);
+        let a = g.members[0].client().unwrap().topic_id("a").unwrap();
+        let refusal = |topic: &str, action| {
+            NamedRefusal::Topic(TopicRefusal {
+                topic: topic.to_owned(),
+                action,
+                rule: crate::acl::NO_RULE_ALLOWS.to_owned(),
+            })
+        };
+        let mut got: Vec<(u64, Result<TopicId, NamedRefusal>)> = events
+            .iter()
+            .filter_map(|e| match e {
+                MemberEvent::Answered { token, result } => Some((*token, result.clone())),
+                _ => None,
+            })
+            .collect();
+        got.sort_by_key(|(token, _)| *token);
+        assert_eq!(
+            got,
+            vec![
+                (1, Ok(a)),
+                (2, Err(refusal("b", AclAction::Subscribe))),
+                (3, Err(refusal("a", AclAction::Publish))),
+            ],
+            "{events:?}"
+        );
+        assert!(g.members[0].client().unwrap().topic_id("b").is_none());
+        assert_eq!(g.members[0].requests_waiting(), (0, 0));
     }
 
     #[test]

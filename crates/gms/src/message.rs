@@ -8,6 +8,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use tidings_proto::RegionView;
+
+use crate::acl::{AclAction, TopicRefusal, RULE_TEXT_BYTES_MAX};
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
 /// Longest topic name, in bytes.
@@ -123,6 +125,11 @@ pub enum Item {
         /// Its secret.
         secret: WireKey,
     },
+    /// The service's access rules refused this node's subscription to, or advertisement of,
+    /// a topic (`GmsConfig::acl`): the node is not in the topic's regions and does not
+    /// publish on it. The topic name is at most [`TOPIC_NAME_BYTES_MAX`] bytes, the rule at
+    /// most [`RULE_TEXT_BYTES_MAX`](crate::acl::RULE_TEXT_BYTES_MAX).
+    Refused(TopicRefusal),
 }
 
 /// The 32 secret bytes of a datagram key inside an update item: printed redacted, so a debug
@@ -278,8 +285,12 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
     pub(crate) fn string(&mut self) -> Result<String, DecodeError> {
+        self.string_max(TOPIC_NAME_BYTES_MAX)
+    }
+    /// A string of at most `max` bytes.
+    pub(crate) fn string_max(&mut self, max: usize) -> Result<String, DecodeError> {
         let n = usize::from(self.u16()?);
-        if n > TOPIC_NAME_BYTES_MAX {
+        if n > max {
             return Err(DecodeError::TooLong);
         }
         let b = self.take(n)?;
@@ -331,9 +342,14 @@ pub(crate) fn put_names(out: &mut Vec<u8>, tag: u8, names: &[String]) {
 }
 
 pub(crate) fn put_string(out: &mut Vec<u8>, s: &str) {
+    put_string_max(out, s, TOPIC_NAME_BYTES_MAX);
+}
+
+/// A string cut to at most `max` bytes (at most `u16::MAX`).
+pub(crate) fn put_string_max(out: &mut Vec<u8>, s: &str, max: usize) {
     // Names are validated at the API (`TOPIC_NAME_BYTES_MAX`); truncating here keeps the encoder
     // total. A truncated multi-byte character would fail decoding, which is counted, not a panic.
-    let b = &s.as_bytes()[..s.len().min(TOPIC_NAME_BYTES_MAX)];
+    let b = &s.as_bytes()[..s.len().min(max).min(usize::from(u16::MAX))];
     put_u16(out, b.len() as u16);
     out.extend_from_slice(b);
 }
@@ -370,6 +386,10 @@ const I_COMMIT: u8 = 6;
 const I_REMOVED: u8 = 7;
 const I_NODE_ADDRESS: u8 = 8;
 const I_DATAGRAM_KEY: u8 = 9;
+const I_REFUSED: u8 = 10;
+
+const ACTION_PUBLISH: u8 = 0;
+const ACTION_SUBSCRIBE: u8 = 1;
 
 const ADDR_NONE: u8 = 0;
 const ADDR_V4: u8 = 4;
@@ -626,6 +646,15 @@ fn encode_item(item: &Item, out: &mut Vec<u8>) {
             put_u32(out, *id);
             out.extend_from_slice(&secret.0);
         }
+        Item::Refused(r) => {
+            out.push(I_REFUSED);
+            put_string(out, &r.topic);
+            out.push(match r.action {
+                AclAction::Publish => ACTION_PUBLISH,
+                AclAction::Subscribe => ACTION_SUBSCRIBE,
+            });
+            put_string_max(out, &r.rule, RULE_TEXT_BYTES_MAX);
+        }
     }
 }
 
@@ -726,6 +755,19 @@ fn decode_item(r: &mut Reader<'_>) -> Result<Item, DecodeError> {
                 secret: WireKey(secret),
             }
         }
+        I_REFUSED => {
+            let topic = r.string()?;
+            let action = match r.u8()? {
+                ACTION_PUBLISH => AclAction::Publish,
+                ACTION_SUBSCRIBE => AclAction::Subscribe,
+                t => return Err(DecodeError::Tag(t)),
+            };
+            Item::Refused(TopicRefusal {
+                topic,
+                action,
+                rule: r.string_max(RULE_TEXT_BYTES_MAX)?,
+            })
+        }
         t => return Err(DecodeError::Tag(t)),
     })
 }
@@ -818,6 +860,16 @@ mod tests {
                         id: 7,
                         secret: WireKey([0xa5; 32]),
                     },
+                    Item::Refused(TopicRefusal {
+                        topic: "market.eu".into(),
+                        action: AclAction::Publish,
+                        rule: "rule 2 (deny publish east-1 market.*)".into(),
+                    }),
+                    Item::Refused(TopicRefusal {
+                        topic: "news".into(),
+                        action: AclAction::Subscribe,
+                        rule: "no rule allows".into(),
+                    }),
                     Item::Commit,
                 ],
             },
@@ -911,6 +963,49 @@ mod tests {
             GmsMessage::decode(&request(&[ADDR_NONE, 0])),
             Err(DecodeError::Trailing)
         );
+    }
+
+    #[test]
+    fn a_refusal_is_bounded() {
+        let item = |topic: usize, action: u8, rule: usize| {
+            let mut b = vec![T_UPDATE];
+            b.extend_from_slice(&1u64.to_le_bytes());
+            b.extend_from_slice(&1u32.to_le_bytes());
+            b.push(I_REFUSED);
+            b.extend_from_slice(&(topic as u16).to_le_bytes());
+            b.extend(std::iter::repeat_n(b't', topic));
+            b.push(action);
+            b.extend_from_slice(&(rule as u16).to_le_bytes());
+            b.extend(std::iter::repeat_n(b'r', rule));
+            b
+        };
+        assert!(GmsMessage::decode(&item(TOPIC_NAME_BYTES_MAX, 1, RULE_TEXT_BYTES_MAX)).is_ok());
+        assert_eq!(
+            GmsMessage::decode(&item(TOPIC_NAME_BYTES_MAX + 1, 1, 1)),
+            Err(DecodeError::TooLong)
+        );
+        assert_eq!(
+            GmsMessage::decode(&item(1, 0, RULE_TEXT_BYTES_MAX + 1)),
+            Err(DecodeError::TooLong)
+        );
+        assert_eq!(GmsMessage::decode(&item(1, 2, 1)), Err(DecodeError::Tag(2)));
+        // A rule claiming more bytes than the message holds.
+        let mut cut = item(1, 0, 10);
+        cut.truncate(cut.len() - 1);
+        assert_eq!(GmsMessage::decode(&cut), Err(DecodeError::Truncated));
+        // The encoder cuts an over-long rule to the bound, so what it sends decodes.
+        let long = GmsMessage::Update {
+            seq: 1,
+            items: vec![Item::Refused(TopicRefusal {
+                topic: "t".into(),
+                action: AclAction::Subscribe,
+                rule: "r".repeat(RULE_TEXT_BYTES_MAX * 2),
+            })],
+        };
+        let Ok(GmsMessage::Update { items, .. }) = GmsMessage::decode(&long.to_bytes()) else {
+            panic!("an over-long rule does not decode");
+        };
+        assert!(matches!(&items[0], Item::Refused(r) if r.rule.len() == RULE_TEXT_BYTES_MAX));
     }
 
     proptest! {

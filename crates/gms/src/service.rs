@@ -5,8 +5,10 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 use tidings_proto::Time;
+use tidings_seal::PublicKey;
 use tidings_wire::{NodeId, RegionId, TopicId, ViewId};
 
+use crate::acl::{AclAction, TopicRefusal};
 use crate::config::{ConfigError, GmsConfig};
 use crate::groups::GroupLoads;
 use crate::message::{
@@ -135,6 +137,18 @@ pub enum Command {
         /// Its secret.
         secret: WireKey,
     },
+    /// The leader's access rules (`GmsConfig::acl`) refused some topics of a member's request:
+    /// the member is told each ([`Item::Refused`]), then `then` (the request with the
+    /// refused names taken out, if any are left) is applied. The refusal is decided by the
+    /// leader and logged, so every replica tells the member the same.
+    Refuse {
+        /// The member.
+        node: NodeId,
+        /// The topics refused (at most [`NAMES_PER_REQUEST_MAX`](crate::NAMES_PER_REQUEST_MAX)).
+        refusals: Vec<TopicRefusal>,
+        /// The rest of the request (never itself a `Refuse`).
+        then: Option<Box<Command>>,
+    },
     /// The service takes its incarnation: the first decision of a replicated service's first
     /// leader (the one in its configuration), so every replica holds the same one. Ignored once
     /// the service has one.
@@ -210,6 +224,9 @@ pub struct GmsStats {
     pub requests_out_of_order: u64,
     /// Requests refused (topic name too long, too many topics).
     pub requests_refused: u64,
+    /// Topics of subscriptions and advertisements refused by the access rules
+    /// (`GmsConfig::acl`), each told to its node.
+    pub topics_refused: u64,
     /// Update items sent for the first time.
     pub updates_sent: u64,
     /// Update items sent again.
@@ -800,6 +817,19 @@ impl Gms {
 
     /// A decoded message from `from`.
     pub fn handle_message(&mut self, now: Time, from: Peer, msg: GmsMessage) {
+        self.handle_message_as(now, from, None, msg);
+    }
+
+    /// A decoded message from `from`, whose admitted GMS link proved it holds `identity`
+    /// (the host's `ServiceLink` knows it; `None` without admission): the access rules
+    /// (`GmsConfig::acl`) are checked against it.
+    pub fn handle_message_as(
+        &mut self,
+        now: Time,
+        from: Peer,
+        identity: Option<&PublicKey>,
+        msg: GmsMessage,
+    ) {
         if !self.is_leading() {
             // A follower replica serves no client (its host redirects them).
             self.stats.unexpected += 1;
@@ -828,7 +858,9 @@ impl Gms {
                 match msg {
                     GmsMessage::Heartbeat => {}
                     GmsMessage::Ack { upto } => self.on_ack_received(now, node, upto),
-                    GmsMessage::Request { req, body } => self.on_request(now, node, req, body),
+                    GmsMessage::Request { req, body } => {
+                        self.on_request(now, node, req, body, identity);
+                    }
                     _ => self.stats.unexpected += 1,
                 }
             }
@@ -1034,6 +1066,7 @@ impl Gms {
             | Command::Advertise { node, .. }
             | Command::AdvertiseMany { node, .. }
             | Command::Unadvertise { node, .. }
+            | Command::Refuse { node, .. }
                 if !self.nodes.contains_key(&node) =>
             {
                 self.stats.requests_refused += 1;
@@ -1062,6 +1095,20 @@ impl Gms {
                     ..SyncScope::default()
                 };
                 self.propagate(Changes::default(), [(node, scope)].into());
+            }
+            Command::Refuse {
+                node,
+                refusals,
+                then,
+            } => {
+                self.stats.topics_refused += refusals.len() as u64;
+                let items = refusals.into_iter().map(Item::Refused).collect();
+                self.push_items(now, node, items);
+                match then.map(|c| *c) {
+                    // One level only: a nested refusal is not something the leader decides.
+                    Some(Command::Refuse { .. }) | None => {}
+                    Some(cmd) => self.apply(now, cmd),
+                }
             }
             Command::MetricsAt { node, addr } => {
                 if let Some(e) = self.nodes.get_mut(&node) {
@@ -1251,7 +1298,14 @@ impl Gms {
         }
     }
 
-    fn on_request(&mut self, now: Time, node: NodeId, req: u64, body: Request) {
+    fn on_request(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        req: u64,
+        body: Request,
+        identity: Option<&PublicKey>,
+    ) {
         let Some(e) = self.nodes.get(&node) else {
             return;
         };
@@ -1285,6 +1339,7 @@ impl Gms {
                     cause: RemoveCause::Left,
                 }),
             };
+            let command = command.map(|c| self.check_access(node, identity, c));
             if self.replicated.is_some() {
                 self.requests_decided.insert(node, req);
             }
@@ -1296,6 +1351,60 @@ impl Gms {
             to: Peer::Node(node),
             msg: GmsMessage::RequestAck { upto },
         });
+    }
+
+    /// The command with the topics the access rules refuse to `identity` taken out into a
+    /// [`Command::Refuse`]; unchanged when every topic is allowed (always, without rules).
+    fn check_access(&self, node: NodeId, identity: Option<&PublicKey>, cmd: Command) -> Command {
+        let acl = &self.config.acl;
+        if acl.is_empty() {
+            return cmd;
+        }
+        let (action, names, many) = match cmd {
+            Command::Subscribe { name, .. } => (AclAction::Subscribe, vec![name], false),
+            Command::SubscribeMany { names, .. } => (AclAction::Subscribe, names, true),
+            Command::Advertise { name, .. } => (AclAction::Publish, vec![name], false),
+            Command::AdvertiseMany { names, .. } => (AclAction::Publish, names, true),
+            other => return other,
+        };
+        let mut allowed = Vec::with_capacity(names.len());
+        let mut refusals = Vec::new();
+        for name in names {
+            match acl.check(identity, action, &name) {
+                Ok(()) => allowed.push(name),
+                Err(rule) => refusals.push(TopicRefusal {
+                    topic: name,
+                    action,
+                    rule,
+                }),
+            }
+        }
+        let rest = |mut allowed: Vec<String>| match (action, many) {
+            (AclAction::Subscribe, false) => Command::Subscribe {
+                node,
+                name: allowed.pop().unwrap_or_default(),
+            },
+            (AclAction::Subscribe, true) => Command::SubscribeMany {
+                node,
+                names: allowed,
+            },
+            (AclAction::Publish, false) => Command::Advertise {
+                node,
+                name: allowed.pop().unwrap_or_default(),
+            },
+            (AclAction::Publish, true) => Command::AdvertiseMany {
+                node,
+                names: allowed,
+            },
+        };
+        if refusals.is_empty() {
+            return rest(allowed);
+        }
+        Command::Refuse {
+            node,
+            refusals,
+            then: (!allowed.is_empty()).then(|| Box::new(rest(allowed))),
+        }
     }
 
     /// Takes request `req` of `node` if it is the next one, applying its command, and

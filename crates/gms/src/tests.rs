@@ -34,6 +34,8 @@ struct World {
     gms_events: Vec<GmsEvent>,
     /// Every update item delivered to each client (after the filter).
     delivered: Vec<Vec<GmsMessage>>,
+    /// The identity each client's link proved (`None`: no admission).
+    identities: Vec<Option<tidings_seal::PublicKey>>,
 }
 
 impl World {
@@ -63,6 +65,7 @@ impl World {
             events: Vec::new(),
             gms_events: Vec::new(),
             delivered: vec![Vec::new(); n],
+            identities: vec![None; n],
         };
         w.tick();
         w
@@ -89,7 +92,9 @@ impl World {
                         Some(n) => Peer::Node(n),
                         None => Peer::Joiner(self.clients[i].nonce()),
                     };
-                    self.gms.handle_datagram(self.now, from, &msg.to_bytes());
+                    let identity = self.identities.get(i).copied().flatten();
+                    self.gms
+                        .handle_message_as(self.now, from, identity.as_ref(), msg);
                 }
                 while let Some(e) = self.clients[i].poll_event() {
                     self.events.push((i, e));
@@ -1441,4 +1446,111 @@ fn the_datagram_key_is_kept_by_snapshots() {
     .unwrap();
     other.restore(&snapshot).unwrap();
     assert_eq!(other.datagram_key_id(), Some(1));
+}
+
+/// The access rules: with none, everything is allowed; with rules, the first match decides
+/// and what no rule allows is refused. A refused subscription or advertisement is told to its
+/// node naming the topic and the rule, and leaves the node out of the topic; the allowed
+/// topics of the same batch are taken.
+#[test]
+fn the_access_rules_refuse_topics_naming_the_rule() {
+    use crate::{Acl, AclAction, TopicRefusal};
+    use tidings_seal::{AllowList, PublicKey};
+
+    let east = PublicKey([1; 32]);
+    let west = PublicKey([2; 32]);
+    let mut allowed = AllowList::new();
+    allowed.insert(east, "east");
+    allowed.insert(west, "west");
+    let rules = "deny * * market.secret*\n\
+                 allow publish east market.*\n\
+                 allow subscribe * market.*\n";
+    let config = GmsConfig {
+        acl: Acl::parse(rules, Some(&allowed)).unwrap(),
+        ..GmsConfig::default()
+    };
+    let mut w = World::with_config(3, config);
+    w.identities = vec![Some(east), Some(west), None];
+    w.run_for(Duration::from_secs(1));
+    let refusals = |w: &World, i: usize| -> Vec<TopicRefusal> {
+        w.events
+            .iter()
+            .filter_map(|(j, e)| match e {
+                ClientEvent::Refused(r) if *j == i => Some(r.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    // East publishes on market.eu; west may only subscribe; the anonymous client subscribes.
+    w.clients[0].advertise("market.eu").unwrap();
+    w.clients[1].advertise("market.eu").unwrap();
+    w.clients[1].subscribe("market.eu").unwrap();
+    w.clients[2]
+        .subscribe_many(&["market.eu".into(), "news".into(), "market.secret".into()])
+        .unwrap();
+    w.run_for(Duration::from_secs(1));
+    assert!(refusals(&w, 0).is_empty());
+    assert_eq!(
+        refusals(&w, 1),
+        vec![TopicRefusal {
+            topic: "market.eu".into(),
+            action: AclAction::Publish,
+            rule: "no rule allows".into(),
+        }]
+    );
+    assert_eq!(
+        refusals(&w, 2),
+        vec![
+            TopicRefusal {
+                topic: "news".into(),
+                action: AclAction::Subscribe,
+                rule: "no rule allows".into(),
+            },
+            TopicRefusal {
+                topic: "market.secret".into(),
+                action: AclAction::Subscribe,
+                rule: "rule 1 (deny * * market.secret*)".into(),
+            },
+        ]
+    );
+    assert_eq!(w.gms.stats().topics_refused, 3);
+    // The allowed part of the batch was taken; the refused topics were never bound.
+    let eu = w.gms.topic_id("market.eu").unwrap();
+    assert!(w.gms.topic_id("news").is_none());
+    assert!(w.gms.topic_id("market.secret").is_none());
+    assert!(w.clients[1].subscribed_topics().contains(&eu));
+    assert!(w.clients[2].subscribed_topics().contains(&eu));
+    assert_eq!(w.gms.member_state(w.node(0)).unwrap().publishes, 1);
+    assert_eq!(w.gms.member_state(w.node(1)).unwrap().publishes, 0);
+    // Only the subscribers are in the topic's region.
+    for (i, member) in [(0, false), (1, true), (2, true)] {
+        let m = w.last_membership(i).unwrap();
+        let in_region = m
+            .regions
+            .values()
+            .any(|v| v.topics.contains(&eu) && v.members().any(|n| n == w.node(i)));
+        assert_eq!(in_region, member, "client {i}");
+    }
+    // Requests without a topic are not affected by the rules.
+    w.clients[1].unsubscribe("market.eu").unwrap();
+    w.run_for(Duration::from_secs(1));
+    assert!(!w.clients[1].subscribed_topics().contains(&eu));
+    assert_eq!(w.gms.stats().topics_refused, 3);
+}
+
+/// Without rules every identity (and none) may publish and subscribe.
+#[test]
+fn without_rules_everything_is_allowed() {
+    let mut w = World::new(2);
+    w.identities = vec![Some(tidings_seal::PublicKey([7; 32])), None];
+    w.run_for(Duration::from_secs(1));
+    w.clients[0].advertise("anything").unwrap();
+    w.clients[1].subscribe("anything").unwrap();
+    w.run_for(Duration::from_secs(1));
+    assert!(!w
+        .events
+        .iter()
+        .any(|(_, e)| matches!(e, ClientEvent::Refused(_))));
+    assert_eq!(w.gms.stats().topics_refused, 0);
+    assert!(w.gms.topic_id("anything").is_some());
 }

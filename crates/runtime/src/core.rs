@@ -25,7 +25,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use crossbeam_queue::SegQueue;
 use mio::{Events, Interest, Poll, Token, Waker};
-use tidings_gms::{unframe, GmsClient, Member, MemberEvent, NamedRequest, RegionAddress, Stall};
+use tidings_gms::{
+    unframe, GmsClient, Member, MemberEvent, NamedRefusal, NamedRequest, RegionAddress, Stall,
+};
 use tidings_proto::{
     Delivery, Event, Membership, MsgId, Priority, PublishError, RegionId, Time, TopicId,
 };
@@ -93,7 +95,7 @@ pub(crate) enum Control {
     SubscribeNamed {
         name: String,
         task: SubTask,
-        reply: SyncSender<Result<TopicId, String>>,
+        reply: SyncSender<Result<TopicId, NamedRefusal>>,
     },
     /// [`SubscribeNamed`](Control::SubscribeNamed) for several topics in one request to the
     /// GMS (at most `NAMES_PER_REQUEST_MAX`): a name, its task and its reply each.
@@ -104,7 +106,7 @@ pub(crate) enum Control {
     /// comes once the node knows the topic's regions.
     Advertise {
         name: String,
-        reply: SyncSender<Result<TopicId, String>>,
+        reply: SyncSender<Result<TopicId, NamedRefusal>>,
     },
     /// [`Advertise`](Control::Advertise) for several topics in one request to the GMS (at most
     /// `NAMES_PER_REQUEST_MAX`): a name and its reply each.
@@ -336,14 +338,14 @@ struct BoundSub {
 }
 
 /// Where the answer to a named request (subscribe, advertise) goes: the topic's id, or why not.
-type NamedReply = SyncSender<Result<TopicId, String>>;
+type NamedReply = SyncSender<Result<TopicId, NamedRefusal>>;
 
 /// Why requests that raced with the shutdown are refused.
 const SHUTTING_DOWN: &str = "the runtime is shutting down";
 
 /// Answers a named request with why it cannot be done.
 fn refuse(reply: NamedReply, why: &str) {
-    let _ = reply.send(Err(why.to_owned()));
+    let _ = reply.send(Err(NamedRefusal::Other(why.to_owned())));
 }
 
 /// A named request waiting for its answer from the member, by the token it was made with.

@@ -671,7 +671,12 @@ impl Host {
                     .handle_client(now, known.map_or(Peer::Joiner(0), Peer::Node), body)
             }
             Ok(_) => match known {
-                Some(node) => self.replica.handle_client(now, Peer::Node(node), body),
+                Some(node) => {
+                    // The identity its admitted session proved: the access rules check it.
+                    let identity = self.secure.as_ref().and_then(|l| l.peer(&from)).copied();
+                    self.replica
+                        .handle_client_as(now, Peer::Node(node), identity.as_ref(), body);
+                }
                 None => {
                     self.unknown_sources += 1;
                     // A serving leader has applied every committed entry, so its member table

@@ -337,7 +337,12 @@ impl Host {
                     .handle_message(now, Peer::Joiner(nonce), GmsMessage::Join { nonce, addr });
             }
             msg => match self.by_addr.get(&from) {
-                Some(&node) => self.gms.handle_message(now, Peer::Node(node), msg),
+                Some(&node) => {
+                    // The identity its admitted session proved: the access rules check it.
+                    let identity = self.secure.as_ref().and_then(|l| l.peer(&from)).copied();
+                    self.gms
+                        .handle_message_as(now, Peer::Node(node), identity.as_ref(), msg);
+                }
                 None => {
                     // A node this service does not know (it restarted without its state, or
                     // removed the node) is told so, as the service tells a removed node, so

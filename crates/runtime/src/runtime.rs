@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tidings_gms::{Joining, Member, MemberConfig, MemberError};
+use tidings_gms::{Joining, Member, MemberConfig, MemberError, NamedRefusal, TopicRefusal};
 use tidings_proto::{Delivery, Membership, NodeId, TopicId};
 use tidings_sched::{Scheduler, ShutdownMode, TaskStats};
 
@@ -30,7 +30,7 @@ use crate::stats::RuntimeStats;
 const REQUESTS_PIPELINED: usize = 16;
 
 /// The answer to one name of a batch request: the topic's id, or why it was refused.
-type NamedAnswer = mpsc::Receiver<Result<TopicId, String>>;
+type NamedAnswer = mpsc::Receiver<Result<TopicId, NamedRefusal>>;
 
 /// Sends the batch requests `send` makes of `chunks`, keeping up to `REQUESTS_PIPELINED` of
 /// them unanswered, and gives each one's answers to `collect`, in order. Stops sending at the
@@ -122,6 +122,19 @@ pub enum RequestError {
     /// The request was refused (the message says why).
     #[error("refused: {0}")]
     Refused(String),
+    /// The membership service's access rules refused the subscription or advertisement: the
+    /// topic, the action and the rule.
+    #[error("{0}")]
+    TopicRefused(TopicRefusal),
+}
+
+impl From<NamedRefusal> for RequestError {
+    fn from(why: NamedRefusal) -> RequestError {
+        match why {
+            NamedRefusal::Topic(r) => RequestError::TopicRefused(r),
+            NamedRefusal::Other(why) => RequestError::Refused(why),
+        }
+    }
 }
 
 /// Why shutting down was not clean.
@@ -450,7 +463,7 @@ impl NodeRuntime {
             }),
             Ok(Err(why)) => {
                 task.remove();
-                Err(RequestError::Refused(why))
+                Err(why.into())
             }
             Err(e) => {
                 task.remove();
@@ -527,7 +540,7 @@ impl NodeRuntime {
                 }),
                 Ok(Err(why)) => {
                     task.remove();
-                    failed.get_or_insert(RequestError::Refused(why));
+                    failed.get_or_insert(why.into());
                 }
                 Err(e) => {
                     task.remove();
@@ -546,7 +559,7 @@ impl NodeRuntime {
             name: name.to_owned(),
             reply,
         });
-        self.wait_long(&answer)?.map_err(RequestError::Refused)
+        self.wait_long(&answer)?.map_err(RequestError::from)
     }
 
     /// Declares, through the membership service, that this node publishes on every topic of
@@ -571,7 +584,7 @@ impl NodeRuntime {
                 match self.wait_long(&answer) {
                     Ok(Ok(topic)) => ids.push(topic),
                     Ok(Err(why)) => {
-                        failed.get_or_insert(RequestError::Refused(why));
+                        failed.get_or_insert(why.into());
                     }
                     Err(e) => {
                         failed.get_or_insert(e);

@@ -357,6 +357,15 @@ impl AllowList {
         self.keys.get(key).map(String::as_str)
     }
 
+    /// The key given `name` (the first, by key order, if several share it).
+    #[must_use]
+    pub fn key_of(&self, name: &str) -> Option<PublicKey> {
+        self.keys
+            .iter()
+            .find(|(_, n)| n.as_str() == name)
+            .map(|(k, _)| *k)
+    }
+
     /// Identities on the list.
     #[must_use]
     pub fn len(&self) -> usize {

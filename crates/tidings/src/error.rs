@@ -76,6 +76,18 @@ pub enum RequestError {
     /// The node refused the request (the message says why), e.g. the service removed it.
     #[error("refused: {0}")]
     Refused(String),
+    /// The membership service's access rules refused to let this node subscribe to or publish
+    /// on the topic: `rule` is the rule that denied it (`rule N (deny ...)`) or `no rule
+    /// allows` (docs/security.md). The node does not take part in the topic.
+    #[error("{action} on topic {topic:?} refused by the service's access rules: {rule}")]
+    TopicRefused {
+        /// The topic's name.
+        topic: String,
+        /// What was refused: publish or subscribe.
+        action: crate::AclAction,
+        /// The rule.
+        rule: String,
+    },
     /// The node has shut down.
     #[error("the node has shut down")]
     Closed,
@@ -191,6 +203,11 @@ impl From<tidings_runtime::RequestError> for RequestError {
                 RequestError::Config(format!("share {s} is not in (0, 1]"))
             }
             tidings_runtime::RequestError::Refused(why) => RequestError::Refused(why),
+            tidings_runtime::RequestError::TopicRefused(r) => RequestError::TopicRefused {
+                topic: r.topic,
+                action: r.action,
+                rule: r.rule,
+            },
         }
     }
 }

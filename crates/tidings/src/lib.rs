@@ -58,7 +58,9 @@ pub use subscribe::{CallbackSubscription, Iter, SlowConsumerPolicy, Subscription
 pub use topic::{Message, Topic, TOPIC_NAME_BYTES_MAX};
 
 pub use bytes::Bytes;
-pub use tidings_gms::{GmsConfig, MulticastPool, PlannerConfig, ReplicaConfig};
+pub use tidings_gms::{
+    Acl, AclAction, AclError, GmsConfig, MulticastPool, PlannerConfig, ReplicaConfig,
+};
 pub use tidings_proto::{Config as ProtocolConfig, NodeId, TopicId};
 pub use tidings_runtime::{
     GmsLinkConfig, GmsReplicaServer, GmsServer, GmsSnapshot, MetricsServer, MulticastConfig,

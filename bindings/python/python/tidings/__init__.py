@@ -62,6 +62,7 @@ from ._tidings import (
     TimeoutError,
     TooLargeError,
     TopicNameError,
+    TopicRefusedError,
     WouldBlock,
 )
 
@@ -103,6 +104,7 @@ __all__ = [
     "EncodeError",
     "DecodeError",
     "RefusedError",
+    "TopicRefusedError",
     "SlowConsumerError",
     "ClosedError",
     "ShutdownError",

@@ -69,6 +69,13 @@ class DecodeError(TidingsError):
 class RefusedError(TidingsError):
     """The node refused the request."""
 
+class TopicRefusedError(RefusedError):
+    """The membership service's access rules refused a subscription or publisher."""
+
+    topic: str
+    action: str
+    rule: str
+
 class SlowConsumerError(TidingsError):
     """The subscription's reader fell behind and was disconnected."""
 

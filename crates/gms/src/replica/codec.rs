@@ -10,9 +10,10 @@ use tidings_proto::Time;
 use tidings_wire::NodeId;
 
 use super::Durable;
+use crate::acl::{AclAction, TopicRefusal, RULE_TEXT_BYTES_MAX};
 use crate::message::{
-    put_addr, put_len, put_names, put_string, put_u32, put_u64, DecodeError, Reader,
-    NAMES_PER_REQUEST_MAX,
+    put_addr, put_len, put_names, put_string, put_string_max, put_u32, put_u64, DecodeError,
+    Reader, NAMES_PER_REQUEST_MAX,
 };
 use crate::service::{Command, Decision, RemoveCause};
 
@@ -38,6 +39,7 @@ const C_REMOVE: u8 = 9;
 const C_INCARNATE: u8 = 10;
 const C_DATAGRAM_KEY: u8 = 11;
 const C_METRICS_AT: u8 = 12;
+const C_REFUSE: u8 = 13;
 
 /// Most voters (or learners) a snapshot's configuration lists.
 const VOTERS_MAX: usize = 64;
@@ -156,10 +158,43 @@ fn encode_command(cmd: &Command, out: &mut Vec<u8>) {
             put_u32(out, node.0);
             put_addr(out, *addr);
         }
+        Command::Refuse {
+            node,
+            refusals,
+            then,
+        } => {
+            out.push(C_REFUSE);
+            put_u32(out, node.0);
+            // At most one request's names (validated where the leader decides it).
+            let refusals = &refusals[..refusals.len().min(NAMES_PER_REQUEST_MAX)];
+            put_len(out, refusals.len());
+            for r in refusals {
+                put_string(out, &r.topic);
+                out.push(match r.action {
+                    AclAction::Publish => 0,
+                    AclAction::Subscribe => 1,
+                });
+                put_string_max(out, &r.rule, RULE_TEXT_BYTES_MAX);
+            }
+            match then.as_deref() {
+                // One level: a nested refusal is encoded as none (the leader never makes one).
+                None | Some(Command::Refuse { .. }) => out.push(0),
+                Some(cmd) => {
+                    out.push(1);
+                    encode_command(cmd, out);
+                }
+            }
+        }
     }
 }
 
 fn decode_command(r: &mut Reader<'_>) -> Result<Command, DecodeError> {
+    decode_command_in(r, false)
+}
+
+/// A command; `inner` when it is a [`Command::Refuse`]'s `then`, which may not be a refusal
+/// itself (refused before reading further, so hostile input cannot nest them deeply).
+fn decode_command_in(r: &mut Reader<'_>, inner: bool) -> Result<Command, DecodeError> {
     Ok(match r.u8()? {
         C_JOIN => Command::Join {
             nonce: r.u64()?,
@@ -212,6 +247,37 @@ fn decode_command(r: &mut Reader<'_>) -> Result<Command, DecodeError> {
             node: NodeId(r.u32()?),
             addr: r.addr()?,
         },
+        C_REFUSE if inner => return Err(DecodeError::Invalid),
+        C_REFUSE => {
+            let node = NodeId(r.u32()?);
+            // Each refusal takes at least its two lengths and its action byte.
+            let n = r.len(NAMES_PER_REQUEST_MAX, 5)?;
+            let mut refusals = Vec::with_capacity(n);
+            for _ in 0..n {
+                let topic = r.string()?;
+                let action = match r.u8()? {
+                    0 => AclAction::Publish,
+                    1 => AclAction::Subscribe,
+                    t => return Err(DecodeError::Tag(t)),
+                };
+                let rule = r.string_max(RULE_TEXT_BYTES_MAX)?;
+                refusals.push(TopicRefusal {
+                    topic,
+                    action,
+                    rule,
+                });
+            }
+            let then = match r.u8()? {
+                0 => None,
+                1 => Some(Box::new(decode_command_in(r, true)?)),
+                t => return Err(DecodeError::Tag(t)),
+            };
+            Command::Refuse {
+                node,
+                refusals,
+                then,
+            }
+        }
         t => return Err(DecodeError::Tag(t)),
     })
 }

@@ -678,6 +678,19 @@ impl Replica {
 
     /// A datagram from a client (`from` as [`Gms::handle_message`] takes it).
     pub fn handle_client(&mut self, now: Time, from: Peer, bytes: &[u8]) {
+        self.handle_client_as(now, from, None, bytes);
+    }
+
+    /// As [`handle_client`](Replica::handle_client), from a client whose admitted GMS link
+    /// proved `identity`: a leader checks the access rules (`GmsConfig::acl`) against it and
+    /// logs what it refused.
+    pub fn handle_client_as(
+        &mut self,
+        now: Time,
+        from: Peer,
+        identity: Option<&tidings_seal::PublicKey>,
+        bytes: &[u8],
+    ) {
         self.last_now = self.last_now.max(now);
         let msg = match GmsMessage::decode(bytes) {
             Ok(msg) => msg,
@@ -697,7 +710,7 @@ impl Replica {
                     },
                 }));
             }
-            self.gms.handle_message(now, from, msg);
+            self.gms.handle_message_as(now, from, identity, msg);
         } else {
             self.stats.redirects += 1;
             let leader = self.leader().and_then(|l| u32::try_from(l).ok());

@@ -706,6 +706,23 @@ fn log_entries_round_trip_and_refuse_truncation() {
             id: 9,
             secret: crate::WireKey([0x5a; 32]),
         },
+        Command::Refuse {
+            node,
+            refusals: vec![crate::TopicRefusal {
+                topic: "market.eu".into(),
+                action: crate::AclAction::Publish,
+                rule: "no rule allows".into(),
+            }],
+            then: Some(Box::new(Command::Advertise {
+                node,
+                name: "market.us".into(),
+            })),
+        },
+        Command::Refuse {
+            node,
+            refusals: vec![],
+            then: None,
+        },
     ];
     let mut decisions: Vec<Decision> = commands.iter().cloned().map(Decision::Command).collect();
     decisions.push(Decision::Request {
@@ -729,6 +746,36 @@ fn log_entries_round_trip_and_refuse_truncation() {
         bytes.push(0);
         assert!(decode_decision(&bytes).is_err());
     }
+    // A refusal nested in a refusal is refused before it is read any further, so hostile
+    // input cannot nest them deeply.
+    let nested = Decision::Command(Command::Refuse {
+        node,
+        refusals: vec![],
+        then: Some(Box::new(Command::Refuse {
+            node,
+            refusals: vec![],
+            then: None,
+        })),
+    });
+    let mut bytes = Vec::new();
+    encode_decision(at(5), &nested, &mut bytes);
+    // Encoded as a refusal without a rest.
+    assert!(matches!(
+        decode_decision(&bytes),
+        Ok((_, Decision::Command(Command::Refuse { then: None, .. })))
+    ));
+    let mut deep = bytes[..bytes.len() - 1].to_vec();
+    for _ in 0..10_000 {
+        deep.push(1);
+        deep.push(13);
+        deep.extend_from_slice(&3u32.to_le_bytes());
+        deep.extend_from_slice(&0u32.to_le_bytes());
+    }
+    deep.push(0);
+    assert_eq!(
+        decode_decision(&deep).map(|_| ()),
+        Err(crate::DecodeError::Invalid)
+    );
 }
 
 /// Replica memory with compaction: a 3-replica service applies 100,000 subscription requests
@@ -1465,4 +1512,44 @@ fn the_datagram_key_is_replicated_and_a_new_leader_replaces_it_when_a_member_lea
     for r in c.replicas.iter().flatten() {
         assert_eq!(r.gms().datagram_key_id(), Some(next));
     }
+}
+
+/// The leader checks the access rules and logs what it refused: every replica applies the
+/// same refusal (the topic never bound, the same update stream), and the client is told once.
+#[test]
+fn every_replica_applies_the_leaders_refusals_alike() {
+    let gms = GmsConfig {
+        acl: crate::Acl::parse("allow subscribe * open.*\n", None).unwrap(),
+        ..GmsConfig::default()
+    };
+    let mut c = Cluster::with_gms(13, 3, 2, 0.0, gms);
+    c.run_until(at(2000), &mut |_| {});
+    c.clients[0]
+        .subscribe_many(&["open.a".into(), "closed.b".into()])
+        .unwrap();
+    c.clients[1].advertise("open.a").unwrap();
+    c.run_until(at(4000), &mut |_| {});
+    check_converged(&c);
+    for r in c.replicas.iter().flatten() {
+        assert_eq!(r.gms().stats().topics_refused, 2);
+        assert!(r.gms().topic_id("open.a").is_some());
+        assert!(r.gms().topic_id("closed.b").is_none());
+    }
+    let told = |client: &str, topic: &str| {
+        c.trace
+            .iter()
+            .filter(|l| l.contains(client) && l.contains("Refused") && l.contains(topic))
+            .count()
+    };
+    assert_eq!(told(" c0 ", "closed.b"), 1, "{:#?}", c.trace);
+    assert_eq!(told(" c1 ", "open.a"), 1, "{:#?}", c.trace);
+    assert_eq!(told(" c0 ", "open.a"), 0);
+    assert!(c.clients[0].subscribed_topics().iter().all(|t| Some(*t)
+        == c.replicas
+            .iter()
+            .flatten()
+            .next()
+            .unwrap()
+            .gms()
+            .topic_id("open.a")));
 }
