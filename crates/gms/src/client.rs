@@ -479,6 +479,12 @@ impl GmsClient {
         self.request(Request::Leave)
     }
 
+    /// Asks the service for a new datagram key in place of key `id`, which this node has
+    /// nearly used up (the service ignores it if `id` is no longer current).
+    pub fn renew_datagram_key(&mut self, id: u32) -> Result<(), RequestError> {
+        self.request(Request::RenewDatagramKey(id))
+    }
+
     /// Tells the service where this node serves its metrics (`None`: nowhere), for operators'
     /// tools that find the members' endpoints through it; told again after a rejoin.
     pub fn announce_metrics(&mut self, addr: Option<SocketAddr>) -> Result<(), RequestError> {
@@ -533,7 +539,7 @@ impl GmsClient {
             }
             Request::Leave => self.leaving = true,
             Request::MetricsAt(addr) => self.metrics_at = *addr,
-            Request::Suspect(_) => {}
+            Request::Suspect(_) | Request::RenewDatagramKey(_) => {}
         }
         self.requests.push_back(PendingRequest {
             req: self.next_req,

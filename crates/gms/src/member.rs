@@ -15,7 +15,7 @@ use tidings_proto::{
     Config, ConfigError as ProtoConfigError, Event, Membership, MembershipChange, MsgId, Node,
     PublishError, RegionView, Time, Transmit,
 };
-use tidings_seal::datagram::TRAILER_LEN;
+use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
 use tidings_seal::{
     KeyError, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, OpenStats, SealingKey,
 };
@@ -101,6 +101,11 @@ pub struct MemberConfig {
     /// are still in flight or queued for retransmission. Default 2 s; a removed member's key
     /// stops working this long after the others got the next one.
     pub key_grace: Duration,
+    /// Datagrams this member may seal under one key ([`COUNTER_LIMIT_DEFAULT`], 2^32, the
+    /// nonce argument of ADR 40). At three quarters of it the member asks the service for a
+    /// new key ([`Request::RenewDatagramKey`](crate::message::Request::RenewDatagramKey));
+    /// at the limit it drops what it cannot seal until the key comes. At least 4.
+    pub key_counter_limit: u64,
 }
 
 impl Default for MemberConfig {
@@ -114,6 +119,7 @@ impl Default for MemberConfig {
                 ..KeyRingConfig::default()
             },
             key_grace: Duration::from_secs(2),
+            key_counter_limit: COUNTER_LIMIT_DEFAULT,
         }
     }
 }
@@ -129,6 +135,12 @@ impl MemberConfig {
         self.sealing
             .validate()
             .map_err(|e| MemberError::Config(format!("sealing: {e}")))?;
+        if self.key_counter_limit < 4 {
+            return Err(MemberError::Config(format!(
+                "key_counter_limit = {} must be at least 4",
+                self.key_counter_limit
+            )));
+        }
         Ok(())
     }
 
@@ -155,6 +167,8 @@ struct Sealing {
     secret: Option<(KeyId, KeySecret)>,
     /// Previous keys and when they stop opening datagrams.
     retiring: Vec<(KeyId, Time)>,
+    /// The key whose renewal this member asked for (once per key).
+    renewal_asked: Option<KeyId>,
     /// Where a received datagram whose buffer is shared is copied to be opened in place
     /// (blocks reused once every datagram cut from them is dropped).
     arena: BlockArena,
@@ -340,6 +354,9 @@ pub struct MemberStats {
     pub keys_installed: u64,
     /// Previous keys retired after their grace ([`MemberConfig::key_grace`]).
     pub keys_retired: u64,
+    /// New keys asked of the service because the one in use neared its counter limit
+    /// ([`MemberConfig::key_counter_limit`]).
+    pub key_renewals_asked: u64,
 }
 
 /// Why a named request was not done ([`MemberEvent::Answered`]).
@@ -814,6 +831,7 @@ impl Member {
                 key: None,
                 secret: None,
                 retiring: Vec::new(),
+                renewal_asked: None,
                 arena: BlockArena::new(),
             }),
         };
@@ -934,6 +952,7 @@ impl Member {
     pub fn install_datagram_key(&mut self, now: Time, id: u32, secret: [u8; 32]) {
         let me = self.node.id().0;
         let grace = self.config.key_grace;
+        let counter_limit = self.config.key_counter_limit;
         let Some(sealing) = self.sealing.as_mut() else {
             return;
         };
@@ -971,7 +990,7 @@ impl Member {
             id,
             me,
             &secret,
-            tidings_seal::datagram::COUNTER_LIMIT_DEFAULT,
+            counter_limit,
         ));
         sealing.secret = Some((id, secret));
         self.stats.keys_installed += 1;
@@ -996,6 +1015,7 @@ impl Member {
     /// (a rejoin): the same key, counters from 0 under the new sender.
     fn reseal(&mut self) {
         let me = self.node.id().0;
+        let counter_limit = self.config.key_counter_limit;
         let Some(sealing) = self.sealing.as_mut() else {
             return;
         };
@@ -1009,7 +1029,7 @@ impl Member {
             *id,
             me,
             secret,
-            tidings_seal::datagram::COUNTER_LIMIT_DEFAULT,
+            counter_limit,
         ));
     }
 
@@ -1381,6 +1401,18 @@ impl Member {
                 Some(Ok(len)) => {
                     t.len = len;
                     self.stats.datagrams_sealed += 1;
+                    let worn = sealing
+                        .key
+                        .as_ref()
+                        .filter(|k| k.needs_rotation())
+                        .map(SealingKey::id)
+                        .filter(|id| sealing.renewal_asked != Some(*id));
+                    if let (Some(id), Some(link)) = (worn, self.link.as_mut()) {
+                        if link.client.renew_datagram_key(id.0).is_ok() {
+                            sealing.renewal_asked = Some(id);
+                            self.stats.key_renewals_asked += 1;
+                        }
+                    }
                     return Ok(Some(t));
                 }
                 _ => self.stats.datagrams_unsealed_dropped += 1,
@@ -1932,6 +1964,16 @@ mod tests {
         rounds: usize,
         rejoin: bool,
     ) -> (Vec<Joining>, Vec<u64>) {
+        handshake_configured(gms, n, rounds, rejoin, &MemberConfig::default())
+    }
+
+    fn handshake_configured(
+        gms: &mut Gms,
+        n: usize,
+        rounds: usize,
+        rejoin: bool,
+        member: &MemberConfig,
+    ) -> (Vec<Joining>, Vec<u64>) {
         let mut joinings: Vec<(Joining, Option<Peer>)> = (0..n)
             .map(|i| {
                 let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16));
@@ -1941,7 +1983,7 @@ mod tests {
                     rejoin,
                     ..ClientConfig::default()
                 };
-                let j = Joining::new(Config::default(), MemberConfig::default(), client);
+                let j = Joining::new(Config::default(), member.clone(), client);
                 (j.unwrap(), None)
             })
             .collect();
@@ -1997,8 +2039,12 @@ mod tests {
         }
 
         fn with_gms(n: usize, rejoin: bool, config: GmsConfig) -> Group {
+            Group::configured(n, rejoin, config, &MemberConfig::default())
+        }
+
+        fn configured(n: usize, rejoin: bool, config: GmsConfig, member: &MemberConfig) -> Group {
             let mut gms = Gms::new(config).unwrap();
-            let (joinings, _) = handshake_with(&mut gms, n, 10, rejoin);
+            let (joinings, _) = handshake_configured(&mut gms, n, 10, rejoin, member);
             let members: Vec<Member> = joinings
                 .into_iter()
                 .map(|j| j.into_member(T0).unwrap())
@@ -2375,6 +2421,76 @@ mod tests {
             .membership()
             .topic_regions
             .contains_key(&a));
+    }
+
+    /// A member that has sealed three quarters of what its key allows asks the service for a
+    /// new one, once, and seals under it when it comes.
+    #[test]
+    fn a_member_near_its_key_counter_limit_asks_for_a_new_key() {
+        let member = MemberConfig {
+            sealing: KeyRingConfig {
+                mode: Mode::Encrypt,
+                ..KeyRingConfig::default()
+            },
+            key_counter_limit: 8,
+            ..MemberConfig::default()
+        };
+        let gms = GmsConfig {
+            datagram_keys: true,
+            ..GmsConfig::default()
+        };
+        let mut g = Group::configured(2, false, gms, &member);
+        g.gms.give_key_entropy([1; 32]);
+        g.pump();
+        g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["a"]));
+        g.members[1].request_named(g.now, NamedRequest::Advertise, names(&["a"]));
+        g.pump();
+        assert_eq!(g.members[1].datagram_key_id(), Some(1));
+        let a = g.members[1]
+            .node()
+            .membership()
+            .topic_regions
+            .keys()
+            .next()
+            .copied()
+            .unwrap();
+        g.gms.give_key_entropy([2; 32]);
+        let mut buf = vec![0u8; 2048];
+        let mut sealed = 0;
+        for k in 0..8u8 {
+            g.members[1]
+                .publish(g.now, a, Bytes::from(vec![k; 10]))
+                .unwrap();
+            while g.members[1]
+                .poll_transmit(g.now, &mut buf)
+                .unwrap()
+                .is_some()
+            {
+                sealed += 1;
+            }
+            if sealed >= 6 {
+                break;
+            }
+        }
+        assert!(sealed >= 6, "sealed {sealed}");
+        assert_eq!(g.members[1].stats().key_renewals_asked, 1);
+        g.pump();
+        assert_eq!(g.gms.stats().key_renewals_asked, 1);
+        assert_eq!(g.gms.datagram_key_id(), Some(2));
+        assert_eq!(g.members[1].datagram_key_id(), Some(2));
+        assert_eq!(g.members[0].datagram_key_id(), Some(2));
+        // The next ones are sealed under the new key; the old one is not asked for again.
+        g.members[1]
+            .publish(g.now, a, Bytes::from_static(b"new key"))
+            .unwrap();
+        while g.members[1]
+            .poll_transmit(g.now, &mut buf)
+            .unwrap()
+            .is_some()
+        {}
+        g.pump();
+        assert_eq!(g.members[1].stats().key_renewals_asked, 1);
+        assert_eq!(g.gms.stats().keys_drawn, 2);
     }
 
     #[test]

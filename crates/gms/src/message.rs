@@ -78,6 +78,9 @@ pub enum Request {
     /// in the member table (replicated like the rest of it) so that operators' tools find the
     /// members' endpoints through the service.
     MetricsAt(Option<SocketAddr>),
+    /// The datagram key of this id has sealed three quarters of what one sender may seal under
+    /// it (`SealingKey::needs_rotation`): the service draws a new one if it is still current.
+    RenewDatagramKey(u32),
 }
 
 /// One element of a node's update stream. A [`Commit`](Item::Commit) ends each consistent batch.
@@ -376,6 +379,7 @@ const R_SUBSCRIBE_MANY: u8 = 7;
 const R_ADVERTISE_MANY: u8 = 8;
 const R_UNSUBSCRIBE_MANY: u8 = 9;
 const R_METRICS_AT: u8 = 10;
+const R_RENEW_DATAGRAM_KEY: u8 = 11;
 
 const I_TOPIC_BOUND: u8 = 1;
 const I_REGION: u8 = 2;
@@ -445,6 +449,10 @@ impl GmsMessage {
                     Request::MetricsAt(addr) => {
                         out.push(R_METRICS_AT);
                         put_addr(out, *addr);
+                    }
+                    Request::RenewDatagramKey(id) => {
+                        out.push(R_RENEW_DATAGRAM_KEY);
+                        put_u32(out, *id);
                     }
                     Request::Suspect(node) => {
                         out.push(R_SUSPECT);
@@ -546,6 +554,7 @@ impl GmsMessage {
                     R_LEAVE => Request::Leave,
                     // A fixed-size address (at most 19 bytes), checked against the bytes left.
                     R_METRICS_AT => Request::MetricsAt(r.addr()?),
+                    R_RENEW_DATAGRAM_KEY => Request::RenewDatagramKey(r.u32()?),
                     t => return Err(DecodeError::Tag(t)),
                 };
                 GmsMessage::Request { req, body }
@@ -823,6 +832,10 @@ mod tests {
             GmsMessage::Request {
                 req: 8,
                 body: Request::MetricsAt(None),
+            },
+            GmsMessage::Request {
+                req: 10,
+                body: Request::RenewDatagramKey(7),
             },
             GmsMessage::RequestAck { upto: 3 },
             GmsMessage::Heartbeat,

@@ -214,8 +214,11 @@ pub struct GmsStats {
     /// Messages that failed to decode (dropped).
     pub malformed: u64,
     /// Datagram keys decided ([`GmsConfig::datagram_keys`]): the first, and one after each
-    /// departure.
+    /// departure or renewal.
     pub keys_drawn: u64,
+    /// Renewals of the current datagram key asked by members that nearly used it up
+    /// ([`Request::RenewDatagramKey`]), once per key.
+    pub key_renewals_asked: u64,
     /// Messages from unknown nodes, or of a kind the GMS does not accept (dropped).
     pub unexpected: u64,
     /// Requests received again (re-acknowledged, not re-applied).
@@ -1334,6 +1337,19 @@ impl Gms {
                     None
                 }
                 Request::MetricsAt(addr) => Some(Command::MetricsAt { node, addr }),
+                Request::RenewDatagramKey(id) => {
+                    // Once per key: the members that ask after the first name a key that is
+                    // being replaced, or already was.
+                    if self.config.datagram_keys
+                        && !self.key_deciding
+                        && self.datagram_key_id() == Some(id)
+                    {
+                        self.stats.key_renewals_asked += 1;
+                        self.rotation_due = true;
+                        self.rotate_key_if_due();
+                    }
+                    None
+                }
                 Request::Leave => Some(Command::Remove {
                     node,
                     cause: RemoveCause::Left,

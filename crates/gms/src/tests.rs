@@ -1554,3 +1554,29 @@ fn without_rules_everything_is_allowed() {
     assert_eq!(w.gms.stats().topics_refused, 0);
     assert!(w.gms.topic_id("anything").is_some());
 }
+
+#[test]
+fn a_renewal_names_the_current_key_and_is_taken_once() {
+    let mut w = keyed_world(2);
+    for i in 0..2 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.datagram_key_id(), Some(1));
+    w.gms.give_key_entropy([2; 32]);
+    // Both members wore key 1 out at once: one new key.
+    w.clients[0].renew_datagram_key(1).unwrap();
+    w.clients[1].renew_datagram_key(1).unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.datagram_key_id(), Some(2));
+    assert_eq!(w.gms.stats().key_renewals_asked, 1);
+    // A renewal of a key already replaced changes nothing.
+    w.gms.give_key_entropy([3; 32]);
+    w.clients[0].renew_datagram_key(1).unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.datagram_key_id(), Some(2));
+    assert_eq!(w.gms.stats().keys_drawn, 2);
+    for i in 0..2 {
+        assert_eq!(w.clients[i].datagram_key().map(|(id, _)| id), Some(2));
+    }
+}

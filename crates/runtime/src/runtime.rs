@@ -242,6 +242,7 @@ impl NodeRuntime {
                 ..tidings_seal::KeyRingConfig::default()
             },
             key_grace: gms.key_grace,
+            ..MemberConfig::default()
         };
         let member_error = |e| match e {
             MemberError::Protocol(e) => StartError::Protocol(e),
