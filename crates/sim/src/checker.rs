@@ -138,6 +138,8 @@ pub struct Ledger {
     last_by_topic: Vec<BTreeMap<(NodeId, TopicId), u64>>,
     violations: Vec<String>,
     violation_count: u64,
+    /// Deliveries of payloads the attacker forged ([`crate::attack::is_forged`]).
+    forged_delivered: u64,
     deliveries: u64,
     pause: Option<PendingPause>,
     /// Asynchronous membership (the GMS): per node, the topics of the regions it is a member of in
@@ -208,6 +210,7 @@ impl Ledger {
             last_by_topic: vec![BTreeMap::new(); subscriptions.len()],
             violations: Vec::new(),
             violation_count: 0,
+            forged_delivered: 0,
             deliveries: 0,
             pause: None,
             local: None,
@@ -501,6 +504,14 @@ impl Ledger {
     /// `receiver` delivered `d`.
     pub fn delivered(&mut self, receiver: NodeId, d: &Delivery, now: Time) {
         self.deliveries += 1;
+        if crate::attack::is_forged(&d.payload) {
+            self.forged_delivered += 1;
+            self.violation(format!(
+                "{receiver} delivered a message the attacker forged (as {}#{} on topic {})",
+                d.origin, d.msg_id.0, d.topic
+            ));
+            return;
+        }
         let Some(log) = self.senders.get(&d.origin) else {
             self.violation(format!(
                 "{receiver} got {}#{} that was never published",
@@ -704,6 +715,12 @@ impl Ledger {
         for f in found {
             self.violation(f);
         }
+    }
+
+    /// Deliveries of payloads the attacker forged (each one a violation).
+    #[must_use]
+    pub fn forged_delivered(&self) -> u64 {
+        self.forged_delivered
     }
 
     /// The violations kept (the first ones) and how many there were in all.
