@@ -163,6 +163,8 @@ pub struct RunReport {
     pub churn: Vec<String>,
     /// With the attacker: what it sent and what was refused.
     pub attack: Option<crate::attack::AttackReport>,
+    /// Deliveries of payloads the attacker forged (each a violation).
+    pub forged_delivered: u64,
 }
 
 fn round3(x: f64) -> f64 {
@@ -305,6 +307,7 @@ impl RunReport {
             gms_fault_to_view_ms: None,
             churn: Vec::new(),
             attack: None,
+            forged_delivered: ledger.forged_delivered(),
         }
     }
 
@@ -425,6 +428,11 @@ impl RunReport {
         }
         if let Some(a) = &self.attack {
             let (t, f) = (&a.sent, &a.refused);
+            let _ = writeln!(
+                o,
+                "forged        {} delivered (must be 0)",
+                self.forged_delivered
+            );
             let _ = writeln!(
                 o,
                 "attacker      captured {}, join datagrams {} (refused: {}, joined: {}), replayed {}, forged data {}, control {}, under random key ids {}, GMS requests {}, under the removed member's key {}",
