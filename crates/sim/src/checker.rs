@@ -761,6 +761,24 @@ mod tests {
     }
 
     #[test]
+    fn a_delivered_forgery_is_a_violation_even_in_a_published_slot() {
+        let mut l = Ledger::new(&[vec![], vec![TopicId(1)]]);
+        let t = Time::ZERO;
+        l.published(NodeId(0), MsgId(1), TopicId(1), 40, t);
+        // The attacker's payload claims the identity of a published message.
+        let mut forged = delivery(0, 1, 1);
+        let mut p = forged.payload.to_vec();
+        p[PAYLOAD_ID_LEN..PAYLOAD_ID_LEN + 8].copy_from_slice(&crate::attack::ATTACK_MARKER);
+        forged.payload = Bytes::from(p);
+        l.delivered(NodeId(1), &forged, t);
+        assert_eq!(l.forged_delivered(), 1);
+        assert!(l.violations().0[0].contains("the attacker forged"));
+        // The genuine message is still owed, and accepted.
+        l.delivered(NodeId(1), &delivery(0, 1, 1), t);
+        assert_eq!(l.violations().1, 1);
+    }
+
+    #[test]
     fn order_is_per_sender_within_a_topic() {
         // A node in two regions gets one sender's topics through parallel streams.
         let mut l = Ledger::new(&[vec![], vec![TopicId(1), TopicId(2)]]);
