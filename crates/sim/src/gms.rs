@@ -38,6 +38,15 @@
 //! node removed by the GMS, a node put in two regions, or a topic bound to an unexpected id is a
 //! violation.
 //!
+//! **Security** (`Scenario::security` not `Off`, the one-process service only). Every node and
+//! the service get identities drawn from the seed (`seeded_identity`); each node's
+//! [`NodeLink`] runs the real Noise handshake with the service's [`ServiceLink`] before time zero
+//! (carried directly, as the joins are), and every GMS datagram after it travels sealed in its
+//! session, the simulator id standing for the source address. The service runs with
+//! `GmsConfig::datagram_keys`, its key entropy drawn from the seed after every input, and each
+//! member seals and opens protocol datagrams in [`member_config`]'s mode with the keys it hands
+//! out (grace [`KEY_GRACE`]). A removed node's session ends with it, as on a socket host.
+//!
 //! **Churn.** A leave unsubscribes from everything (the node stays a member, so its id and
 //! client stay), a join or resubscribe asks for another profile's topics, one request per topic;
 //! the GMS applies them one by one, so a resubscribe walks the node through a chain of
