@@ -817,6 +817,16 @@ impl Member {
         Ok(member)
     }
 
+    /// Runs this member's GMS link through `link`, whose sessions a host set up before the
+    /// member existed (the simulator admits its nodes before time zero, as it joins them):
+    /// every GMS datagram is sealed in its session and every one received must open in it.
+    /// A node that joins over the network gets its link from [`Joining::with_link`] instead.
+    #[must_use]
+    pub fn with_link(mut self, link: NodeLink) -> Member {
+        self.secure = Some(link);
+        self
+    }
+
     fn around(
         node: Node,
         config: MemberConfig,

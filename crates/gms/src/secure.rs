@@ -457,14 +457,16 @@ impl<A: Copy + Eq + Hash> ServiceLink<A> {
                 Inbound::Reply(reply)
             };
         }
+        if datagram.len() <= DATA_OVERHEAD {
+            // Not sealed data (a notice, say): never answered, so a notice sent in the
+            // service's own name cannot make it answer itself for ever.
+            self.stats.bad_hellos += 1;
+            return Inbound::Dropped;
+        }
         let Some(session) = self.sessions.get_mut(&from) else {
             self.stats.no_session += 1;
             return Inbound::Reply(UNREADABLE_NOTICE.to_vec());
         };
-        if datagram.len() <= DATA_OVERHEAD {
-            self.stats.refused += 1;
-            return Inbound::Dropped;
-        }
         let mut plain = vec![0u8; datagram.len() - DATA_OVERHEAD];
         match session.open(datagram, &mut plain) {
             Ok(n) => {
@@ -600,6 +602,22 @@ mod tests {
         link.send(later, 0, b"TGM\x04b".to_vec());
         let got = exchange(&mut link, &mut svc, later);
         assert_eq!(got.last().map(Vec::as_slice), Some(&b"TGM\x04b"[..]));
+    }
+
+    #[test]
+    fn a_notice_is_never_answered_so_a_spoofed_one_cannot_loop() {
+        let (_, mut svc) = setup(true);
+        // The service's own notice, arriving under its own (spoofed) address.
+        assert_eq!(svc.receive(0, &UNREADABLE_NOTICE), Inbound::Dropped);
+        assert_eq!(svc.stats().no_session, 0);
+        assert_eq!(svc.stats().bad_hellos, 1);
+        // Sealed-looking data from an address without a session is still answered.
+        let mut d = vec![0u8; DATA_OVERHEAD + 8];
+        d[..5].copy_from_slice(&UNREADABLE_NOTICE);
+        assert_eq!(
+            svc.receive(0, &d),
+            Inbound::Reply(UNREADABLE_NOTICE.to_vec())
+        );
     }
 
     #[test]

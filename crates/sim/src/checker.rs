@@ -138,6 +138,8 @@ pub struct Ledger {
     last_by_topic: Vec<BTreeMap<(NodeId, TopicId), u64>>,
     violations: Vec<String>,
     violation_count: u64,
+    /// Deliveries of payloads the attacker forged ([`crate::attack::is_forged`]).
+    forged_delivered: u64,
     deliveries: u64,
     pause: Option<PendingPause>,
     /// Asynchronous membership (the GMS): per node, the topics of the regions it is a member of in
@@ -208,6 +210,7 @@ impl Ledger {
             last_by_topic: vec![BTreeMap::new(); subscriptions.len()],
             violations: Vec::new(),
             violation_count: 0,
+            forged_delivered: 0,
             deliveries: 0,
             pause: None,
             local: None,
@@ -501,6 +504,14 @@ impl Ledger {
     /// `receiver` delivered `d`.
     pub fn delivered(&mut self, receiver: NodeId, d: &Delivery, now: Time) {
         self.deliveries += 1;
+        if crate::attack::is_forged(&d.payload) {
+            self.forged_delivered += 1;
+            self.violation(format!(
+                "{receiver} delivered a message the attacker forged (as {}#{} on topic {})",
+                d.origin, d.msg_id.0, d.topic
+            ));
+            return;
+        }
         let Some(log) = self.senders.get(&d.origin) else {
             self.violation(format!(
                 "{receiver} got {}#{} that was never published",
@@ -706,6 +717,12 @@ impl Ledger {
         }
     }
 
+    /// Deliveries of payloads the attacker forged (each one a violation).
+    #[must_use]
+    pub fn forged_delivered(&self) -> u64 {
+        self.forged_delivered
+    }
+
     /// The violations kept (the first ones) and how many there were in all.
     #[must_use]
     pub fn violations(&self) -> (&[String], u64) {
@@ -741,6 +758,24 @@ mod tests {
         l.stable(NodeId(0), MsgId(2), t);
         l.finish(t);
         assert_eq!(l.violations().1, 0, "{:?}", l.violations().0);
+    }
+
+    #[test]
+    fn a_delivered_forgery_is_a_violation_even_in_a_published_slot() {
+        let mut l = Ledger::new(&[vec![], vec![TopicId(1)]]);
+        let t = Time::ZERO;
+        l.published(NodeId(0), MsgId(1), TopicId(1), 40, t);
+        // The attacker's payload claims the identity of a published message.
+        let mut forged = delivery(0, 1, 1);
+        let mut p = forged.payload.to_vec();
+        p[PAYLOAD_ID_LEN..PAYLOAD_ID_LEN + 8].copy_from_slice(&crate::attack::ATTACK_MARKER);
+        forged.payload = Bytes::from(p);
+        l.delivered(NodeId(1), &forged, t);
+        assert_eq!(l.forged_delivered(), 1);
+        assert!(l.violations().0[0].contains("the attacker forged"));
+        // The genuine message is still owed, and accepted.
+        l.delivered(NodeId(1), &delivery(0, 1, 1), t);
+        assert_eq!(l.violations().1, 1);
     }
 
     #[test]

@@ -38,6 +38,15 @@
 //! node removed by the GMS, a node put in two regions, or a topic bound to an unexpected id is a
 //! violation.
 //!
+//! **Security** (`Scenario::security` not `Off`, the one-process service only). Every node and
+//! the service get identities drawn from the seed (`seeded_identity`); each node's
+//! [`NodeLink`] runs the real Noise handshake with the service's [`ServiceLink`] before time zero
+//! (carried directly, as the joins are), and every GMS datagram after it travels sealed in its
+//! session, the simulator id standing for the source address. The service runs with
+//! `GmsConfig::datagram_keys`, its key entropy drawn from the seed after every input, and each
+//! member seals and opens protocol datagrams in [`member_config`]'s mode with the keys it hands
+//! out (grace [`KEY_GRACE`]). A removed node's session ends with it, as on a socket host.
+//!
 //! **Churn.** A leave unsubscribes from everything (the node stays a member, so its id and
 //! client stay), a join or resubscribe asks for another profile's topics, one request per topic;
 //! the GMS applies them one by one, so a resubscribe walks the node through a chain of
@@ -50,10 +59,12 @@ use std::time::Duration;
 
 use tidings_gms::replica::{FRAGMENT_BYTES_DEFAULT, FRAGMENT_BYTES_MIN};
 use tidings_gms::{
-    ClientConfig, Command, Durable, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage, MemberConfig,
-    Peer, PlannerConfig, RemoveCause, Replica, ReplicaConfig, ReplicaEvent, ReplicaTransmit,
+    ClientConfig, Command, Durable, Entropy, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage,
+    Inbound, LinkSecurity, MemberConfig, NodeLink, Peer, PlannerConfig, RemoveCause, Replica,
+    ReplicaConfig, ReplicaEvent, ReplicaTransmit, ServiceLink, ServiceSecurity,
 };
 use tidings_proto::{Membership, NodeId, RegionId, RegionView, Time, TopicId, ViewId};
+use tidings_seal::{AllowList, Identity, KeyRingConfig, Mode, PublicKey};
 
 use crate::checker::Ledger;
 
@@ -70,13 +81,45 @@ const HEADER_LEN: usize = 6;
 /// A suspicion of the same node is reported to the GMS at most this often.
 const SUSPECT_INTERVAL: Duration = Duration::from_millis(100);
 
-/// The members' settings in the simulator.
+/// How long a member still opens datagrams under the previous datagram key, in the simulator
+/// (the runtime's default is 2 s, longer than most simulated runs): datagrams in flight when a
+/// key changes cross a simulated LAN in well under a millisecond, and the service resends a
+/// lost update every 50 ms.
+pub const KEY_GRACE: Duration = Duration::from_millis(150);
+
+/// The members' settings in the simulator: protocol datagrams sealed in `security` mode (with
+/// the service's datagram keys) unless it is [`Mode::Off`].
 #[must_use]
-pub fn member_config() -> MemberConfig {
+pub fn member_config(security: Mode) -> MemberConfig {
     MemberConfig {
         suspect_interval: SUSPECT_INTERVAL,
+        sealing: KeyRingConfig {
+            mode: security,
+            ..KeyRingConfig::default()
+        },
+        key_grace: KEY_GRACE,
         ..MemberConfig::default()
     }
+}
+
+/// Entropy for handshakes and keys from a seeded generator: the simulator's stand-in for
+/// `tidings_seal::os_random`, so a seed replays every handshake and key exactly.
+#[must_use]
+pub fn seeded_entropy(seed: u64) -> Entropy {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    Box::new(move || Some(seeded_bytes(&mut rng)))
+}
+
+/// 32 bytes from `rng`.
+pub(crate) fn seeded_bytes(rng: &mut fastrand::Rng) -> [u8; 32] {
+    let mut b = [0u8; 32];
+    rng.fill(&mut b);
+    b
+}
+
+/// An identity drawn from `rng` (the simulator's stand-in for `tidings keygen`).
+pub(crate) fn seeded_identity(rng: &mut fastrand::Rng) -> Result<Identity, String> {
+    Identity::from_private(seeded_bytes(rng)).map_err(|e| e.to_string())
 }
 
 /// Which membership service a scenario runs.
@@ -312,6 +355,8 @@ pub struct GmsLog {
     pub fault_at: Option<Time>,
     /// The first view issued after the fault (by the leader then).
     pub first_view_after_fault: Option<Time>,
+    /// Joins the service read from a node that is not one of the scenario's (the attacker's).
+    pub foreign_joins: u64,
 }
 
 /// The service on one simulated node: the whole service, or one replica of it.
@@ -350,6 +395,11 @@ pub(crate) struct ServiceRole {
     log: Rc<RefCell<GmsLog>>,
     /// Datagrams to send: the destination and the simulated datagram.
     pub(crate) outgoing: VecDeque<(NodeId, Vec<u8>)>,
+    /// This host's simulator id.
+    me: NodeId,
+    /// With security: the admitted link (Noise sessions by simulator id, which stands for the
+    /// source address) and the generator the service's datagram keys are drawn from.
+    secure: Option<(ServiceLink<NodeId>, fastrand::Rng)>,
     /// Replica datagrams longer than the replica's fragment size, so longer than a datagram
     /// (dropped).
     pub(crate) oversize: u64,
@@ -358,10 +408,28 @@ pub(crate) struct ServiceRole {
 impl ServiceRole {
     /// A GMS datagram (framed) from simulator node `from`.
     pub(crate) fn handle_datagram(&mut self, now: Time, from: NodeId, datagram: &[u8]) {
+        let opened;
+        let datagram = match self.secure.as_mut() {
+            None => datagram,
+            Some((link, _)) => match link.receive(from, datagram) {
+                Inbound::Gms(plain) => {
+                    opened = plain;
+                    &opened[..]
+                }
+                Inbound::Reply(reply) => {
+                    self.outgoing.push_back((from, wrap(self.me, &reply)));
+                    return;
+                }
+                Inbound::Dropped => return,
+            },
+        };
         let peer = Peer::Node(to_gms(from));
         let body = tidings_gms::unframe(datagram);
         if let Some(Ok(GmsMessage::Join { nonce, .. })) = body.map(GmsMessage::decode) {
             self.nonces.insert(nonce, from);
+            if from.0 >= self.nodes {
+                self.log.borrow_mut().foreign_joins += 1;
+            }
         }
         match (&mut self.service, body) {
             // Counted by the service as malformed.
@@ -440,6 +508,11 @@ impl ServiceRole {
         Some(self.regions.clone())
     }
 
+    /// The admitted link's counters, when the service runs one.
+    pub(crate) fn link_stats(&self) -> Option<&tidings_gms::ServiceLinkStats> {
+        self.secure.as_ref().map(|(link, _)| link.stats())
+    }
+
     /// The service (this replica's state of it).
     pub(crate) fn gms(&self) -> &Gms {
         match &self.service {
@@ -488,6 +561,11 @@ impl ServiceRole {
     /// must learn. `me` is this host's id.
     pub(crate) fn after_input(&mut self, now: Time, me: NodeId, ledger: &mut Ledger) {
         let mut events = Vec::new();
+        if let (Service::Single(gms), Some((_, rng))) = (&mut self.service, self.secure.as_mut()) {
+            if gms.wants_key_entropy() {
+                gms.give_key_entropy(seeded_bytes(rng));
+            }
+        }
         loop {
             let tx = match &mut self.service {
                 Service::Single(gms) => gms.poll_transmit(),
@@ -512,8 +590,16 @@ impl ServiceRole {
                 Peer::Joiner(nonce) => self.nonces.get(&nonce).copied(),
             };
             if let Some(to) = to.filter(|n| n.0 < self.nodes) {
-                self.outgoing
-                    .push_back((to, wrap(me, &tidings_gms::frame(&tx.msg))));
+                let framed = tidings_gms::frame(&tx.msg);
+                match self.secure.as_mut() {
+                    None => self.outgoing.push_back((to, wrap(me, &framed))),
+                    Some((link, _)) => {
+                        // Nothing goes to a node without a session.
+                        if let Some(sealed) = link.seal_to(&to, &framed) {
+                            self.outgoing.push_back((to, wrap(me, &sealed)));
+                        }
+                    }
+                }
             }
         }
         match &mut self.service {
@@ -542,6 +628,10 @@ impl ServiceRole {
             match ev {
                 GmsEvent::Removed { node, cause } => {
                     if let Some(n) = from_gms(node) {
+                        // Its admitted session ends with it, as on a socket host.
+                        if let Some((link, _)) = self.secure.as_mut() {
+                            link.forget(&n);
+                        }
                         self.log
                             .borrow_mut()
                             .removed
@@ -691,6 +781,10 @@ pub(crate) struct Bootstrap {
     pub(crate) global: Membership,
     /// Shared with the roles.
     pub(crate) log: Rc<RefCell<GmsLog>>,
+    /// With security: each node's admitted GMS link, its session with the service up.
+    pub(crate) links: Vec<NodeLink>,
+    /// With security: the service's public key (every node is configured with it).
+    pub(crate) service_key: Option<PublicKey>,
 }
 
 /// How the simulated service runs: its timing, regions and replicas.
@@ -706,6 +800,10 @@ pub(crate) struct ServiceSetup {
     pub(crate) waste_max_permille: u32,
     /// The simulated network's largest datagram: replicas fragment what is longer.
     pub(crate) datagram_bytes: usize,
+    /// How protocol datagrams are sealed. Any mode but [`Mode::Off`] runs the admitted GMS
+    /// link (every node gets an identity on the service's allow list) and the service hands
+    /// out datagram keys; the one-process service only.
+    pub(crate) security: Mode,
 }
 
 /// Builds the GMS and the clients, applies the initial joins (in id order), advertisements
@@ -721,11 +819,21 @@ pub(crate) fn bootstrap(
 ) -> Result<Bootstrap, String> {
     let (mut gms_config, mut client_config) = configs(service.detection, service.partition_size);
     gms_config.planner.waste_max_permille = service.waste_max_permille;
+    let secure = service.security != Mode::Off;
+    if secure && service.replicas > 1 {
+        return Err("sealing runs with the one-process service only".into());
+    }
+    gms_config.datagram_keys = secure;
     let replicas = service.replicas.max(1);
     client_config.replicas = replicas as usize;
     // A client moves to the next replica after three of its heartbeats unanswered.
     client_config.failover_timeout = client_config.heartbeat_interval * 3;
     let mut gms = Gms::new(gms_config.clone()).map_err(|e| e.to_string())?;
+    let mut key_rng = fastrand::Rng::with_seed(seed ^ 0x4b45_5953_0000);
+    if secure {
+        // The first datagram key, in every joiner's first batch.
+        gms.give_key_entropy(seeded_bytes(&mut key_rng));
+    }
     let n = u32::try_from(subscriptions.len()).map_err(|_| "too many nodes".to_string())?;
     let mut clients = Vec::with_capacity(n as usize);
     let mut nonces = BTreeMap::new();
@@ -835,6 +943,12 @@ pub(crate) fn bootstrap(
         }
     }
     let log = Rc::new(RefCell::new(GmsLog::default()));
+    let (links, service_link, service_key) = if secure {
+        admit(seed, n, service.detection)?
+    } else {
+        (Vec::new(), None, None)
+    };
+    let mut service_link = service_link.map(|l| (l, key_rng));
     let global = global_membership(&gms);
     let regions = world_regions(&gms);
     let stats = gms.stats().clone();
@@ -887,7 +1001,10 @@ pub(crate) fn bootstrap(
     }
     let services = replicated
         .into_iter()
-        .map(|service| ServiceRole {
+        .enumerate()
+        .map(|(k, service)| ServiceRole {
+            me: NodeId(n + k as u32),
+            secure: service_link.take(),
             was_serving: matches!(service, Service::Single(_)),
             service,
             nodes: n,
@@ -908,7 +1025,73 @@ pub(crate) fn bootstrap(
         memberships,
         global,
         log,
+        links,
+        service_key,
     })
+}
+
+/// The admitted links of a run with security: identities drawn from the seed for the service
+/// and each of `n` nodes, all nodes on the allow list, and each node's Noise session with the
+/// service set up before time zero (the real handshake, carried directly, as the bootstrap
+/// carries the joins). Hellos are resent every sixth of `detection`, as heartbeats are.
+#[allow(clippy::type_complexity)] // the three parts of the result, each used apart
+fn admit(
+    seed: u64,
+    n: u32,
+    detection: Duration,
+) -> Result<
+    (
+        Vec<NodeLink>,
+        Option<ServiceLink<NodeId>>,
+        Option<PublicKey>,
+    ),
+    String,
+> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x4944_454e_5449_5459);
+    let service = seeded_identity(&mut rng)?;
+    let service_key = *service.public();
+    let nodes: Vec<Identity> = (0..n)
+        .map(|_| seeded_identity(&mut rng))
+        .collect::<Result<_, _>>()?;
+    let mut allowed = AllowList::new();
+    for (i, id) in nodes.iter().enumerate() {
+        allowed.insert(*id.public(), &format!("node{i}"));
+    }
+    let mut svc = ServiceLink::new(
+        ServiceSecurity {
+            identity: service,
+            allowed,
+        },
+        seeded_entropy(seed ^ 0x0053_4552_5649_4345),
+    );
+    let t0 = Time::ZERO;
+    let mut links = Vec::with_capacity(n as usize);
+    for (i, identity) in nodes.into_iter().enumerate() {
+        let security = LinkSecurity {
+            hello_interval: (detection / 6).max(Duration::from_millis(1)),
+            ..LinkSecurity::new(identity, service_key)
+        };
+        let mut link = NodeLink::new(
+            security,
+            1,
+            seeded_entropy(seed ^ 0x4e4f_4445_0000_0000 ^ i as u64),
+        );
+        let me = NodeId(i as u32);
+        // A heartbeat starts the handshake; the service drops it (the bootstrap is at rest).
+        link.send(t0, 0, tidings_gms::frame(&GmsMessage::Heartbeat));
+        for _ in 0..4 {
+            while let Some((_, d)) = link.poll_transmit() {
+                if let Inbound::Reply(r) = svc.receive(me, &d) {
+                    let _ = link.receive(t0, 0, &r);
+                }
+            }
+        }
+        if !link.is_up(0) {
+            return Err(format!("node {i} was not admitted: {:?}", link.refusal()));
+        }
+        links.push(link);
+    }
+    Ok((links, Some(svc), Some(service_key)))
 }
 
 /// Hands the GMS's messages to the clients and theirs back, directly and at time zero, until both
@@ -1013,6 +1196,7 @@ mod tests {
             replicas: 1,
             waste_max_permille: 0,
             datagram_bytes: 1472,
+            security: Mode::Off,
         };
         let b = bootstrap(9, &subs, 1, 4, &service).unwrap();
         assert_eq!(b.clients.len(), subs.len());

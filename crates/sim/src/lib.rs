@@ -7,6 +7,7 @@ pub mod net;
 pub mod plot;
 pub mod world;
 
+pub mod attack;
 pub mod checker;
 pub mod churn;
 pub mod experiment;

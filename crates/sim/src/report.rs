@@ -161,6 +161,10 @@ pub struct RunReport {
     pub gms_fault_to_view_ms: Option<f64>,
     /// The membership events of the run.
     pub churn: Vec<String>,
+    /// With the attacker: what it sent and what was refused.
+    pub attack: Option<crate::attack::AttackReport>,
+    /// Deliveries of payloads the attacker forged (each a violation).
+    pub forged_delivered: u64,
 }
 
 fn round3(x: f64) -> f64 {
@@ -302,6 +306,8 @@ impl RunReport {
             gms_fault_to_leader_ms: None,
             gms_fault_to_view_ms: None,
             churn: Vec::new(),
+            attack: None,
+            forged_delivered: ledger.forged_delivered(),
         }
     }
 
@@ -419,6 +425,27 @@ impl RunReport {
             for c in &self.churn {
                 let _ = writeln!(o, "  churn {c}");
             }
+        }
+        if let Some(a) = &self.attack {
+            let (t, f) = (&a.sent, &a.refused);
+            let _ = writeln!(
+                o,
+                "forged        {} delivered (must be 0)",
+                self.forged_delivered
+            );
+            let _ = writeln!(
+                o,
+                "attacker      captured {}, join datagrams {} (refused: {}, joined: {}), replayed {}, forged data {}, control {}, under random key ids {}, GMS requests {}, under the removed member's key {}",
+                t.captured, t.join_datagrams, t.join_refused, t.joined, t.replayed, t.forged_data,
+                t.forged_control, t.forged_unknown_key, t.forged_gms, t.old_key
+            );
+            let _ = writeln!(
+                o,
+                "refused       members: bad tag {}, unknown key {}, retired key {}, replayed {}, too old {}, sender mismatch {}, malformed {}; GMS link: not admitted {}, plain {}, bad hellos {}, refused {}, no session {}; members' GMS links refused {}",
+                f.bad_tag, f.unknown_key, f.retired_key, f.replayed, f.too_old, f.sender_mismatch,
+                f.malformed, a.gms_not_admitted, a.gms_plain_dropped, a.gms_bad_hellos,
+                a.gms_refused, a.gms_no_session, a.members_gms_refused
+            );
         }
         let _ = writeln!(
             o,

@@ -13,13 +13,16 @@ use tidings_proto::{
     RecoveryPacing, RegionId, Time, TopicId,
 };
 
+use tidings_seal::Mode;
+
+use crate::attack::{AttackReport, AttackStats, Attacker, AttackerSetup};
 use crate::checker::{payload_for, Ledger, PAYLOAD_ID_LEN};
 use crate::churn::{ChurnEvent, ChurnKind, Install, MembershipOracle, DETECTION_DEFAULT};
 use crate::fault::{FaultError, FaultSpec};
 use crate::gms::{from_gms, to_gms, GmsFault, GmsLog, MembershipKind, ServiceRole};
 use crate::net::LinkConfig;
 use crate::report::{Percentiles, Recovery, RunReport};
-use crate::world::{Host, NodeNetConfig, World, WorldConfig, WorldError};
+use crate::world::{Host, NodeNetConfig, Tap, World, WorldConfig, WorldError};
 
 /// Everything that defines a run; the same scenario and seed give the same run, byte for byte.
 #[derive(Clone, Debug, PartialEq)]
@@ -129,6 +132,17 @@ pub struct Scenario {
     /// Senders publish their topics in turn (round robin, paper 000's many-topic experiment)
     /// instead of drawing one at random for each message. Default false.
     pub round_robin_topics: bool,
+    /// With the GMS: how protocol datagrams are sealed. Any mode but [`Mode::Off`] (the
+    /// default) gives every node an identity drawn from the seed, admits it over the real
+    /// Noise link (`NodeLink`, `ServiceLink`), has the service hand out datagram keys, and
+    /// seals and opens every protocol datagram in each node's `Member`, as the runtime does.
+    /// The one-process service only.
+    pub security: Mode,
+    /// With the GMS: a hostile host joins the LAN ([`crate::attack`]): it sniffs, tries to join
+    /// without credentials, replays and forges datagrams, and uses the datagram key of a member
+    /// the scenario crashes ([`crate::attack::traitor`]) after the service removed it. Default
+    /// false.
+    pub attacker: bool,
 }
 
 /// A subscription that stops reading for a while ([`Scenario::slow_consumer`]).
@@ -224,6 +238,8 @@ impl Default for Scenario {
             proc_cost_per_packet: NodeNetConfig::PROC_COST_PER_PACKET_DEFAULT,
             regions_apart: false,
             round_robin_topics: false,
+            security: Mode::Off,
+            attacker: false,
         }
     }
 }
@@ -277,6 +293,21 @@ impl Scenario {
         {
             return Err(ScenarioError::Invalid(
                 "a GMS fault needs the GMS with 3 or more replicas (--gms --gms-replicas 3)".into(),
+            ));
+        }
+        if (self.security != Mode::Off || self.attacker) && self.membership != MembershipKind::Gms {
+            return Err(ScenarioError::Invalid(
+                "sealing and the attacker need the GMS (--gms)".into(),
+            ));
+        }
+        if self.security != Mode::Off && self.gms_replicas > 1 {
+            return Err(ScenarioError::Invalid(
+                "sealing runs with the one-process GMS (--gms-replicas 1)".into(),
+            ));
+        }
+        if self.attacker && crate::attack::traitor(self.nodes).0 < self.senders {
+            return Err(ScenarioError::Invalid(
+                "the attacker needs a receiver to crash (more nodes than senders)".into(),
             ));
         }
         let bad = |s: String| Err(ScenarioError::Invalid(s));
@@ -511,6 +542,14 @@ impl Scenario {
                 }
             }
         }
+        if self.attacker {
+            // The removed member whose key the attacker keeps.
+            plan.push(ChurnEvent {
+                at: at(0.2),
+                kind: ChurnKind::Crash,
+                node: crate::attack::traitor(self.nodes),
+            });
+        }
         let mut rng = fastrand::Rng::with_seed(self.seed ^ 0x4348_5552_4e00);
         let receivers: Vec<NodeId> = (self.senders..self.nodes).map(NodeId).collect();
         let mut left: Vec<NodeId> = Vec::new();
@@ -664,6 +703,12 @@ impl Scenario {
             if let Some(f) = self.gms_fault {
                 cmd += &format!(" --gms-fault {}", f.name());
             }
+            if self.security != Mode::Off {
+                cmd += &format!(" --security {}", self.security.name());
+            }
+            if self.attacker {
+                cmd += " --attacker";
+            }
         }
         cmd
     }
@@ -717,6 +762,8 @@ pub struct SimHost {
     publish_cost: Duration,
     /// CPU time spent publishing and not yet charged by the world.
     cpu_charge: Duration,
+    /// On the hostile host ([`Scenario::attacker`]): the attacker.
+    attacker: Option<Box<Attacker>>,
 }
 
 impl SimHost {
@@ -755,6 +802,18 @@ impl SimHost {
     #[must_use]
     pub fn gms_oversize(&self) -> u64 {
         self.gms_oversize + self.service.as_ref().map_or(0, |s| s.oversize)
+    }
+
+    /// The attacker's outcome so far, if this host is the hostile one.
+    #[must_use]
+    pub fn attack_stats(&self) -> Option<AttackStats> {
+        self.attacker.as_ref().map(|a| a.stats())
+    }
+
+    /// The member's control-plane counters (sealing and opening included).
+    #[must_use]
+    pub fn member_stats(&self) -> &tidings_gms::MemberStats {
+        self.member.stats()
     }
 
     /// Whether this node's ids are the GMS's (the node joined through it).
@@ -943,6 +1002,10 @@ impl SimHost {
 
 impl Host for SimHost {
     fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
+        if let Some(a) = self.attacker.as_mut() {
+            a.handle_datagram(now, datagram);
+            return;
+        }
         let whole;
         let datagram = match self.reassembly.take(&datagram) {
             Some(d) => {
@@ -972,6 +1035,10 @@ impl Host for SimHost {
     }
 
     fn handle_timeout(&mut self, now: Time) {
+        if let Some(a) = self.attacker.as_mut() {
+            a.handle_timeout(now);
+            return;
+        }
         self.member.handle_timeout(now);
         if let Some(service) = self.service.as_mut() {
             service.handle_timeout(now);
@@ -980,6 +1047,9 @@ impl Host for SimHost {
     }
 
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Destination, usize)> {
+        if let Some(a) = self.attacker.as_mut() {
+            return a.poll_transmit(buf);
+        }
         loop {
             if let Some((to, bytes)) = self.fragments.pop_front() {
                 if let Some(slot) = buf.get_mut(..bytes.len()) {
@@ -1031,6 +1101,9 @@ impl Host for SimHost {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
+        if let Some(a) = self.attacker.as_ref() {
+            return a.poll_timeout();
+        }
         let publish = self
             .publisher
             .as_ref()
@@ -1063,6 +1136,8 @@ pub struct Built {
     pub membership: Membership,
     /// With the GMS: what it did during the run (shared with its host).
     pub gms_log: Option<Rc<RefCell<GmsLog>>>,
+    /// With [`Scenario::attacker`]: the hostile host's id.
+    pub attacker: Option<NodeId>,
 }
 
 /// Builds the world of a scenario: the nodes, their subscriptions and faults.
@@ -1072,6 +1147,8 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     let mut oracle = MembershipOracle::new(&subs, s.replication).approximate(s.waste_max_permille);
     let oracle_membership = oracle.membership();
     let ledger = Rc::new(RefCell::new(Ledger::new(&subs)));
+    let mut links: Vec<Option<tidings_gms::NodeLink>> = Vec::new();
+    let mut service_key = None;
     let (membership, mut clients, services, own, gms_log) = match s.membership {
         MembershipKind::Oracle => (oracle_membership, Vec::new(), Vec::new(), None, None),
         MembershipKind::Gms => {
@@ -1086,9 +1163,12 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
                     replicas: s.gms_replicas,
                     waste_max_permille: s.waste_max_permille,
                     datagram_bytes: s.proto.max_datagram_bytes,
+                    security: s.security,
                 },
             )
             .map_err(|e| ScenarioError::Invalid(format!("gms bootstrap: {e}")))?;
+            links = b.links.into_iter().map(Some).collect();
+            service_key = b.service_key;
             let mut l = ledger.borrow_mut();
             l.asynchronous();
             for (&r, v) in &b.global.regions {
@@ -1121,8 +1201,19 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             c
         };
         let member = match clients.get_mut(i as usize).and_then(Option::take) {
-            Some(client) => Member::joined(config, crate::gms::member_config(), client, Time::ZERO)
-                .map_err(|e| ScenarioError::Invalid(format!("node {i}: {e}")))?,
+            Some(client) => {
+                let member = Member::joined(
+                    config,
+                    crate::gms::member_config(s.security),
+                    client,
+                    Time::ZERO,
+                )
+                .map_err(|e| ScenarioError::Invalid(format!("node {i}: {e}")))?;
+                match links.get_mut(i as usize).and_then(Option::take) {
+                    Some(link) => member.with_link(link),
+                    None => member,
+                }
+            }
             None => Member::with_membership(
                 config,
                 MemberConfig::default(),
@@ -1202,8 +1293,10 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             reassembly: crate::gms::Reassembly::default(),
             publish_cost: s.publish_cost,
             cpu_charge: Duration::ZERO,
+            attacker: None,
         });
     }
+    let service_nodes = services.len() as u32;
     for (k, service) in services.into_iter().enumerate() {
         let me = NodeId(s.nodes + k as u32);
         // A GMS node: an idle protocol node (no regions) beside the service or its replica.
@@ -1232,8 +1325,63 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             reassembly: crate::gms::Reassembly::default(),
             publish_cost: s.publish_cost,
             cpu_charge: Duration::ZERO,
+            attacker: None,
         });
     }
+    let attacker = if s.attacker {
+        let me = NodeId(s.nodes + service_nodes);
+        let (_, mut client) = crate::gms::configs(s.detection, s.replication);
+        client.seed = s.seed ^ 0x4556_494c_0000;
+        let joining = tidings_gms::Joining::new(
+            s.proto.clone(),
+            crate::gms::member_config(s.security),
+            client,
+        )
+        .map_err(|e| ScenarioError::Invalid(format!("the attacker: {e}")))?;
+        let attacker = Attacker::new(AttackerSetup {
+            me,
+            nodes: s.nodes,
+            gms: NodeId(s.nodes),
+            topics: s.topics,
+            mode: s.security,
+            service_key,
+            start: Time::ZERO + secs(s.seconds * 0.1),
+            until: Time::ZERO + secs(s.seconds + 0.5),
+            seed: s.seed,
+            joining,
+        })
+        .map_err(ScenarioError::Invalid)?;
+        let member = Member::with_membership(
+            s.proto.clone(),
+            MemberConfig::default(),
+            me,
+            Membership::default(),
+            Time::ZERO,
+        )
+        .map_err(|e| ScenarioError::Invalid(format!("the attacker's node: {e}")))?;
+        hosts.push(SimHost {
+            member,
+            me,
+            ledger: ledger.clone(),
+            publisher: None,
+            gms_nodes: Vec::new(),
+            service: None,
+            gms_log: gms_log.clone(),
+            wanted: BTreeSet::new(),
+            asked: BTreeMap::new(),
+            next_token: 1,
+            gms_oversize: 0,
+            fragments: VecDeque::new(),
+            fragmented: 0,
+            reassembly: crate::gms::Reassembly::default(),
+            publish_cost: s.publish_cost,
+            cpu_charge: Duration::ZERO,
+            attacker: Some(Box::new(attacker)),
+        });
+        Some(me)
+    } else {
+        None
+    };
     let link = LinkConfig {
         bandwidth_bps: (s.link_mbps * 1e6) as u64,
         latency: s.link_latency,
@@ -1248,6 +1396,10 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     };
     let mut world_config = WorldConfig::uniform(s.seed, hosts.len(), &base);
     world_config.max_datagram = s.proto.max_datagram_bytes;
+    world_config.tap = attacker.map(|node| Tap {
+        node,
+        every: crate::attack::TAP_EVERY,
+    });
     let mut rng = fastrand::Rng::with_seed(s.seed ^ 0x464c_414b);
     let flaky_from = s.nodes.saturating_sub(s.flaky).max(s.senders);
     let horizon = secs(s.seconds);
@@ -1289,6 +1441,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
         oracle,
         membership,
         gms_log,
+        attacker,
     })
 }
 
@@ -1311,6 +1464,7 @@ pub fn run_observed(
         mut oracle,
         membership,
         gms_log,
+        attacker,
     } = build(s)?;
     let mut crash_times: BTreeMap<NodeId, Time> = BTreeMap::new();
     let mut events = s.churn_plan(&membership);
@@ -1428,6 +1582,21 @@ pub fn run_observed(
             churn_log.push(e.to_string());
             match e.kind {
                 ChurnKind::Crash => {
+                    if let Some(a) = attacker.filter(|_| e.node == crate::attack::traitor(s.nodes))
+                    {
+                        // The removed member's key goes to the attacker.
+                        let key = world
+                            .host(e.node)
+                            .member
+                            .client()
+                            .and_then(|c| c.datagram_key())
+                            .map(|(id, secret)| (id, secret.0));
+                        if let (Some((id, secret)), Some(h)) =
+                            (key, world.host_mut(a).attacker.as_mut())
+                        {
+                            h.steal(id, secret, to_gms(e.node));
+                        }
+                    }
                     crashed[e.node.0 as usize] = true;
                     world.crash(e.node, t)?;
                     ledger.borrow_mut().crashed(e.node);
@@ -1559,6 +1728,10 @@ pub fn run_observed(
             ));
         }
     }
+    let attack = attacker.map(|a| {
+        let foreign_joins = gms_log.as_ref().map_or(0, |l| l.borrow().foreign_joins);
+        attack_report(s, &world, a, foreign_joins, &mut ledger.borrow_mut())
+    });
     ledger.borrow_mut().finish(world.now());
     // The serving replica's (or the one service's) membership; any replica's without one.
     let service_hosts = || world.hosts().iter().skip(s.nodes as usize);
@@ -1579,6 +1752,7 @@ pub fn run_observed(
     );
     report.view_changes = view_changes;
     report.churn = churn_log;
+    report.attack = attack;
     if let Some(log) = &gms_log {
         let l = log.borrow();
         report.membership = "gms";
@@ -1602,6 +1776,87 @@ pub fn run_observed(
         }
     }
     Ok(report)
+}
+
+/// What the attacker sent and what the members and the service refused; with sealing on, an
+/// attack that no counter shows is a violation (the members must have seen it), and so is the
+/// service taking the attacker's join in any mode.
+fn attack_report(
+    s: &Scenario,
+    world: &World<SimHost>,
+    attacker: NodeId,
+    foreign_joins: u64,
+    ledger: &mut Ledger,
+) -> AttackReport {
+    let mut r = AttackReport {
+        sent: world.host(attacker).attack_stats().unwrap_or_default(),
+        ..AttackReport::default()
+    };
+    for i in 0..s.nodes {
+        let m = world.host(NodeId(i)).member_stats();
+        r.refused.add(&m.open);
+        if let Some(l) = world.host(NodeId(i)).member.link_stats() {
+            r.members_gms_refused += l.refused;
+        }
+    }
+    if let Some(l) = world
+        .host(NodeId(s.nodes))
+        .service
+        .as_ref()
+        .and_then(|svc| svc.link_stats())
+    {
+        r.gms_not_admitted = l.not_admitted;
+        r.gms_plain_dropped = l.plain_dropped;
+        r.gms_bad_hellos = l.bad_hellos;
+        r.gms_refused = l.refused;
+        r.gms_no_session = l.no_session;
+    }
+    if r.sent.joined || foreign_joins > 0 {
+        ledger.external_violation(format!(
+            "the service took {foreign_joins} join(s) from the attacker"
+        ));
+    }
+    if s.security != Mode::Off {
+        let f = &r.refused;
+        let seen = [
+            (
+                "its join",
+                r.sent.join_datagrams > 3,
+                r.gms_not_admitted > 0,
+            ),
+            (
+                "forged tags",
+                r.sent.forged_data + r.sent.forged_control > 20,
+                f.bad_tag > 0,
+            ),
+            (
+                "guessed key ids",
+                r.sent.forged_unknown_key > 20,
+                f.unknown_key > 0,
+            ),
+            (
+                "replays",
+                r.sent.replayed > 20,
+                f.replayed + f.too_old + f.retired_key > 0,
+            ),
+            (
+                "the removed member's key",
+                r.sent.old_key > 10,
+                f.retired_key > 0,
+            ),
+            (
+                "forged GMS requests",
+                r.sent.forged_gms > 5,
+                r.gms_plain_dropped > 0,
+            ),
+        ];
+        for (what, sent, refused) in seen {
+            if sent && !refused {
+                ledger.external_violation(format!("the attacker's {what} went unrefused: {r:?}"));
+            }
+        }
+    }
+    r
 }
 
 /// Strikes the replicated GMS with `fault` at `now`; false if no replica leads yet.

@@ -152,6 +152,19 @@ pub struct WorldConfig {
     /// Most datagrams a node processes, and most it sends, per turn of its loop. Default 64, a
     /// `recvmmsg` batch.
     pub batch_max: usize,
+    /// A sniffer on the switch (a mirror port): a copy of datagrams crossing the switch goes to
+    /// this node too, as a host on a shared LAN would see them. Default none.
+    pub tap: Option<Tap>,
+}
+
+/// A mirror port of the switch ([`WorldConfig::tap`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tap {
+    /// The node that receives the copies (through its downlink, like any datagram).
+    pub node: NodeId,
+    /// One datagram in this many is copied (1: every one), counted over everything the switch
+    /// forwards from other nodes.
+    pub every: u32,
 }
 
 impl WorldConfig {
@@ -168,6 +181,7 @@ impl WorldConfig {
             nodes: vec![node.clone(); node_count],
             max_datagram: Self::MAX_DATAGRAM_DEFAULT,
             batch_max: Self::BATCH_MAX_DEFAULT,
+            tap: None,
         }
     }
 }
@@ -516,6 +530,8 @@ pub struct World<H: Host> {
     tx_buf: Vec<u8>,
     /// Reused batch of (priority key, datagram).
     batch: Vec<(u8, Bytes)>,
+    /// Datagrams the switch forwarded from nodes other than the tap's ([`WorldConfig::tap`]).
+    tap_seen: u64,
 }
 
 impl<H: Host> World<H> {
@@ -625,6 +641,7 @@ impl<H: Host> World<H> {
             stats,
             tx_buf,
             batch,
+            tap_seen: 0,
         })
     }
 
@@ -917,6 +934,25 @@ impl<H: Host> World<H> {
             return;
         };
         let class = link_class(&datagram);
+        if let Some(tap) = self.config.tap.filter(|t| t.node.0 != src) {
+            self.tap_seen += 1;
+            let addressed = match destination {
+                Destination::Node(dst) => dst == tap.node,
+                Destination::Region(_) => false,
+            };
+            if !addressed && self.tap_seen.is_multiple_of(u64::from(tap.every.max(1))) {
+                if let Some(state) = self.nodes.get_mut(tap.node.0 as usize) {
+                    forward(
+                        state,
+                        &mut self.stats.nodes[tap.node.0 as usize],
+                        &mut self.events,
+                        tap.node.0,
+                        now,
+                        (&datagram, class),
+                    );
+                }
+            }
+        }
         match destination {
             Destination::Node(dst) => match self.nodes.get_mut(dst.0 as usize) {
                 Some(state) => forward(

@@ -519,3 +519,38 @@ fn invalid_worlds_are_rejected() {
         Some(WorldError::Link { .. })
     ));
 }
+
+#[test]
+fn a_tap_sees_copies_of_what_crosses_the_switch_but_not_its_own() {
+    use tidings_sim::world::Tap;
+    let mut h = hosts(4);
+    h[0] = ScriptHost::new()
+        .send_at(Time::ZERO, to_node(1), packet(Kind::Data, 500, 1))
+        .send_at(ms(1), to_region(9), packet(Kind::Token, 300, 2))
+        .send_at(ms(2), to_node(3), packet(Kind::Ack, 200, 3));
+    h[3] = ScriptHost::new().send_at(ms(3), to_node(1), packet(Kind::Nak, 100, 4));
+    let mut config = uniform(4);
+    config.tap = Some(Tap {
+        node: NodeId(3),
+        every: 1,
+    });
+    let regions = BTreeMap::from([(RegionId(9), vec![NodeId(1), NodeId(2)])]);
+    let mut w = world(config, h, regions);
+    w.run_until(ms(10));
+    // The unicast and the multicast are copied to the tap once each; the datagram addressed to
+    // the tap arrives once, and the tap's own is not copied back to it.
+    let tapped: Vec<u64> = w
+        .host(NodeId(3))
+        .received
+        .iter()
+        .map(|(_, d)| tag(d))
+        .collect();
+    assert_eq!(tapped, vec![1, 2, 3]);
+    let to_one: Vec<u64> = w
+        .host(NodeId(1))
+        .received
+        .iter()
+        .map(|(_, d)| tag(d))
+        .collect();
+    assert_eq!(to_one, vec![1, 2, 4]);
+}
