@@ -700,9 +700,18 @@ fn metrics_name_the_slow_subscription_by_topic_within_the_bound() {
     publisher
         .wait_stable(last.unwrap(), Duration::from_secs(10))
         .unwrap();
-    let r = http_get(peer_addr, "/metrics");
+    // The worker counts a batch of deliveries after handing it on, so the reader may have
+    // taken the last messages a moment before the count shows them.
     let delivered =
         format!("tidings_topic_delivered_total{{node=\"{peer_id}\",topic=\"metrics/slow\"}}");
+    let mut r = http_get(peer_addr, "/metrics");
+    for _ in 0..50 {
+        if sample(&r, &delivered) == Some(20.0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        r = http_get(peer_addr, "/metrics");
+    }
     assert_eq!(sample(&r, &delivered), Some(20.0), "{r}");
     let r = http_get(node.metrics_addr().unwrap(), "/metrics");
     let stable = format!("tidings_time_to_stable_seconds_count{{node=\"{node_id}\"}}");
