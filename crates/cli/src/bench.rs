@@ -16,7 +16,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tidings::{AllowList, GmsConfig, Identity, SecurityMode};
+use tidings::{GmsConfig, SecurityMode};
 use tidings_bench::runtime::{self as rt_bench, RawMode, RawTarget};
 use tidings_proto::{CongestionControl, Membership, NodeId, RegionId, TopicId};
 use tidings_runtime::{AddressBook, GmsServer, MulticastConfig, Transport};
@@ -317,46 +317,6 @@ pub(crate) struct ChildSecurity {
     pub(crate) identity_file: std::path::PathBuf,
     /// The membership service's public key, as text.
     pub(crate) service_key: String,
-}
-
-/// Identities of a benchmark with sealed datagrams, in a directory of their own that is removed
-/// when this is dropped.
-struct BenchIdentities {
-    dir: std::path::PathBuf,
-    service: tidings_gms::ServiceSecurity,
-    children: Vec<std::path::PathBuf>,
-}
-
-impl BenchIdentities {
-    /// An identity for the service and for each of `children` processes, all admitted.
-    fn new(children: u32) -> Result<BenchIdentities, String> {
-        let dir = std::env::temp_dir().join(format!("tidings-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut ids = BenchIdentities {
-            dir,
-            service: tidings_gms::ServiceSecurity {
-                identity: Identity::generate().map_err(|e| e.to_string())?,
-                allowed: AllowList::new(),
-            },
-            children: Vec::new(),
-        };
-        for i in 0..children {
-            let identity = Identity::generate().map_err(|e| e.to_string())?;
-            let path = ids.dir.join(format!("node-{i}.key"));
-            identity.write_file(&path).map_err(|e| e.to_string())?;
-            ids.service
-                .allowed
-                .insert(*identity.public(), &format!("bench-{i}"));
-            ids.children.push(path);
-        }
-        Ok(ids)
-    }
-}
-
-impl Drop for BenchIdentities {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 impl ChildSpec {
@@ -1195,7 +1155,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
     let n = p + args.subscribers;
     let identities = match (args.security, args.api) {
         (SecurityMode::Off, _) => None,
-        (_, ApiArg::Library) => Some(BenchIdentities::new(n)?),
+        (_, ApiArg::Library) => Some(crate::identities::RunIdentities::new("bench", n)?),
         (_, ApiArg::Runtime) => {
             return Err(
                 "--security needs the library (--api library): the runtime's nodes \

@@ -18,12 +18,13 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use tidings::{
-    AllowList, Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, Node, PublicKey,
-    RuntimeConfig, SecurityMode, Topic, Transport,
+    Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, Node, PublicKey, RuntimeConfig,
+    SecurityMode, Topic, Transport,
 };
 use tidings_gms::{MulticastPool, ServiceSecurity};
 use tidings_runtime::{GmsServer, GmsSnapshot, ReplicaHostConfig};
 
+use crate::identities::RunIdentities;
 use crate::node_cmd::{parse_gms_addrs, GmsAddrs};
 
 use crate::bench::bench_sys::shared_clock_ns;
@@ -114,47 +115,6 @@ pub(crate) struct DemoArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-}
-
-/// The demo's generated identities: the service's, and one file per process in a temporary
-/// directory (removed when dropped).
-struct DemoIdentities {
-    dir: std::path::PathBuf,
-    service: ServiceSecurity,
-    children: Vec<std::path::PathBuf>,
-}
-
-impl DemoIdentities {
-    /// An identity for the service and for each of `children` processes, all admitted.
-    fn new(children: u32) -> Result<DemoIdentities, String> {
-        let dir = std::env::temp_dir().join(format!("tidings-demo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut ids = DemoIdentities {
-            dir,
-            service: ServiceSecurity {
-                identity: Identity::generate().map_err(|e| e.to_string())?,
-                allowed: AllowList::new(),
-            },
-            children: Vec::new(),
-        };
-        for i in 0..children {
-            let identity = Identity::generate().map_err(|e| e.to_string())?;
-            let path = ids.dir.join(format!("node-{i}.key"));
-            identity.write_file(&path).map_err(|e| e.to_string())?;
-            ids.service
-                .allowed
-                .insert(*identity.public(), &format!("demo-{i}"));
-            ids.children.push(path);
-        }
-        Ok(ids)
-    }
-}
-
-impl Drop for DemoIdentities {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// Options of one demo process (set by the parent).
@@ -640,7 +600,7 @@ fn spawn(
     index: u32,
     reports: &mpsc::Sender<(usize, Report)>,
     slot: usize,
-    identities: Option<&DemoIdentities>,
+    identities: Option<&RunIdentities>,
 ) -> Result<Proc, String> {
     let security: Vec<String> =
         match identities.and_then(|ids| Some((ids, ids.children.get(slot)?))) {
@@ -992,7 +952,7 @@ fn demo(a: &DemoArgs) -> Result<Summary, String> {
     let heartbeat_timeout = gms_config.heartbeat_timeout;
     let identities = match a.security {
         SecurityMode::Off => None,
-        _ => Some(DemoIdentities::new(a.subscribers + a.publishers)?),
+        _ => Some(RunIdentities::new("demo", a.subscribers + a.publishers)?),
     };
     let mut server = Service::start(
         a,

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod identities;
 mod node_cmd;
 mod scrape;
 mod sim_cmd;
