@@ -1140,6 +1140,42 @@ pub struct Built {
     pub attacker: Option<NodeId>,
 }
 
+/// A host whose protocol node takes part in no region (the GMS's, the attacker's): what it
+/// runs beside the node is set by the caller.
+fn idle_host(
+    s: &Scenario,
+    me: NodeId,
+    ledger: &Rc<RefCell<Ledger>>,
+    gms_log: &Option<Rc<RefCell<GmsLog>>>,
+) -> Result<SimHost, tidings_gms::MemberError> {
+    let member = Member::with_membership(
+        s.proto.clone(),
+        MemberConfig::default(),
+        me,
+        Membership::default(),
+        Time::ZERO,
+    )?;
+    Ok(SimHost {
+        member,
+        me,
+        ledger: ledger.clone(),
+        publisher: None,
+        gms_nodes: Vec::new(),
+        service: None,
+        gms_log: gms_log.clone(),
+        wanted: BTreeSet::new(),
+        asked: BTreeMap::new(),
+        next_token: 1,
+        gms_oversize: 0,
+        fragments: VecDeque::new(),
+        fragmented: 0,
+        reassembly: crate::gms::Reassembly::default(),
+        publish_cost: s.publish_cost,
+        cpu_charge: Duration::ZERO,
+        attacker: None,
+    })
+}
+
 /// Builds the world of a scenario: the nodes, their subscriptions and faults.
 pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     s.validate()?;
@@ -1300,33 +1336,10 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
     for (k, service) in services.into_iter().enumerate() {
         let me = NodeId(s.nodes + k as u32);
         // A GMS node: an idle protocol node (no regions) beside the service or its replica.
-        let member = Member::with_membership(
-            s.proto.clone(),
-            MemberConfig::default(),
-            me,
-            Membership::default(),
-            Time::ZERO,
-        )
-        .map_err(|e| ScenarioError::Invalid(format!("the GMS node: {e}")))?;
-        hosts.push(SimHost {
-            member,
-            me,
-            ledger: ledger.clone(),
-            publisher: None,
-            gms_nodes: Vec::new(),
-            service: Some(Box::new(service)),
-            gms_log: gms_log.clone(),
-            wanted: BTreeSet::new(),
-            asked: BTreeMap::new(),
-            next_token: 1,
-            gms_oversize: 0,
-            fragments: VecDeque::new(),
-            fragmented: 0,
-            reassembly: crate::gms::Reassembly::default(),
-            publish_cost: s.publish_cost,
-            cpu_charge: Duration::ZERO,
-            attacker: None,
-        });
+        let mut host = idle_host(s, me, &ledger, &gms_log)
+            .map_err(|e| ScenarioError::Invalid(format!("the GMS node: {e}")))?;
+        host.service = Some(Box::new(service));
+        hosts.push(host);
     }
     let attacker = if s.attacker {
         let me = NodeId(s.nodes + service_nodes);
@@ -1351,33 +1364,10 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             joining,
         })
         .map_err(ScenarioError::Invalid)?;
-        let member = Member::with_membership(
-            s.proto.clone(),
-            MemberConfig::default(),
-            me,
-            Membership::default(),
-            Time::ZERO,
-        )
-        .map_err(|e| ScenarioError::Invalid(format!("the attacker's node: {e}")))?;
-        hosts.push(SimHost {
-            member,
-            me,
-            ledger: ledger.clone(),
-            publisher: None,
-            gms_nodes: Vec::new(),
-            service: None,
-            gms_log: gms_log.clone(),
-            wanted: BTreeSet::new(),
-            asked: BTreeMap::new(),
-            next_token: 1,
-            gms_oversize: 0,
-            fragments: VecDeque::new(),
-            fragmented: 0,
-            reassembly: crate::gms::Reassembly::default(),
-            publish_cost: s.publish_cost,
-            cpu_charge: Duration::ZERO,
-            attacker: Some(Box::new(attacker)),
-        });
+        let mut host = idle_host(s, me, &ledger, &gms_log)
+            .map_err(|e| ScenarioError::Invalid(format!("the attacker's node: {e}")))?;
+        host.attacker = Some(Box::new(attacker));
+        hosts.push(host);
         Some(me)
     } else {
         None
