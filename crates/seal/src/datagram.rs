@@ -498,7 +498,7 @@ pub struct KeyRingConfig {
     /// windows are allocated when the key is installed (with the defaults, about 40 KB a
     /// key: 256 windows of 128 bytes and their headers).
     pub senders_max: usize,
-    /// Width of each sender's replay window in counters (default
+    /// Width of each sender's replay window in counters, rounded up to a power of two (default
     /// [`WINDOW_BITS_DEFAULT`], at most [`WINDOW_BITS_MAX`]).
     pub window_bits: usize,
     /// Retired key ids remembered, to tell a retired key from an unknown one (default 256).

@@ -18,24 +18,30 @@ pub enum Refusal {
 
 /// Which of the last `width` counters below the highest one were seen, as in IPsec and
 /// WireGuard: counters above the highest are new, counters more than `width - 1` below it are
-/// refused as too old. The storage is allocated once, at creation; checking and accepting
-/// never allocate.
+/// refused as too old. The bitmap is indexed by the counter itself (bit `c % width`), so moving
+/// the highest counter up clears only the bits of the counters it passes: accepting the next
+/// counter touches one word, not the whole window. The storage is allocated once, at creation;
+/// checking and accepting never allocate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplayWindow {
     /// The highest counter accepted, valid when `any`.
     highest: u64,
     /// Whether any counter was accepted.
     any: bool,
-    /// Bit `d` (word `d / 64`, bit `d % 64`) is set when counter `highest - d` was accepted.
+    /// Bit `c % 64` of word `(c / 64) % words` is set when counter `c` (within the window) was
+    /// accepted; the number of words is a power of two.
     bits: Box<[u64]>,
 }
 
 impl ReplayWindow {
-    /// A window of `width_bits` counters, rounded up to a multiple of 64 and clamped to
+    /// A window of `width_bits` counters, rounded up to a power of two and clamped to
     /// `64..=`[`WINDOW_BITS_MAX`].
     #[must_use]
     pub fn new(width_bits: usize) -> ReplayWindow {
-        let words = width_bits.clamp(64, WINDOW_BITS_MAX).div_ceil(64);
+        let words = width_bits
+            .clamp(64, WINDOW_BITS_MAX)
+            .next_power_of_two()
+            .div_ceil(64);
         ReplayWindow {
             highest: 0,
             any: false,
@@ -55,19 +61,25 @@ impl ReplayWindow {
         self.any.then_some(self.highest)
     }
 
+    /// The word and bit mask of `counter`.
+    fn slot(&self, counter: u64) -> (usize, u64) {
+        // The number of words is a power of two, so the mask takes the word index modulo it;
+        // the result is below the number of words and fits a usize.
+        let word = ((counter / 64) & (self.bits.len() as u64 - 1)) as usize;
+        (word, 1 << (counter % 64))
+    }
+
     /// Whether `counter` would be accepted; changes nothing (check before authenticating,
     /// accept after).
     pub fn check(&self, counter: u64) -> Result<(), Refusal> {
         if !self.any || counter > self.highest {
             return Ok(());
         }
-        let distance = self.highest - counter;
-        if distance >= self.width() as u64 {
+        if self.highest - counter >= self.width() as u64 {
             return Err(Refusal::TooOld);
         }
-        // distance < width <= WINDOW_BITS_MAX, so the index fits.
-        let d = distance as usize;
-        if self.bits[d / 64] & (1 << (d % 64)) != 0 {
+        let (word, mask) = self.slot(counter);
+        if self.bits[word] & mask != 0 {
             Err(Refusal::Replayed)
         } else {
             Ok(())
@@ -79,45 +91,41 @@ impl ReplayWindow {
         self.check(counter)?;
         if !self.any {
             self.any = true;
-            self.highest = counter;
             self.bits.fill(0);
-            self.bits[0] = 1;
-            return Ok(());
-        }
-        if counter > self.highest {
-            self.shift(counter - self.highest);
             self.highest = counter;
-            self.bits[0] |= 1;
-        } else {
-            let d = (self.highest - counter) as usize;
-            self.bits[d / 64] |= 1 << (d % 64);
+        } else if counter > self.highest {
+            self.clear_above_highest(counter);
+            self.highest = counter;
         }
+        let (word, mask) = self.slot(counter);
+        self.bits[word] |= mask;
         Ok(())
     }
 
-    /// Moves every bit `by` places towards the old end (the highest counter grows by `by`).
-    fn shift(&mut self, by: u64) {
-        let n = self.bits.len();
-        if by >= self.width() as u64 {
+    /// Clears the bits of the counters `highest + 1 ..= new_highest`: they still hold counters
+    /// a window's width older, which fall out of the window as the highest moves up.
+    fn clear_above_highest(&mut self, new_highest: u64) {
+        if new_highest - self.highest >= self.width() as u64 {
             self.bits.fill(0);
             return;
         }
-        let words = (by / 64) as usize;
-        let bits = (by % 64) as u32;
-        for i in (0..n).rev() {
-            let value = if i >= words {
-                let src = i - words;
-                let high = self.bits[src] << bits;
-                let low = if bits > 0 && src > 0 {
-                    self.bits[src - 1] >> (64 - bits)
-                } else {
-                    0
-                };
-                high | low
+        // `highest < new_highest`, so neither addition below overflows.
+        let mut counter = self.highest + 1;
+        loop {
+            let (word, _) = self.slot(counter);
+            // The bits of `counter ..= min(the last counter of its word, new_highest)`.
+            let first = counter % 64;
+            let span = (new_highest - counter).min(63 - first) + 1;
+            let mask = if span == 64 {
+                u64::MAX
             } else {
-                0
+                ((1u64 << span) - 1) << first
             };
-            self.bits[i] = value;
+            self.bits[word] &= !mask;
+            if new_highest - counter < span {
+                return;
+            }
+            counter += span;
         }
     }
 }
@@ -171,6 +179,49 @@ mod tests {
         w.accept(10_000).unwrap();
         assert_eq!(w.check(200 + 255), Err(Refusal::TooOld));
         assert_eq!(w.check(9_999), Ok(()));
+    }
+
+    /// The window against a plain model: a set of accepted counters and the rule that a
+    /// counter more than `width - 1` below the highest is too old.
+    fn agrees_with_the_model(width: usize, counters: &[u64]) {
+        let mut window = ReplayWindow::new(width);
+        let width = window.width() as u64;
+        let mut seen = std::collections::BTreeSet::new();
+        let mut highest: Option<u64> = None;
+        for &c in counters {
+            let expected = match highest {
+                Some(h) if c <= h && h - c >= width => Err(Refusal::TooOld),
+                _ if seen.contains(&c) => Err(Refusal::Replayed),
+                _ => Ok(()),
+            };
+            assert_eq!(window.check(c), expected, "check {c} after {highest:?}");
+            assert_eq!(window.accept(c), expected, "accept {c} after {highest:?}");
+            if expected.is_ok() {
+                seen.insert(c);
+                highest = Some(highest.map_or(c, |h| h.max(c)));
+            }
+            assert_eq!(window.highest(), highest);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn matches_a_set_of_accepted_counters(
+            width in 0usize..300,
+            start in proptest::prelude::any::<u64>(),
+            steps in proptest::collection::vec((0u64..400, proptest::prelude::any::<bool>()), 1..200),
+        ) {
+            // Counters wander up and down around a start, crossing words and the window's edge.
+            let mut c = start;
+            let counters: Vec<u64> = steps
+                .iter()
+                .map(|&(step, up)| {
+                    c = if up { c.saturating_add(step) } else { c.saturating_sub(step) };
+                    c
+                })
+                .collect();
+            agrees_with_the_model(width, &counters);
+        }
     }
 
     #[test]
