@@ -45,7 +45,7 @@ pub use client::{ClientEvent, ClientStats, GmsClient, RequestError};
 pub use config::{ClientConfig, ConfigError, GmsConfig, MulticastPool};
 pub use member::{
     frame, unframe, Joining, Member, MemberConfig, MemberError, MemberEvent, MemberStats,
-    NamedRefusal, NamedRequest, Stall, GMS_MAGIC,
+    NamedRefusal, NamedRequest, ReceivedDatagram, Stall, GMS_MAGIC,
 };
 pub use message::{
     DecodeError, GmsMessage, GmsRegionView, Item, RegionAddress, Request, WireKey,

@@ -158,6 +158,39 @@ impl MemberConfig {
     }
 }
 
+/// A received datagram as the host holds it. Sealing opens a datagram in place, so a host that
+/// can hand over bytes nobody else holds ([`ReceivedDatagram::Writable`]) spares the member a copy.
+#[derive(Debug)]
+pub enum ReceivedDatagram {
+    /// Bytes that may be shared with other datagrams (a slice of a receive buffer): opened in
+    /// place if nobody else holds them after all, else copied first.
+    Shared(Bytes),
+    /// Bytes only this datagram holds: opened where they are.
+    Writable(BytesMut),
+}
+
+impl ReceivedDatagram {
+    /// The datagram as shared bytes, as the protocol takes it.
+    fn into_bytes(self) -> Bytes {
+        match self {
+            ReceivedDatagram::Shared(bytes) => bytes,
+            ReceivedDatagram::Writable(bytes) => bytes.freeze(),
+        }
+    }
+}
+
+impl From<Bytes> for ReceivedDatagram {
+    fn from(bytes: Bytes) -> ReceivedDatagram {
+        ReceivedDatagram::Shared(bytes)
+    }
+}
+
+impl From<BytesMut> for ReceivedDatagram {
+    fn from(bytes: BytesMut) -> ReceivedDatagram {
+        ReceivedDatagram::Writable(bytes)
+    }
+}
+
 /// A member's sealing state, when [`MemberConfig::sealing`] is on.
 struct Sealing {
     ring: KeyRing,
@@ -187,8 +220,12 @@ impl std::fmt::Debug for Sealing {
 impl Sealing {
     /// The datagram in a buffer this member may write: the same one when nobody else holds
     /// it, else a copy in the current block.
-    fn writable(&mut self, datagram: Bytes, copies: &mut u64) -> BytesMut {
-        match datagram.try_into_mut() {
+    fn writable(&mut self, datagram: ReceivedDatagram, copies: &mut u64) -> BytesMut {
+        let shared = match datagram {
+            ReceivedDatagram::Writable(buf) => return buf,
+            ReceivedDatagram::Shared(shared) => shared,
+        };
+        match shared.try_into_mut() {
             Ok(buf) => buf,
             Err(shared) => {
                 *copies += 1;
@@ -922,7 +959,8 @@ impl Member {
     /// A protocol datagram from a peer. With sealing on it is opened first (in place when
     /// its buffer is not shared): one that does not open is counted by cause in
     /// [`MemberStats::open`] and dropped before the protocol sees it.
-    pub fn handle_datagram(&mut self, now: Time, datagram: Bytes) {
+    pub fn handle_datagram(&mut self, now: Time, datagram: impl Into<ReceivedDatagram>) {
+        let datagram = datagram.into();
         self.now = now;
         if let Some(datagram) = self.open(datagram) {
             self.node.handle_datagram(now, datagram);
@@ -931,7 +969,8 @@ impl Member {
 
     /// A protocol datagram received on a multicast group (where regions may share the group),
     /// opened as in [`handle_datagram`](Member::handle_datagram).
-    pub fn handle_group_datagram(&mut self, now: Time, datagram: Bytes) {
+    pub fn handle_group_datagram(&mut self, now: Time, datagram: impl Into<ReceivedDatagram>) {
+        let datagram = datagram.into();
         self.now = now;
         if let Some(datagram) = self.open(datagram) {
             self.node.handle_group_datagram(now, datagram);
@@ -940,9 +979,9 @@ impl Member {
 
     /// The protocol datagram inside a received one: itself without sealing, opened with
     /// sealing, `None` (counted) if it does not open.
-    fn open(&mut self, datagram: Bytes) -> Option<Bytes> {
+    fn open(&mut self, datagram: ReceivedDatagram) -> Option<Bytes> {
         let Some(sealing) = self.sealing.as_mut() else {
-            return Some(datagram);
+            return Some(datagram.into_bytes());
         };
         let mut buf = sealing.writable(datagram, &mut self.stats.open_copies);
         self.stats.open_blocks_allocated = sealing.arena.blocks_allocated();
@@ -1041,6 +1080,13 @@ impl Member {
             secret,
             counter_limit,
         ));
+    }
+
+    /// Whether this member seals and opens datagrams: a host that can hand received datagrams
+    /// over as [`ReceivedDatagram::Writable`] then spares it a copy of each.
+    #[must_use]
+    pub fn seals(&self) -> bool {
+        self.sealing.is_some()
     }
 
     /// Bytes sealing adds to every protocol datagram (0 with sealing off): a transmit buffer

@@ -26,7 +26,8 @@ use bytes::Bytes;
 use crossbeam_queue::SegQueue;
 use mio::{Events, Interest, Poll, Token, Waker};
 use tidings_gms::{
-    unframe, GmsClient, Member, MemberEvent, NamedRefusal, NamedRequest, RegionAddress, Stall,
+    unframe, GmsClient, Member, MemberEvent, NamedRefusal, NamedRequest, ReceivedDatagram,
+    RegionAddress, Stall,
 };
 use tidings_proto::{
     Delivery, Event, Membership, MsgId, Priority, PublishError, RegionId, Time, TopicId,
@@ -420,7 +421,7 @@ pub(crate) struct Core {
     arena: tidings_gms::BlockArena,
     /// The received batch, by priority class (control, recovery, data), each datagram with
     /// whether it came on a multicast group (where regions may share the group).
-    classes: [Vec<(Bytes, bool)>; 3],
+    classes: [Vec<(ReceivedDatagram, bool)>; 3],
     tx: TxBatch,
     /// The protocol may have datagrams to send (set after every input).
     tx_more: bool,
@@ -554,6 +555,8 @@ impl Core {
             gso_segments,
         );
         let batch = config.recv_batch_datagrams_max;
+        // A sealing member opens datagrams in place: hand them over in bytes they alone hold.
+        let seals = member.seals();
         let now = clock::now();
         let mut core = Core {
             loss_rng: fastrand::Rng::with_seed(config.receive_loss_seed),
@@ -566,7 +569,7 @@ impl Core {
             groups_per_socket: net::groups_per_socket(),
             routes,
             addresses,
-            rx: RxBuffers::new(),
+            rx: RxBuffers::new(seals),
             arena: RxBuffers::arena(),
             classes: [
                 Vec::with_capacity(batch),
@@ -1714,8 +1717,9 @@ impl Core {
                     let loss = self.config.receive_loss;
                     let gms = &mut self.gms;
                     let via_group = slot.is_some();
+                    let writable = self.rx.writable;
                     self.rx.datagrams(filled, |from, received| {
-                        let datagram = received.bytes;
+                        let datagram = received.bytes();
                         stats.datagrams_received += 1;
                         stats.bytes_received += datagram.len() as u64;
                         if unframe(datagram).is_some()
@@ -1745,7 +1749,12 @@ impl Core {
                             return;
                         };
                         let class = priority_class(kind.priority());
-                        classes[class].push((received.keep(arena), via_group));
+                        let datagram = if writable {
+                            received.keep_writable(arena)
+                        } else {
+                            received.keep(arena)
+                        };
+                        classes[class].push((datagram, via_group));
                         kept += 1;
                     });
                 }

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tidings_gms::arena::ARENA_REUSE_PROBES;
-use tidings_gms::BlockArena;
+use tidings_gms::{BlockArena, ReceivedDatagram};
 use tidings_proto::Destination;
 
 use crate::addr::Routes;
@@ -248,13 +248,21 @@ const SHARED_BUFFERS_RETAINED_MAX: usize = 512;
 /// none is free, so a steady flow allocates nothing. A buffer with little in it (datagrams
 /// arriving one by one) is copied into the [`BlockArena`] instead, so that a few small datagrams
 /// never pin 64 KiB each.
+///
+/// With `writable` (a sealing member, which opens datagrams in place), a handed-over buffer is
+/// split into one `BytesMut` per datagram instead of shared slices, so that the member can
+/// open each where it lies; the buffer is reclaimed through the unfilled tail it keeps, once
+/// every datagram of it is dropped, and zeroed again (safe code cannot receive into memory it
+/// has not initialised).
 pub(crate) struct RxBuffers {
     /// `RECV_BUFFERS` buffers of `RECV_BUFFER_BYTES`, initialised, in the shared
     /// representation (freezing and slicing them never allocates).
     buffers: Vec<BytesMut>,
     meta: [RecvMeta; RECV_BUFFERS],
-    /// Buffers handed over, oldest first, until every slice of them is gone.
-    handed_over: VecDeque<Bytes>,
+    /// Buffers handed over, oldest first, until every datagram of them is gone.
+    handed_over: VecDeque<HandedOver>,
+    /// Hand datagrams over writable (see above).
+    pub(crate) writable: bool,
     /// Receive buffers allocated so far (the first `RECV_BUFFERS` included).
     pub(crate) buffers_allocated: u64,
 }
@@ -269,31 +277,75 @@ impl std::fmt::Debug for RxBuffers {
     }
 }
 
+/// A receive buffer handed over, kept to be reused once its datagrams are dropped.
+#[derive(Debug)]
+enum HandedOver {
+    /// The whole buffer, whose datagrams are slices of it.
+    Frozen(Bytes),
+    /// The unfilled tail of a buffer split into writable datagrams.
+    Tail(BytesMut),
+}
+
 /// One received datagram: its bytes, and where they lie.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) struct Received<'a> {
-    pub(crate) bytes: &'a [u8],
-    /// The receive buffer handed over whole that holds it, and its offset there.
-    shared: Option<(&'a Bytes, usize)>,
+    /// Where the bytes lie.
+    source: Source<'a>,
+}
+
+/// Where a received datagram's bytes lie.
+#[derive(Debug)]
+enum Source<'a> {
+    /// In a receive buffer that stays with [`RxBuffers`]: kept by copying.
+    Buffer(&'a [u8]),
+    /// In the receive buffer handed over whole that holds it, at this offset.
+    Shared(&'a Bytes, usize, &'a [u8]),
+    /// In a part of a handed-over buffer that only this datagram holds.
+    Own(BytesMut),
 }
 
 impl Received<'_> {
-    /// The datagram as shared bytes: a slice of its receive buffer if that was handed over,
+    /// The datagram's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match &self.source {
+            Source::Buffer(bytes) | Source::Shared(_, _, bytes) => bytes,
+            Source::Own(bytes) => bytes,
+        }
+    }
+
+    /// The datagram to keep: a slice or part of its receive buffer if that was handed over,
     /// else a copy in the arena.
-    pub(crate) fn keep(&self, arena: &mut BlockArena) -> Bytes {
-        match self.shared {
-            Some((buffer, at)) => buffer.slice(at..at + self.bytes.len()),
-            None => arena.keep(self.bytes),
+    pub(crate) fn keep(self, arena: &mut BlockArena) -> ReceivedDatagram {
+        match self.source {
+            Source::Shared(buffer, at, bytes) => {
+                ReceivedDatagram::Shared(buffer.slice(at..at + bytes.len()))
+            }
+            Source::Own(bytes) => ReceivedDatagram::Writable(bytes),
+            Source::Buffer(bytes) => ReceivedDatagram::Shared(arena.keep(bytes)),
+        }
+    }
+
+    /// The datagram to keep, in bytes it alone holds: its part of a receive buffer split into
+    /// writable datagrams, else a copy in the arena.
+    pub(crate) fn keep_writable(self, arena: &mut BlockArena) -> ReceivedDatagram {
+        match self.source {
+            Source::Own(bytes) => ReceivedDatagram::Writable(bytes),
+            Source::Shared(_, _, bytes) | Source::Buffer(bytes) => {
+                ReceivedDatagram::Writable(arena.keep_mut(bytes))
+            }
         }
     }
 }
 
 impl RxBuffers {
-    pub(crate) fn new() -> RxBuffers {
+    /// Receive buffers; `writable`: hand datagrams over in bytes they alone hold (see
+    /// [`RxBuffers`]).
+    pub(crate) fn new(writable: bool) -> RxBuffers {
         let mut rx = RxBuffers {
             buffers: Vec::with_capacity(RECV_BUFFERS),
             meta: [RecvMeta::default(); RECV_BUFFERS],
             handed_over: VecDeque::with_capacity(SHARED_BUFFERS_RETAINED_MAX),
+            writable,
             buffers_allocated: 0,
         };
         for _ in 0..RECV_BUFFERS {
@@ -318,11 +370,23 @@ impl RxBuffers {
             let Some(buffer) = self.handed_over.pop_front() else {
                 break;
             };
-            match buffer.try_into_mut() {
-                Ok(buffer) if buffer.len() == RECV_BUFFER_BYTES => return buffer,
-                Ok(_) => {}
-                // Still in use: look at it again after the others.
-                Err(buffer) => self.handed_over.push_back(buffer),
+            match buffer {
+                HandedOver::Frozen(buffer) => match buffer.try_into_mut() {
+                    Ok(buffer) if buffer.len() == RECV_BUFFER_BYTES => return buffer,
+                    Ok(_) => {}
+                    // Still in use: look at it again after the others.
+                    Err(buffer) => self.handed_over.push_back(HandedOver::Frozen(buffer)),
+                },
+                HandedOver::Tail(mut tail) => {
+                    tail.clear();
+                    // Succeeds, without allocating, once the tail is the last handle on its
+                    // buffer: it then spans the whole buffer again.
+                    if tail.try_reclaim(RECV_BUFFER_BYTES) {
+                        tail.resize(RECV_BUFFER_BYTES, 0);
+                        return tail;
+                    }
+                    self.handed_over.push_back(HandedOver::Tail(tail));
+                }
             }
         }
         self.new_buffer()
@@ -354,8 +418,7 @@ impl RxBuffers {
                 f(
                     meta.addr,
                     Received {
-                        bytes: &[],
-                        shared: None,
+                        source: Source::Buffer(&[]),
                     },
                 );
                 continue;
@@ -366,29 +429,46 @@ impl RxBuffers {
                     f(
                         meta.addr,
                         Received {
-                            bytes,
-                            shared: None,
+                            source: Source::Buffer(bytes),
                         },
                     );
                 }
                 continue;
             }
             let fresh = self.fresh_buffer();
-            let whole = std::mem::replace(&mut self.buffers[i], fresh).freeze();
-            for (k, bytes) in whole[..len].chunks(stride).enumerate() {
-                f(
-                    meta.addr,
-                    Received {
-                        bytes,
-                        shared: Some((&whole, k * stride)),
-                    },
-                );
-            }
+            let whole = std::mem::replace(&mut self.buffers[i], fresh);
+            let kept = if self.writable {
+                let mut rest = whole;
+                let mut left = len.min(rest.len());
+                while left > 0 {
+                    let take = stride.min(left);
+                    left -= take;
+                    let datagram = rest.split_to(take);
+                    f(
+                        meta.addr,
+                        Received {
+                            source: Source::Own(datagram),
+                        },
+                    );
+                }
+                HandedOver::Tail(rest)
+            } else {
+                let whole = whole.freeze();
+                for (k, bytes) in whole[..len].chunks(stride).enumerate() {
+                    f(
+                        meta.addr,
+                        Received {
+                            source: Source::Shared(&whole, k * stride, bytes),
+                        },
+                    );
+                }
+                HandedOver::Frozen(whole)
+            };
             if self.handed_over.len() >= SHARED_BUFFERS_RETAINED_MAX {
-                // Let the oldest go: freed when its last slice is dropped.
+                // Let the oldest go: freed when its last datagram is dropped.
                 self.handed_over.pop_front();
             }
-            self.handed_over.push_back(whole);
+            self.handed_over.push_back(kept);
         }
     }
 
@@ -635,16 +715,26 @@ mod rx_tests {
         (receiver, sender)
     }
 
-    /// Receives until `count` datagrams came (the socket is non-blocking), keeping each.
+    /// The bytes of a kept datagram.
+    fn bytes(datagram: &ReceivedDatagram) -> &[u8] {
+        match datagram {
+            ReceivedDatagram::Shared(bytes) => bytes,
+            ReceivedDatagram::Writable(bytes) => bytes,
+        }
+    }
+
+    /// Receives until `count` datagrams came (the socket is non-blocking), keeping each as
+    /// the core does (writable when `rx` hands datagrams over writable).
     #[allow(clippy::disallowed_methods)] // a test's bound on its wait, in wall time
     fn receive(
         rx: &mut RxBuffers,
         arena: &mut BlockArena,
         socket: &NetSocket,
         count: usize,
-    ) -> Vec<Bytes> {
+    ) -> Vec<ReceivedDatagram> {
         let mut kept = Vec::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let writable = rx.writable;
         while kept.len() < count {
             assert!(
                 std::time::Instant::now() < deadline,
@@ -652,7 +742,13 @@ mod rx_tests {
                 kept.len()
             );
             match rx.recv(socket) {
-                Ok(filled) => rx.datagrams(filled, |_, d| kept.push(d.keep(arena))),
+                Ok(filled) => rx.datagrams(filled, |_, d| {
+                    kept.push(if writable {
+                        d.keep_writable(arena)
+                    } else {
+                        d.keep(arena)
+                    })
+                }),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
@@ -662,10 +758,12 @@ mod rx_tests {
         kept
     }
 
-    #[test]
-    fn full_buffers_are_handed_over_and_come_back_once_their_slices_are_gone() {
+    /// Full buffers are handed over, whole (`writable` false) or split into writable
+    /// datagrams, and come back once their datagrams are dropped; a datagram held pins its
+    /// buffer and is never overwritten.
+    fn full_buffers_come_back(writable: bool) {
         let (socket, sender) = pair();
-        let mut rx = RxBuffers::new();
+        let mut rx = RxBuffers::new(writable);
         let mut arena = RxBuffers::arena();
         let start = rx.buffers_allocated;
         let big = |k: u8| vec![k; 20_000];
@@ -673,45 +771,66 @@ mod rx_tests {
         for round in 0..50u8 {
             sender.send(&big(round)).unwrap();
             let kept = receive(&mut rx, &mut arena, &socket, 1);
-            assert_eq!(kept[0][..], big(round)[..]);
+            assert_eq!(bytes(&kept[0]), &big(round)[..]);
+            assert_eq!(
+                matches!(kept[0], ReceivedDatagram::Writable(_)),
+                writable,
+                "{kept:?}"
+            );
         }
         assert!(
             rx.buffers_allocated <= start + ARENA_REUSE_PROBES as u64,
-            "dropped slices give their buffers back: {rx:?}"
+            "dropped datagrams give their buffers back: {rx:?}"
         );
         assert_eq!(
             arena.blocks_allocated(),
             1,
             "nothing went through the arena"
         );
-        // A slice held pins its buffer, and the others go on.
         sender.send(&big(7)).unwrap();
-        let pinned = receive(&mut rx, &mut arena, &socket, 1);
+        let mut pinned = receive(&mut rx, &mut arena, &socket, 1);
         for round in 0..50u8 {
             sender.send(&big(round)).unwrap();
             receive(&mut rx, &mut arena, &socket, 1);
         }
         assert_eq!(
-            pinned[0][..],
-            big(7)[..],
-            "a held slice is never overwritten"
+            bytes(&pinned[0]),
+            &big(7)[..],
+            "a held datagram is never overwritten"
         );
+        if let ReceivedDatagram::Writable(datagram) = &mut pinned[0] {
+            // Its own bytes: writing them changes no other datagram.
+            datagram.fill(0);
+        }
+    }
+
+    #[test]
+    fn full_buffers_are_handed_over_and_come_back_once_their_slices_are_gone() {
+        full_buffers_come_back(false);
+    }
+
+    #[test]
+    fn full_buffers_split_into_writable_datagrams_come_back_once_those_are_gone() {
+        full_buffers_come_back(true);
     }
 
     #[test]
     fn small_datagrams_are_copied_into_the_arena() {
-        let (socket, sender) = pair();
-        let mut rx = RxBuffers::new();
-        let mut arena = RxBuffers::arena();
-        let start = rx.buffers_allocated;
-        for k in 0..10u8 {
-            sender.send(&[k; 1000]).unwrap();
+        for writable in [false, true] {
+            let (socket, sender) = pair();
+            let mut rx = RxBuffers::new(writable);
+            let mut arena = RxBuffers::arena();
+            let start = rx.buffers_allocated;
+            for k in 0..10u8 {
+                sender.send(&[k; 1000]).unwrap();
+            }
+            let kept = receive(&mut rx, &mut arena, &socket, 10);
+            for (k, d) in kept.iter().enumerate() {
+                assert_eq!(bytes(d), &[k as u8; 1000][..]);
+                assert_eq!(matches!(d, ReceivedDatagram::Writable(_)), writable);
+            }
+            assert_eq!(rx.buffers_allocated, start, "no buffer handed over");
         }
-        let kept = receive(&mut rx, &mut arena, &socket, 10);
-        for (k, d) in kept.iter().enumerate() {
-            assert_eq!(d[..], [k as u8; 1000][..]);
-        }
-        assert_eq!(rx.buffers_allocated, start, "no buffer handed over");
     }
 }
 

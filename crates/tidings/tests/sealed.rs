@@ -117,6 +117,8 @@ fn admitted_nodes_deliver_sealed_in_both_modes_and_encrypt_is_the_default() {
         assert!(received.open.opened > 0, "{mode:?} {received:?}");
         assert_eq!(received.open.refused(), 0, "{mode:?} {received:?}");
         assert_eq!(received.key_id, Some(1), "{mode:?} {received:?}");
+        // The runtime hands datagrams over in bytes they alone hold: opened where they lie.
+        assert_eq!(received.open_copies, 0, "{mode:?} {received:?}");
     }
 }
 
