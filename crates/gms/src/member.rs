@@ -382,7 +382,7 @@ pub struct MemberStats {
     /// Received datagrams opened and refused, by cause (bad tag, unknown key, retired key,
     /// replayed, too old ...): a refused datagram is dropped before the protocol sees it.
     pub open: OpenStats,
-    /// Received datagrams copied before opening (their buffer was shared).
+    /// Received datagrams copied before opening (the host handed them over shared).
     pub open_copies: u64,
     /// Blocks allocated for those copies (each reused once every datagram cut from it is
     /// dropped, so a steady flow stops allocating).
