@@ -368,7 +368,7 @@ struct ScenarioArgs {
     gms_fault: Option<tidings_sim::gms::GmsFault>,
     /// With --gms: seal protocol datagrams, off, authenticate or encrypt: nodes get identities
     /// from the seed, are admitted over the Noise link, and seal and open with the service's
-    /// datagram keys, as the runtime does. The one-process service only.
+    /// datagram keys, as the runtime does (with replicas too: a session with each).
     #[arg(long, default_value = "off", value_parser = parse_security)]
     security: tidings_seal::Mode,
     /// With --gms: a hostile host on the LAN sniffs, tries to join without credentials, replays

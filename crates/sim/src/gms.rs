@@ -38,14 +38,17 @@
 //! node removed by the GMS, a node put in two regions, or a topic bound to an unexpected id is a
 //! violation.
 //!
-//! **Security** (`Scenario::security` not `Off`, the one-process service only). Every node and
-//! the service get identities drawn from the seed (`seeded_identity`); each node's
-//! [`NodeLink`] runs the real Noise handshake with the service's [`ServiceLink`] before time zero
-//! (carried directly, as the joins are), and every GMS datagram after it travels sealed in its
-//! session, the simulator id standing for the source address. The service runs with
-//! `GmsConfig::datagram_keys`, its key entropy drawn from the seed after every input, and each
-//! member seals and opens protocol datagrams in [`member_config`]'s mode with the keys it hands
-//! out (grace [`KEY_GRACE`]). A removed node's session ends with it, as on a socket host.
+//! **Security** (`Scenario::security` not `Off`). Every node and the service get identities drawn
+//! from the seed (`seeded_identity`; the replicas of a replicated service share the service's,
+//! as on socket hosts); each node's [`NodeLink`] runs the real Noise handshake with every
+//! replica's [`ServiceLink`] before time zero (carried directly, as the joins are), and every GMS
+//! datagram after it travels sealed in its session, the simulator id standing for the source
+//! address. The service runs with `GmsConfig::datagram_keys`, each replica's key entropy drawn
+//! from the seed after every input (the leader's decides the key, which reaches the others
+//! through the log), and each member seals and opens protocol datagrams in [`member_config`]'s
+//! mode with the keys it hands out (grace [`KEY_GRACE`]). A removed node's session ends with it
+//! at every replica, as on a socket host; a restarted replica starts with no sessions, and the
+//! nodes shake hands with it again when it tells them it cannot read them.
 //!
 //! **Churn.** A leave unsubscribes from everything (the node stays a member, so its id and
 //! client stay), a join or resubscribe asks for another profile's topics, one request per topic;
@@ -397,12 +400,56 @@ pub(crate) struct ServiceRole {
     pub(crate) outgoing: VecDeque<(NodeId, Vec<u8>)>,
     /// This host's simulator id.
     me: NodeId,
-    /// With security: the admitted link (Noise sessions by simulator id, which stands for the
-    /// source address) and the generator the service's datagram keys are drawn from.
-    secure: Option<(ServiceLink<NodeId>, fastrand::Rng)>,
+    /// With security: the admitted link and where the service's datagram keys come from.
+    secure: Option<SecureService>,
     /// Replica datagrams longer than the replica's fragment size, so longer than a datagram
     /// (dropped).
     pub(crate) oversize: u64,
+}
+
+/// The admitted link of a service (or replica) host.
+struct SecureService {
+    /// Noise sessions by simulator id, which stands for the source address.
+    link: ServiceLink<NodeId>,
+    /// The generator the service's datagram keys are drawn from.
+    keys: fastrand::Rng,
+    /// The identity and allow list, to start the link over when the host restarts.
+    security: ServiceSecurity,
+    /// Seeds the link's handshake entropy (with the restarts so far).
+    seed: u64,
+    /// Restarts of the host so far.
+    restarts: u64,
+}
+
+impl std::fmt::Debug for SecureService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecureService")
+            .field("link", &self.link.stats())
+            .field("restarts", &self.restarts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SecureService {
+    /// The link of a host that starts with no sessions.
+    fn new(security: ServiceSecurity, keys: fastrand::Rng, seed: u64) -> SecureService {
+        SecureService {
+            link: ServiceLink::new(security.clone(), seeded_entropy(seed)),
+            keys,
+            security,
+            seed,
+            restarts: 0,
+        }
+    }
+
+    /// The host restarted: its sessions are gone.
+    fn restart(&mut self) {
+        self.restarts += 1;
+        self.link = ServiceLink::new(
+            self.security.clone(),
+            seeded_entropy(self.seed ^ self.restarts.rotate_left(48)),
+        );
+    }
 }
 
 impl ServiceRole {
@@ -411,7 +458,7 @@ impl ServiceRole {
         let opened;
         let datagram = match self.secure.as_mut() {
             None => datagram,
-            Some((link, _)) => match link.receive(from, datagram) {
+            Some(secure) => match secure.link.receive(from, datagram) {
                 Inbound::Gms(plain) => {
                     opened = plain;
                     &opened[..]
@@ -488,6 +535,9 @@ impl ServiceRole {
         if let Service::Replicated(r) = &mut self.service {
             r.replica = Replica::restart(r.config.clone(), r.replica.durable())
                 .map_err(|e| e.to_string())?;
+            if let Some(secure) = self.secure.as_mut() {
+                secure.restart();
+            }
         }
         Ok(())
     }
@@ -510,7 +560,7 @@ impl ServiceRole {
 
     /// The admitted link's counters, when the service runs one.
     pub(crate) fn link_stats(&self) -> Option<&tidings_gms::ServiceLinkStats> {
-        self.secure.as_ref().map(|(link, _)| link.stats())
+        self.secure.as_ref().map(|secure| secure.link.stats())
     }
 
     /// The service (this replica's state of it).
@@ -561,9 +611,16 @@ impl ServiceRole {
     /// must learn. `me` is this host's id.
     pub(crate) fn after_input(&mut self, now: Time, me: NodeId, ledger: &mut Ledger) {
         let mut events = Vec::new();
-        if let (Service::Single(gms), Some((_, rng))) = (&mut self.service, self.secure.as_mut()) {
-            if gms.wants_key_entropy() {
-                gms.give_key_entropy(seeded_bytes(rng));
+        if let Some(secure) = self.secure.as_mut() {
+            match &mut self.service {
+                Service::Single(gms) if gms.wants_key_entropy() => {
+                    gms.give_key_entropy(seeded_bytes(&mut secure.keys));
+                }
+                Service::Replicated(r) if r.replica.wants_key_entropy() => {
+                    r.replica
+                        .give_key_entropy(now, seeded_bytes(&mut secure.keys));
+                }
+                _ => {}
             }
         }
         loop {
@@ -593,9 +650,9 @@ impl ServiceRole {
                 let framed = tidings_gms::frame(&tx.msg);
                 match self.secure.as_mut() {
                     None => self.outgoing.push_back((to, wrap(me, &framed))),
-                    Some((link, _)) => {
+                    Some(secure) => {
                         // Nothing goes to a node without a session.
-                        if let Some(sealed) = link.seal_to(&to, &framed) {
+                        if let Some(sealed) = secure.link.seal_to(&to, &framed) {
                             self.outgoing.push_back((to, wrap(me, &sealed)));
                         }
                     }
@@ -616,8 +673,18 @@ impl ServiceRole {
                 }
             }
         }
-        // Every replica applies (and reports) what was committed; the checker hears it from
-        // the one serving.
+        // Every replica applies (and reports) what was committed: a removed node's admitted
+        // session ends with it at every replica, as on a socket host.
+        if let Some(secure) = self.secure.as_mut() {
+            for ev in &events {
+                if let GmsEvent::Removed { node, .. } = ev {
+                    if let Some(n) = from_gms(*node) {
+                        secure.link.forget(&n);
+                    }
+                }
+            }
+        }
+        // The checker hears what was committed from the replica serving.
         let serving = self.is_serving();
         let became = serving && !self.was_serving;
         self.was_serving = serving;
@@ -628,10 +695,6 @@ impl ServiceRole {
             match ev {
                 GmsEvent::Removed { node, cause } => {
                     if let Some(n) = from_gms(node) {
-                        // Its admitted session ends with it, as on a socket host.
-                        if let Some((link, _)) = self.secure.as_mut() {
-                            link.forget(&n);
-                        }
                         self.log
                             .borrow_mut()
                             .removed
@@ -801,8 +864,8 @@ pub(crate) struct ServiceSetup {
     /// The simulated network's largest datagram: replicas fragment what is longer.
     pub(crate) datagram_bytes: usize,
     /// How protocol datagrams are sealed. Any mode but [`Mode::Off`] runs the admitted GMS
-    /// link (every node gets an identity on the service's allow list) and the service hands
-    /// out datagram keys; the one-process service only.
+    /// link (every node gets an identity on the service's allow list, and a session with every
+    /// replica) and the service hands out datagram keys.
     pub(crate) security: Mode,
 }
 
@@ -820,9 +883,6 @@ pub(crate) fn bootstrap(
     let (mut gms_config, mut client_config) = configs(service.detection, service.partition_size);
     gms_config.planner.waste_max_permille = service.waste_max_permille;
     let secure = service.security != Mode::Off;
-    if secure && service.replicas > 1 {
-        return Err("sealing runs with the one-process service only".into());
-    }
     gms_config.datagram_keys = secure;
     let replicas = service.replicas.max(1);
     client_config.replicas = replicas as usize;
@@ -943,12 +1003,12 @@ pub(crate) fn bootstrap(
         }
     }
     let log = Rc::new(RefCell::new(GmsLog::default()));
-    let (links, service_link, service_key) = if secure {
-        admit(seed, n, service.detection)?
+    let (links, service_links, service_key) = if secure {
+        admit(seed, n, replicas, service.detection, &key_rng)?
     } else {
-        (Vec::new(), None, None)
+        (Vec::new(), Vec::new(), None)
     };
-    let mut service_link = service_link.map(|l| (l, key_rng));
+    let mut service_links = service_links.into_iter();
     let global = global_membership(&gms);
     let regions = world_regions(&gms);
     let stats = gms.stats().clone();
@@ -1004,7 +1064,7 @@ pub(crate) fn bootstrap(
         .enumerate()
         .map(|(k, service)| ServiceRole {
             me: NodeId(n + k as u32),
-            secure: service_link.take(),
+            secure: service_links.next(),
             was_serving: matches!(service, Service::Single(_)),
             service,
             nodes: n,
@@ -1031,22 +1091,19 @@ pub(crate) fn bootstrap(
 }
 
 /// The admitted links of a run with security: identities drawn from the seed for the service
-/// and each of `n` nodes, all nodes on the allow list, and each node's Noise session with the
-/// service set up before time zero (the real handshake, carried directly, as the bootstrap
-/// carries the joins). Hellos are resent every sixth of `detection`, as heartbeats are.
+/// (shared by its replicas) and each of `n` nodes, all nodes on the allow list, and each node's
+/// Noise session with each of the `replicas` set up before time zero (the real handshake,
+/// carried directly, as the bootstrap carries the joins). Hellos are resent every sixth of
+/// `detection`, as heartbeats are. The first replica's datagram keys go on from `keys` (the
+/// bootstrap's generator), the others' from their own.
 #[allow(clippy::type_complexity)] // the three parts of the result, each used apart
 fn admit(
     seed: u64,
     n: u32,
+    replicas: u32,
     detection: Duration,
-) -> Result<
-    (
-        Vec<NodeLink>,
-        Option<ServiceLink<NodeId>>,
-        Option<PublicKey>,
-    ),
-    String,
-> {
+    keys: &fastrand::Rng,
+) -> Result<(Vec<NodeLink>, Vec<SecureService>, Option<PublicKey>), String> {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x4944_454e_5449_5459);
     let service = seeded_identity(&mut rng)?;
     let service_key = *service.public();
@@ -1057,13 +1114,21 @@ fn admit(
     for (i, id) in nodes.iter().enumerate() {
         allowed.insert(*id.public(), &format!("node{i}"));
     }
-    let mut svc = ServiceLink::new(
-        ServiceSecurity {
-            identity: service,
-            allowed,
-        },
-        seeded_entropy(seed ^ 0x0053_4552_5649_4345),
-    );
+    let security = ServiceSecurity {
+        identity: service,
+        allowed,
+    };
+    let mut services: Vec<SecureService> = (0..u64::from(replicas.max(1)))
+        .map(|k| {
+            let link_seed = seed ^ 0x0053_4552_5649_4345 ^ (k << 40);
+            let keys = if k == 0 {
+                keys.clone()
+            } else {
+                fastrand::Rng::with_seed(link_seed ^ 0x4b45_5953)
+            };
+            SecureService::new(security.clone(), keys, link_seed)
+        })
+        .collect();
     let t0 = Time::ZERO;
     let mut links = Vec::with_capacity(n as usize);
     for (i, identity) in nodes.into_iter().enumerate() {
@@ -1073,25 +1138,34 @@ fn admit(
         };
         let mut link = NodeLink::new(
             security,
-            1,
+            services.len(),
             seeded_entropy(seed ^ 0x4e4f_4445_0000_0000 ^ i as u64),
         );
         let me = NodeId(i as u32);
-        // A heartbeat starts the handshake; the service drops it (the bootstrap is at rest).
-        link.send(t0, 0, tidings_gms::frame(&GmsMessage::Heartbeat));
-        for _ in 0..4 {
-            while let Some((_, d)) = link.poll_transmit() {
-                if let Inbound::Reply(r) = svc.receive(me, &d) {
-                    let _ = link.receive(t0, 0, &r);
+        for (k, svc) in services.iter_mut().enumerate() {
+            // A heartbeat starts the handshake; the service drops it (the bootstrap is at
+            // rest).
+            link.send(t0, k, tidings_gms::frame(&GmsMessage::Heartbeat));
+            for _ in 0..4 {
+                while let Some((to, d)) = link.poll_transmit() {
+                    if to != k {
+                        continue;
+                    }
+                    if let Inbound::Reply(r) = svc.link.receive(me, &d) {
+                        let _ = link.receive(t0, k, &r);
+                    }
                 }
             }
-        }
-        if !link.is_up(0) {
-            return Err(format!("node {i} was not admitted: {:?}", link.refusal()));
+            if !link.is_up(k) {
+                return Err(format!(
+                    "node {i} was not admitted by replica {k}: {:?}",
+                    link.refusal()
+                ));
+            }
         }
         links.push(link);
     }
-    Ok((links, Some(svc), Some(service_key)))
+    Ok((links, services, Some(service_key)))
 }
 
 /// Hands the GMS's messages to the clients and theirs back, directly and at time zero, until both

@@ -300,11 +300,6 @@ impl Scenario {
                 "sealing and the attacker need the GMS (--gms)".into(),
             ));
         }
-        if self.security != Mode::Off && self.gms_replicas > 1 {
-            return Err(ScenarioError::Invalid(
-                "sealing runs with the one-process GMS (--gms-replicas 1)".into(),
-            ));
-        }
         if self.attacker && crate::attack::traitor(self.nodes).0 < self.senders {
             return Err(ScenarioError::Invalid(
                 "the attacker needs a receiver to crash (more nodes than senders)".into(),

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use tidings_seal::Mode;
+use tidings_sim::gms::GmsFault;
 use tidings_sim::{run, sweep, MembershipKind, RunReport, Scenario, ScenarioError};
 
 fn attacked(security: Mode, seed: u64) -> Scenario {
@@ -114,19 +115,36 @@ fn an_attacked_sealed_run_replays_exactly() {
 }
 
 #[test]
-fn sealing_and_the_attacker_need_the_one_process_gms() {
+fn sealing_and_the_attacker_need_the_gms() {
     let oracle = Scenario {
         membership: MembershipKind::Oracle,
         ..attacked(Mode::Encrypt, 1)
     };
     assert!(matches!(oracle.validate(), Err(ScenarioError::Invalid(_))));
-    let replicated = Scenario {
-        gms_replicas: 3,
-        ..attacked(Mode::Encrypt, 1)
-    };
-    assert!(matches!(
-        replicated.validate(),
-        Err(ScenarioError::Invalid(_))
-    ));
     assert!(attacked(Mode::Encrypt, 1).validate().is_ok());
+}
+
+#[test]
+fn sealed_replicas_hand_out_keys_across_a_leader_crash_against_the_attacker() {
+    // Three replicas, each with its own admitted link; the leader crashes mid-run and the new
+    // one goes on drawing keys (the crashed member's departure changes the key).
+    let s = Scenario {
+        gms_replicas: 3,
+        gms_fault: Some(GmsFault::CrashLeader),
+        ..attacked(Mode::Encrypt, 3)
+    };
+    let r = run(&s, &mut |_| {}).unwrap();
+    assert!(r.passed(), "{}", explain(&r));
+    assert!(
+        r.replay
+            .contains("--gms-replicas 3 --gms-fault crash-leader"),
+        "{}",
+        r.replay
+    );
+    assert!(r.gms_fault_to_leader_ms.is_some(), "{}", explain(&r));
+    let a = r.attack.as_ref().unwrap();
+    assert!(a.sent.join_refused && !a.sent.joined, "{a:?}");
+    assert!(a.refused.bad_tag > 0 && a.refused.retired_key > 0, "{a:?}");
+    assert!(r.deliveries > 0);
+    assert_eq!(r.forged_delivered, 0);
 }
