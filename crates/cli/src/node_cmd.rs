@@ -999,7 +999,19 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_gms_addrs;
+    use super::{parse_gms_addrs, parse_replica_keys};
+
+    #[test]
+    fn replica_key_files_keep_their_order() {
+        let a = tidings::Identity::from_private([1; 32]).unwrap();
+        let b = tidings::Identity::from_private([2; 32]).unwrap();
+        let text = format!("# replicas\n{} r0\n\n{}\n", a.public(), b.public());
+        let keys = parse_replica_keys(&text).unwrap();
+        assert_eq!(keys, vec![*a.public(), *b.public()]);
+        assert!(parse_replica_keys("not-a-key r0").is_err());
+        let many = format!("{}\n", a.public()).repeat(8);
+        assert!(parse_replica_keys(&many).is_err());
+    }
 
     #[test]
     fn gms_address_lists_are_checked() {

@@ -14,9 +14,11 @@
 //! With replica security ([`ReplicaHostConfig::replica_security`], ADR 44) the Raft messages
 //! travel only inside Noise sessions between the listed replicas (`tidings_gms::ReplicaLink`):
 //! their datagrams start with [`REPLICA_LINK_MAGIC`] instead, plain replica datagrams are
-//! counted and dropped, and so is anything from a replica whose key is not listed. Members are known by the address their datagrams come from, which the host puts in
-//! their `Join`: so the replicated state holds it ([`Gms::member_addr`]), and a replica that
-//! becomes leader reaches the members another replica welcomed.
+//! counted and dropped, and so is anything from a replica whose key is not listed.
+//!
+//! Members are known by the address their datagrams come from, which the host puts in their
+//! `Join`: so the replicated state holds it ([`Gms::member_addr`]), and a replica that becomes
+//! leader reaches the members another replica welcomed.
 //!
 //! With a data directory ([`ReplicaHostConfig::data_dir`], `tidings gms --data-dir`) the host
 //! keeps the replica's durable state (`Replica::durable`: Raft's hard state, the latest snapshot

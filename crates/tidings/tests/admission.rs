@@ -317,6 +317,29 @@ impl Drop for Tap {
     }
 }
 
+/// Replica `index` on `socket` listing `peers`, admitting `allowed`, with replica security `rs`.
+fn secure_replica(
+    index: usize,
+    socket: UdpSocket,
+    peers: &[SocketAddr],
+    service: &Identity,
+    allowed: &AllowList,
+    rs: tidings_gms::ReplicaSecurity,
+    data_dir: Option<&std::path::Path>,
+) -> tidings::GmsReplicaServer {
+    let mut host = tidings::ReplicaHostConfig::default();
+    host.replica = common::replica_config();
+    host.replica.index = index;
+    host.data_dir = data_dir.map(|d| tidings_runtime::replica_data_dir(d, index));
+    host.replica_security = Some(rs);
+    let security = tidings_gms::ServiceSecurity {
+        identity: service.clone(),
+        allowed: allowed.clone(),
+    };
+    tidings::GmsReplicaServer::start_secure_on(host, peers.to_vec(), socket, Some(security))
+        .unwrap()
+}
+
 /// Replicas on `sockets` listing `peers`, admitting `allowed`, each with its replica security.
 fn secure_replicas(
     sockets: Vec<UdpSocket>,
@@ -331,17 +354,7 @@ fn secure_replicas(
         .zip(replica_security)
         .enumerate()
         .map(|(index, (socket, rs))| {
-            let mut host = tidings::ReplicaHostConfig::default();
-            host.replica = common::replica_config();
-            host.replica.index = index;
-            host.data_dir = data_dir.map(|d| tidings_runtime::replica_data_dir(d, index));
-            host.replica_security = Some(rs);
-            let security = tidings_gms::ServiceSecurity {
-                identity: service.clone(),
-                allowed: allowed.clone(),
-            };
-            tidings::GmsReplicaServer::start_secure_on(host, peers.to_vec(), socket, Some(security))
-                .unwrap()
+            secure_replica(index, socket, peers, service, allowed, rs, data_dir)
         })
         .collect()
 }
@@ -365,12 +378,13 @@ fn sealed_replicas_serve_sealed_nodes_and_never_show_the_datagram_key() {
         std::process::id(),
         fastrand_suffix()
     ));
-    let replicas = secure_replicas(
+    let replica_security = tidings_gms::ReplicaSecurity::generate(3).unwrap();
+    let mut replicas = secure_replicas(
         sockets,
         &tap.listed,
         &service,
         &allowed,
-        tidings_gms::ReplicaSecurity::generate(3).unwrap(),
+        replica_security.clone(),
         Some(&dir),
     );
     let start = |id: &Identity| {
@@ -415,6 +429,41 @@ fn sealed_replicas_serve_sealed_nodes_and_never_show_the_datagram_key() {
             s.replica_link
         );
     }
+    // A follower restarts (from its state file, on its address): both directions handshake
+    // again, and it takes part again.
+    let follower = (0..3).find(|&i| i != leader.index).unwrap();
+    let sessions_before = replicas[leader.index]
+        .snapshot()
+        .unwrap()
+        .replica_link
+        .outbound
+        .sessions;
+    replicas.remove(follower).shutdown();
+    let socket = UdpSocket::bind(real[follower]).unwrap();
+    let restarted = secure_replica(
+        follower,
+        socket,
+        &tap.listed,
+        &service,
+        &allowed,
+        replica_security[follower].clone(),
+        Some(&dir),
+    );
+    replicas.insert(follower, restarted);
+    common::wait_for(
+        "the restarted replica's sessions",
+        Duration::from_secs(10),
+        || {
+            let s = replicas[follower].snapshot()?;
+            let l = replicas[leader.index].snapshot()?;
+            (s.replica_link.outbound.sessions >= 1
+                && s.replica_link.delivered > 0
+                && l.replica_link.inbound.admitted >= 3
+                && l.replica_link.outbound.sessions > sessions_before
+                && s.members.len() == 2)
+                .then_some(())
+        },
+    );
     drop((a, b));
     drop(replicas);
     let captured = std::mem::take(&mut *tap.captured.lock().unwrap());
