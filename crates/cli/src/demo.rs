@@ -21,7 +21,7 @@ use tidings::{
     Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, Node, PublicKey, RuntimeConfig,
     SecurityMode, Topic, Transport,
 };
-use tidings_gms::{MulticastPool, ServiceSecurity};
+use tidings_gms::{MulticastPool, ReplicaSecurity, ServiceSecurity};
 use tidings_runtime::{GmsServer, GmsSnapshot, ReplicaHostConfig};
 
 use crate::identities::RunIdentities;
@@ -783,12 +783,22 @@ impl Service {
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| failed(e.into()))?;
         let seed = fastrand::u64(..);
+        // With security the replicas speak over sealed links, with identities drawn here.
+        let mut replica_security: Vec<Option<ReplicaSecurity>> = match &security {
+            Some(_) if n > 1 => ReplicaSecurity::generate(usize::from(n))
+                .map_err(|e| format!("cannot generate the replicas' identities: {e}"))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            _ => vec![None; usize::from(n)],
+        };
         let mut replicas = Vec::new();
         for (index, socket) in sockets.into_iter().enumerate() {
             let mut host = ReplicaHostConfig::default();
             host.replica.gms = config.clone();
             host.replica.index = index;
             host.replica.seed = seed.wrapping_add(index as u64);
+            host.replica_security = replica_security.get_mut(index).and_then(Option::take);
             replicas.push(
                 GmsReplicaServer::start_secure_on(host, peers.clone(), socket, security.clone())
                     .map_err(failed)?,

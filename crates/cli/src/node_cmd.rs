@@ -15,7 +15,7 @@ use tidings::{
     Acl, AllowList, Bytes, GmsConfig, GmsReplicaServer, Identity, MulticastConfig, MulticastPool,
     Node, PublicKey, ReplicaConfig, RuntimeConfig, SecurityMode, Topic, Transport,
 };
-use tidings_gms::ServiceSecurity;
+use tidings_gms::{ReplicaSecurity, ServiceSecurity};
 use tidings_runtime::{replica_data_dir, GmsServer, ReplicaHostConfig, STATE_FILE};
 
 use crate::demo::TransportArg;
@@ -108,6 +108,16 @@ pub(crate) struct GmsArgs {
     /// The admitted node identities: one public key a line, optionally followed by a name.
     #[arg(long, requires = "identity")]
     allow: Option<PathBuf>,
+    /// This replica's own identity (`tidings keygen --out FILE`, one per replica, not the
+    /// service's): with `--replica-keys`, Raft messages between replicas travel only inside
+    /// Noise sessions between the listed replicas (ADR 44). Required with `--identity` and
+    /// more than one `--peers`; with `--replicas N` the replicas' identities are generated.
+    #[arg(long, requires_all = ["replica_keys", "peers"])]
+    replica_identity: Option<PathBuf>,
+    /// Every replica's public key, one a line in the order of `--peers` (line I is replica
+    /// I's, its own included), optionally followed by a name; `#` starts a comment.
+    #[arg(long, requires = "replica_identity")]
+    replica_keys: Option<PathBuf>,
     /// Topic access rules, one a line: `allow|deny publish|subscribe|* WHO TOPICS`, WHO being
     /// `*`, a public key or a name from `--allow`, TOPICS a name or a prefix ending in `*`
     /// (docs/security.md). The first matching rule decides; what no rule allows is refused.
@@ -160,6 +170,69 @@ fn service_security(a: &GmsArgs) -> Result<Option<ServiceSecurity>, String> {
         identity.public()
     );
     Ok(Some(ServiceSecurity { identity, allowed }))
+}
+
+/// Most bytes of a `--replica-keys` file (a few lines of 44-character keys and names).
+const REPLICA_KEYS_FILE_BYTES_MAX: u64 = 64 << 10;
+
+/// This replica's security from `--replica-identity` and `--replica-keys`, checked against
+/// `--peers` and `--id`.
+fn replica_security(a: &GmsArgs) -> Result<Option<ReplicaSecurity>, String> {
+    let (Some(identity), Some(keys), Some(peers), Some(id)) =
+        (&a.replica_identity, &a.replica_keys, &a.peers, a.id)
+    else {
+        return Ok(None);
+    };
+    let identity = Identity::read_file(identity)
+        .map_err(|e| format!("--replica-identity {}: {e}", identity.display()))?;
+    let what = |e: &dyn std::fmt::Display| format!("--replica-keys {}: {e}", keys.display());
+    let len = std::fs::metadata(keys).map_err(|e| what(&e))?.len();
+    if len > REPLICA_KEYS_FILE_BYTES_MAX {
+        return Err(what(&format!(
+            "larger than {REPLICA_KEYS_FILE_BYTES_MAX} bytes"
+        )));
+    }
+    let text = std::fs::read_to_string(keys).map_err(|e| what(&e))?;
+    let keys = parse_replica_keys(&text).map_err(|e| what(&e))?;
+    if keys.len() != peers.0.len() {
+        return Err(what(&format!(
+            "{} keys for {} --peers (one a replica, in the same order)",
+            keys.len(),
+            peers.0.len()
+        )));
+    }
+    let security = ReplicaSecurity::new(identity, keys);
+    // The same checks the replica makes at start, reported against the flags here.
+    tidings_gms::ReplicaLink::new(security.clone(), id, Box::new(|| None)).map_err(|e| what(&e))?;
+    println!(
+        "tidings gms: replica {id} speaks to its {} peers over sealed links; replica key {}",
+        peers.0.len() - 1,
+        security.identity.public()
+    );
+    Ok(Some(security))
+}
+
+/// The keys of a `--replica-keys` file, in order: one a line, optionally followed by a name.
+fn parse_replica_keys(text: &str) -> Result<Vec<PublicKey>, String> {
+    let mut keys = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let key = line.split_whitespace().next().unwrap_or(line);
+        let key = key
+            .parse::<PublicKey>()
+            .map_err(|e| format!("line {}: {e}", i + 1))?;
+        if keys.len() >= tidings_gms::REPLICAS_MAX {
+            return Err(format!(
+                "more than {} replica keys",
+                tidings_gms::REPLICAS_MAX
+            ));
+        }
+        keys.push(key);
+    }
+    Ok(keys)
 }
 
 /// The metrics address of the `i`-th server of this process, if metrics were asked for.
@@ -313,8 +386,34 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig, security: Option<ServiceSecurity>
             return ExitCode::from(2);
         }
     };
+    // The replicas' own identities: from the flags for `--id`, generated for `--replicas`.
+    let mut replica_securities: Vec<Option<ReplicaSecurity>> = match replica_security(a) {
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+        Ok(Some(s)) => vec![Some(s)],
+        Ok(None) if security.is_some() && peers.len() > 1 && a.replicas.is_some() => {
+            match ReplicaSecurity::generate(peers.len()) {
+                Ok(s) => s.into_iter().map(Some).collect(),
+                Err(e) => {
+                    eprintln!("error: cannot generate the replicas' identities: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        Ok(None) if security.is_some() && peers.len() > 1 => {
+            eprintln!(
+                "error: with --identity, a replica of several (--peers) needs \
+                 --replica-identity and --replica-keys: the Raft log holds the datagram key, \
+                 so the replicas speak only over sealed links (docs/security.md)"
+            );
+            return ExitCode::from(2);
+        }
+        Ok(None) => Vec::new(),
+    };
     let mut servers = Vec::new();
-    for (&index, &bind) in ids.iter().zip(&binds) {
+    for (i, (&index, &bind)) in ids.iter().zip(&binds).enumerate() {
         let config = {
             let mut c = ReplicaConfig::default();
             c.index = index;
@@ -336,6 +435,7 @@ fn gms_replicated(a: &GmsArgs, gms: GmsConfig, security: Option<ServiceSecurity>
             let mut c = ReplicaHostConfig::default();
             c.replica = config;
             c.data_dir = data_dir.clone();
+            c.replica_security = replica_securities.get_mut(i).and_then(Option::take);
             c
         };
         let started = std::net::UdpSocket::bind(bind)
@@ -899,7 +999,19 @@ fn node_inner(a: &NodeArgs) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_gms_addrs;
+    use super::{parse_gms_addrs, parse_replica_keys};
+
+    #[test]
+    fn replica_key_files_keep_their_order() {
+        let a = tidings::Identity::from_private([1; 32]).unwrap();
+        let b = tidings::Identity::from_private([2; 32]).unwrap();
+        let text = format!("# replicas\n{} r0\n\n{}\n", a.public(), b.public());
+        let keys = parse_replica_keys(&text).unwrap();
+        assert_eq!(keys, vec![*a.public(), *b.public()]);
+        assert!(parse_replica_keys("not-a-key r0").is_err());
+        let many = format!("{}\n", a.public()).repeat(8);
+        assert!(parse_replica_keys(&many).is_err());
+    }
 
     #[test]
     fn gms_address_lists_are_checked() {

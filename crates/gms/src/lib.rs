@@ -59,8 +59,9 @@ pub use replica::{
     ReplicaEvent, ReplicaStats, ReplicaTransmit, REPLICAS_MAX,
 };
 pub use secure::{
-    Entropy, Inbound, LinkSecurity, NodeLink, NodeLinkStats, ServiceLink, ServiceLinkStats,
-    ServiceSecurity,
+    Entropy, Inbound, LinkSecurity, NodeLink, NodeLinkStats, ReplicaLink, ReplicaLinkError,
+    ReplicaLinkStats, ReplicaSecurity, ServiceLink, ServiceLinkStats, ServiceSecurity,
+    REPLICA_LINK_MAGIC, REPLICA_LINK_OVERHEAD,
 };
 pub use service::{
     Command, Decision, Gms, GmsEvent, GmsStats, GmsTransmit, MemberState, Peer, RemoveCause,

@@ -490,6 +490,351 @@ impl<A: Copy + Eq + Hash> ServiceLink<A> {
     }
 }
 
+/// The first bytes of a sealed replica-to-replica datagram: distinct from the plain replica
+/// framing (`TGR\x01`), the GMS framing and the node link's, so one socket carries all of them.
+pub const REPLICA_LINK_MAGIC: [u8; 4] = *b"TGR\x02";
+/// Bytes a sealed replica datagram has more than the Raft message it carries: the magic, the
+/// direction byte and the link's data overhead.
+pub const REPLICA_LINK_OVERHEAD: usize = REPLICA_LINK_MAGIC.len() + 1 + DATA_OVERHEAD;
+/// Direction byte: from a replica's initiating side to its peer's responding side (hellos and
+/// sealed Raft messages).
+const TO_RESPONDER: u8 = 1;
+/// Direction byte: from a replica's responding side to its peer's initiating side (welcomes
+/// and unreadable notices).
+const TO_INITIATOR: u8 = 2;
+
+/// What a replica needs to speak with the other replicas of its service: its own identity and
+/// every replica's public key, by index (its own included).
+#[derive(Clone, Debug)]
+pub struct ReplicaSecurity {
+    /// This replica's key pair (`tidings keygen`), distinct from the service's.
+    pub identity: Identity,
+    /// Every replica's public key, by replica index; entry `index` is this replica's own.
+    pub keys: Vec<PublicKey>,
+    /// Least time between two hellos to one peer. Default 250 ms.
+    pub hello_interval: Duration,
+    /// Added to the time (in microseconds) to make each hello's stamp, which must grow across
+    /// restarts: a host gives its wall clock's microseconds at start.
+    pub stamp_base: u64,
+}
+
+impl ReplicaSecurity {
+    /// `identity` among the replicas whose keys are `keys` (by index), with the defaults.
+    #[must_use]
+    pub fn new(identity: Identity, keys: Vec<PublicKey>) -> ReplicaSecurity {
+        ReplicaSecurity {
+            identity,
+            keys,
+            hello_interval: Duration::from_millis(250),
+            stamp_base: 0,
+        }
+    }
+
+    /// Fresh identities for `replicas` replicas run in one process (`tidings gms --replicas N`,
+    /// the demo, tests), each knowing all their keys, by index.
+    pub fn generate(replicas: usize) -> Result<Vec<ReplicaSecurity>, tidings_seal::IdentityError> {
+        let ids = (0..replicas)
+            .map(|_| Identity::generate())
+            .collect::<Result<Vec<_>, _>>()?;
+        let keys: Vec<PublicKey> = ids.iter().map(|i| *i.public()).collect();
+        Ok(ids
+            .into_iter()
+            .map(|i| ReplicaSecurity::new(i, keys.clone()))
+            .collect())
+    }
+}
+
+/// Why a [`ReplicaLink`] cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicaLinkError {
+    /// The key list does not have one key per replica.
+    #[error("replica keys: {keys} keys for {replicas} replicas (one a replica, by index)")]
+    KeyCount {
+        /// Keys given.
+        keys: usize,
+        /// Replicas of the service.
+        replicas: usize,
+    },
+    /// The key listed for this replica's index is not its identity's public key.
+    #[error("replica keys: entry {index} is not this replica's identity ({own})")]
+    NotOwnKey {
+        /// This replica's index.
+        index: usize,
+        /// Its identity's public key.
+        own: PublicKey,
+    },
+    /// Two replicas are listed with the same key.
+    #[error("replica keys: {0} is listed twice")]
+    Duplicate(PublicKey),
+}
+
+/// Counters of a [`ReplicaLink`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaLinkStats {
+    /// The initiating sides' counters, summed over the peers (hellos, sessions, sealed Raft
+    /// messages, refusals and notices received).
+    pub outbound: NodeLinkStats,
+    /// The responding side's counters (hellos admitted or refused, Raft messages opened or
+    /// refused, data without a session).
+    pub inbound: ServiceLinkStats,
+    /// Plain (unsealed) Raft datagrams from peers, dropped.
+    pub plain_dropped: u64,
+    /// Sessions whose proven key is not the key of the replica at that address (another
+    /// replica's key from this address), ended; their datagrams are dropped.
+    pub wrong_peer: u64,
+    /// Sealed replica datagrams too short or of an unknown direction, dropped.
+    pub malformed: u64,
+    /// Raft messages handed to the replica after opening.
+    pub delivered: u64,
+}
+
+/// A replica's sealed links with the other replicas of its service, sans-IO.
+///
+/// Two sessions per pair of replicas: each replica runs a [`NodeLink`] (the Noise initiator)
+/// to each peer for what it sends, keyed with the peer's listed public key, and one
+/// [`ServiceLink`] (the responder) for what it receives, admitting only the other replicas'
+/// listed keys, each only from that replica's address. Raft messages travel only inside the
+/// sessions; a restarted replica handshakes again in both directions (its hellos carry newer
+/// stamps, and its peers' sealed datagrams are answered with the unreadable notice until they
+/// handshake again). Feed it the datagrams of the configured peers
+/// ([`receive`](ReplicaLink::receive)), hand it the replica's messages
+/// ([`send`](ReplicaLink::send)), and drain [`poll_transmit`](ReplicaLink::poll_transmit)
+/// after each; call [`handle_timeout`](ReplicaLink::handle_timeout) at
+/// [`poll_timeout`](ReplicaLink::poll_timeout).
+pub struct ReplicaLink {
+    index: usize,
+    keys: Vec<PublicKey>,
+    outbound: Vec<Option<NodeLink>>,
+    inbound: ServiceLink<usize>,
+    out: VecDeque<(usize, Vec<u8>)>,
+    stats: ReplicaLinkStats,
+}
+
+impl fmt::Debug for ReplicaLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicaLink")
+            .field("index", &self.index)
+            .field("keys", &self.keys)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicaLink {
+    /// The links of replica `index` of `security.keys.len()` replicas. `entropy` serves every
+    /// handshake of both sides.
+    pub fn new(
+        security: ReplicaSecurity,
+        index: usize,
+        entropy: Entropy,
+    ) -> Result<ReplicaLink, ReplicaLinkError> {
+        let replicas = security.keys.len();
+        if index >= replicas || replicas > crate::REPLICAS_MAX {
+            return Err(ReplicaLinkError::KeyCount {
+                keys: replicas,
+                replicas: replicas.max(index + 1),
+            });
+        }
+        let own = *security.identity.public();
+        if security.keys[index] != own {
+            return Err(ReplicaLinkError::NotOwnKey { index, own });
+        }
+        let mut allowed = AllowList::new();
+        for (i, key) in security.keys.iter().enumerate() {
+            if security.keys[..i].contains(key) {
+                return Err(ReplicaLinkError::Duplicate(*key));
+            }
+            if i != index {
+                allowed.insert(*key, &format!("replica-{i}"));
+            }
+        }
+        let shared = std::sync::Arc::new(std::sync::Mutex::new(entropy));
+        let draw = |shared: &std::sync::Arc<std::sync::Mutex<Entropy>>| -> Entropy {
+            let shared = std::sync::Arc::clone(shared);
+            Box::new(move || shared.lock().ok().and_then(|mut e| e()))
+        };
+        let outbound = security
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                (i != index).then(|| {
+                    let mut link = LinkSecurity::new(security.identity.clone(), *key);
+                    link.hello_interval = security.hello_interval;
+                    link.stamp_base = security.stamp_base;
+                    NodeLink::new(link, 1, draw(&shared))
+                })
+            })
+            .collect();
+        let inbound = ServiceLink::new(
+            ServiceSecurity {
+                identity: security.identity,
+                allowed,
+            },
+            draw(&shared),
+        );
+        Ok(ReplicaLink {
+            index,
+            keys: security.keys,
+            outbound,
+            inbound,
+            out: VecDeque::new(),
+            stats: ReplicaLinkStats::default(),
+        })
+    }
+
+    /// Counters.
+    #[must_use]
+    pub fn stats(&self) -> ReplicaLinkStats {
+        let mut stats = self.stats.clone();
+        stats.inbound = self.inbound.stats().clone();
+        for link in self.outbound.iter().flatten() {
+            let s = link.stats();
+            let o = &mut stats.outbound;
+            o.hellos += s.hellos;
+            o.sessions += s.sessions;
+            o.sealed += s.sealed;
+            o.opened += s.opened;
+            o.refused += s.refused;
+            o.unreadable += s.unreadable;
+            o.pending_dropped += s.pending_dropped;
+        }
+        stats
+    }
+
+    /// Whether this replica's session for sending to `peer` is up.
+    #[must_use]
+    pub fn is_up(&self, peer: usize) -> bool {
+        self.outbound
+            .get(peer)
+            .and_then(Option::as_ref)
+            .is_some_and(|l| l.is_up(0))
+    }
+
+    /// Why `peer` refused this replica's hello, if it did: [`LinkError::NotAdmitted`] (this
+    /// identity is not on its list) or [`LinkError::WrongServiceKey`] (the key listed here for
+    /// it is not its identity).
+    #[must_use]
+    pub fn refusal(&self, peer: usize) -> Option<&LinkError> {
+        self.outbound.get(peer)?.as_ref()?.refusal()
+    }
+
+    /// Sends the Raft message `message` to replica `to`: sealed at once if the session is up,
+    /// otherwise held until it is (a hello goes out when due).
+    pub fn send(&mut self, now: Time, to: usize, message: &[u8]) {
+        if let Some(Some(link)) = self.outbound.get_mut(to) {
+            link.send(now, 0, message.to_vec());
+        }
+    }
+
+    /// A plain Raft datagram (unsealed framing) from a peer: counted and dropped.
+    pub fn drop_plain(&mut self) {
+        self.stats.plain_dropped += 1;
+    }
+
+    /// A datagram that starts with [`REPLICA_LINK_MAGIC`] from replica `from` (the host knows
+    /// it by its configured address): returns the Raft message it carries, or `None` when it
+    /// was part of a handshake or refused (counted).
+    pub fn receive(&mut self, now: Time, from: usize, datagram: &[u8]) -> Option<Vec<u8>> {
+        let Some((&direction, body)) = datagram
+            .strip_prefix(&REPLICA_LINK_MAGIC)
+            .and_then(<[u8]>::split_first)
+        else {
+            self.stats.malformed += 1;
+            return None;
+        };
+        if from == self.index || from >= self.keys.len() {
+            self.stats.malformed += 1;
+            return None;
+        }
+        match direction {
+            TO_RESPONDER => match self.inbound.receive(from, body) {
+                Inbound::Gms(message) => {
+                    if self.inbound.peer(&from) == Some(&self.keys[from]) {
+                        self.stats.delivered += 1;
+                        Some(message)
+                    } else {
+                        self.stats.wrong_peer += 1;
+                        self.inbound.forget(&from);
+                        None
+                    }
+                }
+                Inbound::Reply(reply) => {
+                    // A session admitted for another replica's key from this address ends at
+                    // once: each replica speaks only from its own address.
+                    if self
+                        .inbound
+                        .peer(&from)
+                        .is_some_and(|k| k != &self.keys[from])
+                    {
+                        self.stats.wrong_peer += 1;
+                        self.inbound.forget(&from);
+                    }
+                    self.out.push_back((from, framed(TO_INITIATOR, &reply)));
+                    None
+                }
+                Inbound::Dropped => None,
+            },
+            TO_INITIATOR => {
+                let link = self.outbound.get_mut(from)?.as_mut()?;
+                if link.receive(now, 0, body).is_some() {
+                    // Responders never send data: a stray datagram of a confused peer.
+                    self.stats.malformed += 1;
+                }
+                self.drain_outbound();
+                None
+            }
+            _ => {
+                self.stats.malformed += 1;
+                None
+            }
+        }
+    }
+
+    /// Time has passed: unanswered hellos are sent again.
+    pub fn handle_timeout(&mut self, now: Time) {
+        for link in self.outbound.iter_mut().flatten() {
+            link.handle_timeout(now);
+        }
+    }
+
+    /// When [`handle_timeout`](ReplicaLink::handle_timeout) is due.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.outbound
+            .iter()
+            .flatten()
+            .filter_map(NodeLink::poll_timeout)
+            .min()
+    }
+
+    fn drain_outbound(&mut self) {
+        for (peer, link) in self.outbound.iter_mut().enumerate() {
+            let Some(link) = link else { continue };
+            while let Some((_, datagram)) = link.poll_transmit() {
+                self.out.push_back((peer, framed(TO_RESPONDER, &datagram)));
+            }
+        }
+    }
+
+    /// The next datagram for a peer (a hello, a welcome, a notice or a sealed Raft message),
+    /// with the peer's index.
+    pub fn poll_transmit(&mut self) -> Option<(usize, Vec<u8>)> {
+        if self.out.is_empty() {
+            self.drain_outbound();
+        }
+        self.out.pop_front()
+    }
+}
+
+fn framed(direction: u8, datagram: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(REPLICA_LINK_MAGIC.len() + 1 + datagram.len());
+    out.extend_from_slice(&REPLICA_LINK_MAGIC);
+    out.push(direction);
+    out.extend_from_slice(datagram);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -633,5 +978,123 @@ mod tests {
             assert!(link.receive(Time::ZERO, 5, &d).is_none());
         }
         assert!(svc.peer(&3).is_none());
+    }
+
+    fn replica_links(ids: &[Identity], keys: &[PublicKey]) -> Vec<ReplicaLink> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| {
+                ReplicaLink::new(
+                    ReplicaSecurity::new(id.clone(), keys.to_vec()),
+                    i,
+                    counter_entropy(),
+                )
+                .unwrap()
+            })
+            .collect()
+    }
+
+    /// Carries every datagram between the links; returns the Raft messages each got, by
+    /// (receiver, sender).
+    fn carry(links: &mut [ReplicaLink], now: Time) -> Vec<(usize, usize, Vec<u8>)> {
+        let mut got = Vec::new();
+        for _ in 0..6 {
+            for from in 0..links.len() {
+                while let Some((to, d)) = links[from].poll_transmit() {
+                    assert!(d.starts_with(&REPLICA_LINK_MAGIC));
+                    if let Some(m) = links[to].receive(now, from, &d) {
+                        got.push((to, from, m));
+                    }
+                }
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn replicas_seal_raft_messages_to_each_other_and_refuse_a_stranger() {
+        let ids: Vec<Identity> = (1..=3u8)
+            .map(|i| Identity::from_private([i; 32]).unwrap())
+            .collect();
+        let keys: Vec<PublicKey> = ids.iter().map(|i| *i.public()).collect();
+        let mut links = replica_links(&ids, &keys);
+        links[0].send(Time::ZERO, 1, b"append");
+        links[1].send(Time::ZERO, 2, b"vote");
+        let got = carry(&mut links, Time::ZERO);
+        assert_eq!(
+            got,
+            vec![(1, 0, b"append".to_vec()), (2, 1, b"vote".to_vec())]
+        );
+        assert!(links[0].is_up(1) && !links[0].is_up(2));
+        // A stranger in replica 2's place: its hellos are refused, its messages never delivered.
+        let stranger = Identity::from_private([9; 32]).unwrap();
+        let mut rogue_keys = keys.clone();
+        rogue_keys[2] = *stranger.public();
+        let mut rogue = ReplicaLink::new(
+            ReplicaSecurity::new(stranger, rogue_keys),
+            2,
+            counter_entropy(),
+        )
+        .unwrap();
+        rogue.send(Time::ZERO, 0, b"vote for me");
+        while let Some((to, d)) = rogue.poll_transmit() {
+            assert_eq!(to, 0);
+            if let Some((back_to, reply)) = {
+                assert!(links[0].receive(Time::ZERO, 2, &d).is_none());
+                links[0].poll_transmit()
+            } {
+                assert_eq!(back_to, 2);
+                assert!(rogue.receive(Time::ZERO, 0, &reply).is_none());
+            }
+        }
+        assert!(matches!(rogue.refusal(0), Some(LinkError::NotAdmitted(_))));
+        assert_eq!(links[0].stats().inbound.not_admitted, 1);
+        // Plain framing and garbage are counted, not delivered.
+        assert!(links[0].receive(Time::ZERO, 1, b"TGR\x02").is_none());
+        assert!(links[0].receive(Time::ZERO, 1, b"TGR\x02\x07xx").is_none());
+        assert!(links[0].receive(Time::ZERO, 0, b"TGR\x02\x01xx").is_none());
+        assert_eq!(links[0].stats().malformed, 3);
+        // The builder checks the key list.
+        assert!(matches!(
+            ReplicaLink::new(
+                ReplicaSecurity::new(ids[0].clone(), keys.clone()),
+                1,
+                counter_entropy()
+            ),
+            Err(ReplicaLinkError::NotOwnKey { .. })
+        ));
+        assert!(matches!(
+            ReplicaLink::new(
+                ReplicaSecurity::new(ids[0].clone(), keys.clone()),
+                3,
+                counter_entropy()
+            ),
+            Err(ReplicaLinkError::KeyCount { .. })
+        ));
+    }
+
+    #[test]
+    fn a_restarted_replica_handshakes_again_both_ways() {
+        let ids: Vec<Identity> = (1..=2u8)
+            .map(|i| Identity::from_private([i; 32]).unwrap())
+            .collect();
+        let keys: Vec<PublicKey> = ids.iter().map(|i| *i.public()).collect();
+        let mut links = replica_links(&ids, &keys);
+        links[0].send(Time::ZERO, 1, b"a");
+        links[1].send(Time::ZERO, 0, b"b");
+        assert_eq!(carry(&mut links, Time::ZERO).len(), 2);
+        // Replica 1 restarts: a new link with a later stamp.
+        let later = Time::ZERO + Duration::from_secs(1);
+        let mut security = ReplicaSecurity::new(ids[1].clone(), keys.clone());
+        security.stamp_base = 5_000_000;
+        links[1] = ReplicaLink::new(security, 1, counter_entropy()).unwrap();
+        links[0].send(later, 1, b"lost");
+        links[1].send(later, 0, b"c");
+        let got = carry(&mut links, later);
+        assert_eq!(got, vec![(0, 1, b"c".to_vec())]);
+        links[0].send(later, 1, b"d");
+        let got = carry(&mut links, later);
+        assert_eq!(got, vec![(1, 0, b"d".to_vec())]);
+        assert_eq!(links[0].stats().outbound.sessions, 2);
     }
 }

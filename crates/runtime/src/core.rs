@@ -2068,6 +2068,7 @@ impl Core {
             open_blocks_allocated: m.open_blocks_allocated,
             keys_installed: m.keys_installed,
             keys_retired: m.keys_retired,
+            key_renewals_asked: m.key_renewals_asked,
             key_id: self.member.datagram_key_id(),
         };
         s.stalls_reported = self.member.stats().stalls_reported;

@@ -9,9 +9,16 @@
 //! dropped. A replica message longer than a datagram (a snapshot of a large state) is cut into
 //! fragments by the replica itself (`ReplicaConfig::fragment_bytes`, set here to what fits one
 //! datagram with the magic) and put together by the receiving replica: the host sends and
-//! receives each fragment as its own datagram. Members are known by the address their datagrams come from, which the host puts in
-//! their `Join`: so the replicated state holds it ([`Gms::member_addr`]), and a replica that
-//! becomes leader reaches the members another replica welcomed.
+//! receives each fragment as its own datagram.
+//!
+//! With replica security ([`ReplicaHostConfig::replica_security`], ADR 44) the Raft messages
+//! travel only inside Noise sessions between the listed replicas (`tidings_gms::ReplicaLink`):
+//! their datagrams start with [`REPLICA_LINK_MAGIC`] instead, plain replica datagrams are
+//! counted and dropped, and so is anything from a replica whose key is not listed.
+//!
+//! Members are known by the address their datagrams come from, which the host puts in their
+//! `Join`: so the replicated state holds it ([`Gms::member_addr`]), and a replica that becomes
+//! leader reaches the members another replica welcomed.
 //!
 //! With a data directory ([`ReplicaHostConfig::data_dir`], `tidings gms --data-dir`) the host
 //! keeps the replica's durable state (`Replica::durable`: Raft's hard state, the latest snapshot
@@ -39,7 +46,8 @@ use std::time::Duration;
 use tidings_gms::replica::{decode_durable, encode_durable, DurableLimits};
 use tidings_gms::{
     GmsEvent, GmsMessage, GmsStats, Peer, RemoveCause, Replica, ReplicaConfig, ReplicaEvent,
-    ReplicaStats, ReplicaTransmit, ServiceLink, ServiceLinkStats, ServiceSecurity, REPLICAS_MAX,
+    ReplicaLink, ReplicaLinkStats, ReplicaSecurity, ReplicaStats, ReplicaTransmit, ServiceLink,
+    ServiceLinkStats, ServiceSecurity, REPLICAS_MAX, REPLICA_LINK_MAGIC, REPLICA_LINK_OVERHEAD,
 };
 use tidings_proto::{NodeId, Time, TopicId};
 
@@ -75,7 +83,7 @@ const STATE_FILE_TMP: &str = "replica.state.tmp";
 const STATE_BATCH_DATAGRAMS: usize = 64;
 
 /// How a replica host runs its replica.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct ReplicaHostConfig {
     /// The replica's configuration (`replicas` is set from the address list).
@@ -83,6 +91,12 @@ pub struct ReplicaHostConfig {
     /// Where the replica's durable state is kept ([`STATE_FILE`] inside; created if missing).
     /// `None`: in memory only, so a restarted replica comes back empty under the same Raft id.
     pub data_dir: Option<PathBuf>,
+    /// This replica's identity and every replica's public key (ADR 44): Raft messages travel
+    /// only inside Noise sessions between listed replicas, and plain or unadmitted replica
+    /// datagrams are counted and dropped. Required when the service admits only its allow list
+    /// and has more than one replica (the datagram key is in the Raft log). `None`: plain Raft
+    /// datagrams, for a trusted network.
+    pub replica_security: Option<ReplicaSecurity>,
 }
 
 /// The data directory of replica `index` when several replicas share `dir`
@@ -142,6 +156,8 @@ pub struct ReplicaSnapshot {
     pub state_write_time_max: Duration,
     /// The admitted link's counters (all zero when the service admits anyone).
     pub link: ServiceLinkStats,
+    /// The sealed replica links' counters (all zero when replicas speak plain Raft).
+    pub replica_link: ReplicaLinkStats,
 }
 
 /// A running replica of the membership service.
@@ -169,6 +185,7 @@ impl GmsReplicaServer {
             ReplicaHostConfig {
                 replica: config,
                 data_dir: None,
+                replica_security: None,
             },
             peers,
             bind,
@@ -185,6 +202,7 @@ impl GmsReplicaServer {
             ReplicaHostConfig {
                 replica: config,
                 data_dir: None,
+                replica_security: None,
             },
             peers,
             socket,
@@ -216,7 +234,9 @@ impl GmsReplicaServer {
     /// As [`start_host_on`](GmsReplicaServer::start_host_on); with `security`, the replica
     /// admits only the identities of its allow list, each after a Noise handshake, and speaks
     /// with nodes only over the handshake's session (plain GMS datagrams are dropped). Every
-    /// replica of a service has the same identity and list.
+    /// replica of a service has the same identity and list. A service of several replicas
+    /// with `security` needs `host.replica_security` too ([`GmsServerError::Peers`] otherwise),
+    /// so that its Raft log, which holds the datagram key, never crosses the network in clear.
     pub fn start_secure_on(
         host: ReplicaHostConfig,
         peers: Vec<SocketAddr>,
@@ -226,11 +246,32 @@ impl GmsReplicaServer {
         let mut config = host.replica;
         check_peers(&peers)?;
         config.replicas = peers.len();
+        if security.is_some() && peers.len() > 1 && host.replica_security.is_none() {
+            return Err(GmsServerError::Peers(
+                "a service that admits only its allow list needs the replicas' identities and \
+                 keys (replica security) when it has more than one replica: its Raft log holds \
+                 the datagram key"
+                    .to_owned(),
+            ));
+        }
+        let replica_link = match host.replica_security {
+            Some(mut s) => {
+                s.stamp_base = clock::wall_micros();
+                Some(
+                    ReplicaLink::new(s, config.index, crate::config::os_entropy())
+                        .map_err(|e| GmsServerError::Peers(e.to_string()))?,
+                )
+            }
+            None => None,
+        };
+        let overhead = if replica_link.is_some() {
+            REPLICA_LINK_OVERHEAD
+        } else {
+            REPLICA_MAGIC.len()
+        };
         // Every replica datagram (a whole message or a fragment) must fit one datagram with its
         // framing; appends are cut to fit one too, so that one lost datagram loses one append.
-        config.fragment_bytes = config
-            .fragment_bytes
-            .min(DATAGRAM_BYTES_MAX - REPLICA_MAGIC.len());
+        config.fragment_bytes = config.fragment_bytes.min(DATAGRAM_BYTES_MAX - overhead);
         config.append_bytes_max = config
             .append_bytes_max
             .min(config.fragment_bytes as u64 / 2);
@@ -285,6 +326,7 @@ impl GmsReplicaServer {
             oversized: 0,
             socket_recv_buffer_bytes,
             secure: security.map(|s| ServiceLink::new(s, crate::config::os_entropy())),
+            replica_link,
         };
         // The state is on disk before the replica says anything, and a restarted replica's
         // members (restored from its snapshot) are reachable at once.
@@ -327,6 +369,26 @@ impl GmsReplicaServer {
         replicas: usize,
         data_dir: Option<&Path>,
     ) -> Result<Vec<GmsReplicaServer>, GmsServerError> {
+        GmsReplicaServer::start_loopback_secure(config, replicas, data_dir, None)
+    }
+
+    /// As [`start_loopback_in`](GmsReplicaServer::start_loopback_in); with `security`, the
+    /// service admits only its allow list and, with more than one replica, the replicas speak
+    /// over sealed links with identities generated here ([`ReplicaSecurity::generate`]).
+    pub fn start_loopback_secure(
+        config: &ReplicaConfig,
+        replicas: usize,
+        data_dir: Option<&Path>,
+        security: Option<ServiceSecurity>,
+    ) -> Result<Vec<GmsReplicaServer>, GmsServerError> {
+        let mut replica_security = match &security {
+            Some(_) if replicas > 1 => ReplicaSecurity::generate(replicas)
+                .map_err(|e| GmsServerError::Peers(format!("replica identities: {e}")))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            _ => vec![None; replicas],
+        };
         let sockets = (0..replicas)
             .map(|_| UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0))))
             .collect::<io::Result<Vec<_>>>()?;
@@ -346,8 +408,9 @@ impl GmsReplicaServer {
                         c
                     },
                     data_dir: data_dir.map(|d| replica_data_dir(d, index)),
+                    replica_security: replica_security.get_mut(index).and_then(Option::take),
                 };
-                GmsReplicaServer::start_host_on(host, peers.clone(), socket)
+                GmsReplicaServer::start_secure_on(host, peers.clone(), socket, security.clone())
             })
             .collect()
     }
@@ -571,6 +634,8 @@ struct Host {
     socket_recv_buffer_bytes: usize,
     /// The admitted link, when the service admits only its allow list.
     secure: Option<ServiceLink<SocketAddr>>,
+    /// The sealed links with the other replicas, with replica security.
+    replica_link: Option<ReplicaLink>,
 }
 
 impl Host {
@@ -584,9 +649,16 @@ impl Host {
         let mut buf = vec![0u8; DATAGRAM_BYTES_MAX + 1];
         while !self.stop.load(Ordering::Acquire) {
             let now = clock::service_now();
-            let wait = self
-                .replica
-                .poll_timeout()
+            let due = match (
+                self.replica.poll_timeout(),
+                self.replica_link
+                    .as_ref()
+                    .and_then(ReplicaLink::poll_timeout),
+            ) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let wait = due
                 .map_or(SERVER_TICK, |t| t.saturating_duration_since(now))
                 .clamp(Duration::from_millis(1), SERVER_TICK);
             // A zero timeout would mean "block forever" to the socket.
@@ -622,6 +694,11 @@ impl Host {
             if self.replica.poll_timeout().is_some_and(|t| t <= now) {
                 self.replica.handle_timeout(now);
             }
+            if let Some(link) = self.replica_link.as_mut() {
+                if link.poll_timeout().is_some_and(|t| t <= now) {
+                    link.handle_timeout(now);
+                }
+            }
             self.flush(now);
             while let Ok(reply) = self.requests.try_recv() {
                 let _ = reply.send(self.snapshot());
@@ -630,13 +707,31 @@ impl Host {
     }
 
     fn on_datagram(&mut self, now: Time, from: SocketAddr, datagram: &[u8]) {
-        if let Some(body) = datagram.strip_prefix(&REPLICA_MAGIC) {
-            let index = self.peers.iter().position(|&p| p == from);
-            match index {
-                Some(index) if index != self.replica.config().index => {
-                    self.replica.handle_replica(now, index, body);
+        let plain = datagram.starts_with(&REPLICA_MAGIC);
+        if plain || datagram.starts_with(&REPLICA_LINK_MAGIC) {
+            let index = self
+                .peers
+                .iter()
+                .position(|&p| p == from)
+                .filter(|&i| i != self.replica.config().index);
+            let Some(index) = index else {
+                self.foreign_replica_datagrams += 1;
+                return;
+            };
+            match (self.replica_link.as_mut(), plain) {
+                (None, true) => {
+                    if let Some(body) = datagram.get(REPLICA_MAGIC.len()..) {
+                        self.replica.handle_replica(now, index, body);
+                    }
                 }
-                _ => self.foreign_replica_datagrams += 1,
+                // Sealed replica datagrams to a replica without replica security.
+                (None, false) => self.foreign_replica_datagrams += 1,
+                (Some(link), true) => link.drop_plain(),
+                (Some(link), false) => {
+                    if let Some(message) = link.receive(now, index, datagram) {
+                        self.replica.handle_replica(now, index, &message);
+                    }
+                }
             }
             return;
         }
@@ -787,6 +882,14 @@ impl Host {
                     let Some(&addr) = self.peers.get(to) else {
                         continue;
                     };
+                    if let Some(link) = self.replica_link.as_mut() {
+                        if bytes.len() + REPLICA_LINK_OVERHEAD > DATAGRAM_BYTES_MAX {
+                            self.oversized += 1;
+                            continue;
+                        }
+                        link.send(now, to, &bytes);
+                        continue;
+                    }
                     if bytes.len() + REPLICA_MAGIC.len() > DATAGRAM_BYTES_MAX {
                         self.oversized += 1;
                         continue;
@@ -795,6 +898,14 @@ impl Host {
                     datagram.extend_from_slice(&REPLICA_MAGIC);
                     datagram.extend_from_slice(&bytes);
                     // Raft resends what is lost.
+                    let _ = self.socket.send_to(&datagram, addr);
+                }
+            }
+        }
+        if let Some(link) = self.replica_link.as_mut() {
+            while let Some((to, datagram)) = link.poll_transmit() {
+                if let Some(&addr) = self.peers.get(to) {
+                    // Raft resends what is lost; a lost hello is sent again when due.
                     let _ = self.socket.send_to(&datagram, addr);
                 }
             }
@@ -897,6 +1008,11 @@ impl Host {
                 .secure
                 .as_ref()
                 .map(|l| l.stats().clone())
+                .unwrap_or_default(),
+            replica_link: self
+                .replica_link
+                .as_ref()
+                .map(ReplicaLink::stats)
                 .unwrap_or_default(),
         }
     }

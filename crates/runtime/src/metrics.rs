@@ -418,8 +418,77 @@ pub fn register_node(
          the oldest has waited, and the region's members (whom it waits for)",
         stalled,
     );
+    register_sealing(r, &s.sealing);
     register_streams(r, &s.streams, streams_max);
     register_labelled(r, s, topics_max);
+}
+
+/// The sealing of protocol datagrams (all zero with sealing off): datagrams sealed and opened,
+/// refusals by cause, and the key schedule.
+fn register_sealing(r: &mut Registry, s: &crate::stats::SealingStats) {
+    let totals: [(&str, &str, u64); 7] = [
+        (
+            "sealing_datagrams_sealed",
+            "Protocol datagrams sealed",
+            s.sealed,
+        ),
+        (
+            "sealing_unsealed_dropped",
+            "Protocol datagrams dropped for want of a datagram key (recovered as lost)",
+            s.unsealed_dropped,
+        ),
+        (
+            "sealing_datagrams_opened",
+            "Received datagrams opened (authenticated, not replayed)",
+            s.open.opened,
+        ),
+        (
+            "sealing_open_copies",
+            "Received datagrams copied before opening (their buffer was shared)",
+            s.open_copies,
+        ),
+        (
+            "sealing_keys_installed",
+            "Datagram keys installed",
+            s.keys_installed,
+        ),
+        (
+            "sealing_keys_retired",
+            "Replaced datagram keys retired after their grace",
+            s.keys_retired,
+        ),
+        (
+            "sealing_key_renewals_asked",
+            "Renewals of the datagram key asked of the membership service",
+            s.key_renewals_asked,
+        ),
+    ];
+    for (name, help, value) in totals {
+        counter(r, name, help, value);
+    }
+    let o = &s.open;
+    counters(
+        r,
+        "sealing_open_refused",
+        "Received datagrams refused before the protocol saw them, by cause",
+        [
+            ("malformed", o.malformed),
+            ("unknown_key", o.unknown_key),
+            ("retired_key", o.retired_key),
+            ("bad_tag", o.bad_tag),
+            ("replayed", o.replayed),
+            ("too_old", o.too_old),
+            ("senders_full", o.senders_full),
+            ("sender_mismatch", o.sender_mismatch),
+        ]
+        .map(|(cause, n)| (labels([("cause", cause.to_owned())]), n)),
+    );
+    gauge(
+        r,
+        "sealing_key_id",
+        "The id of the datagram key this node seals with (0: none yet)",
+        s.key_id.map_or(0, u64::from),
+    );
 }
 
 /// Label values: a metric family's labels besides the node's.
@@ -927,5 +996,62 @@ pub fn register_replica(registry: &mut Registry, s: &ReplicaSnapshot) {
         "gms_state_bytes",
         "Size of the replica's state file",
         s.state_bytes,
+    );
+    register_replica_link(r, &s.replica_link);
+}
+
+/// The sealed replica links' counters (all zero when the replicas speak plain Raft).
+fn register_replica_link(r: &mut Registry, s: &tidings_gms::ReplicaLinkStats) {
+    let totals: [(&str, &str, u64); 5] = [
+        (
+            "gms_replica_link_hellos",
+            "Handshakes this replica started with its peers",
+            s.outbound.hellos,
+        ),
+        (
+            "gms_replica_link_sessions",
+            "Sessions this replica established to send to its peers",
+            s.outbound.sessions,
+        ),
+        (
+            "gms_replica_link_admitted",
+            "Peers' handshakes admitted (sessions to receive from them)",
+            s.inbound.admitted,
+        ),
+        (
+            "gms_replica_link_sealed",
+            "Raft messages sealed for peers",
+            s.outbound.sealed,
+        ),
+        (
+            "gms_replica_link_opened",
+            "Raft messages from peers opened and handed to Raft",
+            s.delivered,
+        ),
+    ];
+    for (name, help, value) in totals {
+        counter(r, name, help, value);
+    }
+    counters(
+        r,
+        "gms_replica_link_refused",
+        "Replica datagrams dropped, never applied, by cause",
+        [
+            ("not_admitted", s.inbound.not_admitted),
+            ("bad_hello", s.inbound.bad_hellos),
+            ("no_session", s.inbound.no_session),
+            ("bad_datagram", s.inbound.refused + s.outbound.refused),
+            ("plain", s.plain_dropped),
+            ("wrong_peer", s.wrong_peer),
+            ("malformed", s.malformed),
+        ]
+        .map(|(cause, n)| (labels([("cause", cause.to_owned())]), n)),
+    );
+    counter(
+        r,
+        "gms_replica_link_refusals_received",
+        "Unreadable notices from peers (a peer lost its session or cannot read this replica's \
+         hello)",
+        s.outbound.unreadable,
     );
 }

@@ -80,6 +80,9 @@ pub struct SealingStats {
     pub keys_installed: u64,
     /// Replaced keys retired after their grace.
     pub keys_retired: u64,
+    /// Renewals of the datagram key asked of the service (once per key, when its counter
+    /// nears its limit).
+    pub key_renewals_asked: u64,
     /// The id of the key this node seals with now.
     pub key_id: Option<u32>,
 }

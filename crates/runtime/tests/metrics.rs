@@ -52,6 +52,60 @@ fn the_service_serves_its_metrics() {
 }
 
 #[test]
+fn sealed_replicas_count_their_links() {
+    let service = tidings_seal::Identity::generate().unwrap();
+    let security = tidings_gms::ServiceSecurity {
+        identity: service,
+        allowed: tidings_seal::AllowList::new(),
+    };
+    let replicas =
+        GmsReplicaServer::start_loopback_secure(&ReplicaConfig::default(), 2, None, Some(security))
+            .unwrap();
+    let metrics: Vec<_> = replicas
+        .iter()
+        .map(|r| r.serve_metrics(loopback()).unwrap())
+        .collect();
+    let start = std::time::Instant::now();
+    // Two replicas elect a leader over their sealed links.
+    let (index, response) = loop {
+        let leader = metrics.iter().enumerate().find_map(|(i, m)| {
+            let r = request(m.local_addr(), "GET", "/metrics");
+            r.contains(&format!("tidings_gms_leader{{replica=\"{i}\"}} 1"))
+                .then_some((i, r))
+        });
+        if let Some(found) = leader {
+            break found;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no leader");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let of = |name: &str| sample(&response, &format!("{name}{{replica=\"{index}\"}}"));
+    assert!(
+        of("tidings_gms_replica_link_sessions_total") >= Some(1.0),
+        "{response}"
+    );
+    assert!(
+        of("tidings_gms_replica_link_admitted_total") >= Some(1.0),
+        "{response}"
+    );
+    assert!(
+        of("tidings_gms_replica_link_opened_total") >= Some(1.0),
+        "{response}"
+    );
+    assert!(
+        of("tidings_gms_replica_link_sealed_total") >= Some(1.0),
+        "{response}"
+    );
+    let plain =
+        format!("tidings_gms_replica_link_refused_total{{replica=\"{index}\",cause=\"plain\"}}");
+    assert_eq!(sample(&response, &plain), Some(0.0), "{response}");
+    drop(metrics);
+    for r in replicas {
+        r.shutdown();
+    }
+}
+
+#[test]
 fn a_replica_serves_its_metrics_with_its_role() {
     let replicas = GmsReplicaServer::start_loopback(&ReplicaConfig::default(), 1).unwrap();
     let replica = &replicas[0];
@@ -183,6 +237,17 @@ fn a_stalled_publisher_names_the_members_it_waits_for() {
         r.contains("tidings_time_to_stable_seconds_count{node=\"0\"} 1"),
         "{r}"
     );
+    // The sealing counters are there (zero: these nodes do not seal), refusals by cause.
+    for line in [
+        "tidings_sealing_datagrams_sealed_total{node=\"0\"} 0",
+        "tidings_sealing_datagrams_opened_total{node=\"0\"} 0",
+        "tidings_sealing_open_refused_total{node=\"0\",cause=\"bad_tag\"} 0",
+        "tidings_sealing_open_refused_total{node=\"0\",cause=\"replayed\"} 0",
+        "tidings_sealing_keys_installed_total{node=\"0\"} 0",
+        "tidings_sealing_key_renewals_asked_total{node=\"0\"} 0",
+    ] {
+        assert!(r.contains(line), "{line} missing: {r}");
+    }
     // The subscriber's delivery latency counted the message (stable: delivered everywhere),
     // within the test's wait, and the sender's own messages are not counted at the sender.
     let after = request(receiver_metrics.local_addr(), "GET", "/metrics");
