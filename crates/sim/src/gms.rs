@@ -48,7 +48,8 @@
 //! through the log), and each member seals and opens protocol datagrams in [`member_config`]'s
 //! mode with the keys it hands out (grace [`KEY_GRACE`]). A removed node's session ends with it
 //! at every replica, as on a socket host; a restarted replica starts with no sessions, and the
-//! nodes shake hands with it again when it tells them it cannot read them.
+//! nodes shake hands with it again when it tells them it cannot read them. Replicas speak Raft
+//! only through their [`ReplicaLink`]s (identities drawn from the seed), as on socket hosts.
 //!
 //! **Churn.** A leave unsubscribes from everything (the node stays a member, so its id and
 //! client stay), a join or resubscribe asks for another profile's topics, one request per topic;
@@ -64,7 +65,8 @@ use tidings_gms::replica::{FRAGMENT_BYTES_DEFAULT, FRAGMENT_BYTES_MIN};
 use tidings_gms::{
     ClientConfig, Command, Durable, Entropy, Gms, GmsClient, GmsConfig, GmsEvent, GmsMessage,
     Inbound, LinkSecurity, MemberConfig, NodeLink, Peer, PlannerConfig, RemoveCause, Replica,
-    ReplicaConfig, ReplicaEvent, ReplicaTransmit, ServiceLink, ServiceSecurity,
+    ReplicaConfig, ReplicaEvent, ReplicaLink, ReplicaSecurity, ReplicaTransmit, ServiceLink,
+    ServiceSecurity, REPLICA_LINK_OVERHEAD,
 };
 use tidings_proto::{Membership, NodeId, RegionId, RegionView, Time, TopicId, ViewId};
 use tidings_seal::{AllowList, Identity, KeyRingConfig, Mode, PublicKey};
@@ -379,6 +381,55 @@ struct ReplicaRole {
     /// Until then, what this replica sends to or receives from the other replicas is lost (it
     /// still hears and answers clients).
     isolated_until: Time,
+    /// With security: the sealed links with the other replicas (Raft only inside Noise
+    /// sessions, as on socket hosts), and how to start them over after a restart.
+    link: Option<ReplicaLinks>,
+}
+
+/// A replica's sealed links with the other replicas.
+struct ReplicaLinks {
+    link: ReplicaLink,
+    /// This replica's identity and the replicas' keys.
+    security: ReplicaSecurity,
+    /// Seeds the handshakes' entropy (with the restarts so far).
+    seed: u64,
+    /// Restarts so far.
+    restarts: u64,
+}
+
+impl std::fmt::Debug for ReplicaLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaLinks")
+            .field("link", &self.link.stats())
+            .field("restarts", &self.restarts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicaLinks {
+    /// The links of replica `index`, with no session yet.
+    fn new(security: ReplicaSecurity, index: usize, seed: u64) -> Result<ReplicaLinks, String> {
+        let link = ReplicaLink::new(security.clone(), index, seeded_entropy(seed))
+            .map_err(|e| e.to_string())?;
+        Ok(ReplicaLinks {
+            link,
+            security,
+            seed,
+            restarts: 0,
+        })
+    }
+
+    /// The replica restarted: its sessions are gone.
+    fn restart(&mut self, index: usize) -> Result<(), String> {
+        self.restarts += 1;
+        self.link = ReplicaLink::new(
+            self.security.clone(),
+            index,
+            seeded_entropy(self.seed ^ self.restarts.rotate_left(48)),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(())
+    }
 }
 
 /// The membership service (or one replica of it), on its own simulated node.
@@ -500,16 +551,34 @@ impl ServiceRole {
                 .iter()
                 .position(|&p| p == from)
                 .unwrap_or(usize::MAX);
-            r.replica.handle_replica(now, index, bytes);
+            match r.link.as_mut() {
+                Some(links) if index != usize::MAX => {
+                    if let Some(message) = links.link.receive(now, index, bytes) {
+                        r.replica.handle_replica(now, index, &message);
+                    }
+                }
+                _ => r.replica.handle_replica(now, index, bytes),
+            }
         }
     }
 
     /// Time has passed.
     pub(crate) fn handle_timeout(&mut self, now: Time) {
-        if self.poll_timeout().is_some_and(|t| t <= now) {
-            match &mut self.service {
-                Service::Single(gms) => gms.handle_timeout(now),
-                Service::Replicated(r) => r.replica.handle_timeout(now),
+        match &mut self.service {
+            Service::Single(gms) => {
+                if gms.poll_timeout().is_some_and(|t| t <= now) {
+                    gms.handle_timeout(now);
+                }
+            }
+            Service::Replicated(r) => {
+                if r.replica.poll_timeout().is_some_and(|t| t <= now) {
+                    r.replica.handle_timeout(now);
+                }
+                if let Some(links) = r.link.as_mut() {
+                    if links.link.poll_timeout().is_some_and(|t| t <= now) {
+                        links.link.handle_timeout(now);
+                    }
+                }
             }
         }
     }
@@ -518,7 +587,13 @@ impl ServiceRole {
     pub(crate) fn poll_timeout(&self) -> Option<Time> {
         match &self.service {
             Service::Single(gms) => gms.poll_timeout(),
-            Service::Replicated(r) => r.replica.poll_timeout(),
+            Service::Replicated(r) => {
+                let link = r.link.as_ref().and_then(|l| l.link.poll_timeout());
+                match (r.replica.poll_timeout(), link) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            }
         }
     }
 
@@ -535,6 +610,9 @@ impl ServiceRole {
         if let Service::Replicated(r) = &mut self.service {
             r.replica = Replica::restart(r.config.clone(), r.replica.durable())
                 .map_err(|e| e.to_string())?;
+            if let Some(links) = r.link.as_mut() {
+                links.restart(r.config.index)?;
+            }
             if let Some(secure) = self.secure.as_mut() {
                 secure.restart();
             }
@@ -631,6 +709,9 @@ impl ServiceRole {
                     Some(ReplicaTransmit::Replica { to, bytes }) => {
                         if bytes.len() > r.config.fragment_bytes {
                             self.oversize += 1;
+                        } else if let Some(links) = r.link.as_mut() {
+                            // Sealed below, with the link's handshakes.
+                            links.link.send(now, to, &bytes);
                         } else if now >= r.isolated_until {
                             if let Some(&peer) = r.peers.get(to) {
                                 self.outgoing.push_back((peer, wrap_replica(me, &bytes)));
@@ -654,6 +735,17 @@ impl ServiceRole {
                         // Nothing goes to a node without a session.
                         if let Some(sealed) = secure.link.seal_to(&to, &framed) {
                             self.outgoing.push_back((to, wrap(me, &sealed)));
+                        }
+                    }
+                }
+            }
+        }
+        if let Service::Replicated(r) = &mut self.service {
+            if let Some(links) = r.link.as_mut() {
+                while let Some((to, datagram)) = links.link.poll_transmit() {
+                    if now >= r.isolated_until {
+                        if let Some(&peer) = r.peers.get(to) {
+                            self.outgoing.push_back((peer, wrap_replica(me, &datagram)));
                         }
                     }
                 }
@@ -1032,11 +1124,27 @@ pub(crate) fn bootstrap(
         // snapshots) travel in the replicas' own fragments. The fragments are not paced: the
         // simulated links queue them as a switch port would, and a socket host paces only so
         // as not to overflow a receive buffer the simulator does not model.
+        let link_overhead = if secure { REPLICA_LINK_OVERHEAD } else { 0 };
         let fragment_bytes = service
             .datagram_bytes
-            .saturating_sub(HEADER_LEN)
+            .saturating_sub(HEADER_LEN + link_overhead)
             .clamp(FRAGMENT_BYTES_MIN, FRAGMENT_BYTES_DEFAULT);
-        for k in 0..replicas as usize {
+        // With security the replicas speak Raft only inside Noise sessions, each with its own
+        // identity (drawn from the seed) and the others' keys listed by index.
+        let replica_security = if secure {
+            let mut rng = fastrand::Rng::with_seed(seed ^ 0x5245_504c_4b45_5953);
+            let identities: Vec<Identity> = (0..replicas)
+                .map(|_| seeded_identity(&mut rng))
+                .collect::<Result<_, _>>()?;
+            let keys: Vec<PublicKey> = identities.iter().map(|i| *i.public()).collect();
+            identities
+                .into_iter()
+                .map(|identity| Some(ReplicaSecurity::new(identity, keys.clone())))
+                .collect()
+        } else {
+            vec![None; replicas as usize]
+        };
+        for (k, security) in replica_security.into_iter().enumerate() {
             let config = {
                 let mut c = ReplicaConfig::default();
                 c.index = k;
@@ -1049,11 +1157,20 @@ pub(crate) fn bootstrap(
             };
             let replica =
                 Replica::restart(config.clone(), durable.clone()).map_err(|e| e.to_string())?;
+            let link = match security {
+                Some(security) => Some(ReplicaLinks::new(
+                    security,
+                    k,
+                    seed ^ 0x5245_504c_4c4e_4b00 ^ ((k as u64) << 40),
+                )?),
+                None => None,
+            };
             replicated.push(Service::Replicated(Box::new(ReplicaRole {
                 replica,
                 config,
                 peers: peers.clone(),
                 isolated_until: Time::ZERO,
+                link,
             })));
         }
     } else {
