@@ -80,7 +80,8 @@ pub struct SealingStats {
     pub keys_installed: u64,
     /// Replaced keys retired after their grace.
     pub keys_retired: u64,
-    /// The id of the key this node seals with now.
+    /// The newest key id this node seals with now, over its regions (ADR 43: a key per
+    /// region; ids grow with every key the service makes).
     pub key_id: Option<u32>,
 }
 

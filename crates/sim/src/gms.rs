@@ -44,8 +44,8 @@
 //! (carried directly, as the joins are), and every GMS datagram after it travels sealed in its
 //! session, the simulator id standing for the source address. The service runs with
 //! `GmsConfig::datagram_keys`, its key entropy drawn from the seed after every input, and each
-//! member seals and opens protocol datagrams in [`member_config`]'s mode with the keys it hands
-//! out (grace [`KEY_GRACE`]). A removed node's session ends with it, as on a socket host.
+//! member seals and opens protocol datagrams in [`member_config`]'s mode with the region keys
+//! it hands out (ADR 43; grace [`KEY_GRACE`]). A removed node's session ends with it, as on a socket host.
 //!
 //! **Churn.** A leave unsubscribes from everything (the node stays a member, so its id and
 //! client stay), a join or resubscribe asks for another profile's topics, one request per topic;
@@ -831,7 +831,7 @@ pub(crate) fn bootstrap(
     let mut gms = Gms::new(gms_config.clone()).map_err(|e| e.to_string())?;
     let mut key_rng = fastrand::Rng::with_seed(seed ^ 0x4b45_5953_0000);
     if secure {
-        // The first datagram key, in every joiner's first batch.
+        // The master secret, before the first region: every region's key derives from it.
         gms.give_key_entropy(seeded_bytes(&mut key_rng));
     }
     let n = u32::try_from(subscriptions.len()).map_err(|_| "too many nodes".to_string())?;
