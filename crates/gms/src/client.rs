@@ -146,9 +146,11 @@ pub struct GmsClient {
     /// The next update sequence number expected.
     next_update: u64,
     reorder: BTreeMap<u64, Item>,
-    /// The latest datagram key the service handed out ([`Item::DatagramKey`]): its id and
-    /// secret.
-    datagram_key: Option<(u32, WireKey)>,
+    /// The current key of each region the service sent this node a key for
+    /// ([`Item::RegionKey`]): its id and secret; dropped with the region's view.
+    region_keys: BTreeMap<RegionId, (u32, WireKey)>,
+    /// Regions whose key changed or went since [`take_key_changes`](GmsClient::take_key_changes).
+    key_changes: Vec<RegionId>,
     ack_due: bool,
     regions: BTreeMap<RegionId, GmsRegionView>,
     topic_regions: BTreeMap<TopicId, Vec<RegionId>>,
@@ -218,7 +220,8 @@ impl GmsClient {
             last_heartbeat: None,
             next_update: 1,
             reorder: BTreeMap::new(),
-            datagram_key: None,
+            region_keys: BTreeMap::new(),
+            key_changes: Vec::new(),
             ack_due: false,
             regions: BTreeMap::new(),
             topic_regions: BTreeMap::new(),
@@ -255,11 +258,22 @@ impl GmsClient {
         self.incarnation
     }
 
-    /// The latest datagram key the service handed out (id and secret), if any: the member seals
-    /// its protocol datagrams with it.
+    /// The current key of `region` (id and secret), if the service sent one and the region's
+    /// view is still this node's: the member seals and opens the region's datagrams with it.
     #[must_use]
-    pub fn datagram_key(&self) -> Option<(u32, &WireKey)> {
-        self.datagram_key.as_ref().map(|(id, k)| (*id, k))
+    pub fn region_key(&self, region: RegionId) -> Option<(u32, &WireKey)> {
+        self.region_keys.get(&region).map(|(id, k)| (*id, k))
+    }
+
+    /// Every region key this node holds, by region.
+    pub fn region_keys(&self) -> impl Iterator<Item = (RegionId, u32, &WireKey)> + '_ {
+        self.region_keys.iter().map(|(&r, (id, k))| (r, *id, k))
+    }
+
+    /// The regions whose key changed or went since the last call (in the order it happened,
+    /// possibly repeated): the member looks each up with [`region_key`](GmsClient::region_key).
+    pub fn take_key_changes(&mut self) -> Vec<RegionId> {
+        std::mem::take(&mut self.key_changes)
     }
 
     /// The join nonce (the runtime maps it to this client until it has a node id).
@@ -479,8 +493,8 @@ impl GmsClient {
         self.request(Request::Leave)
     }
 
-    /// Asks the service for a new datagram key in place of key `id`, which this node has
-    /// nearly used up (the service ignores it if `id` is no longer current).
+    /// Asks the service for a new region key in place of key `id`, which this node has nearly
+    /// used up (the service ignores it if `id` is no longer its region's current key).
     pub fn renew_datagram_key(&mut self, id: u32) -> Result<(), RequestError> {
         self.request(Request::RenewDatagramKey(id))
     }
@@ -700,6 +714,8 @@ impl GmsClient {
         }
         self.state = State::Removed;
         self.requests.clear();
+        self.key_changes.extend(self.region_keys.keys().copied());
+        self.region_keys.clear();
         self.reorder.clear();
         self.events.push_back(ClientEvent::Removed);
     }
@@ -718,6 +734,9 @@ impl GmsClient {
         self.regions.clear();
         self.topic_regions.clear();
         self.topics.clear();
+        // The old id's keys: the service replaced each when it removed that id.
+        self.key_changes.extend(self.region_keys.keys().copied());
+        self.region_keys.clear();
         // Ids of the service that lost this node; the names are bound again after the rejoin.
         self.unsubscribing.clear();
         for topic in std::mem::take(&mut self.subscribed_topics) {
@@ -820,6 +839,10 @@ impl GmsClient {
                         Item::RegionGone(r) => {
                             self.changed_regions.insert(r);
                             self.regions.remove(&r);
+                            // The region's key goes with its view.
+                            if self.region_keys.remove(&r).is_some() {
+                                self.key_changes.push(r);
+                            }
                         }
                         Item::TopicRegions { topic, regions } => {
                             self.changed_topics.insert(topic);
@@ -842,7 +865,12 @@ impl GmsClient {
                 }
             }
             Item::Removed => self.removed(),
-            Item::DatagramKey { id, secret } => self.datagram_key = Some((id, secret)),
+            // In force at once, like the protocol's use of it: the region's members get it at
+            // slightly different times, and open the previous key for a grace.
+            Item::RegionKey { region, id, secret } => {
+                self.region_keys.insert(region, (id, secret));
+                self.key_changes.push(region);
+            }
         }
     }
 

@@ -124,11 +124,13 @@ pub struct GmsConfig {
     /// protocol nodes of the two never take each other's packets. A replicated service takes
     /// its first leader's. Default 1 (tests; hosts draw one).
     pub incarnation: u32,
-    /// Hand out datagram keys ([`Item::DatagramKey`](crate::Item::DatagramKey)): a key drawn
-    /// from the host's entropy ([`Gms::give_key_entropy`](crate::Gms::give_key_entropy)) goes
-    /// to every member in its update stream, and a new one replaces it whenever a member leaves
-    /// or is removed. Only for a service whose every member link is encrypted (the host runs
-    /// the admitted link, `ServiceLink`): the update stream carries the secret. Default false.
+    /// Hand out region keys ([`Item::RegionKey`](crate::Item::RegionKey), ADR 43): each
+    /// region's key, derived from a master secret drawn from the host's entropy
+    /// ([`Gms::give_key_entropy`](crate::Gms::give_key_entropy)) and never sent, goes with the
+    /// region's view to the nodes sent the view only, and a new one replaces it whenever one of
+    /// them stops being sent it. Only for a service whose every member link is encrypted (the
+    /// host runs the admitted link, `ServiceLink`): the update stream carries the keys.
+    /// Default false.
     pub datagram_keys: bool,
     /// Topic access rules (ADR 41): which identities may publish and subscribe, by topic name
     /// or prefix, checked by the leader when it takes a `Subscribe`, `SubscribeMany`,

@@ -17,7 +17,7 @@ use tidings_proto::{
 };
 use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
 use tidings_seal::{
-    KeyError, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, OpenStats, SealingKey,
+    KeyError, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, OpenError, OpenStats, SealingKey,
 };
 use tidings_wire::{NodeId, RegionId, TopicId};
 
@@ -90,10 +90,10 @@ pub struct MemberConfig {
     pub stall_after: Duration,
     /// How protocol datagrams are sealed and opened: the mode (`mode: Off`, the default,
     /// seals nothing), the AEAD and the key ring's limits. With any other mode every datagram
-    /// the protocol writes is sealed with the service's current datagram key
-    /// ([`Item::DatagramKey`](crate::Item::DatagramKey)) and every one received must open
-    /// under a key the service handed out, or it is dropped and counted by cause
-    /// ([`MemberStats::open`]). The protocol's `max_datagram_bytes` shrinks by the trailer
+    /// the protocol writes is sealed with the service's current key of the region its header
+    /// names ([`Item::RegionKey`](crate::Item::RegionKey)) and every one received must open
+    /// under a key of its header's region the service handed out, or it is dropped and counted
+    /// by cause ([`MemberStats::open`]). The protocol's `max_datagram_bytes` shrinks by the trailer
     /// ([`TRAILER_LEN`]), so sealed datagrams keep the configured size on the wire.
     pub sealing: KeyRingConfig,
     /// How long the previous datagram key still opens datagrams after a new one arrives:
@@ -179,6 +179,17 @@ impl ReceivedDatagram {
     }
 }
 
+impl std::ops::Deref for ReceivedDatagram {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReceivedDatagram::Shared(bytes) => bytes,
+            ReceivedDatagram::Writable(bytes) => bytes,
+        }
+    }
+}
+
 impl From<Bytes> for ReceivedDatagram {
     fn from(bytes: Bytes) -> ReceivedDatagram {
         ReceivedDatagram::Shared(bytes)
@@ -191,10 +202,37 @@ impl From<BytesMut> for ReceivedDatagram {
     }
 }
 
-/// A member's sealing state, when [`MemberConfig::sealing`] is on.
+/// A member's sealing state, when [`MemberConfig::sealing`] is on: a key ring and a sealing
+/// key per region whose key the service sent it (ADR 43).
 struct Sealing {
+    /// The rings' settings (validated when the member was made).
+    config: KeyRingConfig,
+    /// By region: one lookup per datagram, by the header's region.
+    regions: HashMap<RegionId, RegionSeal>,
+    /// The earliest time a previous key or a gone region's keys must be retired (cached: the
+    /// host asks for timeouts far more often than keys change).
+    retire_at: Option<Time>,
+    /// Where a received datagram whose buffer is shared is copied to be opened in place
+    /// (blocks reused once every datagram cut from them is dropped).
+    arena: BlockArena,
+}
+
+impl Sealing {
+    /// Recomputes [`Sealing::retire_at`] after a change of keys.
+    fn update_retire_at(&mut self) {
+        self.retire_at = self
+            .regions
+            .values()
+            .filter_map(RegionSeal::retire_at)
+            .min();
+    }
+}
+
+/// The keys of one region.
+struct RegionSeal {
     ring: KeyRing,
-    /// The key this node seals with: the service's latest, under this node's id.
+    /// The key this node seals the region's datagrams with: the service's latest, under this
+    /// node's id.
     key: Option<SealingKey>,
     /// That key's id and secret, to seal again under a new node id after a rejoin.
     secret: Option<(KeyId, KeySecret)>,
@@ -202,36 +240,35 @@ struct Sealing {
     retiring: Vec<(KeyId, Time)>,
     /// The key whose renewal this member asked for (once per key).
     renewal_asked: Option<KeyId>,
-    /// Where a received datagram whose buffer is shared is copied to be opened in place
-    /// (blocks reused once every datagram cut from them is dropped).
-    arena: BlockArena,
+    /// The service took the region's key away (its view went): the region's keys seal and
+    /// open until then, for datagrams in flight, and are dropped at that time.
+    gone_at: Option<Time>,
+}
+
+impl RegionSeal {
+    /// When this region's next key must be retired, or the whole region dropped.
+    fn retire_at(&self) -> Option<Time> {
+        let next = self.retiring.iter().map(|&(_, at)| at).min();
+        match (next, self.gone_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 impl std::fmt::Debug for Sealing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut regions: Vec<(RegionId, Option<KeyId>)> = self
+            .regions
+            .iter()
+            .map(|(&r, s)| (r, s.key.as_ref().map(SealingKey::id)))
+            .collect();
+        regions.sort();
         f.debug_struct("Sealing")
-            .field("ring", &self.ring)
-            .field("key", &self.key)
-            .field("retiring", &self.retiring)
+            .field("config", &self.config)
+            .field("regions", &regions)
+            .field("retire_at", &self.retire_at)
             .finish_non_exhaustive()
-    }
-}
-
-impl Sealing {
-    /// The datagram in a buffer this member may write: the same one when nobody else holds
-    /// it, else a copy in the current block.
-    fn writable(&mut self, datagram: ReceivedDatagram, copies: &mut u64) -> BytesMut {
-        let shared = match datagram {
-            ReceivedDatagram::Writable(buf) => return buf,
-            ReceivedDatagram::Shared(shared) => shared,
-        };
-        match shared.try_into_mut() {
-            Ok(buf) => buf,
-            Err(shared) => {
-                *copies += 1;
-                self.arena.keep_mut(&shared)
-            }
-        }
     }
 }
 
@@ -387,7 +424,7 @@ pub struct MemberStats {
     /// Blocks allocated for those copies (each reused once every datagram cut from it is
     /// dropped, so a steady flow stops allocating).
     pub open_blocks_allocated: u64,
-    /// Datagram keys installed (from the service, or [`Member::install_datagram_key`]).
+    /// Region keys installed (from the service, or [`Member::install_region_key`]).
     pub keys_installed: u64,
     /// Previous keys retired after their grace ([`MemberConfig::key_grace`]).
     pub keys_retired: u64,
@@ -841,7 +878,7 @@ impl Member {
             moving: HashMap::new(),
         };
         let mut member = Member::around(node, config, Some(link), now)?;
-        member.take_datagram_key(now);
+        member.take_region_keys(now);
         member.reindex();
         if let Some(link) = member.link.as_mut() {
             for (name, topic) in bound {
@@ -872,15 +909,18 @@ impl Member {
     ) -> Result<Member, MemberError> {
         let sealing = match config.sealing.mode {
             Mode::Off => None,
-            _ => Some(Sealing {
-                ring: KeyRing::new(config.sealing.clone())
-                    .map_err(|e| MemberError::Config(format!("sealing: {e}")))?,
-                key: None,
-                secret: None,
-                retiring: Vec::new(),
-                renewal_asked: None,
-                arena: BlockArena::new(),
-            }),
+            _ => {
+                config
+                    .sealing
+                    .validate()
+                    .map_err(|e| MemberError::Config(format!("sealing: {e}")))?;
+                Some(Sealing {
+                    config: config.sealing.clone(),
+                    regions: HashMap::new(),
+                    retire_at: None,
+                    arena: BlockArena::new(),
+                })
+            }
         };
         Ok(Member {
             sealing,
@@ -983,42 +1023,88 @@ impl Member {
         let Some(sealing) = self.sealing.as_mut() else {
             return Some(datagram.into_bytes());
         };
-        let mut buf = sealing.writable(datagram, &mut self.stats.open_copies);
+        // The key ring of the header's region (the header is clear, and is associated data of
+        // the tag, so a datagram moved to another region does not open there either).
+        let Some(region) = tidings_wire::peek_region(&datagram) else {
+            self.stats.open.count(&Err(OpenError::Malformed));
+            return None;
+        };
+        let Some(keys) = sealing.regions.get_mut(&region) else {
+            let id = datagram
+                .len()
+                .checked_sub(TRAILER_LEN)
+                .and_then(|at| datagram.get(at..at + 4))
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u32::from_be_bytes);
+            self.stats
+                .open
+                .count(&Err(OpenError::UnknownKey(KeyId(id))));
+            return None;
+        };
+        let mut buf = match datagram {
+            ReceivedDatagram::Writable(buf) => buf,
+            ReceivedDatagram::Shared(shared) => match shared.try_into_mut() {
+                Ok(buf) => buf,
+                Err(shared) => {
+                    self.stats.open_copies += 1;
+                    sealing.arena.keep_mut(&shared)
+                }
+            },
+        };
         self.stats.open_blocks_allocated = sealing.arena.blocks_allocated();
-        let opened = sealing.ring.open(&mut buf);
-        self.stats.open = sealing.ring.stats().clone();
+        let opened = keys.ring.open(&mut buf);
+        self.stats.open.count(&opened);
         let opened = opened.ok()?;
         buf.truncate(opened.len);
         Some(buf.freeze())
     }
 
-    /// Installs datagram key `id` with `secret`: this node seals with it from now on, and the
-    /// key it sealed with before keeps opening datagrams for [`MemberConfig::key_grace`]. The
-    /// service's keys come by themselves (this is for a member without a service, whose host
-    /// distributes keys, and for tests). Ignored with sealing off or when `id` is the key in
-    /// use. A key id the ring knew before (a service that restarted without its state numbers
-    /// keys afresh) starts the ring over with this key alone.
-    pub fn install_datagram_key(&mut self, now: Time, id: u32, secret: [u8; 32]) {
+    /// Installs key `id` of `region` with `secret`: this node seals the region's datagrams
+    /// with it from now on, and the region's key it sealed with before keeps opening datagrams
+    /// for [`MemberConfig::key_grace`]. The service's keys come by themselves (this is for a
+    /// member without a service, whose host distributes keys, and for tests). Ignored with
+    /// sealing off or when `id` is the region's key in use. A key id the region's ring knew
+    /// before (a service that restarted without its state numbers keys afresh) starts the
+    /// region's ring over with this key alone.
+    pub fn install_region_key(&mut self, now: Time, region: RegionId, id: u32, secret: [u8; 32]) {
         let me = self.node.id().0;
         let grace = self.config.key_grace;
         let counter_limit = self.config.key_counter_limit;
         let Some(sealing) = self.sealing.as_mut() else {
             return;
         };
+        let config = sealing.config.clone();
+        let keys = match sealing.regions.entry(region) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let Ok(ring) = KeyRing::new(config.clone()) else {
+                    return;
+                };
+                v.insert(RegionSeal {
+                    ring,
+                    key: None,
+                    secret: None,
+                    retiring: Vec::new(),
+                    renewal_asked: None,
+                    gone_at: None,
+                })
+            }
+        };
+        keys.gone_at = None;
         let id = KeyId(id);
-        if sealing.secret.as_ref().is_some_and(|(k, _)| *k == id) {
+        if keys.secret.as_ref().is_some_and(|(k, _)| *k == id) {
+            sealing.update_retire_at();
             return;
         }
         let secret = KeySecret::from_bytes(secret);
-        let config = sealing.ring.config().clone();
         // Keep room for the new key: the oldest retiring keys go first.
-        while sealing.ring.len() + 1 > config.keys_max && !sealing.retiring.is_empty() {
-            let (old, _) = sealing.retiring.remove(0);
-            sealing.ring.retire(old);
+        while keys.ring.len() + 1 > config.keys_max && !keys.retiring.is_empty() {
+            let (old, _) = keys.retiring.remove(0);
+            keys.ring.retire(old);
             self.stats.keys_retired += 1;
         }
         if let Err(KeyError::Installed(_) | KeyError::Retired(_) | KeyError::Full) =
-            sealing.ring.install(id, &secret)
+            keys.ring.install(id, &secret)
         {
             let Ok(mut ring) = KeyRing::new(config.clone()) else {
                 return;
@@ -1026,14 +1112,14 @@ impl Member {
             if ring.install(id, &secret).is_err() {
                 return;
             }
-            sealing.ring = ring;
-            sealing.retiring.clear();
-            sealing.key = None;
+            keys.ring = ring;
+            keys.retiring.clear();
+            keys.key = None;
         }
-        if let Some(old) = sealing.key.take() {
-            sealing.retiring.push((old.id(), now + grace));
+        if let Some(old) = keys.key.take() {
+            keys.retiring.push((old.id(), now + grace));
         }
-        sealing.key = Some(SealingKey::new(
+        keys.key = Some(SealingKey::new(
             config.aead,
             config.mode,
             id,
@@ -1041,45 +1127,70 @@ impl Member {
             &secret,
             counter_limit,
         ));
-        sealing.secret = Some((id, secret));
+        keys.secret = Some((id, secret));
         self.stats.keys_installed += 1;
+        sealing.update_retire_at();
     }
 
-    /// Installs the service's latest datagram key if it is new.
-    fn take_datagram_key(&mut self, now: Time) {
+    /// The service took `region`'s key away (this node no longer gets the region's view): its
+    /// keys keep sealing and opening for [`MemberConfig::key_grace`], for the datagrams in
+    /// flight, and are then dropped, so the region's datagrams are refused as `unknown_key`.
+    pub fn drop_region_key(&mut self, now: Time, region: RegionId) {
+        let grace = self.config.key_grace;
+        let Some(sealing) = self.sealing.as_mut() else {
+            return;
+        };
+        if let Some(keys) = sealing.regions.get_mut(&region) {
+            keys.gone_at.get_or_insert(now + grace);
+            sealing.update_retire_at();
+        }
+    }
+
+    /// Installs the region keys the service sent since the last call, and drops those it took
+    /// away.
+    fn take_region_keys(&mut self, now: Time) {
         if self.sealing.is_none() {
             return;
         }
-        let key = self
-            .link
-            .as_ref()
-            .and_then(|l| l.client.datagram_key())
-            .map(|(id, secret)| (id, secret.0));
-        if let Some((id, secret)) = key {
-            self.install_datagram_key(now, id, secret);
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let changes = link.client.take_key_changes();
+        for region in changes {
+            let key = self
+                .link
+                .as_ref()
+                .and_then(|l| l.client.region_key(region))
+                .map(|(id, secret)| (id, secret.0));
+            match key {
+                Some((id, secret)) => self.install_region_key(now, region, id, secret),
+                None => self.drop_region_key(now, region),
+            }
         }
     }
 
     /// Seals under this node's id again after the protocol node was replaced under a new id
-    /// (a rejoin): the same key, counters from 0 under the new sender.
+    /// (a rejoin): the same keys, counters from 0 under the new sender.
     fn reseal(&mut self) {
         let me = self.node.id().0;
         let counter_limit = self.config.key_counter_limit;
         let Some(sealing) = self.sealing.as_mut() else {
             return;
         };
-        let Some((id, secret)) = sealing.secret.as_ref() else {
-            return;
-        };
-        let config = sealing.ring.config();
-        sealing.key = Some(SealingKey::new(
-            config.aead,
-            config.mode,
-            *id,
-            me,
-            secret,
-            counter_limit,
-        ));
+        let config = &sealing.config;
+        for keys in sealing.regions.values_mut() {
+            let Some((id, secret)) = keys.secret.as_ref() else {
+                continue;
+            };
+            keys.key = Some(SealingKey::new(
+                config.aead,
+                config.mode,
+                *id,
+                me,
+                secret,
+                counter_limit,
+            ));
+        }
     }
 
     /// Whether this member seals and opens datagrams: a host that can hand received datagrams
@@ -1096,37 +1207,70 @@ impl Member {
         self.sealing.as_ref().map_or(0, |_| TRAILER_LEN)
     }
 
-    /// The id of the datagram key this node seals with, if sealing is on and it has one.
+    /// The id of the key this node seals `region`'s datagrams with, if sealing is on and the
+    /// service sent it one.
     #[must_use]
-    pub fn datagram_key_id(&self) -> Option<u32> {
+    pub fn region_key_id(&self, region: RegionId) -> Option<u32> {
         self.sealing
             .as_ref()
-            .and_then(|s| s.key.as_ref())
+            .and_then(|s| s.regions.get(&region))
+            .and_then(|k| k.key.as_ref())
             .map(|k| k.id().0)
     }
 
-    /// Retires the previous keys whose grace has passed.
+    /// The newest key id this node seals with in any region (ids grow with every key the
+    /// service makes), if sealing is on and it holds a key.
+    #[must_use]
+    pub fn datagram_key_id(&self) -> Option<u32> {
+        self.sealing.as_ref().and_then(|s| {
+            s.regions
+                .values()
+                .filter_map(|k| k.key.as_ref().map(|k| k.id().0))
+                .max()
+        })
+    }
+
+    /// The regions whose keys this node holds (sealing on), sorted.
+    #[must_use]
+    pub fn keyed_regions(&self) -> Vec<RegionId> {
+        let mut v: Vec<RegionId> = self
+            .sealing
+            .as_ref()
+            .map(|s| s.regions.keys().copied().collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    /// Retires the previous keys whose grace has passed, and drops the regions whose key the
+    /// service took away once theirs has.
     fn retire_keys(&mut self, now: Time) {
         let Some(sealing) = self.sealing.as_mut() else {
             return;
         };
-        let ring = &mut sealing.ring;
         let retired = &mut self.stats.keys_retired;
-        sealing.retiring.retain(|&(id, at)| {
-            if at > now {
-                return true;
+        sealing.regions.retain(|_, keys| {
+            if keys.gone_at.is_some_and(|at| at <= now) {
+                *retired += (keys.retiring.len() + usize::from(keys.key.is_some())) as u64;
+                return false;
             }
-            ring.retire(id);
-            *retired += 1;
-            false
+            let ring = &mut keys.ring;
+            keys.retiring.retain(|&(id, at)| {
+                if at > now {
+                    return true;
+                }
+                ring.retire(id);
+                *retired += 1;
+                false
+            });
+            true
         });
+        sealing.update_retire_at();
     }
 
-    /// When the next previous key must be retired.
+    /// When the next previous key must be retired, or a gone region's keys dropped.
     fn retire_at(&self) -> Option<Time> {
-        self.sealing
-            .as_ref()
-            .and_then(|s| s.retiring.iter().map(|&(_, at)| at).min())
+        self.sealing.as_ref().and_then(|s| s.retire_at)
     }
 
     /// A datagram from replica `replica` of the membership service (0 when it has one),
@@ -1163,7 +1307,7 @@ impl Member {
                 _ => self.stats.gms_unframed += 1,
             }
         }
-        self.take_datagram_key(now);
+        self.take_region_keys(now);
         self.pump(now);
     }
 
@@ -1453,19 +1597,26 @@ impl Member {
             let Some(mut t) = self.node.poll_transmit(now, buf)? else {
                 return Ok(None);
             };
-            match sealing.key.as_mut().map(|k| k.seal(buf, t.len)) {
+            // Sealed under the key of the header's region.
+            let keys =
+                tidings_wire::peek_region(&buf[..t.len]).and_then(|r| sealing.regions.get_mut(&r));
+            let Some(keys) = keys else {
+                self.stats.datagrams_unsealed_dropped += 1;
+                continue;
+            };
+            match keys.key.as_mut().map(|k| k.seal(buf, t.len)) {
                 Some(Ok(len)) => {
                     t.len = len;
                     self.stats.datagrams_sealed += 1;
-                    let worn = sealing
+                    let worn = keys
                         .key
                         .as_ref()
                         .filter(|k| k.needs_rotation())
                         .map(SealingKey::id)
-                        .filter(|id| sealing.renewal_asked != Some(*id));
+                        .filter(|id| keys.renewal_asked != Some(*id));
                     if let (Some(id), Some(link)) = (worn, self.link.as_mut()) {
                         if link.client.renew_datagram_key(id.0).is_ok() {
-                            sealing.renewal_asked = Some(id);
+                            keys.renewal_asked = Some(id);
                             self.stats.key_renewals_asked += 1;
                         }
                     }
@@ -2219,10 +2370,19 @@ mod tests {
                     T0,
                 )
                 .unwrap();
-                m.install_datagram_key(T0, 1, [7; 32]);
+                install_everywhere(&mut m, T0, 1, [7; 32]);
                 m
             })
             .collect()
+    }
+
+    /// Installs key `id` with `secret` for every region `m` knows.
+    fn install_everywhere(m: &mut Member, now: Time, id: u32, secret: [u8; 32]) {
+        let regions: Vec<RegionId> = m.node().membership().regions.keys().copied().collect();
+        assert!(!regions.is_empty());
+        for r in regions {
+            m.install_region_key(now, r, id, secret);
+        }
     }
 
     /// Moves every datagram between `members` at `now`; returns them as sent (sealed), with
@@ -2321,6 +2481,109 @@ mod tests {
         }
     }
 
+    /// Three members on two regions: 1 and 2 on topic 1 (region A), 3 on topic 2 (region B).
+    /// Members hold the keys of their regions only: 1 and 2 key 1 of A, 3 key 1 of B, under
+    /// another secret.
+    fn two_regions(mode: Mode) -> (Vec<Member>, RegionId, RegionId) {
+        let subs: BTreeMap<NodeId, Vec<TopicId>> = [
+            (NodeId(1), vec![TopicId(1)]),
+            (NodeId(2), vec![TopicId(1)]),
+            (NodeId(3), vec![TopicId(2)]),
+        ]
+        .into();
+        let membership = Membership::from_subscriptions(&subs, 6);
+        let region = |t: TopicId| membership.topic_regions[&t][0];
+        let (a, b) = (region(TopicId(1)), region(TopicId(2)));
+        assert_ne!(a, b);
+        let config = MemberConfig {
+            sealing: KeyRingConfig {
+                mode,
+                ..KeyRingConfig::default()
+            },
+            key_grace: Duration::from_millis(500),
+            ..MemberConfig::default()
+        };
+        let members = (1..=3)
+            .map(|n| {
+                let mut m = Member::with_membership(
+                    Config::default(),
+                    config.clone(),
+                    NodeId(n),
+                    membership.clone(),
+                    T0,
+                )
+                .unwrap();
+                if n < 3 {
+                    m.install_region_key(T0, a, 1, [7; 32]);
+                } else {
+                    m.install_region_key(T0, b, 1, [8; 32]);
+                }
+                m
+            })
+            .collect();
+        (members, a, b)
+    }
+
+    /// A member of region A only can neither get its datagrams opened by a member of region B
+    /// nor move them into B: B's member has no key for A (`unknown_key`), and under B's key
+    /// a datagram whose header was changed to B fails its tag (the header is associated data).
+    /// Nothing reaches B's protocol.
+    #[test]
+    fn a_member_of_one_region_cannot_reach_another() {
+        for mode in [Mode::Authenticate, Mode::Encrypt] {
+            let (mut m, a, b) = two_regions(mode);
+            assert_eq!(m[0].keyed_regions(), vec![a]);
+            assert_eq!(m[2].keyed_regions(), vec![b]);
+            m[0].publish(T0, TopicId(1), Bytes::from_static(b"region A only"))
+                .unwrap();
+            let (wire, delivered) = exchange(&mut m[..2], T0);
+            assert_eq!(delivered, vec![1, 1], "{mode}");
+            let (_, captured) = wire.iter().find(|(j, _)| *j == 1).unwrap().clone();
+            let before = m[2].node().stats().clone();
+            m[2].handle_datagram(T0, Bytes::from(captured.clone()));
+            assert_eq!(m[2].stats().open.unknown_key, 1, "{mode}");
+            // Moved into region B by its header.
+            let mut moved = captured.clone();
+            moved[8..12].copy_from_slice(&b.0.to_be_bytes());
+            m[2].handle_datagram(T0, Bytes::from(moved.clone()));
+            assert_eq!(m[2].stats().open.bad_tag, 1, "{mode}");
+            assert_eq!(m[2].stats().open.refused(), 2, "{mode}");
+            assert_eq!(m[2].node().stats(), &before, "{mode}");
+            // The same under A's key (were B's key A's, it would be refused as moved all the
+            // same: the tag covers the header).
+            m[1].handle_datagram(T0, Bytes::from(moved));
+            assert_eq!(m[1].stats().open.unknown_key, 1, "{mode}");
+        }
+    }
+
+    /// When the service takes a region's key away (the member's view of it went), the keys
+    /// seal and open for the grace and are then dropped: the region's datagrams are refused
+    /// as `unknown_key`, and nothing is sealed for it.
+    #[test]
+    fn a_region_key_taken_away_stops_opening_after_the_grace() {
+        let (mut m, a, _) = two_regions(Mode::Encrypt);
+        m[0].publish(T0, TopicId(1), Bytes::from_static(b"one"))
+            .unwrap();
+        let (wire, _) = exchange(&mut m[..2], T0);
+        let (_, sample) = wire.iter().find(|(j, _)| *j == 1).unwrap().clone();
+        let t1 = T0 + Duration::from_millis(100);
+        m[1].drop_region_key(t1, a);
+        // Within the grace the key still opens (a replay is refused as such, not as unknown).
+        m[1].handle_datagram(t1, Bytes::from(sample.clone()));
+        assert_eq!(m[1].stats().open.replayed, 1);
+        assert_eq!(m[1].region_key_id(a), Some(1));
+        let t2 = t1 + Duration::from_millis(500);
+        assert!(m[1].poll_timeout().is_some_and(|t| t <= t2));
+        m[1].handle_timeout(t2);
+        assert_eq!(m[1].region_key_id(a), None);
+        assert!(m[1].keyed_regions().is_empty());
+        m[1].handle_datagram(t2, Bytes::from(sample));
+        assert_eq!(m[1].stats().open.unknown_key, 1);
+        // A new key for the region brings it back.
+        m[1].install_region_key(t2, a, 5, [9; 32]);
+        assert_eq!(m[1].region_key_id(a), Some(5));
+    }
+
     #[test]
     fn a_replaced_key_opens_for_its_grace_and_then_is_retired() {
         let mut m = sealed_pair(Mode::Authenticate);
@@ -2349,7 +2612,7 @@ mod tests {
         };
         let t1 = T0 + Duration::from_millis(100);
         for member in &mut m {
-            member.install_datagram_key(t1, 2, [9; 32]);
+            install_everywhere(member, t1, 2, [9; 32]);
             assert_eq!(member.datagram_key_id(), Some(2));
         }
         // Within the grace: key 1 still opens (a counter node 2 never used).
@@ -2501,7 +2764,6 @@ mod tests {
         g.members[0].request_named(g.now, NamedRequest::Subscribe, names(&["a"]));
         g.members[1].request_named(g.now, NamedRequest::Advertise, names(&["a"]));
         g.pump();
-        assert_eq!(g.members[1].datagram_key_id(), Some(1));
         let a = g.members[1]
             .node()
             .membership()
@@ -2510,7 +2772,10 @@ mod tests {
             .next()
             .copied()
             .unwrap();
-        g.gms.give_key_entropy([2; 32]);
+        let region = g.gms.planner().topic_regions(a).next().unwrap();
+        let first = g.gms.region_key_id(region).unwrap();
+        assert_eq!(g.members[1].region_key_id(region), Some(first));
+        assert_eq!(g.members[0].region_key_id(region), Some(first));
         let mut buf = vec![0u8; 2048];
         let mut sealed = 0;
         for k in 0..8u8 {
@@ -2532,9 +2797,10 @@ mod tests {
         assert_eq!(g.members[1].stats().key_renewals_asked, 1);
         g.pump();
         assert_eq!(g.gms.stats().key_renewals_asked, 1);
-        assert_eq!(g.gms.datagram_key_id(), Some(2));
-        assert_eq!(g.members[1].datagram_key_id(), Some(2));
-        assert_eq!(g.members[0].datagram_key_id(), Some(2));
+        let next = g.gms.region_key_id(region).unwrap();
+        assert!(next > first);
+        assert_eq!(g.members[1].region_key_id(region), Some(next));
+        assert_eq!(g.members[0].region_key_id(region), Some(next));
         // The next ones are sealed under the new key; the old one is not asked for again.
         g.members[1]
             .publish(g.now, a, Bytes::from_static(b"new key"))
@@ -2546,7 +2812,8 @@ mod tests {
         {}
         g.pump();
         assert_eq!(g.members[1].stats().key_renewals_asked, 1);
-        assert_eq!(g.gms.stats().keys_drawn, 2);
+        // The master secret stays: only the region's key changed.
+        assert_eq!(g.gms.stats().keys_drawn, 1);
     }
 
     #[test]

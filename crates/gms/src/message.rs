@@ -78,8 +78,9 @@ pub enum Request {
     /// in the member table (replicated like the rest of it) so that operators' tools find the
     /// members' endpoints through the service.
     MetricsAt(Option<SocketAddr>),
-    /// The datagram key of this id has sealed three quarters of what one sender may seal under
-    /// it (`SealingKey::needs_rotation`): the service draws a new one if it is still current.
+    /// The region key of this id ([`Item::RegionKey`]) has sealed three quarters of what one
+    /// sender may seal under it (`SealingKey::needs_rotation`): the service replaces it if it
+    /// is still its region's current key (ids are unique over all regions).
     RenewDatagramKey(u32),
 }
 
@@ -119,10 +120,14 @@ pub enum Item {
     Commit,
     /// This node was removed (declared failed, or it left). Rejoin to take part again.
     Removed,
-    /// The key that seals protocol datagrams from now on (sent to admitted members only, over
-    /// their encrypted GMS link): seal with it at once, and open with the previous one for a
-    /// grace period. Ids grow with every key the service draws.
-    DatagramKey {
+    /// The key that seals the protocol datagrams of `region` from now on (ADR 43; sent only
+    /// to the nodes sent the region's view, over their encrypted GMS link): seal with it at
+    /// once, and open with the region's previous key for a grace period. Ids are nonzero and
+    /// grow with every key the service makes, over all regions. A node loses a region's key
+    /// with its view ([`RegionGone`](Item::RegionGone)).
+    RegionKey {
+        /// The region whose datagrams (by their header's region) the key seals.
+        region: RegionId,
         /// The key's id, carried in clear in every datagram sealed with it.
         id: u32,
         /// Its secret.
@@ -389,8 +394,9 @@ const I_TOPIC_GONE: u8 = 5;
 const I_COMMIT: u8 = 6;
 const I_REMOVED: u8 = 7;
 const I_NODE_ADDRESS: u8 = 8;
-const I_DATAGRAM_KEY: u8 = 9;
+// 9 was the one group-wide datagram key of ADR 40, which the service no longer sends.
 const I_REFUSED: u8 = 10;
+const I_REGION_KEY: u8 = 11;
 
 const ACTION_PUBLISH: u8 = 0;
 const ACTION_SUBSCRIBE: u8 = 1;
@@ -650,8 +656,9 @@ fn encode_item(item: &Item, out: &mut Vec<u8>) {
         }
         Item::Commit => out.push(I_COMMIT),
         Item::Removed => out.push(I_REMOVED),
-        Item::DatagramKey { id, secret } => {
-            out.push(I_DATAGRAM_KEY);
+        Item::RegionKey { region, id, secret } => {
+            out.push(I_REGION_KEY);
+            put_u32(out, region.0);
             put_u32(out, *id);
             out.extend_from_slice(&secret.0);
         }
@@ -755,11 +762,17 @@ fn decode_item(r: &mut Reader<'_>) -> Result<Item, DecodeError> {
         }
         I_COMMIT => Item::Commit,
         I_REMOVED => Item::Removed,
-        I_DATAGRAM_KEY => {
+        I_REGION_KEY => {
+            let region = RegionId(r.u32()?);
             let id = r.u32()?;
+            // Region ids and key ids start at 1.
+            if region.0 == 0 || id == 0 {
+                return Err(DecodeError::Invalid);
+            }
             let mut secret = [0u8; 32];
             secret.copy_from_slice(r.take(32)?);
-            Item::DatagramKey {
+            Item::RegionKey {
+                region,
                 id,
                 secret: WireKey(secret),
             }
@@ -869,7 +882,8 @@ mod tests {
                         node: NodeId(4),
                         addr: "[::1]:9000".parse().expect("address"),
                     },
-                    Item::DatagramKey {
+                    Item::RegionKey {
+                        region: RegionId(3),
                         id: 7,
                         secret: WireKey([0xa5; 32]),
                     },
@@ -1019,6 +1033,51 @@ mod tests {
             panic!("an over-long rule does not decode");
         };
         assert!(matches!(&items[0], Item::Refused(r) if r.rule.len() == RULE_TEXT_BYTES_MAX));
+    }
+
+    #[test]
+    fn a_region_key_is_fixed_length_and_checked() {
+        let item = |region: u32, id: u32, secret: usize| {
+            let mut b = vec![T_UPDATE];
+            b.extend_from_slice(&1u64.to_le_bytes());
+            b.extend_from_slice(&1u32.to_le_bytes());
+            b.push(I_REGION_KEY);
+            b.extend_from_slice(&region.to_le_bytes());
+            b.extend_from_slice(&id.to_le_bytes());
+            b.extend(std::iter::repeat_n(0x5a, secret));
+            b
+        };
+        assert_eq!(
+            GmsMessage::decode(&item(4, 9, 32)),
+            Ok(GmsMessage::Update {
+                seq: 1,
+                items: vec![Item::RegionKey {
+                    region: RegionId(4),
+                    id: 9,
+                    secret: WireKey([0x5a; 32]),
+                }],
+            })
+        );
+        assert_eq!(
+            GmsMessage::decode(&item(4, 9, 31)),
+            Err(DecodeError::Truncated)
+        );
+        assert_eq!(
+            GmsMessage::decode(&item(4, 9, 33)),
+            Err(DecodeError::Trailing)
+        );
+        assert_eq!(
+            GmsMessage::decode(&item(0, 9, 32)),
+            Err(DecodeError::Invalid)
+        );
+        assert_eq!(
+            GmsMessage::decode(&item(4, 0, 32)),
+            Err(DecodeError::Invalid)
+        );
+        // The tag of the group-wide key of ADR 40 is not an item any more.
+        let mut old = item(4, 9, 32);
+        old[13] = 9;
+        assert_eq!(GmsMessage::decode(&old), Err(DecodeError::Tag(9)));
     }
 
     proptest! {

@@ -127,10 +127,11 @@ pub enum Command {
         /// Why.
         cause: RemoveCause,
     },
-    /// The service's datagram key from now on (with [`GmsConfig::datagram_keys`]): decided by
-    /// the leader from the host's entropy, logged so that every replica (and so a new leader)
-    /// holds the same key, and sent to every member. Ignored unless `id` is above the current
-    /// key's.
+    /// The service's master datagram secret (with [`GmsConfig::datagram_keys`], ADR 43):
+    /// decided by the leader from the host's entropy, logged so that every replica (and so a
+    /// new leader) holds the same one, and never sent to members: every region's key is
+    /// derived from it ([`Item::RegionKey`]). Ignored unless `id` is above the current
+    /// secret's; a new one replaces every region's key.
     DatagramKey {
         /// The key's id.
         id: u32,
@@ -148,6 +149,14 @@ pub enum Command {
         refusals: Vec<TopicRefusal>,
         /// The rest of the request (never itself a `Refuse`).
         then: Option<Box<Command>>,
+    },
+    /// A member nearly used up `region`'s key `id` ([`Request::RenewDatagramKey`]): the region
+    /// gets a new key if `id` is still its current one (once per key, however many ask).
+    RenewRegionKey {
+        /// The region.
+        region: RegionId,
+        /// The key asked to be replaced.
+        id: u32,
     },
     /// The service takes its incarnation: the first decision of a replicated service's first
     /// leader (the one in its configuration), so every replica holds the same one. Ignored once
@@ -213,11 +222,14 @@ pub enum GmsEvent {
 pub struct GmsStats {
     /// Messages that failed to decode (dropped).
     pub malformed: u64,
-    /// Datagram keys decided ([`GmsConfig::datagram_keys`]): the first, and one after each
-    /// departure or renewal.
+    /// Master datagram secrets decided ([`GmsConfig::datagram_keys`]): one per service
+    /// incarnation.
     pub keys_drawn: u64,
-    /// Renewals of the current datagram key asked by members that nearly used it up
-    /// ([`Request::RenewDatagramKey`]), once per key.
+    /// Region keys made (ADR 43): one per region created, and one each time a holder of a
+    /// region's key stops being one, a member renews it, or the master secret changes.
+    pub region_keys_made: u64,
+    /// Renewals of a current region key asked by members that nearly used it up
+    /// ([`Request::RenewDatagramKey`]).
     pub key_renewals_asked: u64,
     /// Messages from unknown nodes, or of a kind the GMS does not accept (dropped).
     pub unexpected: u64,
@@ -307,6 +319,8 @@ struct NodeEntry {
     queue: VecDeque<Pending>,
     /// The region views this node has been sent (and not told gone), at their epochs.
     known_regions: BTreeMap<RegionId, ViewId>,
+    /// The ids of the region keys this node has been sent (and not told gone).
+    known_keys: BTreeMap<RegionId, u32>,
     /// The region lists of published topics this node has been sent.
     known_topics: BTreeMap<TopicId, Vec<RegionId>>,
     /// Where this node receives protocol datagrams (from its `Join`).
@@ -393,14 +407,17 @@ pub struct Gms {
     requests_decided: BTreeMap<NodeId, u64>,
     /// The highest acknowledgement of each member a replicated leader decided (soft state).
     acks_decided: BTreeMap<NodeId, u64>,
-    /// The current datagram key (replicated state), with [`GmsConfig::datagram_keys`].
+    /// The master datagram secret and its id (replicated state), with
+    /// [`GmsConfig::datagram_keys`]: region keys are derived from it; never sent.
     datagram_key: Option<(u32, WireKey)>,
-    /// Entropy from the host for the next datagram key (soft state).
+    /// Each region's current key id (replicated state, ADR 43). Ids are unique over all
+    /// regions of the incarnation: the last one given is `last_key_id`.
+    region_keys: BTreeMap<RegionId, u32>,
+    /// The last region key id given (replicated state).
+    last_key_id: u32,
+    /// Entropy from the host for the master secret (soft state).
     key_entropy: Option<[u8; 32]>,
-    /// A member left or was removed since the current key was drawn: the key must be
-    /// replaced (soft state; a new leader replaces it once more, which is harmless).
-    rotation_due: bool,
-    /// A replicated leader decided a key that is not applied yet (soft state).
+    /// A replicated leader decided a master secret that is not applied yet (soft state).
     key_deciding: bool,
 }
 
@@ -434,6 +451,8 @@ struct StateRef<'a> {
     last_now: Time,
     incarnation: u32,
     datagram_key: &'a Option<(u32, WireKey)>,
+    region_keys: &'a BTreeMap<RegionId, u32>,
+    last_key_id: u32,
 }
 
 /// [`StateRef`] decoded.
@@ -455,6 +474,8 @@ struct State {
     last_now: Time,
     incarnation: u32,
     datagram_key: Option<(u32, WireKey)>,
+    region_keys: BTreeMap<RegionId, u32>,
+    last_key_id: u32,
 }
 
 /// Why a snapshot was not restored.
@@ -500,23 +521,24 @@ impl Gms {
             requests_decided: BTreeMap::new(),
             acks_decided: BTreeMap::new(),
             datagram_key: None,
+            region_keys: BTreeMap::new(),
+            last_key_id: 0,
             key_entropy: None,
-            rotation_due: false,
             key_deciding: false,
         })
     }
 
-    /// Whether the service wants 32 bytes of fresh entropy for its next datagram key
+    /// Whether the service wants 32 bytes of fresh entropy for its master datagram secret
     /// ([`give_key_entropy`](Gms::give_key_entropy)): with [`GmsConfig::datagram_keys`], while
-    /// it holds none. A host asks after every input, so a key is ready when a member leaves.
+    /// it has neither a secret nor entropy for one. A host asks after every input.
     #[must_use]
     pub fn wants_key_entropy(&self) -> bool {
-        self.config.datagram_keys && self.key_entropy.is_none()
+        self.config.datagram_keys && self.datagram_key.is_none() && self.key_entropy.is_none()
     }
 
-    /// Entropy for the next datagram key, drawn by the host from a cryptographic RNG (the
-    /// simulator, from its seed). The service keeps one; a leader draws a key from it at once
-    /// if it has none or must replace it.
+    /// Entropy for the master datagram secret, drawn by the host from a cryptographic RNG (the
+    /// simulator, from its seed). The service keeps one; a leader without a secret decides one
+    /// from it at once.
     pub fn give_key_entropy(&mut self, bytes: [u8; 32]) {
         if self.config.datagram_keys {
             self.key_entropy = Some(bytes);
@@ -524,19 +546,70 @@ impl Gms {
         }
     }
 
-    /// The id of the current datagram key, if one was drawn.
+    /// The id of the master datagram secret, if one was drawn.
     #[must_use]
     pub fn datagram_key_id(&self) -> Option<u32> {
         self.datagram_key.as_ref().map(|(id, _)| *id)
     }
 
-    /// Decides a new datagram key when there is none or a member left since the last one, and
-    /// the host gave entropy; only where the service leads, one key in flight at a time.
+    /// The id of `region`'s current key (ADR 43), with [`GmsConfig::datagram_keys`].
+    #[must_use]
+    pub fn region_key_id(&self, region: RegionId) -> Option<u32> {
+        self.region_keys.get(&region).copied()
+    }
+
+    /// `region`'s current key, id and secret, as its holders are sent it: `None` without a
+    /// master secret or for a region without a key.
+    #[must_use]
+    pub fn region_key(&self, region: RegionId) -> Option<(u32, [u8; 32])> {
+        let id = *self.region_keys.get(&region)?;
+        let (_, master) = self.datagram_key.as_ref()?;
+        Some((id, self.derive(region, id, master)))
+    }
+
+    /// The nodes that hold `region`'s key: those sent its view (its members and the
+    /// publishers of its topics) and not told it is gone.
+    pub fn region_key_holders(&self, region: RegionId) -> impl Iterator<Item = NodeId> + '_ {
+        self.known_by.get(&region).into_iter().flatten().copied()
+    }
+
+    fn derive(&self, region: RegionId, id: u32, master: &WireKey) -> [u8; 32] {
+        tidings_seal::derive_region_key(&master.0, self.incarnation, region.0, id)
+    }
+
+    /// Gives `region` a new key (if it has one: with [`GmsConfig::datagram_keys`]) and queues
+    /// a sync of the region for every node that holds its key, which sends them the new one.
+    /// Deterministic in the applied log, so every replica gives the same ids.
+    fn rekey(&mut self, region: RegionId) {
+        if !self.region_keys.contains_key(&region) {
+            return;
+        }
+        // Ids are never reused within an incarnation. Past the last one the region loses its
+        // key: its holders keep the one they have, and nobody is sent it again (a node that
+        // left and came back would otherwise seal under it from counter 0 once more).
+        let Some(id) = self.last_key_id.checked_add(1) else {
+            self.region_keys.remove(&region);
+            return;
+        };
+        self.last_key_id = id;
+        self.region_keys.insert(region, id);
+        self.stats.region_keys_made += 1;
+        for &k in self.known_by.get(&region).into_iter().flatten() {
+            self.syncs_pending
+                .entry(k)
+                .or_default()
+                .regions
+                .insert(region);
+        }
+    }
+
+    /// Decides the master datagram secret when there is none and the host gave entropy; only
+    /// where the service leads, one in flight at a time.
     fn rotate_key_if_due(&mut self) {
         if !self.config.datagram_keys
             || !self.is_leading()
             || self.key_deciding
-            || !(self.rotation_due || self.datagram_key.is_none())
+            || self.datagram_key.is_some()
         {
             return;
         }
@@ -544,7 +617,6 @@ impl Gms {
             return;
         };
         let id = self.datagram_key_id().unwrap_or(0).wrapping_add(1).max(1);
-        self.rotation_due = false;
         self.key_deciding = true;
         self.stats.keys_drawn += 1;
         let now = self.last_now;
@@ -674,6 +746,8 @@ impl Gms {
             last_now: self.last_now,
             incarnation: self.incarnation,
             datagram_key: &self.datagram_key,
+            region_keys: &self.region_keys,
+            last_key_id: self.last_key_id,
         };
         postcard::to_allocvec(&state).unwrap_or_default()
     }
@@ -700,6 +774,8 @@ impl Gms {
         self.last_now = state.last_now;
         self.incarnation = state.incarnation;
         self.datagram_key = state.datagram_key;
+        self.region_keys = state.region_keys;
+        self.last_key_id = state.last_key_id;
         self.syncs_pending.clear();
         self.unsent.clear();
         self.outbox.clear();
@@ -1033,6 +1109,7 @@ impl Gms {
                         next_seq: 1,
                         queue: VecDeque::new(),
                         known_regions: BTreeMap::new(),
+                        known_keys: BTreeMap::new(),
                         known_topics: BTreeMap::new(),
                         addr,
                         told_addresses: BTreeSet::new(),
@@ -1050,17 +1127,8 @@ impl Gms {
                         incarnation: self.incarnation,
                     },
                 });
-                // An empty first batch: the node learns it has an (empty) membership, and
-                // the datagram key ahead of it.
-                let mut first = Vec::with_capacity(2);
-                if let Some((id, secret)) = &self.datagram_key {
-                    first.push(Item::DatagramKey {
-                        id: *id,
-                        secret: secret.clone(),
-                    });
-                }
-                first.push(Item::Commit);
-                self.push_items(now, node, first);
+                // An empty first batch: the node learns it has an (empty) membership.
+                self.push_items(now, node, vec![Item::Commit]);
             }
             Command::Subscribe { node, .. }
             | Command::SubscribeMany { node, .. }
@@ -1128,17 +1196,16 @@ impl Gms {
                 if self.datagram_key_id().is_some_and(|current| id <= current) {
                     return;
                 }
-                self.datagram_key = Some((id, secret.clone()));
-                let members: Vec<NodeId> = self.nodes.keys().copied().collect();
-                for node in members {
-                    self.push_items(
-                        now,
-                        node,
-                        vec![Item::DatagramKey {
-                            id,
-                            secret: secret.clone(),
-                        }],
-                    );
+                self.datagram_key = Some((id, secret));
+                // Every region's key is derived anew, under a new id, and sent to its holders.
+                let regions: Vec<RegionId> = self.region_keys.keys().copied().collect();
+                for r in regions {
+                    self.rekey(r);
+                }
+            }
+            Command::RenewRegionKey { region, id } => {
+                if self.region_keys.get(&region) == Some(&id) {
+                    self.rekey(region);
                 }
             }
             Command::Remove { node, cause } => {
@@ -1160,6 +1227,10 @@ impl Gms {
                         k.remove(&node);
                     }
                 }
+                // What its regions carry from now on is sealed under keys it never gets.
+                for &r in e.known_keys.keys() {
+                    self.rekey(r);
+                }
                 // Best effort (its stream is gone): tell the node, in case it is alive.
                 self.outbox.push_back(GmsTransmit {
                     to: Peer::Node(node),
@@ -1169,8 +1240,6 @@ impl Gms {
                     },
                 });
                 self.events.push_back(GmsEvent::Removed { node, cause });
-                // What follows is sealed under a key the removed node never gets.
-                self.rotation_due = self.config.datagram_keys;
                 let ch = self.planner.remove_node(node);
                 self.propagate(ch, BTreeMap::new());
             }
@@ -1338,17 +1407,18 @@ impl Gms {
                 }
                 Request::MetricsAt(addr) => Some(Command::MetricsAt { node, addr }),
                 Request::RenewDatagramKey(id) => {
-                    // Once per key: the members that ask after the first name a key that is
-                    // being replaced, or already was.
-                    if self.config.datagram_keys
-                        && !self.key_deciding
-                        && self.datagram_key_id() == Some(id)
-                    {
+                    // Key ids are unique over the regions: the id names its region. A key
+                    // replaced meanwhile (another holder asked first) names none, or is
+                    // ignored when applied.
+                    let region = self
+                        .region_keys
+                        .iter()
+                        .find(|&(_, &k)| k == id)
+                        .map(|(&r, _)| r);
+                    region.map(|region| {
                         self.stats.key_renewals_asked += 1;
-                        self.rotation_due = true;
-                        self.rotate_key_if_due();
-                    }
-                    None
+                        Command::RenewRegionKey { region, id }
+                    })
                 }
                 Request::Leave => Some(Command::Remove {
                     node,
@@ -1619,6 +1689,13 @@ impl Gms {
     /// in `poll_transmit` at the time `apply` recorded.
     fn propagate(&mut self, ch: Changes, also: BTreeMap<NodeId, SyncScope>) {
         for &r in &ch.regions_created {
+            if self.config.datagram_keys {
+                if let Some(id) = self.last_key_id.checked_add(1) {
+                    self.last_key_id = id;
+                    self.region_keys.insert(r, id);
+                    self.stats.region_keys_made += 1;
+                }
+            }
             self.views.insert(r, ViewId(1));
             self.bases.insert(r, ViewId(1));
             self.stats.views_issued += 1;
@@ -1649,6 +1726,7 @@ impl Gms {
             }
         }
         for &r in &ch.regions_removed {
+            self.region_keys.remove(&r);
             self.views.remove(&r);
             self.bases.remove(&r);
             if let (Some(RegionAddress::Multicast { group, .. }), Some(pool)) =
@@ -1731,13 +1809,17 @@ impl Gms {
     /// only for what goes out. Debug builds check after each sync that a pass over everything
     /// the node knows or must know would find nothing more to send.
     fn sync(&mut self, now: Time, node: NodeId, scope: SyncScope) {
-        let (mut items, compared) = self.sync_items(node, scope);
+        let (mut items, compared, dropped) = self.sync_items(node, scope);
+        // The node no longer holds these regions' keys: they change for the rest.
+        for r in dropped {
+            self.rekey(r);
+        }
         self.stats.syncs += 1;
         self.stats.sync_regions_compared += compared as u64;
         #[cfg(debug_assertions)]
         {
             let everything = self.full_scope(node);
-            let (missed, _) = self.sync_items(node, everything);
+            let (missed, _, _) = self.sync_items(node, everything);
             debug_assert!(
                 missed.is_empty(),
                 "a sync of {node:?} left out {missed:?}: its scope missed a change"
@@ -1789,10 +1871,15 @@ impl Gms {
     }
 
     /// The update items that bring what `node` knows of `scope` up to date (no Commit), with
-    /// the node's record of what it knows edited to match, and the number of regions compared.
-    fn sync_items(&mut self, node: NodeId, mut scope: SyncScope) -> (Vec<Item>, usize) {
+    /// the node's record of what it knows edited to match, the number of regions compared, and
+    /// the regions whose key the node no longer holds.
+    fn sync_items(
+        &mut self,
+        node: NodeId,
+        mut scope: SyncScope,
+    ) -> (Vec<Item>, usize, Vec<RegionId>) {
         let Some(e) = self.nodes.get(&node) else {
-            return (Vec::new(), 0);
+            return (Vec::new(), 0, Vec::new());
         };
         // A topic whose region list changed, or that the node started or stopped publishing on,
         // brings the regions it was in and is in now.
@@ -1810,8 +1897,11 @@ impl Gms {
             .partition(|&&r| self.is_relevant(node, &e.publishes, r));
         let compared = scope.regions.len();
         let mut items = Vec::new();
+        let mut dropped = Vec::new();
+        let master = self.datagram_key.as_ref().map(|(_, m)| m.clone());
+        let incarnation = self.incarnation;
         let Some(e) = self.nodes.get_mut(&node) else {
-            return (Vec::new(), compared);
+            return (Vec::new(), compared, dropped);
         };
         for r in gone {
             if e.known_regions.remove(&r).is_some() {
@@ -1820,29 +1910,43 @@ impl Gms {
                 }
                 items.push(Item::RegionGone(r));
             }
+            if e.known_keys.remove(&r).is_some() {
+                dropped.push(r);
+            }
         }
         for &r in &relevant {
             let Some(&view) = self.views.get(&r) else {
                 continue;
             };
-            if e.known_regions.get(&r) == Some(&view) {
-                continue;
+            if e.known_regions.get(&r) != Some(&view) {
+                let Some(v) = self.planner.region_view(
+                    r,
+                    (view, self.bases.get(&r).copied().unwrap_or(view)),
+                    self.config.partition_size,
+                ) else {
+                    continue;
+                };
+                let address = self
+                    .addresses
+                    .get(&r)
+                    .copied()
+                    .unwrap_or(RegionAddress::Unicast);
+                items.push(Item::Region(GmsRegionView { view: v, address }));
+                e.known_regions.insert(r, view);
+                self.known_by.entry(r).or_default().insert(node);
             }
-            let Some(v) = self.planner.region_view(
-                r,
-                (view, self.bases.get(&r).copied().unwrap_or(view)),
-                self.config.partition_size,
-            ) else {
-                continue;
-            };
-            let address = self
-                .addresses
-                .get(&r)
-                .copied()
-                .unwrap_or(RegionAddress::Unicast);
-            items.push(Item::Region(GmsRegionView { view: v, address }));
-            e.known_regions.insert(r, view);
-            self.known_by.entry(r).or_default().insert(node);
+            // The region's key, to the nodes sent its view only (ADR 43), in the same batch.
+            if let (Some(&id), Some(master)) = (self.region_keys.get(&r), master.as_ref()) {
+                if e.known_keys.get(&r) != Some(&id) {
+                    let secret = tidings_seal::derive_region_key(&master.0, incarnation, r.0, id);
+                    items.push(Item::RegionKey {
+                        region: r,
+                        id,
+                        secret: WireKey(secret),
+                    });
+                    e.known_keys.insert(r, id);
+                }
+            }
         }
         // The addresses of the nodes this node will talk to in these regions: their members and
         // the publishers of their topics. They go before the views, in the same batch.
@@ -1873,7 +1977,7 @@ impl Gms {
             }
             if !addresses.is_empty() {
                 let Some(e) = self.nodes.get_mut(&node) else {
-                    return (Vec::new(), compared);
+                    return (Vec::new(), compared, dropped);
                 };
                 e.told_addresses.extend(addresses.iter().map(|&(n, _)| n));
                 let mut with_addresses: Vec<Item> = addresses
@@ -1885,7 +1989,7 @@ impl Gms {
             }
         }
         let Some(e) = self.nodes.get_mut(&node) else {
-            return (Vec::new(), compared);
+            return (Vec::new(), compared, dropped);
         };
         for &t in &scope.topics {
             if !e.publishes.contains(&t) && e.known_topics.remove(&t).is_some() {
@@ -1906,6 +2010,6 @@ impl Gms {
                 e.known_topics.insert(t, regions);
             }
         }
-        (items, compared)
+        (items, compared, dropped)
     }
 }

@@ -1366,14 +1366,18 @@ fn a_region_that_only_gains_topics_keeps_its_base() {
     );
 }
 
-/// A world whose service hands out datagram keys, with the host's entropy given after every
-/// input (a counter, so each key differs).
+/// A world whose service hands out region keys, its master secret drawn from the host's
+/// entropy.
 fn keyed_world(n: usize) -> World {
+    keyed_world_with(n, GmsConfig::default())
+}
+
+fn keyed_world_with(n: usize, config: GmsConfig) -> World {
     let mut w = World::with_config(
         n,
         GmsConfig {
             datagram_keys: true,
-            ..GmsConfig::default()
+            ..config
         },
     );
     w.gms.give_key_entropy([1; 32]);
@@ -1381,62 +1385,168 @@ fn keyed_world(n: usize) -> World {
     w
 }
 
+/// The region a topic is in (the tests below use topics alone in their region).
+fn region_of(w: &World, topic: &str) -> tidings_wire::RegionId {
+    let t = w.gms.topic_id(topic).unwrap();
+    let regions: Vec<_> = w.gms.planner().topic_regions(t).collect();
+    assert_eq!(regions.len(), 1, "{topic}: {regions:?}");
+    regions[0]
+}
+
+/// Each client holds exactly the keys of the regions whose views the service sent it, each
+/// the service's current key of the region.
+fn check_holders(w: &World) {
+    for (i, c) in w.clients.iter().enumerate() {
+        let Some(node) = c.node() else { continue };
+        for (region, id, secret) in c.region_keys() {
+            assert_eq!(
+                w.gms.region_key(region),
+                Some((id, secret.0)),
+                "client {i}, {region:?}"
+            );
+            assert!(w.gms.region_key_holders(region).any(|n| n == node));
+        }
+        for (region, _) in w.gms.planner().regions() {
+            if w.gms.region_key_holders(region).any(|n| n == node) {
+                assert!(c.region_key(region).is_some(), "client {i}, {region:?}");
+            }
+        }
+    }
+}
+
 #[test]
-fn datagram_keys_go_to_every_member_and_change_when_one_leaves() {
-    let mut w = keyed_world(3);
-    for i in 0..3 {
-        w.clients[i].subscribe("t").unwrap();
+fn a_node_gets_the_keys_of_its_regions_only() {
+    let mut w = keyed_world(4);
+    for i in 0..2 {
+        w.clients[i].subscribe("a").unwrap();
     }
-    w.run_for(Duration::from_millis(10));
-    assert_eq!(w.gms.datagram_key_id(), Some(1));
-    for i in 0..3 {
-        let (id, secret) = w.clients[i].datagram_key().unwrap();
-        assert_eq!((id, secret.0), (1, [1; 32]), "client {i}");
+    for i in 2..4 {
+        w.clients[i].subscribe("b").unwrap();
     }
-    // No entropy yet: the rotation waits for it.
-    assert!(w.gms.wants_key_entropy());
+    // A publisher of "a" that is not a member of its region gets its key too.
+    w.clients[3].advertise("a").unwrap();
+    w.run_for(Duration::from_millis(100));
+    let (a, b) = (region_of(&w, "a"), region_of(&w, "b"));
+    assert_ne!(a, b);
+    let key = |w: &World, i: usize, r| w.clients[i].region_key(r).map(|(id, k)| (id, k.0));
+    let ka = w.gms.region_key(a).unwrap();
+    let kb = w.gms.region_key(b).unwrap();
+    assert_ne!(ka.0, kb.0);
+    assert_ne!(ka.1, kb.1);
+    for i in [0, 1, 3] {
+        assert_eq!(key(&w, i, a), Some(ka), "client {i}");
+    }
+    assert_eq!(key(&w, 2, a), None);
+    for i in [2, 3] {
+        assert_eq!(key(&w, i, b), Some(kb), "client {i}");
+    }
+    for i in [0, 1] {
+        assert_eq!(key(&w, i, b), None, "client {i}");
+    }
+    check_holders(&w);
+    // The master secret is never sent: no update item carries it.
+    let master = [1u8; 32];
+    for msgs in &w.delivered {
+        for m in msgs {
+            if let GmsMessage::Update { items, .. } = m {
+                for item in items {
+                    if let Item::RegionKey { secret, .. } = item {
+                        assert_ne!(secret.0, master);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_departure_changes_the_key_of_its_regions_and_no_other() {
+    let mut w = keyed_world(5);
+    for i in 0..3 {
+        w.clients[i].subscribe("a").unwrap();
+    }
+    w.clients[3].subscribe("b").unwrap();
+    w.clients[4].subscribe("b").unwrap();
+    w.clients[4].advertise("a").unwrap();
+    w.run_for(Duration::from_millis(100));
+    let b = region_of(&w, "b");
+    let kb = w.gms.region_key(b).unwrap();
+    let ka = w.gms.region_key(region_of(&w, "a")).unwrap();
+    // An unsubscription: the region of "a" gets a new key the leaver does not get.
+    w.clients[2].unsubscribe("a").unwrap();
+    w.run_for(Duration::from_millis(100));
+    let a = region_of(&w, "a");
+    let ka2 = w.gms.region_key(a).unwrap();
+    assert!(ka2.0 > ka.0 && ka2.1 != ka.1);
+    assert!(w.clients[2].region_keys().next().is_none());
+    assert_eq!(w.gms.region_key(b), Some(kb));
+    check_holders(&w);
+    // A publisher withdraws: the same.
+    w.clients[4].unadvertise("a").unwrap();
+    w.run_for(Duration::from_millis(100));
+    let ka3 = w.gms.region_key(region_of(&w, "a")).unwrap();
+    assert!(ka3.0 > ka2.0);
+    assert_eq!(w.clients[4].region_key(region_of(&w, "a")), None);
+    assert_eq!(w.gms.region_key(b), Some(kb));
+    check_holders(&w);
+    // A member leaves the group: the keys of its regions change, and it keeps only its old
+    // ones; "b" is not its region and keeps its key.
+    let old = w.clients[1]
+        .region_key(region_of(&w, "a"))
+        .map(|(id, _)| id);
     w.clients[1].leave().unwrap();
-    w.run_for(Duration::from_millis(10));
-    assert_eq!(w.gms.datagram_key_id(), Some(1));
-    w.gms.give_key_entropy([2; 32]);
-    w.pump();
-    assert_eq!(w.gms.datagram_key_id(), Some(2));
-    for i in [0, 2] {
-        let (id, secret) = w.clients[i].datagram_key().unwrap();
-        assert_eq!((id, secret.0), (2, [2; 32]), "client {i}");
-    }
-    // The one that left never gets the new key.
-    assert_eq!(w.clients[1].datagram_key().map(|(id, _)| id), Some(1));
-    assert_eq!(w.gms.stats().keys_drawn, 2);
-    // A joiner gets the current key with its first batch; a join is no reason to rotate.
-    w.gms.give_key_entropy([3; 32]);
-    w.clients.push(
-        GmsClient::new(ClientConfig {
-            seed: 999,
-            data_addr: Some(client_addr(3)),
-            ..ClientConfig::default()
-        })
-        .unwrap(),
-    );
-    w.delivered.push(Vec::new());
-    w.run_for(Duration::from_millis(10));
-    assert_eq!(w.clients[3].datagram_key().map(|(id, _)| id), Some(2));
-    assert_eq!(w.gms.datagram_key_id(), Some(2));
+    w.run_for(Duration::from_millis(100));
+    let ka4 = w.gms.region_key(region_of(&w, "a")).unwrap();
+    assert!(ka4.0 > ka3.0);
+    assert_eq!(old, Some(ka3.0));
+    assert_eq!(w.gms.region_key(b), Some(kb));
+    check_holders(&w);
+    // A join changes no key.
+    let made = w.gms.stats().region_keys_made;
+    w.clients[3].subscribe("a").unwrap();
+    w.run_for(Duration::from_millis(100));
+    check_holders(&w);
+    assert!(w.clients[3].region_key(region_of(&w, "a")).is_some());
+    assert!(w.gms.stats().region_keys_made >= made);
+}
+
+#[test]
+fn a_refused_subscriber_gets_no_key() {
+    let config = GmsConfig {
+        acl: crate::Acl::parse("allow subscribe * open.*\nallow publish * *\n", None).unwrap(),
+        ..GmsConfig::default()
+    };
+    let mut w = keyed_world_with(3, config);
+    w.clients[0].subscribe("secret").unwrap();
+    w.clients[1].advertise("secret").unwrap();
+    w.clients[2].subscribe("open.x").unwrap();
+    w.run_for(Duration::from_millis(100));
+    assert_eq!(w.gms.stats().topics_refused, 1);
+    // The refused subscriber holds no key; the region of "open.x" is client 2's alone.
+    assert!(w.clients[0].region_keys().next().is_none());
+    assert!(w.clients[1].region_keys().next().is_none());
+    let open = region_of(&w, "open.x");
+    assert!(w.clients[2].region_key(open).is_some());
+    check_holders(&w);
 }
 
 #[test]
 fn a_service_without_datagram_keys_hands_out_none() {
     let mut w = World::new(2);
     w.gms.give_key_entropy([1; 32]);
+    w.clients[0].subscribe("t").unwrap();
     w.run_for(Duration::from_millis(10));
     assert!(!w.gms.wants_key_entropy());
     assert_eq!(w.gms.datagram_key_id(), None);
-    assert!(w.clients[0].datagram_key().is_none());
+    assert_eq!(w.gms.region_key(region_of(&w, "t")), None);
+    assert!(w.clients[0].region_keys().next().is_none());
 }
 
 #[test]
-fn the_datagram_key_is_kept_by_snapshots() {
-    let mut w = keyed_world(1);
+fn region_keys_are_kept_by_snapshots() {
+    let mut w = keyed_world(2);
+    w.clients[0].subscribe("a").unwrap();
+    w.clients[1].subscribe("b").unwrap();
     w.run_for(Duration::from_millis(10));
     let snapshot = w.gms.snapshot();
     let mut other = Gms::new_replicated(GmsConfig {
@@ -1446,6 +1556,41 @@ fn the_datagram_key_is_kept_by_snapshots() {
     .unwrap();
     other.restore(&snapshot).unwrap();
     assert_eq!(other.datagram_key_id(), Some(1));
+    for (r, _) in w.gms.planner().regions() {
+        assert!(w.gms.region_key(r).is_some());
+        assert_eq!(other.region_key(r), w.gms.region_key(r));
+    }
+}
+
+#[test]
+fn a_renewal_names_the_current_key_and_is_taken_once() {
+    let mut w = keyed_world(3);
+    for i in 0..2 {
+        w.clients[i].subscribe("t").unwrap();
+    }
+    w.clients[2].subscribe("u").unwrap();
+    w.run_for(Duration::from_millis(10));
+    let (t, u) = (region_of(&w, "t"), region_of(&w, "u"));
+    let (first, _) = w.gms.region_key(t).unwrap();
+    let ku = w.gms.region_key(u);
+    // Both members wore the key out at once: one new key, for that region only.
+    w.clients[0].renew_datagram_key(first).unwrap();
+    w.clients[1].renew_datagram_key(first).unwrap();
+    w.run_for(Duration::from_millis(10));
+    let (next, _) = w.gms.region_key(t).unwrap();
+    assert!(next > first);
+    assert_eq!(w.gms.region_key(u), ku);
+    let made = w.gms.stats().region_keys_made;
+    // A renewal of a key already replaced changes nothing.
+    w.clients[0].renew_datagram_key(first).unwrap();
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.gms.region_key(t).map(|k| k.0), Some(next));
+    assert_eq!(w.gms.stats().region_keys_made, made);
+    assert_eq!(w.gms.stats().keys_drawn, 1);
+    for i in 0..2 {
+        assert_eq!(w.clients[i].region_key(t).map(|(id, _)| id), Some(next));
+    }
+    check_holders(&w);
 }
 
 /// The access rules: with none, everything is allowed; with rules, the first match decides
@@ -1553,30 +1698,4 @@ fn without_rules_everything_is_allowed() {
         .any(|(_, e)| matches!(e, ClientEvent::Refused(_))));
     assert_eq!(w.gms.stats().topics_refused, 0);
     assert!(w.gms.topic_id("anything").is_some());
-}
-
-#[test]
-fn a_renewal_names_the_current_key_and_is_taken_once() {
-    let mut w = keyed_world(2);
-    for i in 0..2 {
-        w.clients[i].subscribe("t").unwrap();
-    }
-    w.run_for(Duration::from_millis(10));
-    assert_eq!(w.gms.datagram_key_id(), Some(1));
-    w.gms.give_key_entropy([2; 32]);
-    // Both members wore key 1 out at once: one new key.
-    w.clients[0].renew_datagram_key(1).unwrap();
-    w.clients[1].renew_datagram_key(1).unwrap();
-    w.run_for(Duration::from_millis(10));
-    assert_eq!(w.gms.datagram_key_id(), Some(2));
-    assert_eq!(w.gms.stats().key_renewals_asked, 1);
-    // A renewal of a key already replaced changes nothing.
-    w.gms.give_key_entropy([3; 32]);
-    w.clients[0].renew_datagram_key(1).unwrap();
-    w.run_for(Duration::from_millis(10));
-    assert_eq!(w.gms.datagram_key_id(), Some(2));
-    assert_eq!(w.gms.stats().keys_drawn, 2);
-    for i in 0..2 {
-        assert_eq!(w.clients[i].datagram_key().map(|(id, _)| id), Some(2));
-    }
 }

@@ -83,7 +83,8 @@ pub struct SealingStats {
     /// Renewals of the datagram key asked of the service (once per key, when its counter
     /// nears its limit).
     pub key_renewals_asked: u64,
-    /// The id of the key this node seals with now.
+    /// The newest key id this node seals with now, over its regions (ADR 43: a key per
+    /// region; ids grow with every key the service makes).
     pub key_id: Option<u32>,
 }
 

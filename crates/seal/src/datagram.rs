@@ -435,7 +435,10 @@ pub struct OpenStats {
 }
 
 impl OpenStats {
-    fn count(&mut self, result: &Result<Opened, OpenError>) {
+    /// Counts one outcome of opening: a ring counts its own; a holder of several rings (one
+    /// per region) counts into one total, and counts refusals made before any ring (no key
+    /// for the datagram's region: [`OpenError::UnknownKey`]).
+    pub fn count(&mut self, result: &Result<Opened, OpenError>) {
         let c = match result {
             Ok(_) => &mut self.opened,
             Err(OpenError::Malformed) => &mut self.malformed,
@@ -491,8 +494,8 @@ pub struct KeyRingConfig {
     pub mode: Mode,
     /// The AEAD.
     pub aead: Aead,
-    /// Keys installed at once, at most (default 64: one per region a node is in, plus the
-    /// next views' keys installed before their use).
+    /// Keys installed at once, at most (default 8: a node keeps a ring per region, ADR 43,
+    /// holding the region's current key and the previous ones still in their grace).
     pub keys_max: usize,
     /// Senders per key, at most (default 256: the members of a region view); their replay
     /// windows are allocated when the key is installed (with the defaults, about 40 KB a
@@ -514,7 +517,7 @@ impl Default for KeyRingConfig {
         KeyRingConfig {
             mode: Mode::Encrypt,
             aead: Aead::Aes256Gcm,
-            keys_max: 64,
+            keys_max: 8,
             senders_max: 256,
             window_bits: WINDOW_BITS_DEFAULT,
             retired_max: 256,

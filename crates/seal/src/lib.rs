@@ -8,6 +8,7 @@
 //!   service admit only identities on its allowed list and lets a node check the service's key;
 //!   after it, a [`Session`] carries GMS datagrams encrypted with explicit nonces and a replay
 //!   window.
+//! - [`derive`]: the per-region datagram keys the membership service derives from its secret.
 //! - [`identity`]: node identities (X25519 key pairs), their file format (mode 0600), and the
 //!   allowed-identities file.
 //!
@@ -17,6 +18,7 @@
 //! system's RNG itself. `docs/security.md` states the threat model.
 
 pub mod datagram;
+pub mod derive;
 pub mod identity;
 pub mod link;
 pub mod window;
@@ -25,6 +27,7 @@ pub use datagram::{
     Aead, KeyError, KeyId, KeyRing, KeyRingConfig, KeySecret, Mode, OpenError, OpenStats, Opened,
     Origin, SealError, SealingKey,
 };
+pub use derive::derive_region_key;
 pub use identity::{AllowList, Identity, IdentityError, PublicKey};
 pub use link::{Answer, Initiator, LinkError, Responder, ResponderStats, Session, SessionStats};
 pub use window::ReplayWindow;

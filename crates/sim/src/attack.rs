@@ -14,12 +14,15 @@
 //!   NAK and other control datagrams (captured ones with guessed ids and senders), each with no
 //!   trailer, with a trailer under the key id it sniffed and a random tag, and under a random
 //!   key id; and plain GMS requests in a member's name (a leave);
-//! - **keeps the key of a view it was removed from**: the scenario crashes one receiver
-//!   ([`traitor`]) at 20% of the publishing time and hands the attacker that member's datagram
-//!   key and id. Once the attacker sees the members seal under a newer key (the service draws
-//!   one when it removes the node), and the members' grace for the old key
-//!   ([`KEY_GRACE`](crate::gms::KEY_GRACE)) has passed with a margin for a late update, it seals
-//!   forged data and control datagrams under the old key, correctly, as the removed member.
+//! - **keeps the keys of the regions it was removed from**: the scenario crashes one receiver
+//!   ([`traitor`]) at 20% of the publishing time and hands the attacker that member's region
+//!   keys (ADR 43). At once it uses each to seal forged data in the member's name for the
+//!   *other* regions (a member of region A only, trying region B: refused, since B's members
+//!   open B's datagrams with B's keys only). Once it sees a region's members seal under a
+//!   newer key (the service makes one when it removes the node), and the members' grace for
+//!   the old key ([`KEY_GRACE`](crate::gms::KEY_GRACE)) has passed with a margin for a late
+//!   update, it seals forged data and control datagrams of that region under the old key,
+//!   correctly, as the removed member.
 //!
 //! The checker fails the run if any member delivers a payload carrying the marker, delivers a
 //! replayed message twice, or if the service admitted the attacker; with sealing on it also asks
@@ -98,6 +101,9 @@ pub struct AttackStats {
     pub forged_gms: u64,
     /// Datagrams sealed under the key of the view the removed member was removed from.
     pub old_key: u64,
+    /// Forged data datagrams of one region sealed under the removed member's key of another
+    /// (while that key was still current in its own region).
+    pub cross_region: u64,
 }
 
 /// The attacker's outcome and what the members and the service refused, for the report.
@@ -169,9 +175,10 @@ impl Refusals {
     }
 }
 
-/// The key a removed member kept, and what the attacker saw of its successor.
+/// A region key a removed member kept, and what the attacker saw of its successor.
 #[derive(Debug)]
 struct Stolen {
+    region: RegionId,
     key: SealingKey,
     id: u32,
     /// The removed member's id on the wire (the GMS's).
@@ -190,7 +197,7 @@ pub(crate) struct Attacker {
     rng: fastrand::Rng,
     captured: VecDeque<Bytes>,
     joining: Joining,
-    stolen: Option<Stolen>,
+    stolen: Vec<Stolen>,
     start: Time,
     until: Time,
     next_at: Time,
@@ -257,7 +264,7 @@ impl Attacker {
             rng,
             captured: VecDeque::with_capacity(CAPTURED_MAX),
             joining,
-            stolen: None,
+            stolen: Vec::new(),
             start: setup.start,
             until: setup.until,
             next_at: setup.start,
@@ -278,9 +285,9 @@ impl Attacker {
         s
     }
 
-    /// The removed member's key and id on the wire (`sender`, the GMS's id), taken when it
-    /// crashed.
-    pub(crate) fn steal(&mut self, id: u32, secret: [u8; 32], sender: NodeId) {
+    /// One of the removed member's region keys, and its id on the wire (`sender`, the GMS's
+    /// id), taken when it crashed.
+    pub(crate) fn steal(&mut self, region: RegionId, id: u32, secret: [u8; 32], sender: NodeId) {
         if self.mode == Mode::Off {
             return;
         }
@@ -292,7 +299,8 @@ impl Attacker {
             &KeySecret::from_bytes(secret),
             COUNTER_LIMIT_DEFAULT,
         );
-        self.stolen = Some(Stolen {
+        self.stolen.push(Stolen {
+            region,
             key,
             id,
             sender,
@@ -307,13 +315,16 @@ impl Attacker {
             if from == self.gms {
                 self.joining.handle_gms_datagram(now, 0, body);
             }
-        } else if let Some(s) = self.stolen.as_mut() {
-            // The clear trailer says which key sealed it.
-            if s.newer_seen.is_none() && header_sender(&datagram) != Some(s.sender) {
-                if let Some(id) = trailer_key_id(&datagram) {
-                    if id > s.id && id < s.id.saturating_add(16) {
-                        s.newer_seen = Some(now);
-                    }
+        } else {
+            // The clear header says which region, the clear trailer which key sealed it.
+            let region = header_region(&datagram);
+            for s in &mut self.stolen {
+                if s.newer_seen.is_none()
+                    && region == Some(s.region)
+                    && header_sender(&datagram) != Some(s.sender)
+                    && trailer_key_id(&datagram).is_some_and(|id| id > s.id)
+                {
+                    s.newer_seen = Some(now);
                 }
             }
         }
@@ -544,22 +555,65 @@ impl Attacker {
         self.stats.forged_gms += 1;
     }
 
-    /// Once the removed member's key should be retired everywhere: data (with the marker) and
-    /// control datagrams sealed correctly under it, as the removed member.
+    /// For each region key the removed member kept: while it is current, forged data of
+    /// another region sealed under it; once it should be retired everywhere, data (with the
+    /// marker) and control datagrams of its region sealed correctly under it, as the removed
+    /// member.
     fn use_old_key(&mut self, now: Time) {
-        let due = self
-            .stolen
-            .as_ref()
-            .and_then(|s| s.newer_seen)
-            .is_some_and(|seen| now >= seen + crate::gms::KEY_GRACE + OLD_KEY_MARGIN);
-        if !due {
-            return;
+        for k in 0..self.stolen.len() {
+            let (region, sender, newer_seen) = {
+                let s = &self.stolen[k];
+                (s.region, s.sender, s.newer_seen)
+            };
+            if newer_seen.is_none() {
+                self.cross_region(now, k, region, sender);
+            }
+            let due =
+                newer_seen.is_some_and(|seen| now >= seen + crate::gms::KEY_GRACE + OLD_KEY_MARGIN);
+            if !due {
+                continue;
+            }
+            let data = self
+                .pick(|d| {
+                    tidings_wire::peek_kind(d) == Some(Kind::Data)
+                        && header_region(d) == Some(region)
+                })
+                .and_then(|seen| {
+                    let header = Header {
+                        sender,
+                        ..read_header(&seen)?
+                    };
+                    self.forged_data(now, &header, &seen)
+                });
+            let control = self
+                .pick(|d| {
+                    tidings_wire::peek_kind(d).is_some_and(|k| k != Kind::Data)
+                        && header_region(d) == Some(region)
+                        && d.len() > HEADER_LEN + TRAILER_LEN
+                })
+                .map(|mut d| {
+                    d.truncate(d.len() - TRAILER_LEN);
+                    d[16..20].copy_from_slice(&sender.0.to_be_bytes());
+                    d
+                });
+            for d in [data, control].into_iter().flatten() {
+                if let Some(buf) = self.seal_stolen(k, d) {
+                    let to = self.destination(&buf);
+                    self.out.push_back((to, buf));
+                    self.stats.old_key += 1;
+                }
+            }
         }
-        let Some(sender) = self.stolen.as_ref().map(|s| s.sender) else {
-            return;
-        };
+    }
+
+    /// A member of one region only, trying another: forged data of a region other than
+    /// `region`, in the removed member's name, sealed under its key of `region`.
+    fn cross_region(&mut self, now: Time, k: usize, region: RegionId, sender: NodeId) {
         let data = self
-            .pick(|d| tidings_wire::peek_kind(d) == Some(Kind::Data))
+            .pick(|d| {
+                tidings_wire::peek_kind(d) == Some(Kind::Data)
+                    && header_region(d).is_some_and(|r| r != region)
+            })
             .and_then(|seen| {
                 let header = Header {
                     sender,
@@ -567,31 +621,22 @@ impl Attacker {
                 };
                 self.forged_data(now, &header, &seen)
             });
-        let control = self
-            .pick(|d| {
-                tidings_wire::peek_kind(d).is_some_and(|k| k != Kind::Data)
-                    && d.len() > HEADER_LEN + TRAILER_LEN
-            })
-            .map(|mut d| {
-                d.truncate(d.len() - TRAILER_LEN);
-                d[16..20].copy_from_slice(&sender.0.to_be_bytes());
-                d
-            });
-        for d in [data, control].into_iter().flatten() {
-            let Some(stolen) = self.stolen.as_mut() else {
-                return;
-            };
-            let len = d.len();
-            let mut buf = d;
-            buf.resize(len + TRAILER_LEN, 0);
-            let Ok(n) = stolen.key.seal(&mut buf, len) else {
-                return;
-            };
-            buf.truncate(n);
+        if let Some(buf) = data.and_then(|d| self.seal_stolen(k, d)) {
             let to = self.destination(&buf);
             self.out.push_back((to, buf));
-            self.stats.old_key += 1;
+            self.stats.cross_region += 1;
         }
+    }
+
+    /// `d` sealed under stolen key `k`.
+    fn seal_stolen(&mut self, k: usize, d: Vec<u8>) -> Option<Vec<u8>> {
+        let stolen = self.stolen.get_mut(k)?;
+        let len = d.len();
+        let mut buf = d;
+        buf.resize(len + TRAILER_LEN, 0);
+        let n = stolen.key.seal(&mut buf, len).ok()?;
+        buf.truncate(n);
+        Some(buf)
     }
 }
 

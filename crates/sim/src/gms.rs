@@ -46,7 +46,7 @@
 //! address. The service runs with `GmsConfig::datagram_keys`, each replica's key entropy drawn
 //! from the seed after every input (the leader's decides the key, which reaches the others
 //! through the log), and each member seals and opens protocol datagrams in [`member_config`]'s
-//! mode with the keys it hands out (grace [`KEY_GRACE`]). A removed node's session ends with it
+//! mode with the region keys it hands out (ADR 43; grace [`KEY_GRACE`]). A removed node's session ends with it
 //! at every replica, as on a socket host; a restarted replica starts with no sessions, and the
 //! nodes shake hands with it again when it tells them it cannot read them. Replicas speak Raft
 //! only through their [`ReplicaLink`]s (identities drawn from the seed), as on socket hosts.
@@ -983,7 +983,7 @@ pub(crate) fn bootstrap(
     let mut gms = Gms::new(gms_config.clone()).map_err(|e| e.to_string())?;
     let mut key_rng = fastrand::Rng::with_seed(seed ^ 0x4b45_5953_0000);
     if secure {
-        // The first datagram key, in every joiner's first batch.
+        // The master secret, before the first region: every region's key derives from it.
         gms.give_key_entropy(seeded_bytes(&mut key_rng));
     }
     let n = u32::try_from(subscriptions.len()).map_err(|_| "too many nodes".to_string())?;

@@ -435,9 +435,9 @@ impl RunReport {
             );
             let _ = writeln!(
                 o,
-                "attacker      captured {}, join datagrams {} (refused: {}, joined: {}), replayed {}, forged data {}, control {}, under random key ids {}, GMS requests {}, under the removed member's key {}",
+                "attacker      captured {}, join datagrams {} (refused: {}, joined: {}), replayed {}, forged data {}, control {}, under random key ids {}, GMS requests {}, under the removed member's key {}, in another region under its key {}",
                 t.captured, t.join_datagrams, t.join_refused, t.joined, t.replayed, t.forged_data,
-                t.forged_control, t.forged_unknown_key, t.forged_gms, t.old_key
+                t.forged_control, t.forged_unknown_key, t.forged_gms, t.old_key, t.cross_region
             );
             let _ = writeln!(
                 o,

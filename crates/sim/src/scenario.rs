@@ -139,9 +139,9 @@ pub struct Scenario {
     /// The one-process service only.
     pub security: Mode,
     /// With the GMS: a hostile host joins the LAN ([`crate::attack`]): it sniffs, tries to join
-    /// without credentials, replays and forges datagrams, and uses the datagram key of a member
-    /// the scenario crashes ([`crate::attack::traitor`]) after the service removed it. Default
-    /// false.
+    /// without credentials, replays and forges datagrams, and uses the region keys of a member
+    /// the scenario crashes ([`crate::attack::traitor`]) in other regions, and in its own after
+    /// the service removed it. Default false.
     pub attacker: bool,
 }
 
@@ -1569,17 +1569,17 @@ pub fn run_observed(
                 ChurnKind::Crash => {
                     if let Some(a) = attacker.filter(|_| e.node == crate::attack::traitor(s.nodes))
                     {
-                        // The removed member's key goes to the attacker.
-                        let key = world
+                        // The removed member's region keys go to the attacker.
+                        let keys: Vec<(RegionId, u32, [u8; 32])> = world
                             .host(e.node)
                             .member
                             .client()
-                            .and_then(|c| c.datagram_key())
-                            .map(|(id, secret)| (id, secret.0));
-                        if let (Some((id, secret)), Some(h)) =
-                            (key, world.host_mut(a).attacker.as_mut())
-                        {
-                            h.steal(id, secret, to_gms(e.node));
+                            .map(|c| c.region_keys().map(|(r, id, k)| (r, id, k.0)).collect())
+                            .unwrap_or_default();
+                        if let Some(h) = world.host_mut(a).attacker.as_mut() {
+                            for (region, id, secret) in keys {
+                                h.steal(region, id, secret, to_gms(e.node));
+                            }
                         }
                     }
                     crashed[e.node.0 as usize] = true;
@@ -1828,6 +1828,11 @@ fn attack_report(
                 "the removed member's key",
                 r.sent.old_key > 10,
                 f.retired_key > 0,
+            ),
+            (
+                "a region's key in another region",
+                r.sent.cross_region > 10,
+                f.unknown_key + f.bad_tag > 0,
             ),
             (
                 "forged GMS requests",

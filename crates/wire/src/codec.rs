@@ -11,6 +11,8 @@ pub const HEADER_LEN: usize = 20;
 /// Where the incarnation lies in the header: right after the kind, so that a node drops a
 /// packet of another incarnation before it reads anything else.
 const INCARNATION_AT: usize = 4;
+/// Where the header's region starts.
+const REGION_AT: usize = 8;
 /// Bytes in front of each message payload inside a data or retransmission packet.
 pub const MESSAGE_HEADER_LEN: usize = 30;
 /// Bytes in one encoded [`SeqRange`].
@@ -116,6 +118,15 @@ pub fn peek_kind(buf: &[u8]) -> Option<Kind> {
 pub fn peek_incarnation(buf: &[u8]) -> Option<u32> {
     let bytes = buf.get(INCARNATION_AT..INCARNATION_AT + 4)?;
     (buf.len() >= HEADER_LEN).then(|| u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+}
+
+/// The region in a packet's header, without validating anything else (`None` if the bytes are
+/// too short to hold a header): a sealed node picks the region's key by it before opening.
+#[must_use]
+pub fn peek_region(buf: &[u8]) -> Option<RegionId> {
+    let bytes = buf.get(REGION_AT..REGION_AT + 4)?;
+    (buf.len() >= HEADER_LEN)
+        .then(|| RegionId(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
 }
 
 /// Writes `incarnation` into the header of the encoded packet `buf` (a no-op on bytes too short

@@ -40,10 +40,10 @@ mod codec;
 mod ids;
 
 pub use codec::{
-    peek_incarnation, peek_kind, stamp_incarnation, write_ack, write_dcq, write_ranges,
-    write_silence, write_token_ack, write_uca, Body, BufferFull, DecodeError, Header, Kind,
-    Message, MessagesIter, MessagesView, MessagesWriter, Packet, Priority, RangesIter, RangesView,
-    Record, RecordView, RecordsIter, Silence, TokenView, TokenWriter, HEADER_LEN, MAGIC,
-    MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
+    peek_incarnation, peek_kind, peek_region, stamp_incarnation, write_ack, write_dcq,
+    write_ranges, write_silence, write_token_ack, write_uca, Body, BufferFull, DecodeError, Header,
+    Kind, Message, MessagesIter, MessagesView, MessagesWriter, Packet, Priority, RangesIter,
+    RangesView, Record, RecordView, RecordsIter, Silence, TokenView, TokenWriter, HEADER_LEN,
+    MAGIC, MESSAGE_HEADER_LEN, RANGE_LEN, RECORD_FIXED_LEN, VERSION,
 };
 pub use ids::{MsgId, NodeId, RegionId, SeqNo, SeqRange, TopicId, ViewId};

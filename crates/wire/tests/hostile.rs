@@ -323,6 +323,13 @@ fn header_errors() {
         tidings_wire::peek_incarnation(&good[..HEADER_LEN - 1]),
         None
     );
+    // The region is read without parsing too (a sealed node picks its key by it).
+    assert_eq!(
+        tidings_wire::peek_region(&good),
+        Packet::parse(&good).ok().map(|p| p.header.region)
+    );
+    assert_eq!(tidings_wire::peek_region(&good[..HEADER_LEN - 1]), None);
+    assert_eq!(tidings_wire::peek_region(&[]), None);
     let mut short = good[..HEADER_LEN - 1].to_vec();
     tidings_wire::stamp_incarnation(&mut short, 1);
     assert_eq!(short, good[..HEADER_LEN - 1]);

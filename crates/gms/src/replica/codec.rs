@@ -7,7 +7,7 @@
 
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
 use tidings_proto::Time;
-use tidings_wire::NodeId;
+use tidings_wire::{NodeId, RegionId};
 
 use super::Durable;
 use crate::acl::{AclAction, TopicRefusal, RULE_TEXT_BYTES_MAX};
@@ -40,6 +40,7 @@ const C_INCARNATE: u8 = 10;
 const C_DATAGRAM_KEY: u8 = 11;
 const C_METRICS_AT: u8 = 12;
 const C_REFUSE: u8 = 13;
+const C_RENEW_REGION_KEY: u8 = 14;
 
 /// Most voters (or learners) a snapshot's configuration lists.
 const VOTERS_MAX: usize = 64;
@@ -153,6 +154,11 @@ fn encode_command(cmd: &Command, out: &mut Vec<u8>) {
             put_u32(out, *id);
             out.extend_from_slice(&secret.0);
         }
+        Command::RenewRegionKey { region, id } => {
+            out.push(C_RENEW_REGION_KEY);
+            put_u32(out, region.0);
+            put_u32(out, *id);
+        }
         Command::MetricsAt { node, addr } => {
             out.push(C_METRICS_AT);
             put_u32(out, node.0);
@@ -243,6 +249,10 @@ fn decode_command_in(r: &mut Reader<'_>, inner: bool) -> Result<Command, DecodeE
                 secret: crate::message::WireKey(secret),
             }
         }
+        C_RENEW_REGION_KEY => Command::RenewRegionKey {
+            region: RegionId(r.u32()?),
+            id: r.u32()?,
+        },
         C_METRICS_AT => Command::MetricsAt {
             node: NodeId(r.u32()?),
             addr: r.addr()?,

@@ -818,15 +818,15 @@ impl Replica {
         }
     }
 
-    /// Whether the service wants entropy for its next datagram key
+    /// Whether the service wants entropy for its master datagram secret
     /// ([`Gms::wants_key_entropy`]).
     #[must_use]
     pub fn wants_key_entropy(&self) -> bool {
         self.gms.wants_key_entropy()
     }
 
-    /// Entropy for the next datagram key, drawn by the host; a serving leader proposes the key
-    /// at once, as a logged command, so every replica holds it.
+    /// Entropy for the master datagram secret, drawn by the host; a serving leader without one
+    /// proposes it at once, as a logged command, so every replica holds it.
     pub fn give_key_entropy(&mut self, now: Time, bytes: [u8; 32]) {
         self.gms.give_key_entropy(bytes);
         self.pump(now);

@@ -706,6 +706,10 @@ fn log_entries_round_trip_and_refuse_truncation() {
             id: 9,
             secret: crate::WireKey([0x5a; 32]),
         },
+        Command::RenewRegionKey {
+            region: tidings_wire::RegionId(3),
+            id: 17,
+        },
         Command::Refuse {
             node,
             refusals: vec![crate::TopicRefusal {
@@ -1465,53 +1469,94 @@ fn feed_key_entropy(c: &mut Cluster) {
     }
 }
 
-/// The datagram key every live client holds: all the same, or the test fails.
-fn clients_key(c: &Cluster, skip: &[usize]) -> (u32, [u8; 32]) {
-    let keys: BTreeSet<(u32, [u8; 32])> = c
-        .clients
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !skip.contains(i))
-        .map(|(_, cl)| cl.datagram_key().map(|(id, k)| (id, k.0)).unwrap())
+/// Every live client's region keys against the leader's: each client holds exactly the keys
+/// of the regions whose views it was sent, each the current one, and every replica that
+/// applied the same log hands out the same keys.
+fn check_region_keys(c: &Cluster) -> BTreeMap<RegionId, (u32, [u8; 32])> {
+    let leader = c.leader().expect("a leader");
+    let g = c.replicas[leader].as_ref().expect("the leader").gms();
+    let keys: BTreeMap<RegionId, (u32, [u8; 32])> = g
+        .planner()
+        .regions()
+        .filter_map(|(r, _)| g.region_key(r).map(|k| (r, k)))
         .collect();
     assert_eq!(
         keys.len(),
-        1,
-        "clients disagree: {:?}",
-        keys.iter().map(|k| k.0).collect::<Vec<_>>()
+        g.planner().region_count(),
+        "every region has a key"
     );
-    keys.into_iter().next().unwrap()
+    for r in c.replicas.iter().flatten() {
+        for (&region, k) in &keys {
+            assert_eq!(r.gms().region_key(region).as_ref(), Some(k), "{region:?}");
+        }
+    }
+    for (i, cl) in c.clients.iter().enumerate() {
+        let Some(node) = cl.node() else { continue };
+        for (region, id, secret) in cl.region_keys() {
+            assert_eq!(keys.get(&region), Some(&(id, secret.0)), "client {i}");
+        }
+        for &region in keys.keys() {
+            let holder = g.region_key_holders(region).any(|n| n == node);
+            assert_eq!(
+                cl.region_key(region).is_some(),
+                holder,
+                "client {i} {region:?}"
+            );
+        }
+    }
+    keys
 }
 
 #[test]
-fn the_datagram_key_is_replicated_and_a_new_leader_replaces_it_when_a_member_leaves() {
+fn region_keys_are_replicated_through_leader_changes_and_restarts() {
     let gms = GmsConfig {
         datagram_keys: true,
         ..GmsConfig::default()
     };
     let mut c = Cluster::with_gms(21, 3, 4, 0.0, gms);
+    for r in c.replicas.iter_mut().flatten() {
+        r.config.snapshot_entries = 20;
+    }
     let mut churn = churn(21);
     c.run_until(at(2000), &mut |c: &mut Cluster| {
         feed_key_entropy(c);
         churn(c);
     });
-    let (first, secret) = clients_key(&c, &[]);
-    for r in c.replicas.iter().flatten() {
-        assert_eq!(r.gms().datagram_key_id(), Some(first));
-    }
+    c.run_until(at(3000), &mut feed_key_entropy);
+    let first = check_region_keys(&c);
+    assert!(!first.is_empty());
+    // A new leader hands out the same keys: nothing changed them.
     let old = c.leader().expect("a leader");
     c.crash(old);
-    c.run_until(at(5000), &mut feed_key_entropy);
-    // The new leader hands out the same key: nothing changed it.
-    assert_eq!(clients_key(&c, &[]), (first, secret));
+    c.run_until(at(6000), &mut feed_key_entropy);
+    assert_ne!(c.leader(), Some(old));
+    assert_eq!(check_region_keys(&c), first);
+    // Churn under the new leader while the old one is down (its peers compact their logs),
+    // then it restarts from its snapshot and catches up to the same keys.
+    c.run_until(at(9000), &mut |c: &mut Cluster| {
+        feed_key_entropy(c);
+        churn(c);
+    });
+    c.restart(old);
+    c.run_until(at(12_000), &mut feed_key_entropy);
+    let later = check_region_keys(&c);
+    let r = c.replicas[old].as_ref().expect("restarted");
+    assert!(r.stats().snapshots_restored >= 1, "{:?}", r.stats());
+    // A member leaves: every region it held a key of gets a new one.
+    let node = c.clients[0].node().expect("a member");
+    let held: Vec<(RegionId, u32)> = c.clients[0]
+        .region_keys()
+        .map(|(r, id, _)| (r, id))
+        .collect();
     c.clients[0].leave().unwrap();
-    c.run_until(at(8000), &mut feed_key_entropy);
-    let (next, next_secret) = clients_key(&c, &[0]);
-    assert!(next > first && next_secret != secret);
-    assert_eq!(c.clients[0].datagram_key().map(|(id, _)| id), Some(first));
-    for r in c.replicas.iter().flatten() {
-        assert_eq!(r.gms().datagram_key_id(), Some(next));
+    c.run_until(at(15_000), &mut feed_key_entropy);
+    let after = check_region_keys(&c);
+    for (r, id) in held {
+        if let Some(&(now_id, _)) = after.get(&r) {
+            assert!(now_id > id, "{r:?} kept key {id} after {node:?} left");
+        }
     }
+    let _ = later;
 }
 
 /// The leader checks the access rules and logs what it refused: every replica applies the
