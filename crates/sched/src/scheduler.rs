@@ -7,7 +7,6 @@ use crate::credit::share_is_valid;
 use crate::error::{PushError, ShareError, ShutdownError, StartError, TryPushError};
 use crate::sync::{lock, Arc, Mutex, Ordering};
 use crate::task::Task;
-use crossbeam_utils::Backoff;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Weak;
@@ -240,11 +239,23 @@ impl<E: Send + 'static> std::fmt::Debug for Scheduler<E> {
     }
 }
 
-/// The loop of a worker thread: steps, with a short spin and then a sleep when idle.
+/// Empty looks at the set an idle worker makes before its idle spin or its sleep, with
+/// `1, 2, 4, ..., 64` spin-loop hints between them: a few microseconds in all, so an event pushed
+/// right after the last one is taken without a wake-up. No `yield` here: on a host whose other
+/// cores are busy, a worker that yields gives its core to another process for a whole time
+/// slice (milliseconds), and an event pushed meanwhile waits that long with no wake-up to bring
+/// the worker back (ADR 45).
+const IDLE_LOOKS: u32 = 7;
+
+/// The loop of a worker thread: steps; when idle, a few looks a few microseconds apart, then
+/// (with `SchedConfig::idle_spin_ns`) more looks until that long after it last found work, then
+/// a sleep until a writer wakes it.
 fn worker_loop<E: Send + 'static>(core: &Core<E>) {
-    let backoff = Backoff::new();
     // The tasks a reset drains: kept across steps, so resets do not allocate.
     let mut scratch = Vec::new();
+    let mut looks = 0;
+    // When the idle spin of this idle stretch began, if it has.
+    let mut spinning_since: Option<u64> = None;
     loop {
         if core.must_stop() {
             return;
@@ -254,18 +265,36 @@ fn worker_loop<E: Send + 'static>(core: &Core<E>) {
                 if core.is_closed() && !core.maybe_has_work() {
                     return;
                 }
-                if backoff.is_completed() {
-                    if core.wait_for_work() {
-                        backoff.reset();
-                    } else {
-                        // A put is in flight (counted, not yet visible): yield to it.
-                        std::thread::yield_now();
+                if looks < IDLE_LOOKS {
+                    for _ in 0..1u32 << looks {
+                        std::hint::spin_loop();
                     }
+                    looks += 1;
+                    continue;
+                }
+                let spin_ns = core.idle_spin_ns();
+                if spin_ns > 0 {
+                    let now = core.now_ns();
+                    let since = *spinning_since.get_or_insert(now);
+                    if now.saturating_sub(since) < spin_ns {
+                        for _ in 0..1u32 << (IDLE_LOOKS - 1) {
+                            std::hint::spin_loop();
+                        }
+                        continue;
+                    }
+                }
+                if core.wait_for_work() {
+                    looks = 0;
+                    spinning_since = None;
                 } else {
-                    backoff.snooze();
+                    // A put is in flight (counted, not yet visible): yield to it.
+                    std::thread::yield_now();
                 }
             }
-            _ => backoff.reset(),
+            _ => {
+                looks = 0;
+                spinning_since = None;
+            }
         }
     }
 }
