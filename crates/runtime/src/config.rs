@@ -69,12 +69,12 @@ pub struct RuntimeConfig {
     pub alarm_quantum: Duration,
     /// How long the core thread keeps polling its queues (without sleeping or yielding its
     /// core) after its last round that did work: a request served, a datagram received
-    /// or sent. Work that arrives meanwhile is taken without a wake-up: on a virtual machine
-    /// waking a thread that sleeps in `epoll_wait` on an idle (halted) CPU costs tens of
-    /// microseconds, per hop of a lone message. Default zero: the thread sleeps as soon as its
-    /// queues are empty, so a node costs no CPU between messages. A spin longer than the gap
-    /// between messages keeps the thread awake (one core busy) while traffic flows; a node at
-    /// rest never spins (its timers are not work). At most 10 ms.
+    /// or sent. Work that arrives meanwhile is taken without a wake-up (each wake-up on a lone
+    /// message's path was tens of microseconds on a 2-core virtual machine, ADR 45). Default
+    /// zero: the thread sleeps as soon as its queues are empty, so a node costs no CPU between
+    /// messages. A spin longer than the gap between messages keeps the thread awake (one core
+    /// busy) while traffic flows, and on a host whose cores other processes want it was
+    /// measured to make latency worse, not better; timers alone start no spin. At most 10 ms.
     pub idle_spin: Duration,
     /// Most datagrams taken from the sockets before the batch is sorted by priority and
     /// processed. Default 512: large enough that a burst is sorted as a whole (control before

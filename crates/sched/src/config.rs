@@ -63,12 +63,13 @@ pub struct SchedConfig {
     pub burst_ns: u64,
     /// How long, in nanoseconds, an idle worker keeps looking for work (spinning, without
     /// yielding its core) before it sleeps on the scheduler's condition variable. An event pushed
-    /// while a worker looks is taken without a wake-up: on a virtual machine waking a sleeping
-    /// thread on an idle (halted) CPU cost tens of microseconds per event, most of a lone
-    /// message's delivery latency. Default 0: workers sleep as soon as their short backoff (a
-    /// few microseconds) ends, so a node whose deliveries come one by one costs no CPU between
-    /// them. A spin longer than the gap between deliveries keeps a worker awake (one core busy)
-    /// for as long as they keep coming. At most [`IDLE_SPIN_NS_MAX`].
+    /// while a worker looks is taken without a wake-up (the wake-up of a sleeping worker and
+    /// what precedes it were 20-40 us of a lone message's latency at p50 on a 2-core virtual
+    /// machine, ADR 45). Default 0: workers sleep once their few looks (a few microseconds) find
+    /// nothing, so a node whose deliveries come one by one costs no CPU between them; a spin
+    /// longer than the gap between deliveries keeps a worker awake (one core busy) for as long
+    /// as they keep coming, and on a host whose cores other processes want it was measured to
+    /// make latency worse, not better. At most [`IDLE_SPIN_NS_MAX`].
     pub idle_spin_ns: u64,
 }
 

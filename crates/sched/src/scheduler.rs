@@ -242,9 +242,9 @@ impl<E: Send + 'static> std::fmt::Debug for Scheduler<E> {
 /// Empty looks at the set an idle worker makes before its idle spin or its sleep, with
 /// `1, 2, 4, ..., 64` spin-loop hints between them: a few microseconds in all, so an event pushed
 /// right after the last one is taken without a wake-up. No `yield` here: on a host whose other
-/// cores are busy, a worker that yields gives its core to another process for a whole time
-/// slice (milliseconds), and an event pushed meanwhile waits that long with no wake-up to bring
-/// the worker back (ADR 45).
+/// cores are busy, a worker that yields can give its core to another process for the rest of a
+/// time slice (milliseconds), and an event pushed meanwhile waits that long with no wake-up to
+/// bring the worker back (ADR 45).
 const IDLE_LOOKS: u32 = 7;
 
 /// The loop of a worker thread: steps; when idle, a few looks a few microseconds apart, then
