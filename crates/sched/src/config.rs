@@ -65,8 +65,8 @@ pub struct SchedConfig {
     /// yielding its core) before it sleeps on the scheduler's condition variable. An event pushed
     /// while a worker looks is taken without a wake-up (the wake-up of a sleeping worker and
     /// what precedes it were 20-40 us of a lone message's latency at p50 on a 2-core virtual
-    /// machine, ADR 45). Default 0: workers sleep once their few looks (a few microseconds) find
-    /// nothing, so a node whose deliveries come one by one costs no CPU between them; a spin
+    /// machine, ADR 45). Default 0: workers sleep once their short backoff (a few microseconds)
+    /// finds nothing, so a node whose deliveries come one by one costs no CPU between them; a spin
     /// longer than the gap between deliveries keeps a worker awake (one core busy) for as long
     /// as they keep coming, and on a host whose cores other processes want it was measured to
     /// make latency worse, not better. At most [`IDLE_SPIN_NS_MAX`].
