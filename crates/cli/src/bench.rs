@@ -166,6 +166,14 @@ pub(crate) struct BenchArgs {
     /// runtime's defaults.
     #[arg(long, value_parser = clap::value_parser!(u64).range(4096..=1_073_741_824))]
     socket_buffer_bytes: Option<u64>,
+    /// Runtime: microseconds each core thread keeps polling after its last work before it
+    /// sleeps (`idle_spin`; default: the runtime's, 0).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    idle_spin_us: Option<u64>,
+    /// Runtime: microseconds each delivery worker keeps looking for work before it sleeps
+    /// (`sched.idle_spin_ns`; default: the runtime's, 0).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    worker_idle_spin_us: Option<u64>,
     /// Seconds of each raw UDP ceiling measurement (plain and batched); 0 skips them.
     #[arg(long, default_value_t = 1.0, value_parser = parse_seconds_or_zero)]
     ceiling_seconds: f64,
@@ -293,6 +301,10 @@ pub(crate) struct ChildSpec {
     pub(crate) delivery_backlog: Option<u64>,
     #[serde(default)]
     pub(crate) socket_buffer_bytes: Option<u64>,
+    #[serde(default)]
+    pub(crate) idle_spin_us: Option<u64>,
+    #[serde(default)]
+    pub(crate) worker_idle_spin_us: Option<u64>,
     /// Serve metrics and scrape them this often, in milliseconds (`--metrics-scrape-ms`).
     #[serde(default)]
     pub(crate) metrics_scrape_ms: Option<u64>,
@@ -1206,6 +1218,8 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             delivery_queue: args.delivery_queue,
             delivery_backlog: args.delivery_backlog,
             socket_buffer_bytes: args.socket_buffer_bytes,
+            idle_spin_us: args.idle_spin_us,
+            worker_idle_spin_us: args.worker_idle_spin_us,
             metrics_scrape_ms: args.metrics_scrape_ms,
             security: identities.as_ref().and_then(|ids| {
                 Some(ChildSecurity {

@@ -321,6 +321,12 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
     if let Some(backlog) = spec.delivery_backlog {
         config.delivery_backlog_msgs = usize::try_from(backlog).unwrap_or(usize::MAX);
     }
+    if let Some(us) = spec.idle_spin_us {
+        config.idle_spin = Duration::from_micros(us);
+    }
+    if let Some(us) = spec.worker_idle_spin_us {
+        config.sched.idle_spin_ns = us * 1_000;
+    }
     if let Some(bytes) = spec.socket_buffer_bytes {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         config.socket_recv_buffer_bytes = bytes;

@@ -190,7 +190,10 @@ pub(crate) fn measure(
         if now >= window_end {
             break;
         }
-        let measured = now >= window_start;
+        // In the window by when it was due, not when it went: a sender that fell behind in the
+        // warm-up (a loaded host) catches up with datagrams that belong to the warm-up, and
+        // counting them would put more than `rate * duration` in the window.
+        let measured = due >= window_start;
         datagram[..8].copy_from_slice(&now.to_be_bytes());
         datagram[8..16].copy_from_slice(&u64::from(measured).to_be_bytes());
         for a in &addrs {

@@ -67,6 +67,15 @@ pub struct RuntimeConfig {
     /// round serves at most what was queued when it started, so a busy publisher cannot starve
     /// I/O.
     pub alarm_quantum: Duration,
+    /// How long the core thread keeps polling its queues (without sleeping or yielding its
+    /// core) after its last round that did work: a request served, a datagram received
+    /// or sent. Work that arrives meanwhile is taken without a wake-up (each wake-up on a lone
+    /// message's path was tens of microseconds on a 2-core virtual machine, ADR 45). Default
+    /// zero: the thread sleeps as soon as its queues are empty, so a node costs no CPU between
+    /// messages. A spin longer than the gap between messages keeps the thread awake (one core
+    /// busy) while traffic flows, and on a host whose cores other processes want it was
+    /// measured to make latency worse, not better; timers alone start no spin. At most 10 ms.
+    pub idle_spin: Duration,
     /// Most datagrams taken from the sockets before the batch is sorted by priority and
     /// processed. Default 512: large enough that a burst is sorted as a whole (control before
     /// recovery before data, paper 000 Fig. 12), small enough (about 0.7 MB of 1472-byte
@@ -173,6 +182,7 @@ impl Default for RuntimeConfig {
             stall_after: Duration::from_secs(5),
             raise_open_file_limit: false,
             io_quantum: Duration::from_millis(50),
+            idle_spin: Duration::ZERO,
             alarm_quantum: Duration::from_millis(5),
             recv_batch_datagrams_max: 512,
             send_batch_datagrams_max: 64,
@@ -387,6 +397,8 @@ pub const PUBLISH_QUEUE_CAPACITY_MAX: usize = 1 << 20;
 pub const PUBLISH_QUEUED_NODE_BYTES_MIN: usize = 1 << 16;
 /// Largest accepted delivery backlog (messages): about 4 GB of 1000-byte messages.
 pub const DELIVERY_BACKLOG_MSGS_MAX: usize = 1 << 22;
+/// Largest accepted `idle_spin` (10 ms): a longer spin is a busy thread, not a wait.
+pub const IDLE_SPIN_MAX: Duration = Duration::from_millis(10);
 
 impl RuntimeConfig {
     /// Checks every field.
@@ -405,6 +417,13 @@ impl RuntimeConfig {
                 "stall_after",
                 self.stall_after,
                 "must be at least 4 ms",
+            ));
+        }
+        if self.idle_spin > IDLE_SPIN_MAX {
+            return Err(invalid(
+                "idle_spin",
+                self.idle_spin,
+                "must be at most 10 ms",
             ));
         }
         for (field, v) in [
@@ -577,6 +596,11 @@ mod tests {
         assert!(bad.validate().is_err());
         let bad = RuntimeConfig {
             delivery_backlog_msgs: DELIVERY_BACKLOG_MSGS_MAX + 1,
+            ..RuntimeConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = RuntimeConfig {
+            idle_spin: IDLE_SPIN_MAX + Duration::from_nanos(1),
             ..RuntimeConfig::default()
         };
         assert!(bad.validate().is_err());

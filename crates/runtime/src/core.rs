@@ -11,7 +11,8 @@
 //!   statistics tick), fired for at most `alarm_quantum`, with their lateness measured.
 //!
 //! When no queue has work the thread sleeps in `epoll_wait` until the next alarm, a packet, or
-//! the waker (application requests, a subscription that has room again).
+//! the waker (application requests, a subscription that has room again); with
+//! `RuntimeConfig::idle_spin` it first keeps polling that long after its last work.
 
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -471,6 +472,9 @@ pub(crate) struct Core {
     last_look: Time,
     /// When the thread last woke from `poll` (the start of the cycle).
     woke_at: Time,
+    /// The start of the last cycle that did work (served a request, received or sent a
+    /// datagram): the thread polls without sleeping until `RuntimeConfig::idle_spin` after it.
+    worked_at: Time,
     next_tick: Time,
     stats: RuntimeStats,
     shutdown: bool,
@@ -598,6 +602,7 @@ impl Core {
             alarm: None,
             last_look: now,
             woke_at: now,
+            worked_at: Time::ZERO,
             next_tick: now + TICK,
             stats,
             shutdown: false,
@@ -624,6 +629,15 @@ impl Core {
         while !self.shutdown {
             let now = clock::now();
             let mut timeout = self.sleep_timeout(now);
+            let mut spinning = false;
+            if timeout != Some(Duration::ZERO)
+                && now.saturating_duration_since(self.worked_at) < self.config.idle_spin
+            {
+                // The idle spin: look again without sleeping. No sleep is announced, so an
+                // application thread queueing work writes no eventfd either.
+                timeout = Some(Duration::ZERO);
+                spinning = true;
+            }
             if timeout != Some(Duration::ZERO) {
                 // Announce the sleep, then look at the request queues once more: an application
                 // thread that queued work before seeing the flag is caught here (see
@@ -645,8 +659,15 @@ impl Core {
                 }
             }
             self.shared.sleeping.store(false, Ordering::Relaxed);
+            if spinning && events.is_empty() && !self.requests_pending() {
+                // Nothing yet: look again. No `yield`: on a host whose cores are busy it would
+                // give the core away for a whole time slice.
+                std::hint::spin_loop();
+                continue;
+            }
             let start = clock::now();
             self.woke_at = start;
+            let moved = (self.stats.datagrams_received, self.stats.datagrams_sent);
             for event in &events {
                 match event.token() {
                     WAKER => {}
@@ -670,6 +691,9 @@ impl Core {
                 break;
             }
             self.serve_io(start);
+            if moved != (self.stats.datagrams_received, self.stats.datagrams_sent) {
+                self.worked_at = start;
+            }
             self.serve_alarms();
             self.stats.cycles += 1;
             self.stats
@@ -769,6 +793,7 @@ impl Core {
         self.serving = serving;
         self.shared.publish_room.taken(left_bytes);
         if took {
+            self.worked_at = now;
             self.tx_more = true;
             self.drain_events();
             self.look_at_deadline(now);

@@ -61,6 +61,16 @@ pub struct SchedConfig {
     /// `0` runs exactly one event per dispatch (Fig. 1b of paper 003 as written). At most
     /// `period_ns`.
     pub burst_ns: u64,
+    /// How long, in nanoseconds, an idle worker keeps looking for work (spinning, without
+    /// yielding its core) before it sleeps on the scheduler's condition variable. An event pushed
+    /// while a worker looks is taken without a wake-up (the wake-up of a sleeping worker and
+    /// what precedes it were 20-40 us of a lone message's latency at p50 on a 2-core virtual
+    /// machine, ADR 45). Default 0: workers sleep once their short backoff (a few microseconds)
+    /// finds nothing, so a node whose deliveries come one by one costs no CPU between them; a spin
+    /// longer than the gap between deliveries keeps a worker awake (one core busy) for as long
+    /// as they keep coming, and on a host whose cores other processes want it was measured to
+    /// make latency worse, not better. At most [`IDLE_SPIN_NS_MAX`].
+    pub idle_spin_ns: u64,
 }
 
 /// Largest accepted `bucket_count`: the scan cost grows with sqrt(N) and finer priorities than
@@ -72,6 +82,8 @@ pub const TASK_QUEUE_CAPACITY_MAX: usize = 1 << 20;
 pub const BUCKET_RING_CAPACITY_MAX: usize = 1 << 16;
 /// Largest accepted number of worker threads.
 pub const WORKER_THREADS_MAX: usize = 1024;
+/// Largest accepted `idle_spin_ns` (10 ms): a longer spin is a busy worker, not a wait.
+pub const IDLE_SPIN_NS_MAX: u64 = 10_000_000;
 
 impl Default for SchedConfig {
     fn default() -> Self {
@@ -85,6 +97,7 @@ impl Default for SchedConfig {
             bucket_ring_capacity: 128,
             thread_name_prefix: "tidings-sched".to_owned(),
             burst_ns: 50_000,
+            idle_spin_ns: 0,
         }
     }
 }
@@ -131,6 +144,11 @@ impl SchedConfig {
             return Err(ConfigError::Burst {
                 burst_ns: self.burst_ns,
                 period_ns: self.period_ns,
+            });
+        }
+        if self.idle_spin_ns > IDLE_SPIN_NS_MAX {
+            return Err(ConfigError::IdleSpin {
+                idle_spin_ns: self.idle_spin_ns,
             });
         }
         Ok(())
@@ -205,6 +223,10 @@ mod tests {
             },
             SchedConfig {
                 burst_ns: base.period_ns + 1,
+                ..base.clone()
+            },
+            SchedConfig {
+                idle_spin_ns: IDLE_SPIN_NS_MAX + 1,
                 ..base.clone()
             },
         ];

@@ -48,6 +48,8 @@ pub(crate) struct Core<E> {
     task_queue_capacity: usize,
     /// How long a worker keeps running one task's events (`SchedConfig::burst_ns`).
     burst_ns: u64,
+    /// How long an idle worker keeps looking before it sleeps (`SchedConfig::idle_spin_ns`).
+    idle_spin_ns: u64,
     set: TaskSet<Arc<Task<E>>>,
     /// Incremented at every credit reset (section III-B).
     epoch: AtomicU64,
@@ -82,6 +84,7 @@ impl<E: Send + 'static> Core<E> {
             bucket_count: config.bucket_count,
             task_queue_capacity: config.task_queue_capacity,
             burst_ns: config.burst_ns,
+            idle_spin_ns: config.idle_spin_ns,
             set,
             epoch: AtomicU64::new(0),
             clock,
@@ -151,7 +154,12 @@ impl<E: Send + 'static> Core<E> {
         // `idle_workers`; each then fences and reads the other's, so one of the two sees the other.
         handshake_fence();
         if self.idle_workers.load(Ordering::SeqCst) > 0 {
-            let _guard = lock(&self.idle_lock);
+            // Take the lock and let it go before notifying. A worker between its look at the set
+            // and its wait holds the lock, so once this thread has had it that worker is waiting
+            // on the condvar and the notify reaches it; notifying after the release spares the
+            // woken worker blocking on a lock this thread still holds (a second futex call and a
+            // second wake-up on the delivery path).
+            drop(lock(&self.idle_lock));
             self.idle_cv.notify_one();
         }
     }
@@ -391,6 +399,17 @@ impl<E: Send + 'static> Core<E> {
     /// Whether the set may hold a task (for shutdown draining).
     pub(crate) fn maybe_has_work(&self) -> bool {
         self.set.maybe_nonempty()
+    }
+
+    /// The scheduler's clock, in nanoseconds (a worker times its idle spin with it).
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// How long an idle worker keeps looking for work before it sleeps
+    /// (`SchedConfig::idle_spin_ns`).
+    pub(crate) fn idle_spin_ns(&self) -> u64 {
+        self.idle_spin_ns
     }
 }
 

@@ -66,6 +66,12 @@ pub enum ConfigError {
         /// The period it was checked against.
         period_ns: u64,
     },
+    /// `idle_spin_ns` is above [`IDLE_SPIN_NS_MAX`](crate::config::IDLE_SPIN_NS_MAX).
+    #[error("idle_spin_ns {idle_spin_ns} exceeds 10 ms")]
+    IdleSpin {
+        /// The rejected spin.
+        idle_spin_ns: u64,
+    },
 }
 
 /// Why a share was rejected: it must be a finite number in `(0, 1]`.

@@ -44,8 +44,8 @@ mod loom_tests;
 
 pub use crate::clock::{Clock, ManualClock, MonotonicClock};
 pub use crate::config::{
-    SchedConfig, TaskSetKind, BUCKET_COUNT_MAX, BUCKET_RING_CAPACITY_MAX, TASK_QUEUE_CAPACITY_MAX,
-    WORKER_THREADS_MAX,
+    SchedConfig, TaskSetKind, BUCKET_COUNT_MAX, BUCKET_RING_CAPACITY_MAX, IDLE_SPIN_NS_MAX,
+    TASK_QUEUE_CAPACITY_MAX, WORKER_THREADS_MAX,
 };
 pub use crate::core::Step;
 pub use crate::error::{
