@@ -697,7 +697,8 @@ struct Summary {
     rate_per_publisher: Option<u64>,
     /// How protocol datagrams were protected (`--security`).
     security: String,
-    /// Identities the membership service admitted (0 without `--security`).
+    /// Hellos the membership service admitted (0 without `--security`): one per process, and
+    /// one more for each hello a process sent again before the welcome of the first arrived.
     identities_admitted: u64,
     /// Protocol datagrams sealed by every node.
     datagrams_sealed: u64,

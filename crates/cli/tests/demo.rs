@@ -76,8 +76,10 @@ fn demo_passes_over_multicast_on_loopback() {
 fn demo_runs_with_generated_identities_and_sealed_datagrams() {
     let v = demo_json(&["--security", "encrypt", "--messages-per-topic", "20"]);
     assert_eq!(v["security"], "encrypt", "{v:#}");
-    // Every process was admitted with its generated identity.
-    assert_eq!(v["identities_admitted"], 5, "{v:#}");
+    // Every process was admitted with its generated identity (a sealed node joins only once
+    // admitted, and all five delivered or published everything below); a hello resent before
+    // its welcome arrived, on a busy host, is admitted again.
+    assert!(v["identities_admitted"].as_u64().unwrap() >= 5, "{v:#}");
     assert!(v["datagrams_sealed"].as_u64().unwrap() > 0, "{v:#}");
     assert!(v["datagrams_opened"].as_u64().unwrap() > 0, "{v:#}");
     assert!(v["datagrams_refused"].is_u64(), "{v:#}");
