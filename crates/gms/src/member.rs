@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use rustc_hash::FxHashMap;
 use tidings_proto::{
     Config, ConfigError as ProtoConfigError, Event, Membership, MembershipChange, MsgId, Node,
     PublishError, RegionView, Time, Transmit,
@@ -159,7 +160,9 @@ impl MemberConfig {
 }
 
 /// A received datagram as the host holds it. Sealing opens a datagram in place, so a host that
-/// can hand over bytes nobody else holds ([`ReceivedDatagram::Writable`]) spares the member a copy.
+/// can open it where it received it ([`Member::open_received`], then
+/// [`ReceivedDatagram::Opened`]) or hand over bytes nobody else holds
+/// ([`ReceivedDatagram::Writable`]) spares the member a copy.
 #[derive(Debug)]
 pub enum ReceivedDatagram {
     /// Bytes that may be shared with other datagrams (a slice of a receive buffer): opened in
@@ -167,13 +170,17 @@ pub enum ReceivedDatagram {
     Shared(Bytes),
     /// Bytes only this datagram holds: opened where they are.
     Writable(BytesMut),
+    /// A protocol datagram the host already opened with [`Member::open_received`] (its length
+    /// as that returned): handed to the protocol as it is. Anything else handed over this way
+    /// reaches the protocol unauthenticated.
+    Opened(Bytes),
 }
 
 impl ReceivedDatagram {
     /// The datagram as shared bytes, as the protocol takes it.
     fn into_bytes(self) -> Bytes {
         match self {
-            ReceivedDatagram::Shared(bytes) => bytes,
+            ReceivedDatagram::Shared(bytes) | ReceivedDatagram::Opened(bytes) => bytes,
             ReceivedDatagram::Writable(bytes) => bytes.freeze(),
         }
     }
@@ -184,7 +191,7 @@ impl std::ops::Deref for ReceivedDatagram {
 
     fn deref(&self) -> &[u8] {
         match self {
-            ReceivedDatagram::Shared(bytes) => bytes,
+            ReceivedDatagram::Shared(bytes) | ReceivedDatagram::Opened(bytes) => bytes,
             ReceivedDatagram::Writable(bytes) => bytes,
         }
     }
@@ -207,8 +214,9 @@ impl From<BytesMut> for ReceivedDatagram {
 struct Sealing {
     /// The rings' settings (validated when the member was made).
     config: KeyRingConfig,
-    /// By region: one lookup per datagram, by the header's region.
-    regions: HashMap<RegionId, RegionSeal>,
+    /// By region: one lookup per datagram, by the header's region (a cheap hash: the keys are
+    /// the regions the service gave keys for, and a datagram's region only looks one up).
+    regions: FxHashMap<RegionId, RegionSeal>,
     /// The earliest time a previous key or a gone region's keys must be retired (cached: the
     /// host asks for timeouts far more often than keys change).
     retire_at: Option<Time>,
@@ -218,6 +226,11 @@ struct Sealing {
 }
 
 impl Sealing {
+    /// The keys of `region`.
+    fn region_mut(&mut self, region: RegionId) -> Option<&mut RegionSeal> {
+        self.regions.get_mut(&region)
+    }
+
     /// Recomputes [`Sealing::retire_at`] after a change of keys.
     fn update_retire_at(&mut self) {
         self.retire_at = self
@@ -254,6 +267,30 @@ impl RegionSeal {
             (a, b) => a.or(b),
         }
     }
+}
+
+/// Opens `buf` in place with the ring of its header's region: the protocol datagram's length,
+/// or `None` (counted in `stats`). The ring of the header's region: the header is clear, and
+/// is associated data of the tag, so a datagram moved to another region does not open there
+/// either.
+fn open_sealed(sealing: &mut Sealing, stats: &mut OpenStats, buf: &mut [u8]) -> Option<usize> {
+    let Some(region) = tidings_wire::peek_region(buf) else {
+        stats.count(&Err(OpenError::Malformed));
+        return None;
+    };
+    let Some(keys) = sealing.region_mut(region) else {
+        let id = buf
+            .len()
+            .checked_sub(TRAILER_LEN)
+            .and_then(|at| buf.get(at..at + 4))
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_be_bytes);
+        stats.count(&Err(OpenError::UnknownKey(KeyId(id))));
+        return None;
+    };
+    let opened = keys.ring.open(buf);
+    stats.count(&opened);
+    opened.ok().map(|o| o.len)
 }
 
 impl std::fmt::Debug for Sealing {
@@ -916,7 +953,7 @@ impl Member {
                     .map_err(|e| MemberError::Config(format!("sealing: {e}")))?;
                 Some(Sealing {
                     config: config.sealing.clone(),
-                    regions: HashMap::new(),
+                    regions: FxHashMap::default(),
                     retire_at: None,
                     arena: BlockArena::new(),
                 })
@@ -1023,40 +1060,35 @@ impl Member {
         let Some(sealing) = self.sealing.as_mut() else {
             return Some(datagram.into_bytes());
         };
-        // The key ring of the header's region (the header is clear, and is associated data of
-        // the tag, so a datagram moved to another region does not open there either).
-        let Some(region) = tidings_wire::peek_region(&datagram) else {
-            self.stats.open.count(&Err(OpenError::Malformed));
-            return None;
-        };
-        let Some(keys) = sealing.regions.get_mut(&region) else {
-            let id = datagram
-                .len()
-                .checked_sub(TRAILER_LEN)
-                .and_then(|at| datagram.get(at..at + 4))
-                .and_then(|b| b.try_into().ok())
-                .map_or(0, u32::from_be_bytes);
-            self.stats
-                .open
-                .count(&Err(OpenError::UnknownKey(KeyId(id))));
-            return None;
-        };
         let mut buf = match datagram {
+            ReceivedDatagram::Opened(bytes) => return Some(bytes),
             ReceivedDatagram::Writable(buf) => buf,
             ReceivedDatagram::Shared(shared) => match shared.try_into_mut() {
                 Ok(buf) => buf,
                 Err(shared) => {
                     self.stats.open_copies += 1;
-                    sealing.arena.keep_mut(&shared)
+                    let copy = sealing.arena.keep_mut(&shared);
+                    self.stats.open_blocks_allocated = sealing.arena.blocks_allocated();
+                    copy
                 }
             },
         };
-        self.stats.open_blocks_allocated = sealing.arena.blocks_allocated();
-        let opened = keys.ring.open(&mut buf);
-        self.stats.open.count(&opened);
-        let opened = opened.ok()?;
-        buf.truncate(opened.len);
+        let len = open_sealed(sealing, &mut self.stats.open, &mut buf)?;
+        buf.truncate(len);
         Some(buf.freeze())
+    }
+
+    /// Opens a received protocol datagram in place, where the host received it: the length of
+    /// the protocol datagram at the start of `buf`, to hand over as
+    /// [`ReceivedDatagram::Opened`], or `None` if it does not open (counted by cause in
+    /// [`MemberStats::open`]; drop it). Without sealing, `buf` as it is. For a host that
+    /// receives into buffers it shares afterwards: opening before it shares them spares a copy
+    /// per datagram.
+    pub fn open_received(&mut self, buf: &mut [u8]) -> Option<usize> {
+        match self.sealing.as_mut() {
+            None => Some(buf.len()),
+            Some(sealing) => open_sealed(sealing, &mut self.stats.open, buf),
+        }
     }
 
     /// Installs key `id` of `region` with `secret`: this node seals the region's datagrams
@@ -1598,8 +1630,7 @@ impl Member {
                 return Ok(None);
             };
             // Sealed under the key of the header's region.
-            let keys =
-                tidings_wire::peek_region(&buf[..t.len]).and_then(|r| sealing.regions.get_mut(&r));
+            let keys = tidings_wire::peek_region(&buf[..t.len]).and_then(|r| sealing.region_mut(r));
             let Some(keys) = keys else {
                 self.stats.datagrams_unsealed_dropped += 1;
                 continue;

@@ -559,8 +559,6 @@ impl Core {
             gso_segments,
         );
         let batch = config.recv_batch_datagrams_max;
-        // A sealing member opens datagrams in place: hand them over in bytes they alone hold.
-        let seals = member.seals();
         let now = clock::now();
         let mut core = Core {
             loss_rng: fastrand::Rng::with_seed(config.receive_loss_seed),
@@ -573,7 +571,7 @@ impl Core {
             groups_per_socket: net::groups_per_socket(),
             routes,
             addresses,
-            rx: RxBuffers::new(seals),
+            rx: RxBuffers::new(),
             arena: RxBuffers::arena(),
             classes: [
                 Vec::with_capacity(batch),
@@ -1733,18 +1731,18 @@ impl Core {
             match self.rx.recv(socket) {
                 Ok(filled) => {
                     self.stats.recv_calls += 1;
-                    let (stats, arena, classes, rng) = (
+                    let (stats, arena, classes, rng, member) = (
                         &mut self.stats,
                         &mut self.arena,
                         &mut self.classes,
                         &mut self.loss_rng,
+                        &mut self.member,
                     );
                     let loss = self.config.receive_loss;
                     let gms = &mut self.gms;
                     let via_group = slot.is_some();
-                    let writable = self.rx.writable;
-                    self.rx.datagrams(filled, |from, received| {
-                        let datagram = received.bytes();
+                    let mut gms_kept = 0;
+                    let inspect = |from, datagram: &mut [u8]| {
                         stats.datagrams_received += 1;
                         stats.bytes_received += datagram.len() as u64;
                         if unframe(datagram).is_some()
@@ -1759,29 +1757,33 @@ impl Core {
                                     link.inbox.push((replica, Bytes::copy_from_slice(datagram)));
                                     // Counted, so that the batch is processed (and the
                                     // client fed) at once.
-                                    kept += 1;
+                                    gms_kept += 1;
                                 }
                                 _ => stats.gms_foreign += 1,
                             }
-                            return;
+                            return None;
                         }
                         if loss > 0.0 && rng.f64() < loss {
                             stats.injected_drops += 1;
-                            return;
+                            return None;
                         }
                         let Some(kind) = tidings_wire::peek_kind(datagram) else {
                             stats.invalid_packets += 1;
-                            return;
+                            return None;
                         };
                         let class = priority_class(kind.priority());
-                        let datagram = if writable {
-                            received.keep_writable(arena)
-                        } else {
-                            received.keep(arena)
-                        };
-                        classes[class].push((datagram, via_group));
-                        kept += 1;
-                    });
+                        // Opened here, in the receive buffer, before the buffer is shared: no
+                        // copy (refusals are counted by the member).
+                        let len = member.open_received(datagram)?;
+                        Some((len, class as u8))
+                    };
+                    let protocol_kept =
+                        self.rx
+                            .datagrams(filled, arena, inspect, |datagram, class| {
+                                classes[usize::from(class)]
+                                    .push((ReceivedDatagram::Opened(datagram), via_group));
+                            });
+                    kept += protocol_kept + gms_kept;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => socket.readable = false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tidings_gms::arena::ARENA_REUSE_PROBES;
-use tidings_gms::{BlockArena, ReceivedDatagram};
+use tidings_gms::BlockArena;
 use tidings_proto::Destination;
 
 use crate::addr::Routes;
@@ -240,29 +240,27 @@ const SHARED_BUFFERS_RETAINED_MAX: usize = 512;
 
 /// The buffers of `recvmmsg`, and where received datagrams go from there.
 ///
-/// A buffer that the kernel filled well (at least [`SHARE_BUFFER_MIN_BYTES`]: a GRO run of
-/// datagrams from one sender, the common case at high rates) is handed over whole: its
-/// datagrams become `Bytes` slices of it, without a copy, and a recycled buffer takes its
-/// place. A recycled buffer is one handed over before whose slices have all been dropped
-/// (`Bytes::try_into_mut` takes it back without allocating); a new one is allocated only when
-/// none is free, so a steady flow allocates nothing. A buffer with little in it (datagrams
-/// arriving one by one) is copied into the [`BlockArena`] instead, so that a few small datagrams
-/// never pin 64 KiB each.
-///
-/// With `writable` (a sealing member, which opens datagrams in place), a handed-over buffer is
-/// split into one `BytesMut` per datagram instead of shared slices, so that the member can
-/// open each where it lies; the buffer is reclaimed through the unfilled tail it keeps, once
-/// every datagram of it is dropped, and zeroed again (safe code cannot receive into memory it
-/// has not initialised).
+/// Each datagram is first inspected where it was received, in a buffer that only this holds:
+/// the caller may change its bytes (a sealing member opens it in place, `Member::open_received`)
+/// and says how many of them to keep, if any. Then a buffer that the kernel filled well (at
+/// least [`SHARE_BUFFER_MIN_BYTES`]: a GRO run of datagrams from one sender, the common case at
+/// high rates) is handed over whole: its kept datagrams become `Bytes` slices of it, without a
+/// copy, and a recycled buffer takes its place. A recycled buffer is one handed over before
+/// whose slices have all been dropped (`Bytes::try_into_mut` takes it back, whole and
+/// initialised, without allocating); a new one is allocated only when none is free, so a steady
+/// flow allocates nothing. A buffer with little in it (datagrams arriving one by one) has its
+/// kept datagrams copied into the [`BlockArena`] instead, so that a few small datagrams never
+/// pin 64 KiB each.
 pub(crate) struct RxBuffers {
     /// `RECV_BUFFERS` buffers of `RECV_BUFFER_BYTES`, initialised, in the shared
     /// representation (freezing and slicing them never allocates).
     buffers: Vec<BytesMut>,
     meta: [RecvMeta; RECV_BUFFERS],
     /// Buffers handed over, oldest first, until every datagram of them is gone.
-    handed_over: VecDeque<HandedOver>,
-    /// Hand datagrams over writable (see above).
-    pub(crate) writable: bool,
+    handed_over: VecDeque<Bytes>,
+    /// The datagrams of the buffer being handed over that are kept: (offset, length, the
+    /// caller's tag). Its capacity is kept.
+    kept: Vec<(usize, usize, u8)>,
     /// Receive buffers allocated so far (the first `RECV_BUFFERS` included).
     pub(crate) buffers_allocated: u64,
 }
@@ -277,75 +275,18 @@ impl std::fmt::Debug for RxBuffers {
     }
 }
 
-/// A receive buffer handed over, kept to be reused once its datagrams are dropped.
-#[derive(Debug)]
-enum HandedOver {
-    /// The whole buffer, whose datagrams are slices of it.
-    Frozen(Bytes),
-    /// The unfilled tail of a buffer split into writable datagrams.
-    Tail(BytesMut),
-}
-
-/// One received datagram: its bytes, and where they lie.
-#[derive(Debug)]
-pub(crate) struct Received<'a> {
-    /// Where the bytes lie.
-    source: Source<'a>,
-}
-
-/// Where a received datagram's bytes lie.
-#[derive(Debug)]
-enum Source<'a> {
-    /// In a receive buffer that stays with [`RxBuffers`]: kept by copying.
-    Buffer(&'a [u8]),
-    /// In the receive buffer handed over whole that holds it, at this offset.
-    Shared(&'a Bytes, usize, &'a [u8]),
-    /// In a part of a handed-over buffer that only this datagram holds.
-    Own(BytesMut),
-}
-
-impl Received<'_> {
-    /// The datagram's bytes.
-    pub(crate) fn bytes(&self) -> &[u8] {
-        match &self.source {
-            Source::Buffer(bytes) | Source::Shared(_, _, bytes) => bytes,
-            Source::Own(bytes) => bytes,
-        }
-    }
-
-    /// The datagram to keep: a slice or part of its receive buffer if that was handed over,
-    /// else a copy in the arena.
-    pub(crate) fn keep(self, arena: &mut BlockArena) -> ReceivedDatagram {
-        match self.source {
-            Source::Shared(buffer, at, bytes) => {
-                ReceivedDatagram::Shared(buffer.slice(at..at + bytes.len()))
-            }
-            Source::Own(bytes) => ReceivedDatagram::Writable(bytes),
-            Source::Buffer(bytes) => ReceivedDatagram::Shared(arena.keep(bytes)),
-        }
-    }
-
-    /// The datagram to keep, in bytes it alone holds: its part of a receive buffer split into
-    /// writable datagrams, else a copy in the arena.
-    pub(crate) fn keep_writable(self, arena: &mut BlockArena) -> ReceivedDatagram {
-        match self.source {
-            Source::Own(bytes) => ReceivedDatagram::Writable(bytes),
-            Source::Shared(_, _, bytes) | Source::Buffer(bytes) => {
-                ReceivedDatagram::Writable(arena.keep_mut(bytes))
-            }
-        }
-    }
-}
+/// Kept datagrams a buffer is expected to hold at most (1000-byte datagrams filling it); more
+/// only grow [`RxBuffers::kept`] once.
+const KEPT_PER_BUFFER: usize = RECV_BUFFER_BYTES / 1000;
 
 impl RxBuffers {
-    /// Receive buffers; `writable`: hand datagrams over in bytes they alone hold (see
-    /// [`RxBuffers`]).
-    pub(crate) fn new(writable: bool) -> RxBuffers {
+    /// Receive buffers.
+    pub(crate) fn new() -> RxBuffers {
         let mut rx = RxBuffers {
             buffers: Vec::with_capacity(RECV_BUFFERS),
             meta: [RecvMeta::default(); RECV_BUFFERS],
             handed_over: VecDeque::with_capacity(SHARED_BUFFERS_RETAINED_MAX),
-            writable,
+            kept: Vec::with_capacity(KEPT_PER_BUFFER),
             buffers_allocated: 0,
         };
         for _ in 0..RECV_BUFFERS {
@@ -370,23 +311,11 @@ impl RxBuffers {
             let Some(buffer) = self.handed_over.pop_front() else {
                 break;
             };
-            match buffer {
-                HandedOver::Frozen(buffer) => match buffer.try_into_mut() {
-                    Ok(buffer) if buffer.len() == RECV_BUFFER_BYTES => return buffer,
-                    Ok(_) => {}
-                    // Still in use: look at it again after the others.
-                    Err(buffer) => self.handed_over.push_back(HandedOver::Frozen(buffer)),
-                },
-                HandedOver::Tail(mut tail) => {
-                    tail.clear();
-                    // Succeeds, without allocating, once the tail is the last handle on its
-                    // buffer: it then spans the whole buffer again.
-                    if tail.try_reclaim(RECV_BUFFER_BYTES) {
-                        tail.resize(RECV_BUFFER_BYTES, 0);
-                        return tail;
-                    }
-                    self.handed_over.push_back(HandedOver::Tail(tail));
-                }
+            match buffer.try_into_mut() {
+                Ok(buffer) if buffer.len() == RECV_BUFFER_BYTES => return buffer,
+                Ok(_) => {}
+                // Still in use: look at it again after the others.
+                Err(buffer) => self.handed_over.push_back(buffer),
             }
         }
         self.new_buffer()
@@ -406,73 +335,60 @@ impl RxBuffers {
         )
     }
 
-    /// Calls `f` with the source and each datagram of the `filled` buffers of the last `recv`
-    /// (GRO buffers are split at their stride). Well-filled buffers are handed over (see
-    /// [`RxBuffers`]) and replaced.
-    pub(crate) fn datagrams(&mut self, filled: usize, mut f: impl FnMut(SocketAddr, Received<'_>)) {
+    /// Goes through the datagrams of the `filled` buffers of the last `recv` (GRO buffers are
+    /// split at their stride): `inspect` sees each where it was received and may change it in
+    /// place; it returns how many of its first bytes to keep and a tag, or `None` to drop it.
+    /// `keep` then gets each kept datagram (a slice of its handed-over buffer or a copy in
+    /// `arena`, see [`RxBuffers`]) with its tag. Returns the number kept.
+    pub(crate) fn datagrams(
+        &mut self,
+        filled: usize,
+        arena: &mut BlockArena,
+        mut inspect: impl FnMut(SocketAddr, &mut [u8]) -> Option<(usize, u8)>,
+        mut keep: impl FnMut(Bytes, u8),
+    ) -> usize {
+        let mut count = 0;
         for i in 0..filled.min(RECV_BUFFERS) {
             let meta = self.meta[i];
             let len = meta.len.min(RECV_BUFFER_BYTES);
             if len == 0 {
                 // An empty datagram: still one (invalid) arrival.
-                f(
-                    meta.addr,
-                    Received {
-                        source: Source::Buffer(&[]),
-                    },
-                );
+                if let Some((_, tag)) = inspect(meta.addr, &mut []) {
+                    keep(Bytes::new(), tag);
+                    count += 1;
+                }
                 continue;
             }
             let stride = if meta.stride == 0 { len } else { meta.stride };
+            self.kept.clear();
+            for (k, datagram) in self.buffers[i][..len].chunks_mut(stride).enumerate() {
+                let at = k * stride;
+                if let Some((kept, tag)) = inspect(meta.addr, datagram) {
+                    self.kept.push((at, kept.min(datagram.len()), tag));
+                }
+            }
+            count += self.kept.len();
             if len < SHARE_BUFFER_MIN_BYTES {
-                for bytes in self.buffers[i][..len].chunks(stride) {
-                    f(
-                        meta.addr,
-                        Received {
-                            source: Source::Buffer(bytes),
-                        },
-                    );
+                for &(at, kept, tag) in &self.kept {
+                    keep(arena.keep(&self.buffers[i][at..at + kept]), tag);
                 }
                 continue;
             }
             let fresh = self.fresh_buffer();
-            let whole = std::mem::replace(&mut self.buffers[i], fresh);
-            let kept = if self.writable {
-                let mut rest = whole;
-                let mut left = len.min(rest.len());
-                while left > 0 {
-                    let take = stride.min(left);
-                    left -= take;
-                    let datagram = rest.split_to(take);
-                    f(
-                        meta.addr,
-                        Received {
-                            source: Source::Own(datagram),
-                        },
-                    );
-                }
-                HandedOver::Tail(rest)
-            } else {
-                let whole = whole.freeze();
-                for (k, bytes) in whole[..len].chunks(stride).enumerate() {
-                    f(
-                        meta.addr,
-                        Received {
-                            source: Source::Shared(&whole, k * stride, bytes),
-                        },
-                    );
-                }
-                HandedOver::Frozen(whole)
-            };
+            let whole = std::mem::replace(&mut self.buffers[i], fresh).freeze();
+            for &(at, kept, tag) in &self.kept {
+                keep(whole.slice(at..at + kept), tag);
+            }
             if self.handed_over.len() >= SHARED_BUFFERS_RETAINED_MAX {
                 // Let the oldest go: freed when its last datagram is dropped.
                 self.handed_over.pop_front();
             }
-            self.handed_over.push_back(kept);
+            self.handed_over.push_back(whole);
         }
+        count
     }
 
-    /// A fresh arena for [`Received::keep`].
+    /// A fresh arena for the datagrams [`RxBuffers::datagrams`] copies.
     pub(crate) fn arena() -> BlockArena {
         BlockArena::default()
     }
@@ -715,40 +631,37 @@ mod rx_tests {
         (receiver, sender)
     }
 
-    /// The bytes of a kept datagram.
-    fn bytes(datagram: &ReceivedDatagram) -> &[u8] {
-        match datagram {
-            ReceivedDatagram::Shared(bytes) => bytes,
-            ReceivedDatagram::Writable(bytes) => bytes,
-        }
-    }
-
     /// Receives until `count` datagrams came (the socket is non-blocking), keeping each as
-    /// the core does (writable when `rx` hands datagrams over writable).
+    /// the core does; `open` stands for the member's opening in place (it may change the bytes
+    /// and returns how many to keep).
     #[allow(clippy::disallowed_methods)] // a test's bound on its wait, in wall time
     fn receive(
         rx: &mut RxBuffers,
         arena: &mut BlockArena,
         socket: &NetSocket,
         count: usize,
-    ) -> Vec<ReceivedDatagram> {
+        open: fn(&mut [u8]) -> usize,
+    ) -> Vec<Bytes> {
         let mut kept = Vec::new();
+        let mut seen = 0;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let writable = rx.writable;
-        while kept.len() < count {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{} of {count}",
-                kept.len()
-            );
+        while seen < count {
+            assert!(std::time::Instant::now() < deadline, "{seen} of {count}");
             match rx.recv(socket) {
-                Ok(filled) => rx.datagrams(filled, |_, d| {
-                    kept.push(if writable {
-                        d.keep_writable(arena)
-                    } else {
-                        d.keep(arena)
-                    })
-                }),
+                Ok(filled) => {
+                    rx.datagrams(
+                        filled,
+                        arena,
+                        |_, d| {
+                            seen += 1;
+                            Some((open(d), 7))
+                        },
+                        |d, tag| {
+                            assert_eq!(tag, 7);
+                            kept.push(d);
+                        },
+                    );
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
@@ -758,25 +671,33 @@ mod rx_tests {
         kept
     }
 
-    /// Full buffers are handed over, whole (`writable` false) or split into writable
-    /// datagrams, and come back once their datagrams are dropped; a datagram held pins its
-    /// buffer and is never overwritten.
-    fn full_buffers_come_back(writable: bool) {
+    /// Keeps a datagram as it came.
+    fn as_is(d: &mut [u8]) -> usize {
+        d.len()
+    }
+
+    /// Changes a datagram in place and keeps its first half, as opening does.
+    fn halve(d: &mut [u8]) -> usize {
+        for b in d.iter_mut() {
+            *b = b.wrapping_add(1);
+        }
+        d.len() / 2
+    }
+
+    /// Full buffers are handed over whole and come back once their slices are dropped; a
+    /// datagram held pins its buffer and is never overwritten.
+    #[test]
+    fn full_buffers_are_handed_over_and_come_back_once_their_slices_are_gone() {
         let (socket, sender) = pair();
-        let mut rx = RxBuffers::new(writable);
+        let mut rx = RxBuffers::new();
         let mut arena = RxBuffers::arena();
         let start = rx.buffers_allocated;
         let big = |k: u8| vec![k; 20_000];
         // Each datagram fills a buffer past the threshold: handed over, no copy in the arena.
         for round in 0..50u8 {
             sender.send(&big(round)).unwrap();
-            let kept = receive(&mut rx, &mut arena, &socket, 1);
-            assert_eq!(bytes(&kept[0]), &big(round)[..]);
-            assert_eq!(
-                matches!(kept[0], ReceivedDatagram::Writable(_)),
-                writable,
-                "{kept:?}"
-            );
+            let kept = receive(&mut rx, &mut arena, &socket, 1, as_is);
+            assert_eq!(&kept[0][..], &big(round)[..]);
         }
         assert!(
             rx.buffers_allocated <= start + ARENA_REUSE_PROBES as u64,
@@ -788,49 +709,46 @@ mod rx_tests {
             "nothing went through the arena"
         );
         sender.send(&big(7)).unwrap();
-        let mut pinned = receive(&mut rx, &mut arena, &socket, 1);
+        let pinned = receive(&mut rx, &mut arena, &socket, 1, as_is);
         for round in 0..50u8 {
             sender.send(&big(round)).unwrap();
-            receive(&mut rx, &mut arena, &socket, 1);
+            receive(&mut rx, &mut arena, &socket, 1, as_is);
         }
         assert_eq!(
-            bytes(&pinned[0]),
+            &pinned[0][..],
             &big(7)[..],
             "a held datagram is never overwritten"
         );
-        if let ReceivedDatagram::Writable(datagram) = &mut pinned[0] {
-            // Its own bytes: writing them changes no other datagram.
-            datagram.fill(0);
+    }
+
+    /// What the inspection wrote in place is what is kept, in a handed-over buffer or in the
+    /// arena alike.
+    #[test]
+    fn datagrams_are_kept_as_changed_in_place() {
+        let (socket, sender) = pair();
+        let mut rx = RxBuffers::new();
+        let mut arena = RxBuffers::arena();
+        for size in [20_000usize, 1000] {
+            sender.send(&vec![3u8; size]).unwrap();
+            let kept = receive(&mut rx, &mut arena, &socket, 1, halve);
+            assert_eq!(&kept[0][..], &vec![4u8; size / 2][..], "{size}");
         }
-    }
-
-    #[test]
-    fn full_buffers_are_handed_over_and_come_back_once_their_slices_are_gone() {
-        full_buffers_come_back(false);
-    }
-
-    #[test]
-    fn full_buffers_split_into_writable_datagrams_come_back_once_those_are_gone() {
-        full_buffers_come_back(true);
     }
 
     #[test]
     fn small_datagrams_are_copied_into_the_arena() {
-        for writable in [false, true] {
-            let (socket, sender) = pair();
-            let mut rx = RxBuffers::new(writable);
-            let mut arena = RxBuffers::arena();
-            let start = rx.buffers_allocated;
-            for k in 0..10u8 {
-                sender.send(&[k; 1000]).unwrap();
-            }
-            let kept = receive(&mut rx, &mut arena, &socket, 10);
-            for (k, d) in kept.iter().enumerate() {
-                assert_eq!(bytes(d), &[k as u8; 1000][..]);
-                assert_eq!(matches!(d, ReceivedDatagram::Writable(_)), writable);
-            }
-            assert_eq!(rx.buffers_allocated, start, "no buffer handed over");
+        let (socket, sender) = pair();
+        let mut rx = RxBuffers::new();
+        let mut arena = RxBuffers::arena();
+        let start = rx.buffers_allocated;
+        for k in 0..10u8 {
+            sender.send(&[k; 1000]).unwrap();
         }
+        let kept = receive(&mut rx, &mut arena, &socket, 10, as_is);
+        for (k, d) in kept.iter().enumerate() {
+            assert_eq!(&d[..], &[k as u8; 1000][..]);
+        }
+        assert_eq!(rx.buffers_allocated, start, "no buffer handed over");
     }
 }
 

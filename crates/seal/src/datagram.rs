@@ -8,11 +8,17 @@
 //!
 //! Integers are big-endian. The nonce is `sender || counter` (12 bytes): every member of a view
 //! shares the view's key, and each seals only under its own sender id with its own counter, so a
-//! nonce never repeats under one key. In [`Mode::Encrypt`] the payload is encrypted in place and
-//! the header and the trailer's fields are the associated data, so a receiver can still route on
-//! the header before it opens the datagram. In [`Mode::Authenticate`] nothing is hidden: the tag
-//! is the one [`Mode::Encrypt`] would send, computed by the sender and again by the receiver over
-//! a scratch copy of the payload whose ciphertext is then dropped ([`authentication_tag`]).
+//! nonce never repeats under one key. The trailer's fields are not associated data: its sender
+//! and counter are the nonce, and its key id picks the key, so changing any of them changes the
+//! nonce or the key and the tag fails (ADR 46).
+//!
+//! - [`Mode::Encrypt`]: the payload is encrypted in place and the header is the associated
+//!   data, so a receiver can still route on the header before it opens the datagram.
+//! - [`Mode::Authenticate`]: nothing is hidden. With AES-256-GCM the tag is that of encrypting
+//!   the header and the payload with no associated data, computed by the sender and again by
+//!   the receiver over a scratch copy whose ciphertext is then dropped
+//!   ([`authentication_tag`]); with ChaCha20-Poly1305, header and payload are the associated
+//!   data of an empty message.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -188,40 +194,34 @@ pub enum SealError {
     CounterExhausted(KeyId),
 }
 
-/// Largest payload a datagram can have (a UDP datagram's 65,507 bytes): the size of the scratch
-/// buffer of [`Mode::Authenticate`], allocated with the key so that sealing and opening do not.
-const PAYLOAD_MAX: usize = 65_507;
-
-/// The tag of `buf[..len]` (trailer fields written at `buf[len..]`) in [`Mode::Authenticate`].
+/// The tag of `buf[..len]` in [`Mode::Authenticate`].
 ///
-/// With AES-256-GCM it is the tag of the datagram's encryption: the payload is encrypted in
-/// `scratch` under the header and trailer fields as associated data, and the ciphertext dropped.
-/// GCM's tag over associated data alone (GMAC) would do, but ring folds associated data one
-/// block at a time, several times slower than its bulk path over ciphertext (ADR 40). Forging
-/// this tag is forging a GCM ciphertext for the same nonce, header and trailer; the receiver's
-/// recomputation under a nonce already used sends nothing, so no keystream is exposed. With
-/// ChaCha20-Poly1305, whose associated data takes the bulk path, the whole datagram up to the tag
-/// is associated data.
+/// With AES-256-GCM it is the tag of encrypting the datagram (header and payload) with no
+/// associated data: the datagram is copied into `scratch`, encrypted there, and the ciphertext
+/// dropped. GCM's tag over associated data alone (GMAC) would do, but ring folds associated
+/// data one block at a time, several times slower than its bulk path over ciphertext (ADRs 40
+/// and 46). Forging this tag is forging a GCM ciphertext for the same nonce and length; the
+/// receiver's recomputation under a nonce already used sends nothing, so no keystream is
+/// exposed. With ChaCha20-Poly1305, whose associated data takes the bulk path, the datagram is
+/// the associated data of an empty message. `scratch` grows to the largest datagram seen and
+/// is kept, so a steady flow allocates nothing.
 fn authentication_tag(
     key: &LessSafeKey,
     aead: Aead,
     nonce: Nonce,
-    buf: &[u8],
-    len: usize,
+    datagram: &[u8],
     scratch: &mut Vec<u8>,
 ) -> Option<Tag> {
     match aead {
         Aead::Aes256Gcm => {
             scratch.clear();
-            scratch.extend_from_slice(&buf[CLEAR_HEADER_LEN..len]);
-            let aad = encrypt_aad(buf, len);
-            key.seal_in_place_separate_tag(nonce, Aad::from(aad), scratch)
+            scratch.extend_from_slice(datagram);
+            key.seal_in_place_separate_tag(nonce, Aad::empty(), scratch)
                 .ok()
         }
-        Aead::ChaCha20Poly1305 => {
-            let aad = Aad::from(&buf[..len + TRAILER_FIELDS_LEN]);
-            key.seal_in_place_separate_tag(nonce, aad, &mut []).ok()
-        }
+        Aead::ChaCha20Poly1305 => key
+            .seal_in_place_separate_tag(nonce, Aad::from(datagram), &mut [])
+            .ok(),
     }
 }
 
@@ -241,7 +241,7 @@ pub struct SealingKey {
     mode: Mode,
     aead: Aead,
     key: LessSafeKey,
-    /// Where [`Mode::Authenticate`] encrypts a copy of the payload for its tag.
+    /// Where [`Mode::Authenticate`] encrypts a copy of the datagram for its tag.
     scratch: Vec<u8>,
     next: u64,
     limit: u64,
@@ -279,7 +279,7 @@ impl SealingKey {
             mode,
             aead,
             key: ring_key(aead, secret),
-            scratch: scratch_for(mode, aead),
+            scratch: Vec::new(),
             next: 0,
             limit: counter_limit,
         }
@@ -317,7 +317,9 @@ impl SealingKey {
     }
 
     /// Seals the datagram `buf[..len]` in place and returns its sealed length
-    /// (`len + mode.overhead()`); `buf` must have that room. Allocates nothing.
+    /// (`len + mode.overhead()`); `buf` must have that room. Allocates nothing, except in
+    /// [`Mode::Authenticate`] with AES-256-GCM the first time a datagram is longer than any
+    /// before (the scratch copy grows).
     pub fn seal(&mut self, buf: &mut [u8], len: usize) -> Result<usize, SealError> {
         if len < CLEAR_HEADER_LEN || len > buf.len() {
             return Err(SealError::TooShort);
@@ -340,16 +342,12 @@ impl SealingKey {
         let nonce = nonce(self.sender, counter);
         let tag = match self.mode {
             Mode::Authenticate => {
-                authentication_tag(&self.key, self.aead, nonce, buf, len, &mut self.scratch)
+                authentication_tag(&self.key, self.aead, nonce, &buf[..len], &mut self.scratch)
             }
             _ => {
-                let aad = encrypt_aad(buf, len);
+                let (header, payload) = buf[..len].split_at_mut(CLEAR_HEADER_LEN);
                 self.key
-                    .seal_in_place_separate_tag(
-                        nonce,
-                        Aad::from(aad),
-                        &mut buf[CLEAR_HEADER_LEN..len],
-                    )
+                    .seal_in_place_separate_tag(nonce, Aad::from(&*header), payload)
                     .ok()
             }
         };
@@ -361,23 +359,6 @@ impl SealingKey {
         self.next += 1;
         Ok(sealed_len)
     }
-}
-
-/// The scratch buffer a key of `mode` and `aead` needs ([`authentication_tag`]).
-fn scratch_for(mode: Mode, aead: Aead) -> Vec<u8> {
-    if mode == Mode::Authenticate && aead == Aead::Aes256Gcm {
-        Vec::with_capacity(PAYLOAD_MAX)
-    } else {
-        Vec::new()
-    }
-}
-
-/// The associated data of an encrypted datagram: its header and its trailer's fields.
-fn encrypt_aad(buf: &[u8], len: usize) -> [u8; CLEAR_HEADER_LEN + TRAILER_FIELDS_LEN] {
-    let mut aad = [0u8; CLEAR_HEADER_LEN + TRAILER_FIELDS_LEN];
-    aad[..CLEAR_HEADER_LEN].copy_from_slice(&buf[..CLEAR_HEADER_LEN]);
-    aad[CLEAR_HEADER_LEN..].copy_from_slice(&buf[len..len + TRAILER_FIELDS_LEN]);
-    aad
 }
 
 /// Why a received datagram was refused. Each is counted in [`OpenStats`]; the datagram is
@@ -497,9 +478,9 @@ pub struct KeyRingConfig {
     /// Keys installed at once, at most (default 8: a node keeps a ring per region, ADR 43,
     /// holding the region's current key and the previous ones still in their grace).
     pub keys_max: usize,
-    /// Senders per key, at most (default 256: the members of a region view); their replay
-    /// windows are allocated when the key is installed (with the defaults, about 40 KB a
-    /// key: 256 windows of 128 bytes and their headers).
+    /// Senders per key, at most (default 256: the members of a region view). A sender's
+    /// replay window is allocated when its first datagram under the key opens (with the
+    /// defaults, 128 bytes and a 40-byte entry), so a key costs what its senders use.
     pub senders_max: usize,
     /// Width of each sender's replay window in counters, rounded up to a power of two (default
     /// [`WINDOW_BITS_DEFAULT`], at most [`WINDOW_BITS_MAX`]).
@@ -562,20 +543,22 @@ impl KeyRingConfig {
 struct OpenKey {
     id: KeyId,
     key: LessSafeKey,
-    /// (sender, index in `windows`), sorted by sender; capacity `senders_max`.
-    senders: Vec<(u32, u32)>,
-    windows: Vec<ReplayWindow>,
+    /// Each sender seen under the key and its replay window, sorted by sender; at most
+    /// `senders_max`, added when a sender's first datagram opens.
+    senders: Vec<(u32, ReplayWindow)>,
 }
 
 /// The receiving side: the keys a node accepts, by id, each with a replay window per sender.
-/// Memory is allocated when a key is installed; opening never allocates.
+/// Opening allocates only for a sender's first datagram under a key (its replay window) and,
+/// in [`Mode::Authenticate`] with AES-256-GCM, for a datagram longer than any before (the
+/// scratch copy grows): a steady flow allocates nothing.
 pub struct KeyRing {
     config: KeyRingConfig,
     /// Sorted by id.
     keys: Vec<OpenKey>,
     retired: VecDeque<KeyId>,
     stats: OpenStats,
-    /// Where [`Mode::Authenticate`] encrypts a copy of the payload for its tag.
+    /// Where [`Mode::Authenticate`] encrypts a copy of the datagram for its tag.
     scratch: Vec<u8>,
 }
 
@@ -598,7 +581,7 @@ impl KeyRing {
             keys: Vec::with_capacity(config.keys_max),
             retired: VecDeque::with_capacity(config.retired_max),
             stats: OpenStats::default(),
-            scratch: scratch_for(config.mode, config.aead),
+            scratch: Vec::new(),
             config,
         })
     }
@@ -649,16 +632,12 @@ impl KeyRing {
         if self.keys.len() >= self.config.keys_max {
             return Err(KeyError::Full);
         }
-        let windows = (0..self.config.senders_max)
-            .map(|_| ReplayWindow::new(self.config.window_bits))
-            .collect();
         self.keys.insert(
             at,
             OpenKey {
                 id,
                 key: ring_key(self.config.aead, secret),
-                senders: Vec::with_capacity(self.config.senders_max),
-                windows,
+                senders: Vec::new(),
             },
         );
         Ok(())
@@ -685,7 +664,8 @@ impl KeyRing {
 
     /// Opens the sealed datagram `buf` in place (decrypting its payload in
     /// [`Mode::Encrypt`]); on success the protocol datagram is `buf[..opened.len]`. Counts the
-    /// outcome. Allocates nothing; on failure the buffer's payload is unspecified.
+    /// outcome. Allocates only as [`KeyRing`] says; on failure the buffer's payload is
+    /// unspecified.
     pub fn open(&mut self, buf: &mut [u8]) -> Result<Opened, OpenError> {
         let result = self.open_inner(buf);
         self.stats.count(&result);
@@ -732,8 +712,7 @@ impl KeyRing {
         let key = &mut self.keys[at];
         let slot = key.senders.binary_search_by_key(&sender, |s| s.0);
         if let Ok(i) = slot {
-            let window = key.senders[i].1 as usize;
-            key.windows[window].check(counter).map_err(refusal)?;
+            key.senders[i].1.check(counter).map_err(refusal)?;
         }
         let nonce = nonce(sender, counter);
         let verified = match self.config.mode {
@@ -741,19 +720,18 @@ impl KeyRing {
                 &key.key,
                 self.config.aead,
                 nonce,
-                buf,
-                len,
+                &buf[..len],
                 &mut self.scratch,
             )
             .is_some_and(|expected| tags_equal(expected.as_ref(), &tag_bytes)),
             _ => {
-                let aad = encrypt_aad(buf, len);
+                let (header, payload) = buf[..len].split_at_mut(CLEAR_HEADER_LEN);
                 key.key
                     .open_in_place_separate_tag(
                         nonce,
-                        Aad::from(aad),
+                        Aad::from(&*header),
                         Tag::from(tag_bytes),
-                        &mut buf[CLEAR_HEADER_LEN..len],
+                        payload,
                         0..,
                     )
                     .is_ok()
@@ -763,18 +741,17 @@ impl KeyRing {
             return Err(OpenError::BadTag);
         }
         let window = match slot {
-            Ok(i) => key.senders[i].1 as usize,
+            Ok(i) => &mut key.senders[i].1,
             Err(i) => {
-                let next = key.senders.len();
-                if next >= key.windows.len() {
+                if key.senders.len() >= self.config.senders_max {
                     return Err(OpenError::SendersFull);
                 }
-                // Within the reserved capacity: no allocation.
-                key.senders.insert(i, (sender, next as u32));
-                next
+                key.senders
+                    .insert(i, (sender, ReplayWindow::new(self.config.window_bits)));
+                &mut key.senders[i].1
             }
         };
-        key.windows[window].accept(counter).map_err(refusal)?;
+        window.accept(counter).map_err(refusal)?;
         Ok(Opened {
             len,
             origin: Some(Origin {
@@ -871,29 +848,63 @@ mod tests {
         }
     }
 
-    /// With AES-256-GCM an authenticated datagram carries the tag its encryption would carry,
-    /// and its payload stays clear.
+    /// With AES-256-GCM an authenticated datagram carries the tag of encrypting its header and
+    /// payload with no associated data, and its payload stays clear.
     #[test]
-    fn authenticate_sends_the_tag_of_the_encryption_in_clear() {
+    fn authenticate_sends_the_tag_of_the_encrypted_datagram_in_clear() {
         let payload = b"sent in clear, tagged as if encrypted";
         let mut auth = datagram(payload);
-        let mut enc = auth.clone();
         let len = auth.len() - TRAILER_LEN;
         sealer(Mode::Authenticate, Aead::Aes256Gcm, 9)
             .seal(&mut auth, len)
             .unwrap();
-        sealer(Mode::Encrypt, Aead::Aes256Gcm, 9)
-            .seal(&mut enc, len)
-            .unwrap();
         assert_eq!(&auth[H..len], payload);
-        assert_ne!(&enc[H..len], payload);
-        assert_eq!(auth[len..], enc[len..], "same trailer fields and tag");
+        let mut copy = auth[..len].to_vec();
+        let expected = ring_key(Aead::Aes256Gcm, &KeySecret::from_bytes(SECRET))
+            .seal_in_place_separate_tag(nonce(9, 0), Aad::empty(), &mut copy)
+            .unwrap();
+        assert_eq!(&auth[len + TRAILER_FIELDS_LEN..], expected.as_ref());
         let mut ring = ring(Mode::Authenticate, Aead::Aes256Gcm);
         let opened = ring.open(&mut auth.clone()).unwrap();
         assert_eq!(opened.len, len);
         auth[H] ^= 1;
         let mut fresh = super::tests::ring(Mode::Authenticate, Aead::Aes256Gcm);
         assert_eq!(fresh.open(&mut auth), Err(OpenError::BadTag));
+    }
+
+    /// The trailer's fields are not associated data, yet none of them can be changed: the
+    /// sender and the counter are the nonce, and the key id picks the key.
+    #[test]
+    fn trailer_fields_are_bound_by_nonce_and_key() {
+        for aead in [Aead::Aes256Gcm, Aead::ChaCha20Poly1305] {
+            for mode in [Mode::Authenticate, Mode::Encrypt] {
+                let mut s = sealer(mode, aead, 9);
+                let mut buf = datagram(b"bound");
+                let n = s.seal(&mut buf, H + 5).unwrap();
+                let sealed = buf[..n].to_vec();
+                let mut r = KeyRing::new(KeyRingConfig {
+                    mode,
+                    aead,
+                    header_sender: false,
+                    ..KeyRingConfig::default()
+                })
+                .unwrap();
+                r.install(KeyId(1), &KeySecret::from_bytes(SECRET)).unwrap();
+                r.install(KeyId(2), &KeySecret::from_bytes([8; 32]))
+                    .unwrap();
+                let fields = H + 5;
+                let mut other_key = sealed.clone();
+                other_key[fields..fields + 4].copy_from_slice(&2u32.to_be_bytes());
+                assert_eq!(r.open(&mut other_key), Err(OpenError::BadTag), "{mode}");
+                let mut other_sender = sealed.clone();
+                other_sender[fields + 4..fields + 8].copy_from_slice(&8u32.to_be_bytes());
+                assert_eq!(r.open(&mut other_sender), Err(OpenError::BadTag), "{mode}");
+                let mut other_counter = sealed.clone();
+                other_counter[fields + 15] = 1;
+                assert_eq!(r.open(&mut other_counter), Err(OpenError::BadTag), "{mode}");
+                assert!(r.open(&mut sealed.clone()).is_ok(), "{mode}");
+            }
+        }
     }
 
     #[test]
