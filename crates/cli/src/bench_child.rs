@@ -158,7 +158,7 @@ impl PayloadBlocks {
     fn with_room(&mut self, len: usize) -> &mut BytesMut {
         if self.current.capacity() < len && !self.current.try_reclaim(PAYLOAD_BLOCK_BYTES) {
             // A retired block whose messages are all gone, else a new block.
-            let reusable = (0..self.retired.len().min(4)).find_map(|_| {
+            let reusable = (0..self.retired.len()).find_map(|_| {
                 let mut block = self.retired.pop_front()?;
                 if block.try_reclaim(PAYLOAD_BLOCK_BYTES) {
                     Some(block)
