@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use tidings_gms::{Member, MemberConfig, MemberEvent, NamedRequest};
+use bytes::{Bytes, BytesMut};
+use tidings_gms::{Member, MemberConfig, MemberEvent, NamedRequest, ReceivedDatagram};
 use tidings_proto::{
     Config, ConfigError, CongestionControl, Delivery, Destination, Event, Membership, Node, NodeId,
     RecoveryPacing, RegionId, Time, TopicId,
@@ -1024,7 +1024,21 @@ impl Host for SimHost {
                 self.member.handle_gms_datagram(now, replica, body);
             }
         } else {
-            self.member.handle_datagram(now, datagram);
+            // As the runtime does: a sealed datagram is opened where it was received (the
+            // copy here stands for the kernel's into the receive buffer), then handed over.
+            let opened = if self.member.seals() {
+                let mut buf = BytesMut::from(&datagram[..]);
+                self.member.open_received(&mut buf).map(|len| {
+                    buf.truncate(len);
+                    buf.freeze()
+                })
+            } else {
+                Some(datagram)
+            };
+            if let Some(opened) = opened {
+                self.member
+                    .handle_datagram(now, ReceivedDatagram::Opened(opened));
+            }
         }
         self.after_input(now);
     }
