@@ -1225,8 +1225,8 @@ impl Member {
         }
     }
 
-    /// Whether this member seals and opens datagrams: a host that can hand received datagrams
-    /// over as [`ReceivedDatagram::Writable`] then spares it a copy of each.
+    /// Whether this member seals and opens datagrams: a host then spares it a copy of each
+    /// received datagram by opening it where it received it ([`Member::open_received`]).
     #[must_use]
     pub fn seals(&self) -> bool {
         self.sealing.is_some()
@@ -2383,14 +2383,7 @@ mod tests {
         let subs: BTreeMap<NodeId, Vec<TopicId>> =
             [(NodeId(1), vec![TopicId(1)]), (NodeId(2), vec![TopicId(1)])].into();
         let membership = Membership::from_subscriptions(&subs, 6);
-        let config = MemberConfig {
-            sealing: KeyRingConfig {
-                mode,
-                ..KeyRingConfig::default()
-            },
-            key_grace: Duration::from_millis(500),
-            ..MemberConfig::default()
-        };
+        let config = sealed_config(mode);
         (1..=2)
             .map(|n| {
                 let mut m = Member::with_membership(
@@ -2405,6 +2398,18 @@ mod tests {
                 m
             })
             .collect()
+    }
+
+    /// A member configuration sealing in `mode`, with a 500 ms key grace.
+    fn sealed_config(mode: Mode) -> MemberConfig {
+        MemberConfig {
+            sealing: KeyRingConfig {
+                mode,
+                ..KeyRingConfig::default()
+            },
+            key_grace: Duration::from_millis(500),
+            ..MemberConfig::default()
+        }
     }
 
     /// Installs key `id` with `secret` for every region `m` knows.
@@ -2526,14 +2531,7 @@ mod tests {
         let region = |t: TopicId| membership.topic_regions[&t][0];
         let (a, b) = (region(TopicId(1)), region(TopicId(2)));
         assert_ne!(a, b);
-        let config = MemberConfig {
-            sealing: KeyRingConfig {
-                mode,
-                ..KeyRingConfig::default()
-            },
-            key_grace: Duration::from_millis(500),
-            ..MemberConfig::default()
-        };
+        let config = sealed_config(mode);
         let members = (1..=3)
             .map(|n| {
                 let mut m = Member::with_membership(

@@ -420,9 +420,10 @@ pub(crate) struct Core {
     addresses: AddressBook,
     rx: RxBuffers,
     arena: tidings_gms::BlockArena,
-    /// The received batch, by priority class (control, recovery, data), each datagram with
-    /// whether it came on a multicast group (where regions may share the group).
-    classes: [Vec<(ReceivedDatagram, bool)>; 3],
+    /// The received batch, by priority class (control, recovery, data): each datagram opened
+    /// where it was received ([`Member::open_received`]), with whether it came on a multicast
+    /// group (where regions may share the group).
+    classes: [Vec<(Bytes, bool)>; 3],
     tx: TxBatch,
     /// The protocol may have datagrams to send (set after every input).
     tx_more: bool,
@@ -1778,8 +1779,7 @@ impl Core {
                     let protocol_kept =
                         self.rx
                             .datagrams(filled, arena, inspect, |datagram, class| {
-                                classes[usize::from(class)]
-                                    .push((ReceivedDatagram::Opened(datagram), via_group));
+                                classes[usize::from(class)].push((datagram, via_group));
                             });
                     kept += protocol_kept + gms_kept;
                 }
@@ -1801,6 +1801,7 @@ impl Core {
             let mut batch = std::mem::take(&mut self.classes[class]);
             self.stats.received_by_priority[class] += batch.len() as u64;
             for (datagram, via_group) in batch.drain(..) {
+                let datagram = ReceivedDatagram::Opened(datagram);
                 if via_group {
                     self.member.handle_group_datagram(now, datagram);
                 } else {

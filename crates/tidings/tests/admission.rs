@@ -193,34 +193,9 @@ fn a_replicated_service_admits_only_its_list() {
     let stranger = Identity::generate().unwrap();
     let mut allowed = AllowList::new();
     allowed.insert(*node.public(), "node");
-    let sockets: Vec<UdpSocket> = (0..3)
-        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let peers: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    let (sockets, peers) = replica_sockets(3);
     let replica_security = tidings_gms::ReplicaSecurity::generate(3).unwrap();
-    let _replicas: Vec<tidings::GmsReplicaServer> = sockets
-        .into_iter()
-        .enumerate()
-        .map(|(index, socket)| {
-            let host = {
-                let mut cfg = tidings::ReplicaHostConfig::default();
-                cfg.replica = {
-                    let mut c = common::replica_config();
-                    c.index = index;
-                    c
-                };
-                cfg.data_dir = None;
-                cfg.replica_security = Some(replica_security[index].clone());
-                cfg
-            };
-            let security = tidings_gms::ServiceSecurity {
-                identity: service.clone(),
-                allowed: allowed.clone(),
-            };
-            tidings::GmsReplicaServer::start_secure_on(host, peers.clone(), socket, Some(security))
-                .unwrap()
-        })
-        .collect();
+    let _replicas = secure_replicas(sockets, &peers, &service, &allowed, replica_security, None);
     let mut link = common::link(&peers);
     link.join_timeout = Duration::from_secs(10);
     let admitted = Node::builder()
@@ -340,6 +315,15 @@ fn secure_replica(
         .unwrap()
 }
 
+/// `n` loopback sockets for replicas, and their addresses.
+fn replica_sockets(n: usize) -> (Vec<UdpSocket>, Vec<SocketAddr>) {
+    let sockets: Vec<UdpSocket> = (0..n)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    (sockets, addrs)
+}
+
 /// Replicas on `sockets` listing `peers`, admitting `allowed`, each with its replica security.
 fn secure_replicas(
     sockets: Vec<UdpSocket>,
@@ -367,10 +351,7 @@ fn sealed_replicas_serve_sealed_nodes_and_never_show_the_datagram_key() {
     for (i, n) in nodes.iter().enumerate() {
         allowed.insert(*n.public(), &format!("node{i}"));
     }
-    let sockets: Vec<UdpSocket> = (0..3)
-        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let real: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    let (sockets, real) = replica_sockets(3);
     // The replicas reach one another only through the tap; nodes reach them directly.
     let tap = Tap::new(real.clone());
     let dir = std::env::temp_dir().join(format!(
@@ -514,10 +495,7 @@ fn a_replica_whose_identity_is_not_listed_cannot_take_part() {
     let node = Identity::generate().unwrap();
     let mut allowed = AllowList::new();
     allowed.insert(*node.public(), "node");
-    let sockets: Vec<UdpSocket> = (0..3)
-        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let peers: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    let (sockets, peers) = replica_sockets(3);
     let mut security = tidings_gms::ReplicaSecurity::generate(3).unwrap();
     // Replica 2 runs with an identity the others do not list (it lists its own key).
     let stranger = Identity::generate().unwrap();
