@@ -576,7 +576,8 @@ impl NodeRuntime {
     /// last. When the callback falls behind and the task's queue is full, the topics whose
     /// messages find no room are held, each as a topic of its own subscription is
     /// ([`subscribe`](NodeRuntime::subscribe)); other subscriptions' topics go on. Returns
-    /// once all are in force, in the order of `names`; on an error none is kept.
+    /// once all are in force, in the order of `names`; on an error none is kept. A name given
+    /// twice is refused.
     pub fn subscribe_named_group<F>(
         &self,
         names: &[String],
@@ -590,6 +591,13 @@ impl NodeRuntime {
             return Err(RequestError::Refused(
                 "too many topics in one group".to_owned(),
             ));
+        }
+        // A topic named twice would reach the callback twice per message under two indices.
+        let mut seen = std::collections::HashSet::with_capacity(names.len());
+        if let Some(twice) = names.iter().find(|n| !seen.insert(n.as_str())) {
+            return Err(RequestError::Refused(format!(
+                "topic {twice:?} is named more than once in one group"
+            )));
         }
         let group = TaskGroup::new(names.len());
         let routes = Arc::clone(&group);

@@ -562,7 +562,7 @@ impl Node {
     /// topics whose messages then find no room are held at this node until it has taken half
     /// of it (other subscriptions go on). Each topic keeps its [`CallbackSubscription`]:
     /// dropping one stops that topic alone. Returns once all are in force, in the order of
-    /// `topics`; on an error, none is kept.
+    /// `topics`; on an error, none is kept. A topic given twice is refused.
     pub fn subscribe_group_with<T, F>(
         &self,
         topics: &[Topic<T>],

@@ -298,3 +298,19 @@ fn a_topic_of_a_group_is_unsubscribed_alone_and_a_slow_group_callback_loses_noth
     subscriber_node.shutdown().unwrap();
     publisher_node.shutdown().unwrap();
 }
+
+#[test]
+fn a_group_naming_a_topic_twice_is_refused_with_its_name() {
+    let node = Node::builder().private_gms().start().unwrap();
+    let names: Vec<_> = ["twice/a", "twice/b", "twice/a"]
+        .iter()
+        .map(|n| Topic::raw(*n).unwrap())
+        .collect();
+    match node.subscribe_group_with(&names, |_, _| {}) {
+        Err(tidings::RequestError::Refused(why)) => assert!(why.contains("twice/a"), "{why}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|v| v.len())),
+    }
+    // Nothing was kept: the names can be taken once each afterwards.
+    let subscriptions = node.subscribe_group_with(&names[..2], |_, _| {}).unwrap();
+    assert_eq!(subscriptions.len(), 2);
+}
