@@ -650,19 +650,19 @@ fn subscriber(
                 .map(|t| tidings::Topic::raw(topic_name(t)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
-            // Callbacks on the delivery workers, as the runtime's below; the topic's number
-            // (not the service's id) indexes the tally.
+            // One callback for all the topics, on the delivery workers, as the runtime's
+            // below; the topic's number (not the service's id) indexes the tally.
+            let tally = Arc::clone(&tally);
             library_subscriptions = n
-                .subscribe_many_with(&topics, |i| {
-                    let tally = Arc::clone(&tally);
-                    let topic = TopicId(i as u32);
-                    move |m: Result<tidings::Message<Bytes>, tidings::RecvError>| match m {
-                        Ok(m) => tally.record(topic, &m.value),
+                .subscribe_group_with(
+                    &topics,
+                    move |i, m: Result<tidings::Message<Bytes>, tidings::RecvError>| match m {
+                        Ok(m) => tally.record(TopicId(i as u32), &m.value),
                         Err(_) => {
                             tally.order_errors.fetch_add(1, Ordering::Relaxed);
                         }
-                    }
-                })
+                    },
+                )
                 .map_err(|e| format!("subscribe: {e}"))?;
         }
         BenchNode::Runtime(n) => {

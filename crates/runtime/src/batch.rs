@@ -2,11 +2,18 @@
 //! that one input (a datagram, a repair, a release) brought, as one scheduler event. A run of one
 //! message is kept in the batch itself; longer runs are stored on storage recycled through a
 //! lock-free pool, so steady delivery allocates nothing.
+//!
+//! The topics of a group subscription ([`NodeRuntime::subscribe_named_group`]) share one task:
+//! the core thread hands it the in-order run of all their messages as one batch, whatever the
+//! topic of each, and the task routes each message to its topic's callback ([`TaskGroup`]).
+//!
+//! [`NodeRuntime::subscribe_named_group`]: crate::NodeRuntime::subscribe_named_group
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crossbeam_queue::ArrayQueue;
+use rustc_hash::FxHashMap;
 use tidings_proto::{Delivery, TopicId};
 use tidings_sched::TaskHandle;
 
@@ -62,7 +69,8 @@ impl BatchPool {
 /// A run of messages of one topic, in sender order, delivered to a subscription as one event
 /// ([`NodeRuntime::subscribe_batch`](crate::NodeRuntime::subscribe_batch)). It reads as a
 /// slice of [`Delivery`]; [`drain`](Deliveries::drain) takes the messages out. Its storage goes
-/// back to the runtime when it is dropped.
+/// back to the runtime when it is dropped. (The batches of a group subscription's shared task,
+/// which no caller sees, hold the run of several topics: each message names its own.)
 #[derive(Debug)]
 pub struct Deliveries {
     topic: TopicId,
@@ -92,7 +100,7 @@ impl Deliveries {
         }
     }
 
-    /// The topic of every message of the batch.
+    /// The topic of every message of the batch (of its first message, in a group's batch).
     #[must_use]
     pub fn topic(&self) -> TopicId {
         self.topic
@@ -139,6 +147,28 @@ impl Deliveries {
         }
     }
 
+    /// Whether messages of more than one topic are in the batch (a group's run).
+    pub(crate) fn is_mixed(&self) -> bool {
+        self.iter().any(|d| d.topic != self.topic)
+    }
+
+    /// The batch cut into runs of one topic each, in order, on storage of `pool`: what a
+    /// group's run becomes when its task has no room and its topics are held one by one.
+    pub(crate) fn split_by_topic(mut self, pool: &Arc<BatchPool>) -> Vec<Deliveries> {
+        let mut runs: Vec<Deliveries> = Vec::new();
+        for d in self.drain() {
+            match runs.last_mut() {
+                Some(run) if run.topic == d.topic && !run.is_full() => run.push(d),
+                _ => {
+                    let mut run = pool.batch(d.topic);
+                    run.push(d);
+                    runs.push(run);
+                }
+            }
+        }
+        runs
+    }
+
     pub(crate) fn is_full(&self) -> bool {
         self.len() >= BATCH_MSGS_MAX
     }
@@ -179,15 +209,139 @@ impl Drop for Deliveries {
     }
 }
 
+/// The topics that share one delivery task, each with a callback of its own (by index): which
+/// index each topic's messages go to, and which of the group's subscriptions are still alive.
+#[derive(Debug)]
+pub(crate) struct TaskGroup {
+    /// Each bound topic's index, written by the core thread as the membership service binds
+    /// the topics (and again as a rejoin gives them new ids), read by the task once per batch.
+    routes: Mutex<FxHashMap<TopicId, u32>>,
+    /// Per index, whether its subscription is alive: cleared when it is dropped, so that its
+    /// messages already queued in the shared task are dropped, as a task's own are.
+    live: Box<[AtomicBool]>,
+    /// Subscriptions of the group not dropped yet; the last one dropped removes the task.
+    subscriptions: AtomicUsize,
+}
+
+/// Index of a message whose topic has no route (unbound or unsubscribed): dropped.
+const NO_ROUTE: u32 = u32::MAX;
+
+impl TaskGroup {
+    /// A group of `topics` topics (indices `0..topics`), none bound yet.
+    pub(crate) fn new(topics: usize) -> Arc<TaskGroup> {
+        Arc::new(TaskGroup {
+            routes: Mutex::new(FxHashMap::default()),
+            live: (0..topics).map(|_| AtomicBool::new(true)).collect(),
+            subscriptions: AtomicUsize::new(0),
+        })
+    }
+
+    fn routes(&self) -> std::sync::MutexGuard<'_, FxHashMap<TopicId, u32>> {
+        self.routes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Messages of `topic` go to index `index` (the core thread, as the topic is bound).
+    pub(crate) fn bind(&self, topic: TopicId, index: u32) {
+        self.routes().insert(topic, index);
+    }
+
+    /// A rejoin gave the topic `old` the id `new` (the core thread).
+    pub(crate) fn rebind(&self, old: TopicId, new: TopicId) {
+        let mut routes = self.routes();
+        if let Some(index) = routes.remove(&old) {
+            routes.insert(new, index);
+        }
+    }
+
+    /// Messages of `topic` go nowhere any more (the core thread, as it is unsubscribed).
+    pub(crate) fn unbind(&self, topic: TopicId) {
+        self.routes().remove(&topic);
+    }
+
+    /// Counts a subscription handed out for the group.
+    pub(crate) fn add_subscription(&self) {
+        self.subscriptions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The subscription of index `index` is dropped: its messages are dropped from now on.
+    /// Whether it was the group's last (then the shared task is to be removed).
+    pub(crate) fn drop_subscription(&self, index: u32) -> bool {
+        if let Some(live) = self.live.get(index as usize) {
+            live.store(false, Ordering::Release);
+        }
+        self.subscriptions.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Fills `indices` with the index of each message of `batch`, [`NO_ROUTE`] for those of
+    /// topics unbound or unsubscribed: one lock per batch.
+    fn route(&self, batch: &Deliveries, indices: &mut Vec<u32>) {
+        indices.clear();
+        let routes = self.routes();
+        indices.extend(batch.iter().map(|d| {
+            routes
+                .get(&d.topic)
+                .copied()
+                .filter(|&i| {
+                    self.live
+                        .get(i as usize)
+                        .is_some_and(|l| l.load(Ordering::Acquire))
+                })
+                .unwrap_or(NO_ROUTE)
+        }));
+    }
+
+    /// Runs `callback(index, message)` for each message of `batch` whose topic is routed, in
+    /// order; `indices` is scratch storage (kept by the task, so nothing is allocated per batch
+    /// once it has grown to the longest batch).
+    pub(crate) fn dispatch(
+        &self,
+        batch: &mut Deliveries,
+        indices: &mut Vec<u32>,
+        mut callback: impl FnMut(usize, Delivery),
+    ) {
+        self.route(batch, indices);
+        for (d, &index) in batch.drain().zip(indices.iter()) {
+            if index != NO_ROUTE {
+                callback(index as usize, d);
+            }
+        }
+    }
+}
+
+/// A group subscription's place in its group: the shared group and its own index.
+#[derive(Clone, Debug)]
+pub(crate) struct GroupRoute {
+    pub(crate) group: Arc<TaskGroup>,
+    pub(crate) index: u32,
+}
+
 /// A subscription's delivery task, with the count of messages its handler has run (a task's
-/// own count is of batches).
+/// own count is of batches), and, for a subscription of a group, its place in the group.
 #[derive(Clone, Debug)]
 pub(crate) struct SubTask {
     pub(crate) handle: TaskHandle<Deliveries>,
     pub(crate) delivered: Arc<AtomicU64>,
+    pub(crate) group: Option<GroupRoute>,
 }
 
 impl SubTask {
+    /// The same task as the subscription of index `index` of `group`.
+    pub(crate) fn in_group(&self, group: &Arc<TaskGroup>, index: u32) -> SubTask {
+        SubTask {
+            handle: self.handle.clone(),
+            delivered: Arc::clone(&self.delivered),
+            group: Some(GroupRoute {
+                group: Arc::clone(group),
+                index,
+            }),
+        }
+    }
+
+    /// Whether the task is shared by a group's topics.
+    pub(crate) fn is_group(&self) -> bool {
+        self.group.is_some()
+    }
+
     /// Messages the subscription's handler has run.
     pub(crate) fn delivered(&self) -> u64 {
         self.delivered.load(Ordering::Relaxed)
@@ -274,6 +428,76 @@ mod tests {
         drop(one);
         drop(copy);
         assert_eq!(pool.free.len(), 1, "runs of one give nothing back");
+    }
+
+    fn delivery_of(topic: u32, i: u64) -> Delivery {
+        Delivery {
+            topic: TopicId(topic),
+            ..delivery(i)
+        }
+    }
+
+    #[test]
+    fn a_group_run_is_cut_into_runs_of_one_topic_in_order() {
+        let pool = BatchPool::new();
+        let mut b = pool.batch(TopicId(1));
+        for (topic, i) in [(1, 0), (1, 1), (2, 2), (1, 3), (3, 4), (3, 5)] {
+            b.push(delivery_of(topic, i));
+        }
+        assert!(b.is_mixed());
+        let runs: Vec<(u32, Vec<u64>)> = b
+            .split_by_topic(&pool)
+            .iter()
+            .map(|r| {
+                assert!(!r.is_mixed());
+                (r.topic().0, r.iter().map(|d| d.msg_id.0).collect())
+            })
+            .collect();
+        assert_eq!(
+            runs,
+            vec![(1, vec![0, 1]), (2, vec![2]), (1, vec![3]), (3, vec![4, 5]),]
+        );
+    }
+
+    #[test]
+    fn a_group_routes_each_message_to_its_topics_index_until_it_is_dropped() {
+        let pool = BatchPool::new();
+        let group = TaskGroup::new(3);
+        group.bind(TopicId(10), 0);
+        group.bind(TopicId(20), 1);
+        group.bind(TopicId(30), 2);
+        for _ in 0..3 {
+            group.add_subscription();
+        }
+        let mut indices = Vec::new();
+        let mut seen = Vec::new();
+        let mut b = pool.batch(TopicId(10));
+        for (topic, i) in [(10, 0), (20, 1), (40, 2), (30, 3), (10, 4)] {
+            b.push(delivery_of(topic, i));
+        }
+        group.dispatch(&mut b, &mut indices, |index, d| {
+            seen.push((index, d.msg_id.0))
+        });
+        // Topic 40 is not the group's: dropped.
+        assert_eq!(seen, vec![(0, 0), (1, 1), (2, 3), (0, 4)]);
+        // Index 1 dropped, topic 30 unbound, topic 10 moved to 11 by a rejoin.
+        assert!(!group.drop_subscription(1));
+        group.unbind(TopicId(30));
+        group.rebind(TopicId(10), TopicId(11));
+        seen.clear();
+        let mut b = pool.batch(TopicId(11));
+        for (topic, i) in [(11, 5), (20, 6), (30, 7), (10, 8)] {
+            b.push(delivery_of(topic, i));
+        }
+        group.dispatch(&mut b, &mut indices, |index, d| {
+            seen.push((index, d.msg_id.0))
+        });
+        assert_eq!(seen, vec![(0, 5)]);
+        assert!(!group.drop_subscription(0));
+        assert!(
+            group.drop_subscription(2),
+            "the last subscription of the group"
+        );
     }
 
     #[test]

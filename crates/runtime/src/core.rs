@@ -314,6 +314,20 @@ fn current_topic(
 /// looked at again.
 const TOPIC_MOVE_RETRY: Duration = Duration::from_millis(10);
 
+/// The shared task of `topic`'s group, if `topic` is delivered to that task alone (subscribed
+/// in one group, by nothing else; `group_topics` says) and is not held: its messages may join
+/// a run of the group's other topics.
+fn group_task(
+    group_topics: &FxHashMap<TopicId, TaskId>,
+    held: &FxHashMap<TopicId, HeldTopic>,
+    topic: TopicId,
+) -> Option<TaskId> {
+    if !held.is_empty() && held.contains_key(&topic) {
+        return None;
+    }
+    group_topics.get(&topic).copied()
+}
+
 /// A topic held back at this node because one of its subscriptions has no room: its streams
 /// stop at this node ([`Member::hold_topic`]) while the others go on.
 #[derive(Debug)]
@@ -467,8 +481,18 @@ pub(crate) struct Core {
     batch_pool: Arc<BatchPool>,
     /// The run of one topic's deliveries taken from the protocol and not handed on yet: handed
     /// on as one batch when another topic or another kind of event comes, or the events run
-    /// out.
+    /// out. A run of a group's topic ([`NodeRuntime::subscribe_named_group`]) takes the
+    /// group's other topics too.
+    ///
+    /// [`NodeRuntime::subscribe_named_group`]: crate::NodeRuntime::subscribe_named_group
     run: Option<Deliveries>,
+    /// The shared task of the current run's group, if the run is a group's.
+    run_group: Option<TaskId>,
+    /// The topics delivered to a group's shared task alone, with the task: looked up per
+    /// message of a group's run, so kept apart from `subscriptions` (one small entry, no
+    /// task list to follow). Refreshed wherever a topic's subscriptions change
+    /// ([`Core::refresh_group`]).
+    group_topics: FxHashMap<TopicId, TaskId>,
     alarm: Option<ProtocolAlarm>,
     last_look: Time,
     /// When the thread last woke from `poll` (the start of the cycle).
@@ -598,6 +622,8 @@ impl Core {
             backlog_total: 0,
             batch_pool: BatchPool::new(),
             run: None,
+            run_group: None,
+            group_topics: FxHashMap::default(),
             alarm: None,
             last_look: now,
             woke_at: now,
@@ -804,6 +830,7 @@ impl Core {
             Control::AddPublisher(publisher) => self.add_publisher(*publisher),
             Control::Subscribe { topic, task, reply } => {
                 self.subscriptions.entry(topic).or_default().push(task);
+                self.refresh_group(topic);
                 let _ = reply.send(());
             }
             Control::Unsubscribe { topic, task } => self.remove_subscription(now, topic, task),
@@ -905,7 +932,11 @@ impl Core {
             MemberEvent::Answered { token, result } => match self.pending.remove(&token) {
                 Some(Pending::Subscribe { task, reply }) => {
                     if let Ok(topic) = result {
+                        if let Some(g) = &task.group {
+                            g.group.bind(topic, g.index);
+                        }
                         self.subscriptions.entry(topic).or_default().push(task);
+                        self.refresh_group(topic);
                     }
                     let _ = reply.send(result);
                 }
@@ -939,6 +970,7 @@ impl Core {
                 self.topic_moves.push(FxHashMap::default());
                 self.subscriptions_moving
                     .extend(std::mem::take(&mut self.subscriptions));
+                self.group_topics.clear();
                 self.topic_names.clear();
             }
             MemberEvent::TopicMoved { old, new, .. } => {
@@ -946,7 +978,11 @@ impl Core {
                     moves.insert(old, new);
                 }
                 if let Some(tasks) = self.subscriptions_moving.remove(&old) {
+                    for g in tasks.iter().filter_map(|t| t.group.as_ref()) {
+                        g.group.rebind(old, new);
+                    }
                     self.subscriptions.entry(new).or_default().extend(tasks);
+                    self.refresh_group(new);
                 }
                 if let Some(mut held) = self.held.remove(&old) {
                     // Still full: the new node holds the topic too, and what the old one had
@@ -1303,8 +1339,8 @@ impl Core {
         }
     }
 
-    /// Adds `d` to the current run of deliveries if it is of the run's topic and the run has
-    /// room; otherwise hands the run on and starts a new one.
+    /// Adds `d` to the current run of deliveries if it is of the run's topic (or of the run's
+    /// group) and the run has room; otherwise hands the run on and starts a new one.
     fn on_delivery(&mut self, d: Delivery) {
         if d.origin != self.member.id() {
             // The wake of this cycle stands for now (no clock read per message).
@@ -1314,12 +1350,19 @@ impl Core {
                 .record(self.woke_at.saturating_duration_since(sent));
         }
         if let Some(run) = self.run.as_mut() {
-            if run.topic() == d.topic && !run.is_full() {
+            if !run.is_full()
+                && (run.topic() == d.topic
+                    || (self.run_group.is_some()
+                        && group_task(&self.group_topics, &self.held, d.topic) == self.run_group))
+            {
                 run.push(d);
                 return;
             }
         }
         self.flush_run();
+        if !self.group_topics.is_empty() {
+            self.run_group = group_task(&self.group_topics, &self.held, d.topic);
+        }
         let mut run = self.batch_pool.batch(d.topic);
         run.push(d);
         self.run = Some(run);
@@ -1327,6 +1370,7 @@ impl Core {
 
     /// Hands the current run of deliveries on, if there is one.
     fn flush_run(&mut self) {
+        self.run_group = None;
         if let Some(run) = self.run.take() {
             self.on_batch(run);
         }
@@ -1347,21 +1391,52 @@ impl Core {
             return;
         }
         if let Err((batch, next)) = self.deliver(batch, Position::default()) {
-            let now = clock::now();
-            let topic = batch.topic();
-            self.member.hold_topic(topic);
-            self.stats.delivery_stalls += 1;
-            self.backlog_total += batch.len();
-            let mut backlog = self.spare_backlogs.pop().unwrap_or_default();
-            backlog.push_back((batch, next));
-            self.held.insert(
-                topic,
-                HeldTopic {
-                    since: now,
-                    backlog,
-                },
-            );
+            if batch.is_mixed() {
+                // A group's run whose shared task is full: each of its topics is held with
+                // its own messages, in order, as a topic of a task of its own would be.
+                for run in batch.split_by_topic(&self.batch_pool) {
+                    self.hold(run, Position::default());
+                }
+            } else {
+                self.hold(batch, next);
+            }
         }
+    }
+
+    /// Records whether `topic` is delivered to a group's shared task alone, after its
+    /// subscriptions changed.
+    fn refresh_group(&mut self, topic: TopicId) {
+        match self.subscriptions.get(&topic).map(Vec::as_slice) {
+            Some([task]) if task.is_group() => {
+                self.group_topics.insert(topic, task.id());
+            }
+            _ => {
+                self.group_topics.remove(&topic);
+            }
+        }
+    }
+
+    /// Holds the topic of `batch` (a run of one topic that found no room from `next` on) with
+    /// `batch` at the back of its backlog.
+    fn hold(&mut self, batch: Deliveries, next: Position) {
+        let topic = batch.topic();
+        self.backlog_total += batch.len();
+        if let Some(held) = self.held.get_mut(&topic) {
+            held.backlog.push_back((batch, next));
+            return;
+        }
+        let now = clock::now();
+        self.member.hold_topic(topic);
+        self.stats.delivery_stalls += 1;
+        let mut backlog = self.spare_backlogs.pop().unwrap_or_default();
+        backlog.push_back((batch, next));
+        self.held.insert(
+            topic,
+            HeldTopic {
+                since: now,
+                backlog,
+            },
+        );
     }
 
     /// Pushes `batch` to the subscriptions of its topic from index `start` (whose first `skip`
@@ -1620,7 +1695,9 @@ impl Core {
         let Some(index) = tasks.iter().position(|t| t.id() == task) else {
             return;
         };
-        tasks.remove(index);
+        if let Some(g) = &tasks.remove(index).group {
+            g.group.unbind(topic);
+        }
         if let Some(held) = self.held.get_mut(&topic) {
             for (_, at) in &mut held.backlog {
                 if index < at.task {
@@ -1631,7 +1708,9 @@ impl Core {
                 }
             }
         }
-        if tasks.is_empty() {
+        let none_left = tasks.is_empty();
+        self.refresh_group(topic);
+        if none_left {
             self.subscriptions.remove(&topic);
             self.member.unsubscribe(topic);
             if let Some(held) = self.held.remove(&topic) {

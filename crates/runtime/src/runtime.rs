@@ -14,7 +14,7 @@ use tidings_proto::{Delivery, Membership, NodeId, TopicId};
 use tidings_sched::{Scheduler, ShutdownMode, TaskStats};
 
 use crate::addr::AddressBook;
-use crate::batch::{Deliveries, SubTask};
+use crate::batch::{Deliveries, SubTask, TaskGroup, BATCH_MSGS_MAX};
 use crate::clock;
 use crate::config::{ConfigError, GmsLinkConfig, RuntimeConfig, Transport};
 use crate::core::{Control, Core, CoreShared, GmsLink};
@@ -534,20 +534,105 @@ impl NodeRuntime {
     ) {
         for (task, answer) in waits {
             match self.wait_long(&answer) {
-                Ok(Ok(topic)) => subscriptions.push(Subscription {
-                    topic,
-                    task,
-                    shared: Arc::clone(&self.shared),
-                }),
+                Ok(Ok(topic)) => {
+                    if let Some(g) = &task.group {
+                        g.group.add_subscription();
+                    }
+                    subscriptions.push(Subscription {
+                        topic,
+                        task,
+                        shared: Arc::clone(&self.shared),
+                    });
+                }
                 Ok(Err(why)) => {
-                    task.remove();
+                    // A group's shared task is removed by its caller on a failure.
+                    if !task.is_group() {
+                        task.remove();
+                    }
                     failed.get_or_insert(why.into());
                 }
                 Err(e) => {
-                    task.remove();
+                    if !task.is_group() {
+                        task.remove();
+                    }
                     failed.get_or_insert(e);
                 }
             }
+        }
+    }
+
+    /// Subscribes, through the membership service, to every topic of `names` with one
+    /// callback, `callback(i, delivery)` for a message of the `i`-th: like
+    /// [`subscribe_named_many`](NodeRuntime::subscribe_named_many), but the topics share one
+    /// delivery task. The core thread hands the task the in-order run of all their messages
+    /// as one batch whatever their topic, so a node taking many topics round-robin pays per
+    /// batch what it pays per message with a task per topic, and keeps one task's state warm
+    /// instead of one per topic.
+    ///
+    /// The group is one subscription for the scheduler: `share` is the whole group's, and
+    /// [`Subscription::stats`] and [`Subscription::set_share`] of any of its topics are the
+    /// group's. Each topic still has its [`Subscription`]: dropping one stops that topic's
+    /// deliveries (those queued are dropped) and the others go on; the task goes with the
+    /// last. When the callback falls behind and the task's queue is full, the topics whose
+    /// messages find no room are held, each as a topic of its own subscription is
+    /// ([`subscribe`](NodeRuntime::subscribe)); other subscriptions' topics go on. Returns
+    /// once all are in force, in the order of `names`; on an error none is kept. A name given
+    /// twice is refused.
+    pub fn subscribe_named_group<F>(
+        &self,
+        names: &[String],
+        share: f64,
+        mut callback: F,
+    ) -> Result<Vec<Subscription>, RequestError>
+    where
+        F: FnMut(usize, Delivery) + Send + 'static,
+    {
+        if u32::try_from(names.len()).is_err() {
+            return Err(RequestError::Refused(
+                "too many topics in one group".to_owned(),
+            ));
+        }
+        // A topic named twice would reach the callback twice per message under two indices.
+        let mut seen = std::collections::HashSet::with_capacity(names.len());
+        if let Some(twice) = names.iter().find(|n| !seen.insert(n.as_str())) {
+            return Err(RequestError::Refused(format!(
+                "topic {twice:?} is named more than once in one group"
+            )));
+        }
+        let group = TaskGroup::new(names.len());
+        let routes = Arc::clone(&group);
+        let mut indices = Vec::with_capacity(BATCH_MSGS_MAX);
+        let task = self.batch_task(share, move |batch: &mut Deliveries| {
+            routes.dispatch(batch, &mut indices, &mut callback);
+        })?;
+        let mut subscriptions = Vec::with_capacity(names.len());
+        let send = |(chunk_index, chunk): (usize, &[String])| {
+            let first = chunk_index * tidings_gms::NAMES_PER_REQUEST_MAX;
+            let mut entries: Vec<(String, SubTask, _)> = Vec::with_capacity(chunk.len());
+            let mut waits = Vec::with_capacity(chunk.len());
+            for (i, name) in chunk.iter().enumerate() {
+                // Below `names.len()`, which fits in a u32.
+                let index = (first + i) as u32;
+                let member = task.in_group(&group, index);
+                let (reply, answer) = mpsc::sync_channel(1);
+                waits.push((member.clone(), answer));
+                entries.push((name.clone(), member, reply));
+            }
+            self.shared.send(Control::SubscribeNamedMany { entries });
+            Ok(waits)
+        };
+        let failed = pipelined(
+            names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX).enumerate(),
+            send,
+            |waits, failed| self.collect_subscriptions(waits, &mut subscriptions, failed),
+        );
+        match failed {
+            Some(e) => {
+                // Dropping the subscriptions made so far unsubscribes them; the task goes now.
+                task.remove();
+                Err(e)
+            }
+            None => Ok(subscriptions),
         }
     }
 
@@ -639,7 +724,11 @@ impl NodeRuntime {
                 shared.delivered();
             })
             .map_err(|e| RequestError::Share(e.share))?;
-        Ok(SubTask { handle, delivered })
+        Ok(SubTask {
+            handle,
+            delivered,
+            group: None,
+        })
     }
 
     /// Installs a new membership (from the GMS), and a new address book if given. Multicast
@@ -765,13 +854,15 @@ impl Subscription {
         self.topic
     }
 
-    /// The delivery task's counters (batches run, time spent, queue length in batches).
+    /// The delivery task's counters (batches run, time spent, queue length in batches): the
+    /// whole group's for a topic of [`subscribe_named_group`](NodeRuntime::subscribe_named_group).
     #[must_use]
     pub fn stats(&self) -> TaskStats {
         self.task.stats()
     }
 
-    /// Changes the share of the workers' time this subscription gets when topics compete.
+    /// Changes the share of the workers' time this subscription gets when topics compete (the
+    /// whole group's, for a topic of a group).
     pub fn set_share(&self, share: f64) -> Result<(), RequestError> {
         self.task
             .set_share(share)
@@ -784,7 +875,15 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.task.remove();
+        // A group's shared task goes with its last subscription; the others' messages go on.
+        let last = self
+            .task
+            .group
+            .as_ref()
+            .is_none_or(|g| g.group.drop_subscription(g.index));
+        if last {
+            self.task.remove();
+        }
         if self.shared.is_running() {
             self.shared.send(Control::Unsubscribe {
                 topic: self.topic,

@@ -35,7 +35,9 @@
 //!
 //! A process that subscribes to or publishes on thousands of topics does it in batches:
 //! [`Node::subscribe_many_with`] and [`Node::publishers`] tell the membership service 128 topics
-//! per request, one membership change each.
+//! per request, one membership change each. [`Node::subscribe_group_with`] takes many topics
+//! with one callback and one delivery task, which gets their messages in batches whatever
+//! their topic.
 //!
 //! Under the hood ([`tidings_runtime`]): one core thread per node drives the sans-IO protocol
 //! (`tidings_proto`) over batched UDP; callbacks run on the delivery scheduler's worker threads.

@@ -1,8 +1,8 @@
 //! Many topics through the library: a node subscribes to hundreds or thousands of topics
 //! through the membership service with callbacks, one by one or in batches
-//! (`Node::subscribe_many_with`, `Node::publishers`); the callbacks run on its delivery workers
-//! (the thread count does not grow with the topics), and every message of every topic arrives
-//! once, in order.
+//! (`Node::subscribe_many_with`, `Node::publishers`), or with one callback for all of them
+//! (`Node::subscribe_group_with`); the callbacks run on its delivery workers (the thread count
+//! does not grow with the topics), and every message of every topic arrives once, in order.
 
 // The deadline is wall time (the test's own, not the protocol's).
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
@@ -20,22 +20,40 @@ fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
+/// How the test subscribes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `subscribe_with` per topic, `publisher` per topic.
+    OneByOne,
+    /// `subscribe_many_with`, `publishers`.
+    Batched,
+    /// `subscribe_group_with` (one callback, one delivery task), `publishers`.
+    Group,
+}
+
 #[test]
 fn hundreds_of_callback_subscriptions_share_the_workers_and_get_every_message_in_order() {
-    run(500, false);
+    run(500, Mode::OneByOne);
 }
 
 /// 3,000 topics in batches: the service changes the views once per batch of 128, so this
 /// takes about as long as a few hundred one by one.
 #[test]
 fn thousands_of_topics_subscribed_and_advertised_in_batches_get_every_message_in_order() {
-    run(3_000, true);
+    run(3_000, Mode::Batched);
+}
+
+/// 3,000 topics with one callback: their messages share one delivery task, routed to the
+/// callback with each topic's index.
+#[test]
+fn thousands_of_topics_with_one_callback_get_every_message_in_order() {
+    run(3_000, Mode::Group);
 }
 
 /// The tests take turns: each counts the process's threads.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn run(topics: u64, batched: bool) {
+fn run(topics: u64, mode: Mode) {
     let _turn = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -66,12 +84,11 @@ fn run(topics: u64, batched: bool) {
     };
 
     let threads_before = threads();
-    let subscriptions = if batched {
-        subscriber_node
+    let subscriptions = match mode {
+        Mode::Batched => subscriber_node
             .subscribe_many_with(&names, callback_for)
-            .unwrap()
-    } else {
-        names
+            .unwrap(),
+        Mode::OneByOne => names
             .iter()
             .enumerate()
             .map(|(t, topic)| {
@@ -79,7 +96,13 @@ fn run(topics: u64, batched: bool) {
                     .subscribe_with(topic, callback_for(t))
                     .unwrap()
             })
-            .collect()
+            .collect(),
+        Mode::Group => {
+            let callbacks: Vec<_> = (0..names.len()).map(callback_for).collect();
+            subscriber_node
+                .subscribe_group_with(&names, move |t, message| callbacks[t](message))
+                .unwrap()
+        }
     };
     assert_eq!(subscriptions.len(), names.len());
     let threads_after = threads();
@@ -89,7 +112,7 @@ fn run(topics: u64, batched: bool) {
         threads_after - threads_before
     );
 
-    let mut publishers: Vec<_> = if batched {
+    let mut publishers: Vec<_> = if mode != Mode::OneByOne {
         publisher_node.publishers(&names).unwrap()
     } else {
         names
@@ -163,4 +186,131 @@ fn run(topics: u64, batched: bool) {
     );
     subscriber_node.shutdown().unwrap();
     publisher_node.shutdown().unwrap();
+}
+
+/// A group's topics are subscriptions each: dropping one stops its messages (even those
+/// already queued) and the others go on; a callback slower than the topics holds them (every
+/// message still arrives once, in order, and the publishers slow down).
+#[test]
+fn a_topic_of_a_group_is_unsubscribed_alone_and_a_slow_group_callback_loses_nothing() {
+    let _turn = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    const TOPICS: usize = 8;
+    const SLOW_MESSAGES: u64 = 200;
+    let publisher_node = Node::builder().private_gms().start().unwrap();
+    // A task queue of a few batches, so that the slow callback fills it.
+    let mut runtime = tidings::RuntimeConfig::default();
+    runtime.sched.task_queue_capacity = 4;
+    let subscriber_node = Node::builder()
+        .gms(publisher_node.gms_addr())
+        .runtime_config(runtime)
+        .start()
+        .unwrap();
+    let names: Vec<_> = (0..TOPICS)
+        .map(|t| Topic::raw(format!("group/{t}")).unwrap())
+        .collect();
+    let next: Arc<Vec<AtomicU64>> = Arc::new((0..TOPICS).map(|_| AtomicU64::new(0)).collect());
+    let errors = Arc::new(AtomicU64::new(0));
+    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (n, e, s) = (next.clone(), errors.clone(), slow.clone());
+    let mut subscriptions = subscriber_node
+        .subscribe_group_with(&names, move |t, message| {
+            let seq = message
+                .ok()
+                .and_then(|m| Some(u64::from_be_bytes(m.value.get(..8)?.try_into().ok()?)));
+            if seq == Some(n[t].load(Ordering::Relaxed)) {
+                n[t].fetch_add(1, Ordering::Relaxed);
+            } else {
+                e.fetch_add(1, Ordering::Relaxed);
+            }
+            if s.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+        .unwrap();
+    let mut publishers = publisher_node.publishers(&names).unwrap();
+    let publish_round = |publishers: &mut Vec<tidings::Publisher<Bytes>>, seq: u64| {
+        publishers
+            .iter_mut()
+            .map(|p| {
+                p.publish(&Bytes::copy_from_slice(&seq.to_be_bytes()))
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    let wait_all = |publishers: &mut Vec<tidings::Publisher<Bytes>>, handles: Vec<_>| {
+        for (p, h) in publishers.iter_mut().zip(handles) {
+            p.wait_stable(h, Duration::from_secs(30)).unwrap();
+        }
+    };
+    let until = |what: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !what() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let handles = publish_round(&mut publishers, 0);
+    wait_all(&mut publishers, handles);
+    until(&|| next.iter().all(|n| n.load(Ordering::Relaxed) == 1));
+
+    // Topic 3 unsubscribed alone: its next message is not delivered, the others' are.
+    drop(subscriptions.remove(3));
+    let handles = publish_round(&mut publishers, 1);
+    wait_all(&mut publishers, handles);
+    until(&|| {
+        (0..TOPICS)
+            .filter(|&t| t != 3)
+            .all(|t| next[t].load(Ordering::Relaxed) == 2)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(next[3].load(Ordering::Relaxed), 1, "an unsubscribed topic");
+    for t in (0..TOPICS).filter(|&t| t != 3) {
+        assert_eq!(next[t].load(Ordering::Relaxed), 2, "topic {t}");
+    }
+
+    // A slow callback: the group's task fills, its topics are held, nothing is lost.
+    slow.store(true, Ordering::Relaxed);
+    let mut last = Vec::new();
+    for seq in 2..2 + SLOW_MESSAGES {
+        last = publish_round(&mut publishers, seq);
+    }
+    wait_all(&mut publishers, last);
+    until(&|| {
+        (0..TOPICS)
+            .filter(|&t| t != 3)
+            .all(|t| next[t].load(Ordering::Relaxed) == 2 + SLOW_MESSAGES)
+    });
+    for t in (0..TOPICS).filter(|&t| t != 3) {
+        assert_eq!(
+            next[t].load(Ordering::Relaxed),
+            2 + SLOW_MESSAGES,
+            "topic {t}"
+        );
+    }
+    assert_eq!(errors.load(Ordering::Relaxed), 0);
+    let stats = subscriber_node.stats().unwrap().runtime;
+    assert!(
+        stats.delivery_stalls > 0,
+        "a callback this slow fills its task's queue and holds its topics"
+    );
+    drop(subscriptions);
+    subscriber_node.shutdown().unwrap();
+    publisher_node.shutdown().unwrap();
+}
+
+#[test]
+fn a_group_naming_a_topic_twice_is_refused_with_its_name() {
+    let node = Node::builder().private_gms().start().unwrap();
+    let names: Vec<_> = ["twice/a", "twice/b", "twice/a"]
+        .iter()
+        .map(|n| Topic::raw(*n).unwrap())
+        .collect();
+    match node.subscribe_group_with(&names, |_, _| {}) {
+        Err(tidings::RequestError::Refused(why)) => assert!(why.contains("twice/a"), "{why}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|v| v.len())),
+    }
+    // Nothing was kept: the names can be taken once each afterwards.
+    let subscriptions = node.subscribe_group_with(&names[..2], |_, _| {}).unwrap();
+    assert_eq!(subscriptions.len(), 2);
 }
