@@ -1689,6 +1689,9 @@ impl Core {
     /// dropped with the last subscription, and the hold with it).
     fn remove_subscription(&mut self, now: Time, topic: TopicId, task: TaskId) {
         self.bounds.remove(&task);
+        let Some(topic) = self.subscribed_topic(topic, task) else {
+            return;
+        };
         let Some(tasks) = self.subscriptions.get_mut(&topic) else {
             return;
         };
@@ -1717,6 +1720,35 @@ impl Core {
                 self.release(now, topic, held);
             }
         }
+    }
+
+    /// The topic id under which `task` is subscribed now: `topic`, the id it was subscribed
+    /// with, unless a rejoin since bound the topic to a new id (the application's handle keeps
+    /// the old one). Follows the rejoins' moves, then looks through every topic.
+    fn subscribed_topic(&self, topic: TopicId, task: TaskId) -> Option<TopicId> {
+        let holds = |t: &TopicId| {
+            self.subscriptions
+                .get(t)
+                .is_some_and(|tasks| tasks.iter().any(|s| s.id() == task))
+        };
+        if holds(&topic) {
+            return Some(topic);
+        }
+        let mut moved = topic;
+        for moves in &self.topic_moves {
+            if let Some(&new) = moves.get(&moved) {
+                moved = new;
+            }
+        }
+        if holds(&moved) {
+            return Some(moved);
+        }
+        // An id of an older incarnation may name another topic in a later one: only after
+        // rejoins, and only for an unsubscribe.
+        self.subscriptions
+            .iter()
+            .find(|(_, tasks)| tasks.iter().any(|s| s.id() == task))
+            .map(|(&t, _)| t)
     }
 
     fn on_stable(&mut self, msg_id: MsgId) {

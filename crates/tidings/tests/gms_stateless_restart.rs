@@ -112,7 +112,14 @@ fn nodes_rejoin_a_service_restarted_without_its_state() {
     wait_for("the service knows the two live nodes", || {
         restarted.snapshot().filter(|s| s.members.len() == 2)
     });
+    // The subscription was made under the topic's id of the old incarnation: dropping it
+    // still unsubscribes the topic, now bound to another id.
+    assert_eq!(survivor.stats().unwrap().runtime.subscriptions.len(), 1);
     drop(sub);
+    wait_for("the survivor unsubscribed", || {
+        let s = survivor.stats().ok()?;
+        s.runtime.subscriptions.is_empty().then_some(())
+    });
     publishing.shutdown().unwrap();
     survivor.shutdown().unwrap();
     restarted.shutdown();
