@@ -91,12 +91,50 @@ pub(crate) enum ApiArg {
     Runtime,
 }
 
+/// How the library's subscribers take their messages (`--receive`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub(crate) enum ReceiveArg {
+    /// A callback per message on the delivery workers, one for all the topics
+    /// (`Node::subscribe_group_with`).
+    #[default]
+    Callback,
+    /// A callback per batch on the delivery workers (`Node::subscribe_batch_with`).
+    Batch,
+    /// An iterator subscription per topic, read with `Subscription::recv` on a thread of its
+    /// own.
+    Iterator,
+    /// An iterator subscription per topic, read with `Subscription::recv_many` (up to 256 a
+    /// call, into one reused vector) on a thread of its own.
+    RecvMany,
+}
+
+impl ReceiveArg {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ReceiveArg::Callback => "callback",
+            ReceiveArg::Batch => "batch",
+            ReceiveArg::Iterator => "iterator",
+            ReceiveArg::RecvMany => "recv-many",
+        }
+    }
+}
+
+/// Most topics `--receive iterator` and `--receive recv-many` take: each topic's subscription
+/// is read by a thread of its own.
+pub(crate) const READER_THREAD_TOPICS_MAX: u32 = 64;
+
 /// `tidings bench`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct BenchArgs {
     /// The interface measured: the public library (default) or the runtime underneath it.
     #[arg(long, value_enum, default_value_t = ApiArg::Library)]
     api: ApiArg,
+    /// How the library's subscribers take their messages: a callback per message (default), a
+    /// callback per batch, or an iterator subscription read message by message or with
+    /// `recv_many` (at most 64 topics: a reader thread each). The runtime (`--api runtime`)
+    /// always uses a callback per message.
+    #[arg(long, value_enum, default_value_t = ReceiveArg::Callback)]
+    receive: ReceiveArg,
     /// Publisher processes. Each publishes round-robin over all topics.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     publishers: u32,
@@ -268,6 +306,9 @@ pub(crate) struct ChildSpec {
     /// The interface measured.
     #[serde(default = "runtime_api")]
     pub(crate) api: ApiArg,
+    /// How a library subscriber takes its messages.
+    #[serde(default)]
+    pub(crate) receive: ReceiveArg,
     /// The membership service the library's nodes join (`ApiArg::Library`).
     #[serde(default)]
     pub(crate) gms: Option<SocketAddr>,
@@ -888,6 +929,11 @@ impl Report {
                 / self.window_secs.max(1e-9)
                 / f64::from(self.args.subscribers.max(1)),
         });
+        // Beside the literal: `json!` has reached the macro recursion limit.
+        v["receive"] = serde_json::Value::from(match a.api {
+            ApiArg::Library => a.receive.name(),
+            ApiArg::Runtime => ReceiveArg::Callback.name(),
+        });
         v["udp_one_way_us"] = match &self.one_way {
             Some((o, bytes)) => serde_json::json!({
                 "p50": self.one_way(0.5),
@@ -923,8 +969,8 @@ impl Report {
         s += &format!(
             "tidings bench ({}{}): {} publisher(s) -> {} subscriber(s), {} topic(s), {} B messages, {}, {}\n",
             match a.api {
-                ApiArg::Library => "the library",
-                ApiArg::Runtime => "the runtime",
+                ApiArg::Library => format!("the library, receiving by {}", a.receive.name()),
+                ApiArg::Runtime => "the runtime".to_owned(),
             },
             match a.security {
                 SecurityMode::Off => String::new(),
@@ -1163,6 +1209,18 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         _ => None,
     };
 
+    if args.api == ApiArg::Runtime && args.receive != ReceiveArg::Callback {
+        return Err("--receive needs the library (--api library)".to_owned());
+    }
+    if matches!(args.receive, ReceiveArg::Iterator | ReceiveArg::RecvMany)
+        && args.topics > READER_THREAD_TOPICS_MAX
+    {
+        return Err(format!(
+            "--receive {} reads each topic on a thread of its own: at most \
+             {READER_THREAD_TOPICS_MAX} topics",
+            args.receive.name()
+        ));
+    }
     let p = args.publishers;
     let n = p + args.subscribers;
     let identities = match (args.security, args.api) {
@@ -1198,6 +1256,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
         .map(|i| ChildSpec {
             publisher: i < p,
             api: args.api,
+            receive: args.receive,
             gms: gms.as_ref().map(GmsServer::local_addr),
             node: i,
             publishers: p,

@@ -16,7 +16,9 @@ use tidings_proto::{NodeId, TopicId};
 use tidings_runtime::{NodeRuntime, PublishError, PublishHandle, RuntimeConfig, RuntimeStats};
 
 use super::bench_sys::{allocations, cpu_time_ns, peak_rss_bytes, shared_clock_ns};
-use super::{topic_name, ApiArg, ChildResult, ChildSpec, FromChild, ToChild, HEADER_BYTES};
+use super::{
+    topic_name, ApiArg, ChildResult, ChildSpec, FromChild, ReceiveArg, ToChild, HEADER_BYTES,
+};
 
 /// The node a child measures: the public library's or the runtime's underneath.
 enum BenchNode {
@@ -585,6 +587,20 @@ struct Tally {
 }
 
 impl Tally {
+    /// A message of the library's, or an error in its place (counted as out of order).
+    fn record_message(
+        &self,
+        topic: TopicId,
+        m: Result<tidings::Message<Bytes>, tidings::RecvError>,
+    ) {
+        match m {
+            Ok(m) => self.record(topic, &m.value),
+            Err(_) => {
+                self.order_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn record(&self, topic: TopicId, payload: &[u8]) {
         let field = |at: usize, len: usize| -> u64 {
             payload.get(at..at + len).map_or(u64::MAX, |b| {
@@ -620,6 +636,96 @@ impl Tally {
     }
 }
 
+/// Subscribes the library's node to every topic of `topics` as `receive` says; the topic's
+/// number (not the service's id) indexes the tally. Returns the callback subscriptions (none
+/// for iterator subscriptions: the threads that read them own them, and end when the node
+/// shuts down).
+fn library_subscribe(
+    receive: ReceiveArg,
+    node: &tidings::Node,
+    topics: &[tidings::Topic<Bytes>],
+    tally: &Arc<Tally>,
+) -> Result<Vec<tidings::CallbackSubscription>, String> {
+    let failed = |e: tidings::RequestError| format!("subscribe: {e}");
+    let subscriptions = match receive {
+        // One callback for all the topics, on the delivery workers, as the runtime's; the
+        // topic's number (not the service's id) indexes the tally.
+        ReceiveArg::Callback => {
+            let tally = Arc::clone(tally);
+            node.subscribe_group_with(
+                topics,
+                move |i, m: Result<tidings::Message<Bytes>, tidings::RecvError>| {
+                    tally.record_message(TopicId(i as u32), m);
+                },
+            )
+            .map_err(failed)?
+        }
+        ReceiveArg::Batch => {
+            let mut subscriptions = Vec::with_capacity(topics.len());
+            for (i, t) in topics.iter().enumerate() {
+                let tally = Arc::clone(tally);
+                let topic = TopicId(i as u32);
+                let sub = node
+                    .subscribe_batch_with(t, move |batch| {
+                        for m in batch {
+                            tally.record_message(topic, m);
+                        }
+                    })
+                    .map_err(failed)?;
+                subscriptions.push(sub);
+            }
+            subscriptions
+        }
+        ReceiveArg::Iterator | ReceiveArg::RecvMany => {
+            for (i, t) in topics.iter().enumerate() {
+                let tally = Arc::clone(tally);
+                let topic = TopicId(i as u32);
+                let sub = node.subscribe(t).map_err(failed)?;
+                std::thread::Builder::new()
+                    .name(format!("bench-reader-{i}"))
+                    .spawn(move || read_until_closed(receive, &sub, topic, &tally))
+                    .map_err(|e| format!("no reader thread: {e}"))?;
+            }
+            Vec::new()
+        }
+    };
+    Ok(subscriptions)
+}
+
+/// Most messages one `recv_many` of `--receive recv-many` takes.
+const RECV_MANY_MAX: usize = 256;
+
+/// Reads `sub` until it ends (the node shut down), message by message or with `recv_many`.
+fn read_until_closed(
+    receive: ReceiveArg,
+    sub: &tidings::Subscription<Bytes>,
+    topic: TopicId,
+    tally: &Tally,
+) {
+    if receive == ReceiveArg::RecvMany {
+        let mut batch = Vec::with_capacity(RECV_MANY_MAX);
+        loop {
+            batch.clear();
+            match sub.recv_many(&mut batch, RECV_MANY_MAX) {
+                Ok(_) => {
+                    for m in batch.drain(..) {
+                        tally.record(topic, &m.value);
+                    }
+                }
+                Err(tidings::RecvError::Closed) => return,
+                Err(e) => tally.record_message(topic, Err(e)),
+            }
+        }
+    } else {
+        loop {
+            match sub.recv() {
+                Err(tidings::RecvError::Closed) => return,
+                m => tally.record_message(topic, m),
+            }
+        }
+    }
+}
+
 fn subscriber(
     spec: &ChildSpec,
     node: &BenchNode,
@@ -643,27 +749,14 @@ fn subscriber(
     });
     // Dropped at the end: unsubscribes.
     let mut runtime_subscriptions = Vec::new();
-    let mut library_subscriptions = Vec::new();
+    let mut library_subscriptions = None;
     match node {
         BenchNode::Library(n) => {
             let topics = (0..spec.topics)
                 .map(|t| tidings::Topic::raw(topic_name(t)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
-            // One callback for all the topics, on the delivery workers, as the runtime's
-            // below; the topic's number (not the service's id) indexes the tally.
-            let tally = Arc::clone(&tally);
-            library_subscriptions = n
-                .subscribe_group_with(
-                    &topics,
-                    move |i, m: Result<tidings::Message<Bytes>, tidings::RecvError>| match m {
-                        Ok(m) => tally.record(TopicId(i as u32), &m.value),
-                        Err(_) => {
-                            tally.order_errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    },
-                )
-                .map_err(|e| format!("subscribe: {e}"))?;
+            library_subscriptions = Some(library_subscribe(spec.receive, n, &topics, &tally)?);
         }
         BenchNode::Runtime(n) => {
             for t in 0..spec.topics {

@@ -124,6 +124,19 @@ fn bench_json_the_runtime_underneath() {
 }
 
 #[test]
+fn bench_json_receives_through_each_of_the_library_s_interfaces() {
+    for mode in ["batch", "iterator", "recv-many"] {
+        let v = bench_json(&["--receive", mode, "--messages", "2000"]);
+        check(&v);
+        assert_eq!(v["receive"], mode, "{v}");
+    }
+    // The runtime has callbacks only.
+    let out = tidings(&["bench", "--api", "runtime", "--receive", "batch"], "");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--receive"));
+}
+
+#[test]
 fn bench_json_multicast_on_loopback() {
     let v = bench_json(&["--transport", "multicast", "--message-bytes", "64"]);
     check(&v);

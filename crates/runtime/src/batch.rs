@@ -106,13 +106,19 @@ impl Deliveries {
         self.topic
     }
 
-    /// Takes the messages out, in order; the batch is empty afterwards.
-    pub fn drain(&mut self) -> impl Iterator<Item = Delivery> + '_ {
-        let (one, many) = match &mut self.items {
-            Items::One(d) => (d.take(), None),
-            Items::Many(items) => (None, Some(items.drain(..))),
-        };
-        one.into_iter().chain(many.into_iter().flatten())
+    /// Takes the messages out, in order; the batch is empty afterwards (messages the iterator
+    /// has not yielded when it is dropped are dropped with it).
+    pub fn drain(&mut self) -> DeliveriesDrain<'_> {
+        match &mut self.items {
+            Items::One(d) => DeliveriesDrain {
+                one: d.take(),
+                many: None,
+            },
+            Items::Many(items) => DeliveriesDrain {
+                one: None,
+                many: Some(items.drain(..)),
+            },
+        }
     }
 
     /// Names the batch and its messages by `topic`: the topic's id after a rejoin.
@@ -189,6 +195,34 @@ impl Deliveries {
         copy
     }
 }
+
+/// The messages of a batch taken out in order, from [`Deliveries::drain`].
+#[derive(Debug)]
+pub struct DeliveriesDrain<'a> {
+    one: Option<Delivery>,
+    many: Option<std::vec::Drain<'a, Delivery>>,
+}
+
+impl Iterator for DeliveriesDrain<'_> {
+    type Item = Delivery;
+
+    fn next(&mut self) -> Option<Delivery> {
+        match &mut self.many {
+            Some(many) => many.next(),
+            None => self.one.take(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = match &self.many {
+            Some(many) => many.len(),
+            None => usize::from(self.one.is_some()),
+        };
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for DeliveriesDrain<'_> {}
 
 impl std::ops::Deref for Deliveries {
     type Target = [Delivery];

@@ -45,7 +45,7 @@ mod runtime;
 mod stats;
 
 pub use addr::AddressBook;
-pub use batch::Deliveries;
+pub use batch::{Deliveries, DeliveriesDrain};
 pub use clock::now;
 pub use config::{
     ConfigError, GmsLinkConfig, MulticastConfig, RuntimeConfig, Transport, BATCH_DATAGRAMS_MAX,

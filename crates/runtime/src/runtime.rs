@@ -411,10 +411,28 @@ impl NodeRuntime {
         self.subscribe_named_task(name, task)
     }
 
+    /// Like [`subscribe_named`](NodeRuntime::subscribe_named), with `callback` run once per
+    /// batch as in [`subscribe_batch`](NodeRuntime::subscribe_batch): the in-order run of the
+    /// topic's messages that one input brought (up to 256), one event of the scheduler, which
+    /// charges the batch's time to the subscription's share.
+    pub fn subscribe_named_batch<F>(
+        &self,
+        name: &str,
+        share: f64,
+        callback: F,
+    ) -> Result<Subscription, RequestError>
+    where
+        F: FnMut(&mut Deliveries) + Send + 'static,
+    {
+        let task = self.batch_task(share, callback)?;
+        self.subscribe_named_task(name, task)
+    }
+
     /// [`subscribe_named`](NodeRuntime::subscribe_named) for a subscription whose callback
-    /// hands each delivery to a reader: at most `capacity` deliveries are handed on and not yet
-    /// read, as the returned [`Unread`] counts them (the reader calls [`Unread::taken`] for
-    /// each). When the count reaches `capacity` the core thread holds the topic in the protocol:
+    /// hands each batch of deliveries to a reader (run once per batch, as in
+    /// [`subscribe_batch`](NodeRuntime::subscribe_batch)): at most `capacity` deliveries are
+    /// handed on and not yet read, as the returned [`Unread`] counts them (the reader calls
+    /// [`Unread::taken`] for what it takes). When the count reaches `capacity` the core thread holds the topic in the protocol:
     /// the streams that carry it (same sender, same region) stop at this node, their senders'
     /// windows close and their publishers slow down, while every other stream goes on. The
     /// topic is released once the reader is down to half the capacity. With `max_wait`, a
@@ -430,10 +448,10 @@ impl NodeRuntime {
         on_disconnect: D,
     ) -> Result<(Subscription, Arc<Unread>), RequestError>
     where
-        F: FnMut(Delivery) + Send + 'static,
+        F: FnMut(&mut Deliveries) + Send + 'static,
         D: FnOnce(Duration) + Send + 'static,
     {
-        let task = self.delivery_task(share, callback)?;
+        let task = self.batch_task(share, callback)?;
         let unread = Arc::new(Unread::new(capacity, Arc::clone(&self.shared)));
         self.shared.send(Control::Bound {
             task: task.id(),

@@ -33,6 +33,11 @@
 //! # }
 //! ```
 //!
+//! Small messages travel many to a datagram, and can be taken that way:
+//! [`Subscription::recv_many`] moves the queued messages into the caller's vector with one lock
+//! of the queue, and [`Node::subscribe_batch_with`] runs a callback once per run of in-order
+//! messages a datagram brought ([`MessageBatch`]).
+//!
 //! A process that subscribes to or publishes on thousands of topics does it in batches:
 //! [`Node::subscribe_many_with`] and [`Node::publishers`] tell the membership service 128 topics
 //! per request, one membership change each. [`Node::subscribe_group_with`] takes many topics
@@ -56,7 +61,7 @@ pub use error::{Error, PublishError, RecvError, RequestError, StableError, Start
 pub use node::SubscribeBuilder;
 pub use node::{GmsMode, Node, NodeBuilder, NodeStats, LOCAL_GMS_PORT};
 pub use publish::Publisher;
-pub use subscribe::{CallbackSubscription, Iter, SlowConsumerPolicy, Subscription};
+pub use subscribe::{CallbackSubscription, Iter, MessageBatch, SlowConsumerPolicy, Subscription};
 pub use topic::{Message, Topic, TOPIC_NAME_BYTES_MAX};
 
 pub use bytes::Bytes;

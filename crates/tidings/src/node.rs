@@ -15,7 +15,7 @@ use tidings_seal::{AllowList, Identity, Mode as SecurityMode, PublicKey};
 
 use crate::error::{Error, RecvError, RequestError, StartError};
 use crate::publish::Publisher;
-use crate::subscribe::{CallbackSubscription, SlowConsumerPolicy, Subscription};
+use crate::subscribe::{CallbackSubscription, MessageBatch, SlowConsumerPolicy, Subscription};
 use crate::topic::{Message, Topic};
 
 /// The port of the membership service a node started with the default [`GmsMode::Local`] looks
@@ -518,6 +518,41 @@ impl Node {
         })
     }
 
+    /// Subscribes to `topic` with a callback run once per batch: the run of the topic's
+    /// messages, in order, that one input (a datagram, a repair) brought, as a
+    /// [`MessageBatch`] that decodes each message as the callback takes it. It runs on a
+    /// delivery worker thread like [`subscribe_with`](Self::subscribe_with)'s, with the same
+    /// back pressure (its delivery task's queue, here of batches) and the same share of the
+    /// workers' time: the scheduler charges each batch's measured time to the subscription
+    /// ([`CallbackSubscription::set_share`]). Messages the callback leaves in the batch are
+    /// dropped when it returns.
+    pub fn subscribe_batch_with<T, F>(
+        &self,
+        topic: &Topic<T>,
+        mut callback: F,
+    ) -> Result<CallbackSubscription, RequestError>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut MessageBatch<'_, T>) + Send + 'static,
+    {
+        let runtime = self.runtime()?;
+        let decode = topic.decoder();
+        let topic_name = topic.name().to_owned();
+        let inner = runtime.subscribe_named_batch(topic.name(), self.share, move |deliveries| {
+            let topic = deliveries.topic();
+            let mut batch = MessageBatch {
+                deliveries: deliveries.drain(),
+                topic,
+                decode,
+                name: &topic_name,
+            };
+            callback(&mut batch);
+        })?;
+        Ok(CallbackSubscription {
+            handle: Box::new(inner),
+        })
+    }
+
     /// Subscribes to every topic of `topics` with callbacks, the `i`-th topic's being
     /// `callback_for(i)`; like [`subscribe_with`](Self::subscribe_with) for each, but the
     /// membership service takes them in batches (up to 128 per request) and changes the views
@@ -629,7 +664,7 @@ impl Drop for Node {
 }
 
 /// A delivery as the application sees it: decoded as the topic's type, or the reason it was not.
-fn to_message<T>(
+pub(crate) fn to_message<T>(
     d: tidings_proto::Delivery,
     decode: fn(bytes::Bytes) -> Result<T, String>,
     topic_name: &str,
@@ -698,17 +733,21 @@ impl<T: Send + 'static> SubscribeBuilder<'_, T> {
         let name = self.topic.name().to_owned();
         let topic_name = name.clone();
         let error_name = name.clone();
+        // A batch's messages, decoded before the queue is locked, then queued under one lock
+        // (the storage is kept from batch to batch).
+        let mut decoded = Vec::new();
         let (inner, unread) = runtime.subscribe_named_bounded(
             &name,
             node.share,
             (capacity, max_wait),
-            move |d| {
-                let message = to_message(d, decode, &topic_name);
+            move |batch| {
+                decoded.extend(batch.drain().map(|d| to_message(d, decode, &topic_name)));
                 // None once disconnected: nothing more is queued for it (it was told).
                 if let Some(queue) = lock(&sender).as_ref() {
                     // Fails only once the application dropped the subscription.
-                    let _ = queue.send(message);
+                    let _ = queue.send_many(&mut decoded);
                 }
+                decoded.clear();
             },
             move |waited| {
                 // The error goes after what is queued; dropping the sender then ends the

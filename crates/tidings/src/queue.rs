@@ -118,6 +118,34 @@ impl<T> Sender<T> {
         Ok(())
     }
 
+    /// Queues every item of `items`, in order, under one lock, leaving `items` empty (its
+    /// storage kept for the next batch); `Err(())` if the receiver is gone (the items are then
+    /// dropped).
+    pub(crate) fn send_many(&self, items: &mut Vec<T>) -> Result<(), ()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let mut pushed = lock(&self.shared.pushed);
+        if pushed.abandoned {
+            drop(pushed);
+            items.clear();
+            return Err(());
+        }
+        let n = items.len();
+        pushed.items.extend(items.drain(..));
+        self.shared.queued.fetch_add(n, Ordering::Release);
+        let wake = pushed.reader_waiting;
+        let waker = pushed.waker.take();
+        drop(pushed);
+        if wake {
+            self.shared.readable.notify_one();
+        }
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        Ok(())
+    }
+
     /// Items queued and not yet taken.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -148,6 +176,24 @@ pub(crate) enum NoItem {
     Empty,
     /// The sender is gone and nothing is queued.
     Closed,
+}
+
+/// How long a reader waits for an item when none is queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Not at all: `NoItem::Empty`.
+    No,
+    /// Until the deadline: `NoItem::Timeout`.
+    Until(Instant),
+    /// As long as it takes.
+    Forever,
+}
+
+impl Wait {
+    /// Until `deadline`, or as long as it takes without one.
+    pub(crate) fn until(deadline: Option<Instant>) -> Wait {
+        deadline.map_or(Wait::Forever, Wait::Until)
+    }
 }
 
 /// The reader's half; clones read the same queue. Dropping the last clone makes later sends
@@ -181,65 +227,83 @@ impl<T> Receiver<T> {
     }
 
     /// The next item, waiting until `deadline` (`None`: as long as it takes).
-    #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
     pub(crate) fn recv_until(&self, deadline: Option<Instant>) -> Result<T, NoItem> {
-        let shared = self.shared();
-        let mut taken = lock(&shared.taken);
-        if let Some(item) = pop(&mut taken, shared) {
-            return Ok(item);
-        }
-        let mut pushed = lock(&shared.pushed);
-        loop {
-            if !pushed.items.is_empty() {
-                std::mem::swap(&mut taken.items, &mut pushed.items);
-                drop(pushed);
-                taken.peak = taken.peak.max(taken.items.len());
-                return pop(&mut taken, shared).ok_or(NoItem::Closed);
-            }
-            if pushed.closed {
-                return Err(NoItem::Closed);
-            }
-            pushed.reader_waiting = true;
-            pushed = match deadline {
-                None => shared
-                    .readable
-                    .wait(pushed)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left == Duration::ZERO {
-                        pushed.reader_waiting = false;
-                        return Err(NoItem::Timeout);
-                    }
-                    shared
-                        .readable
-                        .wait_timeout(pushed, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
-            pushed.reader_waiting = false;
-        }
+        self.recv_waiting(Wait::until(deadline))
     }
 
     /// The next item if one is queued: `Err(Empty)` if none is, `Err(Closed)` once the sender
     /// is gone and the queue is empty.
     pub(crate) fn try_recv(&self) -> Result<T, NoItem> {
+        self.recv_waiting(Wait::No)
+    }
+
+    fn recv_waiting(&self, wait: Wait) -> Result<T, NoItem> {
         let shared = self.shared();
         let mut taken = lock(&shared.taken);
         if let Some(item) = pop(&mut taken, shared) {
             return Ok(item);
         }
-        let mut pushed = lock(&shared.pushed);
-        std::mem::swap(&mut taken.items, &mut pushed.items);
-        let closed = pushed.closed;
-        drop(pushed);
-        taken.peak = taken.peak.max(taken.items.len());
-        match pop(&mut taken, shared) {
-            Some(item) => Ok(item),
-            None if closed => Err(NoItem::Closed),
-            None => Err(NoItem::Empty),
+        refill(&mut taken, shared, wait)?;
+        pop(&mut taken, shared).ok_or(NoItem::Closed)
+    }
+
+    /// Takes up to `max` items, in order, handing each to `put`, with one synchronisation
+    /// with the writer for the lot (two when the reader's own deque runs dry before `max`):
+    /// waits as `wait` says only while none is queued. An item for which `alone` is true is
+    /// taken only as the first of a call, and ends it: the items before it come out in one
+    /// call, it in the next. How many were taken (0 only for `max == 0`), or why none were.
+    pub(crate) fn recv_many(
+        &self,
+        max: usize,
+        wait: Wait,
+        alone: impl Fn(&T) -> bool,
+        mut put: impl FnMut(T),
+    ) -> Result<usize, NoItem> {
+        if max == 0 {
+            return Ok(0);
         }
+        let shared = self.shared();
+        let mut taken = lock(&shared.taken);
+        let mut swapped = false;
+        if taken.items.is_empty() {
+            refill(&mut taken, shared, wait)?;
+            swapped = true;
+        }
+        let mut n = 0;
+        'taking: loop {
+            while n < max {
+                let single = match taken.items.front() {
+                    Some(item) => alone(item),
+                    None => break,
+                };
+                if single && n > 0 {
+                    break 'taking;
+                }
+                let Some(item) = taken.items.pop_front() else {
+                    break;
+                };
+                put(item);
+                n += 1;
+                if single {
+                    break 'taking;
+                }
+            }
+            if n == max || swapped {
+                break;
+            }
+            // The reader's deque ran dry first: what the writer queued meanwhile, without
+            // waiting.
+            let mut pushed = lock(&shared.pushed);
+            if pushed.items.is_empty() {
+                break;
+            }
+            std::mem::swap(&mut taken.items, &mut pushed.items);
+            drop(pushed);
+            taken.peak = taken.peak.max(taken.items.len());
+            swapped = true;
+        }
+        took(&mut taken, shared, n);
+        Ok(n)
     }
 
     /// The next item for an async reader: `Pending` (the task is woken by the next send or the
@@ -301,16 +365,69 @@ impl<T> Drop for Alive<T> {
     }
 }
 
-/// Pops from the reader's deque; every [`SHRINK_CHECK_POPS`] pops, once it is empty, shrinks
-/// it if it held less than a quarter of its storage since the last check (the storage then
-/// goes to the writer at the next swap, so both deques get looked at in turn).
+/// Swaps the writer's deque in when the reader's is empty: returns once the reader's holds an
+/// item, waiting for one as `wait` says; `Err(Closed)` once the sender is gone and nothing is
+/// queued.
+#[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+fn refill<T>(taken: &mut Taken<T>, shared: &Shared<T>, wait: Wait) -> Result<(), NoItem> {
+    let mut pushed = lock(&shared.pushed);
+    loop {
+        if !pushed.items.is_empty() {
+            std::mem::swap(&mut taken.items, &mut pushed.items);
+            drop(pushed);
+            taken.peak = taken.peak.max(taken.items.len());
+            return Ok(());
+        }
+        if pushed.closed {
+            return Err(NoItem::Closed);
+        }
+        pushed.reader_waiting = true;
+        pushed = match wait {
+            Wait::No => {
+                pushed.reader_waiting = false;
+                return Err(NoItem::Empty);
+            }
+            Wait::Forever => shared
+                .readable
+                .wait(pushed)
+                .unwrap_or_else(PoisonError::into_inner),
+            Wait::Until(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left == Duration::ZERO {
+                    pushed.reader_waiting = false;
+                    return Err(NoItem::Timeout);
+                }
+                shared
+                    .readable
+                    .wait_timeout(pushed, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+        };
+        pushed.reader_waiting = false;
+    }
+}
+
+/// Pops from the reader's deque (see [`took`]).
 fn pop<T>(taken: &mut Taken<T>, shared: &Shared<T>) -> Option<T> {
     let item = taken.items.pop_front()?;
-    shared.queued.fetch_sub(1, Ordering::Release);
-    if let Some(unread) = shared.on_take.get() {
-        unread.taken(1);
+    took(taken, shared, 1);
+    Some(item)
+}
+
+/// Counts `n` items taken from the reader's deque (the queue's length and the runtime's
+/// [`Unread`], once for the lot); every [`SHRINK_CHECK_POPS`] items, once the deque is empty,
+/// shrinks it if it held less than a quarter of its storage since the last check (the storage
+/// then goes to the writer at the next swap, so both deques get looked at in turn).
+fn took<T>(taken: &mut Taken<T>, shared: &Shared<T>, n: usize) {
+    if n == 0 {
+        return;
     }
-    taken.pops += 1;
+    shared.queued.fetch_sub(n, Ordering::Release);
+    if let Some(unread) = shared.on_take.get() {
+        unread.taken(n);
+    }
+    taken.pops += n;
     if taken.items.is_empty() && taken.pops >= SHRINK_CHECK_POPS {
         let wanted = (taken.peak * 2).max(SLOTS_KEPT);
         if taken.items.capacity() > 2 * wanted {
@@ -319,7 +436,6 @@ fn pop<T>(taken: &mut Taken<T>, shared: &Shared<T>) -> Option<T> {
         taken.pops = 0;
         taken.peak = 0;
     }
-    Some(item)
 }
 
 #[cfg(test)]
@@ -418,6 +534,86 @@ mod tests {
         drop(tx);
         assert_eq!(rx.try_recv(), Ok(1));
         assert_eq!(rx.try_recv(), Err(NoItem::Closed));
+    }
+
+    /// Takes up to `max` into `out` (items below 0 stand alone, as errors do).
+    fn many(
+        rx: &Receiver<i32>,
+        max: usize,
+        wait: Wait,
+        out: &mut Vec<i32>,
+    ) -> Result<usize, NoItem> {
+        rx.recv_many(max, wait, |&i| i < 0, |i| out.push(i))
+    }
+
+    #[test]
+    fn recv_many_takes_up_to_max_in_order_across_both_deques() {
+        let (tx, rx) = queue();
+        for i in 0..5 {
+            tx.send(i).unwrap();
+        }
+        let mut out = Vec::new();
+        assert_eq!(many(&rx, 3, Wait::No, &mut out), Ok(3));
+        assert_eq!(out, [0, 1, 2]);
+        // Two left on the reader's side, three more on the writer's: one call takes all five.
+        let mut more = vec![5, 6, 7];
+        tx.send_many(&mut more).unwrap();
+        assert!(more.is_empty());
+        assert_eq!(rx.len(), 5);
+        out.clear();
+        assert_eq!(many(&rx, 100, Wait::No, &mut out), Ok(5));
+        assert_eq!(out, [3, 4, 5, 6, 7]);
+        assert_eq!(rx.len(), 0);
+        assert_eq!(many(&rx, 100, Wait::No, &mut out), Err(NoItem::Empty));
+        assert_eq!(many(&rx, 0, Wait::Forever, &mut out), Ok(0));
+        let deadline = Instant::now() + Duration::from_millis(20);
+        assert_eq!(
+            many(&rx, 10, Wait::Until(deadline), &mut out),
+            Err(NoItem::Timeout)
+        );
+    }
+
+    #[test]
+    fn an_item_that_stands_alone_ends_a_batch_and_comes_in_the_next_call() {
+        let (tx, rx) = queue();
+        let mut items = vec![1, 2, -1, 3];
+        tx.send_many(&mut items).unwrap();
+        drop(tx);
+        let mut out = Vec::new();
+        assert_eq!(many(&rx, 10, Wait::Forever, &mut out), Ok(2));
+        assert_eq!(out, [1, 2]);
+        out.clear();
+        assert_eq!(many(&rx, 10, Wait::Forever, &mut out), Ok(1));
+        assert_eq!(out, [-1]);
+        out.clear();
+        assert_eq!(many(&rx, 10, Wait::Forever, &mut out), Ok(1));
+        assert_eq!(out, [3]);
+        assert_eq!(many(&rx, 10, Wait::Forever, &mut out), Err(NoItem::Closed));
+    }
+
+    #[test]
+    fn a_waiting_recv_many_is_woken_by_a_batch_and_takes_all_of_it() {
+        let (tx, rx) = queue();
+        let reader = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let n = many(&rx, 100, Wait::Forever, &mut out);
+            (n, out)
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let mut items: Vec<i32> = (0..10).collect();
+        tx.send_many(&mut items).unwrap();
+        let (n, out) = reader.join().unwrap();
+        assert_eq!(n, Ok(10));
+        assert_eq!(out, (0..10).collect::<Vec<_>>());
+        drop(rx_gone_check(tx));
+    }
+
+    /// A batch sent once the receiver is gone is refused and dropped.
+    fn rx_gone_check(tx: Sender<i32>) -> Sender<i32> {
+        let mut items = vec![1, 2];
+        assert_eq!(tx.send_many(&mut items), Err(()));
+        assert!(items.is_empty());
+        tx
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::queue::{NoItem, Receiver};
+use crate::queue::{NoItem, Receiver, Wait};
 use tidings_proto::TopicId;
 
 use crate::error::{RecvError, RequestError};
@@ -98,6 +98,65 @@ impl<T> Subscription<T> {
         from_queue(std::future::poll_fn(|cx| self.queue.poll_recv(cx)).await)
     }
 
+    /// Moves up to `max` queued messages, in order, to the end of `out`, waiting as long as it
+    /// takes while none is queued; how many it moved (0 only for `max == 0`, which returns at
+    /// once). The queue is locked once for the lot, not once per message, and nothing is
+    /// allocated once `out` has room: a loop that clears `out` and calls again reuses its
+    /// storage.
+    ///
+    /// An error keeps its place among the messages: the messages queued before it come first
+    /// (this call returns them), then the error on its own (`Err`, from the next call), then
+    /// what followed it. So under [`SlowConsumerPolicy::Disconnect`] a reader gets the queued
+    /// messages, then `Err(RecvError::SlowConsumer)`, then `Err(RecvError::Closed)`, as with
+    /// [`recv`](Self::recv). `Err(RecvError::Closed)` once the subscription has ended and every
+    /// queued message was taken.
+    pub fn recv_many(&self, out: &mut Vec<Message<T>>, max: usize) -> Result<usize, RecvError> {
+        self.recv_many_waiting(out, max, Wait::Forever)
+    }
+
+    /// [`recv_many`](Self::recv_many) waiting at most `timeout` for the first message:
+    /// `Err(RecvError::Timeout)` if none came.
+    pub fn recv_many_timeout(
+        &self,
+        out: &mut Vec<Message<T>>,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<usize, RecvError> {
+        #[allow(clippy::disallowed_methods)] // the wait is the application's, in wall time
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        self.recv_many_waiting(out, max, Wait::until(deadline))
+    }
+
+    /// [`recv_many`](Self::recv_many) without waiting: `Err(RecvError::Empty)` if nothing is
+    /// queued.
+    pub fn try_recv_many(&self, out: &mut Vec<Message<T>>, max: usize) -> Result<usize, RecvError> {
+        self.recv_many_waiting(out, max, Wait::No)
+    }
+
+    fn recv_many_waiting(
+        &self,
+        out: &mut Vec<Message<T>>,
+        max: usize,
+        wait: Wait,
+    ) -> Result<usize, RecvError> {
+        let mut error = None;
+        let n = self
+            .queue
+            .recv_many(max, wait, Result::is_err, |item| match item {
+                Ok(m) => out.push(m),
+                Err(e) => error = Some(e),
+            })
+            .map_err(|e| match e {
+                NoItem::Timeout => RecvError::Timeout,
+                NoItem::Empty => RecvError::Empty,
+                NoItem::Closed => RecvError::Closed,
+            })?;
+        match error {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
     /// Messages queued and not yet taken.
     #[must_use]
     pub fn queued(&self) -> usize {
@@ -176,10 +235,72 @@ impl<'a, T> IntoIterator for &'a Subscription<T> {
     }
 }
 
+/// The run of a topic's messages, in order, that one input (a datagram, a repair) brought,
+/// handed to a batch callback ([`Node::subscribe_batch_with`](crate::Node::subscribe_batch_with))
+/// as one event. An iterator: each message is decoded as it is taken (a message that does not
+/// decode as `T` comes as `Err(RecvError::Decode)`). Messages the callback does not take are
+/// dropped when it returns.
+pub struct MessageBatch<'a, T> {
+    pub(crate) deliveries: tidings_runtime::DeliveriesDrain<'a>,
+    pub(crate) topic: TopicId,
+    pub(crate) decode: fn(bytes::Bytes) -> Result<T, String>,
+    pub(crate) name: &'a str,
+}
+
+impl<T> MessageBatch<'_, T> {
+    /// The topic's id.
+    #[must_use]
+    pub fn topic_id(&self) -> TopicId {
+        self.topic
+    }
+
+    /// The topic's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.name
+    }
+
+    /// Messages not yet taken.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.deliveries.len()
+    }
+
+    /// Whether every message was taken.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T> Iterator for MessageBatch<'_, T> {
+    type Item = Result<Message<T>, RecvError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let d = self.deliveries.next()?;
+        Some(crate::node::to_message(d, self.decode, self.name))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.deliveries.size_hint()
+    }
+}
+
+impl<T> std::fmt::Debug for MessageBatch<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MessageBatch")
+            .field("name", &self.name)
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// A subscription whose messages go to a callback, in order within the topic. Dropping it
 /// unsubscribes.
 ///
-/// From [`Node::subscribe_with`](crate::Node::subscribe_with) the callback runs on a delivery
+/// From [`Node::subscribe_with`](crate::Node::subscribe_with) (a call per message) and
+/// [`Node::subscribe_batch_with`](crate::Node::subscribe_batch_with) (a call per
+/// [`MessageBatch`]) the callback runs on a delivery
 /// worker thread, with no subscription queue of its own: what waits for it is its delivery
 /// task's queue in the scheduler (`RuntimeConfig::sched.task_queue_capacity` events). A
 /// callback slower than its topic fills that queue, and the topic is then held at this node
