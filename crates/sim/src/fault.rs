@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | `none` | no fault (only on its own) |
 //! | `iid:P` | each packet lost independently with probability `P` |
-//! | `bursty:P[:LEN]` | Gilbert-Elliott loss, mean rate `P`, mean burst `LEN` packets (default 10) |
+//! | `bursty:P[:LEN]` | Gilbert-Elliott loss, mean rate `P`, mean burst `LEN` packet times (default 10) |
 //! | `blackout[:DUR:PERIOD[:PHASE]]` | everything arriving at the node is lost for `DUR` every `PERIOD` (default 10ms every 1s) |
 //! | `freeze[:DUR:PERIOD[:PHASE]]` | the node processes nothing for `DUR` every `PERIOD` (default 500ms every 5s) |
 //!
@@ -154,7 +154,11 @@ pub enum LossModel {
         p: f64,
     },
     /// The simple Gilbert-Elliott chain: in the bad state every packet is lost, in the good state
-    /// none. Build it with [`LossModel::gilbert_elliott`] from a mean loss and burst length.
+    /// none. Build it with [`LossModel::gilbert_elliott`] from a mean loss and burst length. The
+    /// chain steps once per packet ([`LossModel::drops`]) and once per packet time a link sits
+    /// idle ([`LossModel::pass_idle`]): a burst is a stretch of the link's time, so back-to-back
+    /// packets meet it packet by packet, and a link that carries a packet a second (a sender's
+    /// downlink with only ACKs on it) does not keep one burst for dozens of seconds.
     GilbertElliott {
         /// Probability of moving from good to bad before a packet.
         p_good_to_bad: f64,
@@ -172,7 +176,8 @@ impl LossModel {
         Ok(LossModel::Iid { p })
     }
 
-    /// Gilbert-Elliott loss with the given long-run loss rate and mean burst length in packets:
+    /// Gilbert-Elliott loss with the given long-run loss rate and mean burst length in packets
+    /// (packet times, on a link that is not always busy):
     /// `p_bad_to_good = 1 / burst_len`, `p_good_to_bad = mean_loss * p_bad_to_good / (1 -
     /// mean_loss)`, so the chain spends `mean_loss` of the packets in the bad state and bursts
     /// are geometric with mean `burst_len`.
@@ -199,6 +204,42 @@ impl LossModel {
             p_bad_to_good,
             bad: false,
         })
+    }
+
+    /// A link sat idle for `idle`: the chain of a Gilbert-Elliott model takes one step per
+    /// `slot()` (a packet time of the link) of it, at once, drawn from the chain's distribution
+    /// after that many steps. Nothing for the other models, nor for less than a slot.
+    pub fn pass_idle(
+        &mut self,
+        rng: &mut fastrand::Rng,
+        idle: Duration,
+        slot: impl FnOnce() -> Duration,
+    ) {
+        let LossModel::GilbertElliott {
+            p_good_to_bad,
+            p_bad_to_good,
+            bad,
+        } = self
+        else {
+            return;
+        };
+        if idle.is_zero() {
+            return;
+        }
+        let slot = slot().as_nanos().max(1);
+        let steps = idle.as_nanos() / slot;
+        if steps == 0 {
+            return;
+        }
+        // After k steps the chain is bad with probability pi + (p0 - pi) * lambda^k, where pi is
+        // the bad state's long-run share and lambda = 1 - p_good_to_bad - p_bad_to_good.
+        let sum = *p_good_to_bad + *p_bad_to_good;
+        let pi_bad = *p_good_to_bad / sum;
+        let lambda = 1.0 - sum;
+        let k = i32::try_from(steps).unwrap_or(i32::MAX);
+        let start = if *bad { 1.0 } else { 0.0 };
+        let p_bad = pi_bad + (start - pi_bad) * lambda.powi(k);
+        *bad = rng.f64() < p_bad;
     }
 
     /// Whether the next packet is lost; advances the chain of a Gilbert-Elliott model.

@@ -923,6 +923,7 @@ impl<H: Host> World<H> {
     /// destinations' downlinks.
     fn on_switch(&mut self, src: u32) {
         let now = self.now;
+        let max_datagram = self.config.max_datagram;
         let state = &mut self.nodes[src as usize];
         let Some((destination, datagram)) = take_arrival(
             &mut state.uplink,
@@ -947,7 +948,7 @@ impl<H: Host> World<H> {
                         &mut self.stats.nodes[tap.node.0 as usize],
                         &mut self.events,
                         tap.node.0,
-                        now,
+                        (now, max_datagram),
                         (&datagram, class),
                     );
                 }
@@ -960,7 +961,7 @@ impl<H: Host> World<H> {
                     &mut self.stats.nodes[dst.0 as usize],
                     &mut self.events,
                     dst.0,
-                    now,
+                    (now, max_datagram),
                     (&datagram, class),
                 ),
                 None => self.stats.unroutable += 1,
@@ -977,7 +978,7 @@ impl<H: Host> World<H> {
                             &mut self.stats.nodes[i],
                             &mut self.events,
                             dst.0,
-                            now,
+                            (now, max_datagram),
                             (&datagram, class),
                         );
                     }
@@ -1127,7 +1128,10 @@ impl<H: Host> World<H> {
             t += cost;
             stats.busy_time += cost;
             let class = link_class(&datagram);
-            let (loss, rng) = (&mut state.loss_up, &mut state.rng_up);
+            let (loss, rng, link) = (&mut state.loss_up, &mut state.rng_up, &state.uplink);
+            loss.pass_idle(rng, t.saturating_duration_since(link.free_at()), || {
+                link.config().transmit_time(max_datagram)
+            });
             let mut lost = false;
             let arrives = || {
                 lost = loss.drops(rng);
@@ -1170,17 +1174,21 @@ impl<H: Host> World<H> {
 }
 
 /// The switch puts `datagram` (of link class `class`, the same for every copy) on `dst`'s
-/// downlink at `now`. The copy shares the datagram and is made only if the packet arrives.
+/// downlink at `now` (`max_datagram`: the packet time of the loss model's idle steps). The copy
+/// shares the datagram and is made only if the packet arrives.
 fn forward(
     state: &mut NodeState,
     stats: &mut NodeStats,
     events: &mut EventQueue,
     dst: u32,
-    now: Time,
+    (now, max_datagram): (Time, usize),
     (datagram, class): (&Bytes, Class),
 ) {
     let len = datagram.len();
-    let (loss, rng) = (&mut state.loss_down, &mut state.rng_down);
+    let (loss, rng, link) = (&mut state.loss_down, &mut state.rng_down, &state.downlink);
+    loss.pass_idle(rng, now.saturating_duration_since(link.free_at()), || {
+        link.config().transmit_time(max_datagram)
+    });
     let mut lost = false;
     let arrives = || {
         lost = loss.drops(rng);

@@ -526,23 +526,21 @@ fn a_subscription_that_stops_reading_holds_only_its_streams() {
     }
 }
 
-/// A rare failure of `random_scenarios::delivery_promise_holds`, found by drawing cases from its
-/// strategy (about 1 in 10,000): sender 2 never reports 599 of its messages stable, though no
-/// receiver misses one it must deliver. It needs the bursty loss, the churn (a leave, a join
-/// back, resubscriptions, a crash) and the leader crashes together (without any one of them the
-/// run passes); replication 1 puts every node in a partition of its own. It is a liveness stall,
-/// not lost data: with `drain_seconds` 120 everything is stable at 36.8 s (the run's drain is
-/// 30 s); with `proto.silence_backoff` off it is at 0.8 s, and with `silence_idle_interval` 100 ms
-/// at 1.4 s (`silence_idle_interval_max` makes no difference). Only 12 region token round trips
-/// are recorded: the region's ring seems to go dormant while sender 2's stream is unstable and
-/// to move on only when one of its backed-off silences (one a second) wakes it. Not yet fixed.
-/// Replay:
+/// A case of `random_scenarios::delivery_promise_holds` (about 1 in 10,000 of its strategy's
+/// draws) whose stability rests on ACKs crossing a link that carries nothing else: sender 2
+/// subscribes to nothing, so once the pulls to it are answered its downlink carries only the
+/// region leader's ACKs of its stream into region 2, one per top round that moves the stability
+/// point, then one per silence of node 2 that shows it behind (`RegionState::on_silence`), and
+/// those silences back off to one a second (`Config::silence_backoff`). The region's ring sleeps
+/// once everything is delivered and stable at every member, and does not resend ACKs. A burst of
+/// the bursty loss is a stretch of the link's time (the loss chain steps over idle time too), so
+/// an ACK lost to one is followed by one that gets through within about a silence interval, and
+/// everything is stable within the run. Replay:
 /// `tidings sim run --nodes 23 --senders 3 --topics 6 --loss bursty:0.016:18 --seconds 0.3
 /// --seed 689716 --message-bytes 642 --replication 1 --rate 3896.246639982913 --churn 5
 /// --crash-leaders`
 #[test]
-#[ignore = "reproduces an open liveness failure (messages never stable)"]
-fn bursty_loss_churn_and_leader_crashes_leave_messages_unstable() {
+fn acks_to_a_sender_whose_downlink_carries_nothing_else_get_through_a_burst() {
     let s = Scenario {
         nodes: 23,
         senders: 3,

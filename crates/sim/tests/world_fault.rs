@@ -210,6 +210,51 @@ fn gilbert_elliott_mean_and_burst_length() {
     assert!(burst < 1.2, "iid burst {burst}");
 }
 
+/// A burst is a stretch of the link's time: a chain left in the bad state by the last packet
+/// is, after a second of idle link, as likely bad as ever (the mean loss), not still in its burst
+/// (17 in 18 for bursts of 18); less idle than a packet time changes nothing; and idle gaps keep
+/// the long-run loss rate.
+#[test]
+fn gilbert_elliott_bursts_pass_with_idle_time() {
+    let slot = Duration::from_nanos(117_760); // 1472 bytes at 100 Mbit/s
+    let in_burst = || {
+        let mut model = LossModel::gilbert_elliott(0.016, 18.0).unwrap();
+        if let LossModel::GilbertElliott { bad, .. } = &mut model {
+            *bad = true;
+        }
+        model
+    };
+    let mut rng = fastrand::Rng::with_seed(5);
+    let (mut after_second, mut after_nothing) = (0, 0);
+    for _ in 0..10_000 {
+        let mut model = in_burst();
+        model.pass_idle(&mut rng, Duration::from_secs(1), || slot);
+        after_second += usize::from(model.drops(&mut rng));
+        let mut model = in_burst();
+        model.pass_idle(&mut rng, slot / 2, || slot);
+        after_nothing += usize::from(model.drops(&mut rng));
+    }
+    assert!(
+        after_second < 400,
+        "lost after a second idle: {after_second} of 10000"
+    );
+    assert!(
+        after_nothing > 9_000,
+        "lost right after: {after_nothing} of 10000"
+    );
+    // Gaps of 0 to 4 packet times between packets: the loss rate stays the chain's.
+    let mut model = LossModel::gilbert_elliott(0.05, 10.0).unwrap();
+    let n: u32 = 1_000_000;
+    let lost = (0..n)
+        .filter(|i| {
+            model.pass_idle(&mut rng, slot * (i % 5), || slot);
+            model.drops(&mut rng)
+        })
+        .count();
+    let rate = lost as f64 / f64::from(n);
+    assert!((rate - 0.05).abs() < 0.005, "rate {rate}");
+}
+
 #[test]
 fn apply_faults_sets_downlink_loss_and_windows() {
     let mut node = NodeNetConfig::default();
