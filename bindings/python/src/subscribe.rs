@@ -282,16 +282,23 @@ impl PySubscription {
             }
         }
         if items.len() < n {
-            // Attached: taking what is queued never waits.
+            // Attached: taking what is queued never waits. The queued messages in one take,
+            // then one look at what follows them (an error or the end comes on its own).
             if let Ok(inner) = self.inner() {
-                while items.len() < n {
+                let mut messages = Vec::with_capacity((n - items.len()).min(4096));
+                let ended = match inner.try_recv_many(&mut messages, n - items.len()) {
+                    Ok(_) | Err(tidings::RecvError::Empty) => false,
+                    // Ends the batch (no message came with it): an end, or an error for the
+                    // next call to raise.
+                    Err(e) => {
+                        items.push_back(Err(e));
+                        true
+                    }
+                };
+                items.extend(messages.into_iter().map(Ok));
+                if !ended && items.len() < n {
                     match inner.try_recv() {
-                        Err(tidings::RecvError::Empty) => break,
-                        // Ends the batch: an end, or an error for the next call to raise.
-                        item @ Err(_) => {
-                            items.push_back(item);
-                            break;
-                        }
+                        Err(tidings::RecvError::Empty) => {}
                         item => items.push_back(item),
                     }
                 }
