@@ -506,13 +506,35 @@ impl NodeRuntime {
     where
         F: FnMut(Delivery) + Send + 'static,
     {
+        let (subscriptions, failed) =
+            self.subscribe_named_tasks(names, |i| self.delivery_task(share, callback_for(i)));
+        match failed {
+            // Dropping the subscriptions made so far unsubscribes them.
+            Some(e) => Err(e),
+            None => Ok(subscriptions),
+        }
+    }
+
+    /// The requests of [`subscribe_named_many`] and [`subscribe_named_group`]: `names` in
+    /// chunks of `NAMES_PER_REQUEST_MAX`, the `i`-th delivering to `task_for(i)`, the answers of
+    /// one chunk awaited while the next is sent. Returns the subscriptions made (dropping them
+    /// unsubscribes) and the first failure. A task `task_for` fails to make ends it there, the
+    /// tasks of its chunk removed.
+    ///
+    /// [`subscribe_named_many`]: NodeRuntime::subscribe_named_many
+    /// [`subscribe_named_group`]: NodeRuntime::subscribe_named_group
+    fn subscribe_named_tasks(
+        &self,
+        names: &[String],
+        mut task_for: impl FnMut(usize) -> Result<SubTask, RequestError>,
+    ) -> (Vec<Subscription>, Option<RequestError>) {
         let mut subscriptions = Vec::with_capacity(names.len());
         let send = |(chunk_index, chunk): (usize, &[String])| {
             let first = chunk_index * tidings_gms::NAMES_PER_REQUEST_MAX;
             let mut entries: Vec<(String, SubTask, _)> = Vec::with_capacity(chunk.len());
             let mut waits = Vec::with_capacity(chunk.len());
             for (i, name) in chunk.iter().enumerate() {
-                match self.delivery_task(share, callback_for(first + i)) {
+                match task_for(first + i) {
                     Ok(task) => {
                         let (reply, answer) = mpsc::sync_channel(1);
                         waits.push((task.clone(), answer));
@@ -534,11 +556,7 @@ impl NodeRuntime {
             send,
             |waits, failed| self.collect_subscriptions(waits, &mut subscriptions, failed),
         );
-        match failed {
-            // Dropping the subscriptions made so far unsubscribes them.
-            Some(e) => Err(e),
-            None => Ok(subscriptions),
-        }
+        (subscriptions, failed)
     }
 
     /// Waits for the answers of one request of [`subscribe_named_many`]: each subscription made
@@ -623,27 +641,10 @@ impl NodeRuntime {
         let task = self.batch_task(share, move |batch: &mut Deliveries| {
             routes.dispatch(batch, &mut indices, &mut callback);
         })?;
-        let mut subscriptions = Vec::with_capacity(names.len());
-        let send = |(chunk_index, chunk): (usize, &[String])| {
-            let first = chunk_index * tidings_gms::NAMES_PER_REQUEST_MAX;
-            let mut entries: Vec<(String, SubTask, _)> = Vec::with_capacity(chunk.len());
-            let mut waits = Vec::with_capacity(chunk.len());
-            for (i, name) in chunk.iter().enumerate() {
-                // Below `names.len()`, which fits in a u32.
-                let index = (first + i) as u32;
-                let member = task.in_group(&group, index);
-                let (reply, answer) = mpsc::sync_channel(1);
-                waits.push((member.clone(), answer));
-                entries.push((name.clone(), member, reply));
-            }
-            self.shared.send(Control::SubscribeNamedMany { entries });
-            Ok(waits)
-        };
-        let failed = pipelined(
-            names.chunks(tidings_gms::NAMES_PER_REQUEST_MAX).enumerate(),
-            send,
-            |waits, failed| self.collect_subscriptions(waits, &mut subscriptions, failed),
-        );
+        let (subscriptions, failed) = self.subscribe_named_tasks(names, |i| {
+            // Below `names.len()`, which fits in a u32.
+            Ok(task.in_group(&group, i as u32))
+        });
         match failed {
             Some(e) => {
                 // Dropping the subscriptions made so far unsubscribes them; the task goes now.

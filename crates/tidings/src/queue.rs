@@ -105,7 +105,13 @@ impl<T> Sender<T> {
         }
         pushed.items.push_back(item);
         self.shared.queued.fetch_add(1, Ordering::Release);
-        // A reader that found both deques empty waits: wake it (a system call, so only then).
+        self.wake_reader(pushed);
+        Ok(())
+    }
+
+    /// After a push: lets `pushed` go, then wakes a reader that found both deques empty and
+    /// waits (a system call, so only then) or a task that polled.
+    fn wake_reader(&self, mut pushed: MutexGuard<'_, Pushed<T>>) {
         let wake = pushed.reader_waiting;
         let waker = pushed.waker.take();
         drop(pushed);
@@ -115,7 +121,6 @@ impl<T> Sender<T> {
         if let Some(waker) = waker {
             waker.wake();
         }
-        Ok(())
     }
 
     /// Queues every item of `items`, in order, under one lock, leaving `items` empty (its
@@ -134,15 +139,7 @@ impl<T> Sender<T> {
         let n = items.len();
         pushed.items.extend(items.drain(..));
         self.shared.queued.fetch_add(n, Ordering::Release);
-        let wake = pushed.reader_waiting;
-        let waker = pushed.waker.take();
-        drop(pushed);
-        if wake {
-            self.shared.readable.notify_one();
-        }
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        self.wake_reader(pushed);
         Ok(())
     }
 
