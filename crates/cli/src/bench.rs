@@ -119,6 +119,25 @@ impl ReceiveArg {
     }
 }
 
+/// How the library's publishers hand their messages on (`--publish`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub(crate) enum PublishArg {
+    /// A `Publisher` per topic (`Node::publishers`): a queue to the core thread each.
+    #[default]
+    Each,
+    /// One `PublisherGroup` for all the topics (`Node::publisher_group`): one queue.
+    Group,
+}
+
+impl PublishArg {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            PublishArg::Each => "a publisher per topic",
+            PublishArg::Group => "a publisher group",
+        }
+    }
+}
+
 /// Most topics `--receive iterator` and `--receive recv-many` take: each topic's subscription
 /// is read by a thread of its own.
 pub(crate) const READER_THREAD_TOPICS_MAX: u32 = 64;
@@ -135,6 +154,11 @@ pub(crate) struct BenchArgs {
     /// always uses a callback per message.
     #[arg(long, value_enum, default_value_t = ReceiveArg::Callback)]
     receive: ReceiveArg,
+    /// How the library's publishers hand messages to their node: a `Publisher` per topic
+    /// (default) or one `PublisherGroup` for all topics (one queue). The runtime
+    /// (`--api runtime`) always uses one publisher handle for every topic.
+    #[arg(long, value_enum, default_value_t = PublishArg::Each)]
+    publish: PublishArg,
     /// Publisher processes. Each publishes round-robin over all topics.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     publishers: u32,
@@ -309,6 +333,9 @@ pub(crate) struct ChildSpec {
     /// How a library subscriber takes its messages.
     #[serde(default)]
     pub(crate) receive: ReceiveArg,
+    /// How a library publisher hands its messages on.
+    #[serde(default)]
+    pub(crate) publish: PublishArg,
     /// The membership service the library's nodes join (`ApiArg::Library`).
     #[serde(default)]
     pub(crate) gms: Option<SocketAddr>,
@@ -934,6 +961,10 @@ impl Report {
             ApiArg::Library => a.receive.name(),
             ApiArg::Runtime => ReceiveArg::Callback.name(),
         });
+        v["publish"] = serde_json::Value::from(match a.api {
+            ApiArg::Library => a.publish.name(),
+            ApiArg::Runtime => PublishArg::Group.name(),
+        });
         v["udp_one_way_us"] = match &self.one_way {
             Some((o, bytes)) => serde_json::json!({
                 "p50": self.one_way(0.5),
@@ -969,7 +1000,11 @@ impl Report {
         s += &format!(
             "tidings bench ({}{}): {} publisher(s) -> {} subscriber(s), {} topic(s), {} B messages, {}, {}\n",
             match a.api {
-                ApiArg::Library => format!("the library, receiving by {}", a.receive.name()),
+                ApiArg::Library => format!(
+                    "the library, {}, receiving by {}",
+                    a.publish.name(),
+                    a.receive.name()
+                ),
                 ApiArg::Runtime => "the runtime".to_owned(),
             },
             match a.security {
@@ -1212,6 +1247,9 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
     if args.api == ApiArg::Runtime && args.receive != ReceiveArg::Callback {
         return Err("--receive needs the library (--api library)".to_owned());
     }
+    if args.api == ApiArg::Runtime && args.publish != PublishArg::Each {
+        return Err("--publish needs the library (--api library)".to_owned());
+    }
     if matches!(args.receive, ReceiveArg::Iterator | ReceiveArg::RecvMany)
         && args.topics > READER_THREAD_TOPICS_MAX
     {
@@ -1257,6 +1295,7 @@ fn measure(args: &BenchArgs, progress: &Progress) -> Result<Report, String> {
             publisher: i < p,
             api: args.api,
             receive: args.receive,
+            publish: args.publish,
             gms: gms.as_ref().map(GmsServer::local_addr),
             node: i,
             publishers: p,

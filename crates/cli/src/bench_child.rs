@@ -17,7 +17,8 @@ use tidings_runtime::{NodeRuntime, PublishError, PublishHandle, RuntimeConfig, R
 
 use super::bench_sys::{allocations, cpu_time_ns, peak_rss_bytes, shared_clock_ns};
 use super::{
-    topic_name, ApiArg, ChildResult, ChildSpec, FromChild, ReceiveArg, ToChild, HEADER_BYTES,
+    topic_name, ApiArg, ChildResult, ChildSpec, FromChild, PublishArg, ReceiveArg, ToChild,
+    HEADER_BYTES,
 };
 
 /// The node a child measures: the public library's or the runtime's underneath.
@@ -42,12 +43,16 @@ impl BenchNode {
     }
 }
 
-/// A publisher child's handles: one per topic through the library, one for all topics on the
-/// runtime.
+/// A publisher child's handles: through the library one per topic or one group for all topics
+/// (`--publish`), on the runtime one for all topics.
 enum BenchPublisher {
     Library {
         publishers: Vec<tidings::Publisher<Bytes>>,
         last: Vec<Option<PublishHandle>>,
+    },
+    LibraryGroup {
+        group: tidings::PublisherGroup<Bytes>,
+        last: Option<PublishHandle>,
     },
     Runtime {
         publisher: tidings_runtime::Publisher,
@@ -63,19 +68,29 @@ enum Attempt {
 }
 
 impl BenchPublisher {
-    fn new(node: &BenchNode, topics: u32) -> Result<BenchPublisher, String> {
+    fn new(node: &BenchNode, topics: u32, publish: PublishArg) -> Result<BenchPublisher, String> {
         Ok(match node {
             BenchNode::Library(n) => {
                 let topics = (0..topics)
                     .map(|t| tidings::Topic::raw(topic_name(t)))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| e.to_string())?;
-                let publishers = n
-                    .publishers(&topics)
-                    .map_err(|e| format!("publishers: {e}"))?;
-                BenchPublisher::Library {
-                    last: vec![None; publishers.len()],
-                    publishers,
+                match publish {
+                    PublishArg::Each => {
+                        let publishers = n
+                            .publishers(&topics)
+                            .map_err(|e| format!("publishers: {e}"))?;
+                        BenchPublisher::Library {
+                            last: vec![None; publishers.len()],
+                            publishers,
+                        }
+                    }
+                    PublishArg::Group => BenchPublisher::LibraryGroup {
+                        group: n
+                            .publisher_group(&topics)
+                            .map_err(|e| format!("publisher group: {e}"))?,
+                        last: None,
+                    },
                 }
             }
             BenchNode::Runtime(n) => BenchPublisher::Runtime {
@@ -94,6 +109,16 @@ impl BenchPublisher {
                 match p.publish_timeout(&payload, wait) {
                     Ok(h) => {
                         last[i] = Some(h);
+                        Ok(Attempt::Published)
+                    }
+                    Err(tidings::PublishError::Timeout) => Ok(Attempt::NoRoom(payload)),
+                    Err(e) => Err(format!("publish: {e}")),
+                }
+            }
+            BenchPublisher::LibraryGroup { group, last } => {
+                match group.publish_timeout(topic as usize, &payload, wait) {
+                    Ok(h) => {
+                        *last = Some(h);
                         Ok(Attempt::Published)
                     }
                     Err(tidings::PublishError::Timeout) => Ok(Attempt::NoRoom(payload)),
@@ -123,6 +148,9 @@ impl BenchPublisher {
                 .iter_mut()
                 .zip(last.iter())
                 .all(|(p, h)| h.is_none_or(|h| p.wait_stable(h, left()).is_ok())),
+            BenchPublisher::LibraryGroup { group, last } => {
+                last.is_none_or(|h| group.wait_stable(h, left()).is_ok())
+            }
             BenchPublisher::Runtime { publisher, last } => {
                 last.is_none_or(|h| publisher.wait_stable(h, left()).is_ok())
             }
@@ -471,7 +499,7 @@ fn publisher(
     rx: &mpsc::Receiver<Input>,
     quit: &AtomicBool,
 ) -> Result<ChildResult, String> {
-    let mut publisher = BenchPublisher::new(node, spec.topics)?;
+    let mut publisher = BenchPublisher::new(node, spec.topics, spec.publish)?;
     send(&FromChild::Ready);
     let ToChild::Go { start_ns } = recv(rx, Duration::from_millis(spec.lifetime_ms), "Go")? else {
         return Err("expected Go".to_owned());

@@ -137,6 +137,16 @@ fn bench_json_receives_through_each_of_the_library_s_interfaces() {
 }
 
 #[test]
+fn bench_json_publishes_through_a_publisher_group() {
+    let v = bench_json(&["--publish", "group", "--messages", "2000"]);
+    check(&v);
+    assert_eq!(v["publish"], "a publisher group", "{v}");
+    let out = tidings(&["bench", "--api", "runtime", "--publish", "group"], "");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--publish"));
+}
+
+#[test]
 fn bench_json_multicast_on_loopback() {
     let v = bench_json(&["--transport", "multicast", "--message-bytes", "64"]);
     check(&v);

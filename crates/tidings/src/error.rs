@@ -126,6 +126,15 @@ pub enum PublishError {
     /// The node has shut down.
     #[error("the node has shut down")]
     Closed,
+    /// A [`PublisherGroup`](crate::PublisherGroup) was asked to publish on a topic it does not
+    /// have.
+    #[error("no topic {index} in a publisher group of {topics}")]
+    NoSuchTopic {
+        /// The index asked for.
+        index: usize,
+        /// Topics in the group.
+        topics: usize,
+    },
 }
 
 /// Why a wait for stability ended without it:

@@ -60,7 +60,7 @@ mod topic;
 pub use error::{Error, PublishError, RecvError, RequestError, StableError, StartError};
 pub use node::SubscribeBuilder;
 pub use node::{GmsMode, Node, NodeBuilder, NodeStats, LOCAL_GMS_PORT};
-pub use publish::Publisher;
+pub use publish::{Publisher, PublisherGroup};
 pub use subscribe::{CallbackSubscription, Iter, MessageBatch, SlowConsumerPolicy, Subscription};
 pub use topic::{Message, Topic, TOPIC_NAME_BYTES_MAX};
 

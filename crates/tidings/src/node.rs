@@ -14,7 +14,7 @@ use tidings_runtime::{
 use tidings_seal::{AllowList, Identity, Mode as SecurityMode, PublicKey};
 
 use crate::error::{Error, RecvError, RequestError, StartError};
-use crate::publish::Publisher;
+use crate::publish::{Publisher, PublisherGroup};
 use crate::subscribe::{CallbackSubscription, MessageBatch, SlowConsumerPolicy, Subscription};
 use crate::topic::{Message, Topic};
 
@@ -466,6 +466,23 @@ impl Node {
             .zip(ids)
             .map(|(topic, id)| Publisher::new(runtime.publisher(), topic.clone(), id))
             .collect())
+    }
+
+    /// One publisher for every topic of `topics` ([`PublisherGroup`]: one queue to the core
+    /// thread, the group's messages published in call order whatever their topics), the
+    /// membership service told in batches as by [`publishers`](Self::publishers). For a thread
+    /// that publishes on many topics in turn.
+    pub fn publisher_group<T>(
+        &self,
+        topics: &[Topic<T>],
+    ) -> Result<PublisherGroup<T>, RequestError> {
+        let runtime = self.runtime()?;
+        let names: Vec<String> = topics.iter().map(|t| t.name().to_owned()).collect();
+        let ids = runtime.advertise_many(&names)?;
+        Ok(PublisherGroup::new(
+            runtime.publisher(),
+            topics.iter().cloned().zip(ids).collect(),
+        ))
     }
 
     /// Subscribes to `topic`, read as an iterator; in force when this returns (every message

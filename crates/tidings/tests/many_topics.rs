@@ -1,7 +1,7 @@
 //! Many topics through the library: a node subscribes to hundreds or thousands of topics
 //! through the membership service with callbacks, one by one or in batches
-//! (`Node::subscribe_many_with`, `Node::publishers`), or with one callback for all of them
-//! (`Node::subscribe_group_with`); the callbacks run on its delivery workers (the thread count
+//! (`Node::subscribe_many_with`, `Node::publishers`), or with one callback and one publisher
+//! for all of them (`Node::subscribe_group_with`, `Node::publisher_group`); the callbacks run on its delivery workers (the thread count
 //! does not grow with the topics), and every message of every topic arrives once, in order.
 
 // The deadline is wall time (the test's own, not the protocol's).
@@ -27,7 +27,7 @@ enum Mode {
     OneByOne,
     /// `subscribe_many_with`, `publishers`.
     Batched,
-    /// `subscribe_group_with` (one callback, one delivery task), `publishers`.
+    /// `subscribe_group_with` (one callback, one delivery task), `publisher_group` (one queue).
     Group,
 }
 
@@ -112,14 +112,15 @@ fn run(topics: u64, mode: Mode) {
         threads_after - threads_before
     );
 
-    let mut publishers: Vec<_> = if mode != Mode::OneByOne {
-        publisher_node.publishers(&names).unwrap()
-    } else {
-        names
+    let mut publishers: Vec<_> = match mode {
+        Mode::Batched => publisher_node.publishers(&names).unwrap(),
+        Mode::OneByOne => names
             .iter()
             .map(|topic| publisher_node.publisher(topic).unwrap())
-            .collect()
+            .collect(),
+        Mode::Group => Vec::new(),
     };
+    let mut group = (mode == Mode::Group).then(|| publisher_node.publisher_group(&names).unwrap());
     // The topics share their one subscriber: they share regions too, of at most 1,024 topics
     // (`PlannerConfig::subset_topics_max`), not one each.
     let regions = publisher_node
@@ -139,15 +140,34 @@ fn run(topics: u64, mode: Mode) {
         assert_eq!(publisher.topic_id(), subscription.topic_id());
     }
     let mut last = Vec::new();
+    let mut group_last = None;
     for seq in 0..MESSAGES_PER_TOPIC {
         last.clear();
+        let payload = Bytes::copy_from_slice(&seq.to_be_bytes());
         for publisher in &mut publishers {
-            last.push(
-                publisher
-                    .publish(&Bytes::copy_from_slice(&seq.to_be_bytes()))
-                    .unwrap(),
-            );
+            last.push(publisher.publish(&payload).unwrap());
         }
+        if let Some(group) = &mut group {
+            for t in 0..group.len() {
+                group_last = Some(group.publish(t, &payload).unwrap());
+            }
+        }
+    }
+    if let Some(group) = &mut group {
+        // In the order of the topics, as the subscriptions.
+        for (t, subscription) in subscriptions.iter().enumerate() {
+            assert_eq!(group.topic_id(t), Some(subscription.topic_id()));
+        }
+        match group.publish(group.len(), &Bytes::new()) {
+            Err(tidings::PublishError::NoSuchTopic { index, topics: n }) => {
+                assert_eq!((index, n), (group.len(), group.len()));
+            }
+            other => panic!("expected NoSuchTopic, got {other:?}"),
+        }
+        // One handle stands for every earlier message of the group.
+        group
+            .wait_stable(group_last.unwrap(), Duration::from_secs(10))
+            .unwrap();
     }
     let total = topics * MESSAGES_PER_TOPIC;
     let deadline = Instant::now() + Duration::from_secs(30);
