@@ -56,8 +56,10 @@ const TICK: Duration = Duration::from_secs(1);
 /// workers, for a full task queue) wake the core thread when room returns, so this only bounds
 /// the damage of a missed wake-up.
 const HELD_SLEEP_MAX: Duration = Duration::from_millis(50);
-/// Emptied backlogs of held topics kept for the next holds.
-const SPARE_BACKLOGS: usize = 16;
+/// Emptied backlogs of held topics kept for the next holds: a group subscription whose task's
+/// queue is full holds every topic of the group that brings a message meanwhile, hundreds at
+/// once with thousands of topics, each with a backlog (a few hundred bytes kept at most).
+const SPARE_BACKLOGS: usize = 1024;
 /// Readiness events taken per `epoll_wait`.
 const EVENTS_CAPACITY: usize = 64;
 /// Entries of the list of publishers with work. More publishers turning busy between two turns
