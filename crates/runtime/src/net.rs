@@ -34,12 +34,13 @@ pub(crate) fn kernel_drops<'a>(sockets: impl Iterator<Item = &'a mio::net::UdpSo
             return 0;
         }
         // The kernel writes these tables a page at a time, so a socket opened or closed
-        // elsewhere meanwhile can shift a line out of one read: read again until every socket
-        // was seen (a few attempts), so the sum never misses one and never goes backwards.
-        let mut drops = 0;
+        // elsewhere meanwhile can shift a line out of one read or into it twice: each socket's
+        // line counts once, and the tables are read again until every socket was seen (a few
+        // attempts), so the sum never misses one, never counts one twice, and never goes
+        // backwards.
+        let mut found: Vec<Option<u64>> = vec![None; inodes.len()];
         for _ in 0..PROC_NET_UDP_READS {
-            drops = 0;
-            let mut seen = 0;
+            found.fill(None);
             for table in ["/proc/net/udp", "/proc/net/udp6"] {
                 let Ok(text) = std::fs::read_to_string(table) else {
                     continue;
@@ -50,17 +51,16 @@ pub(crate) fn kernel_drops<'a>(sockets: impl Iterator<Item = &'a mio::net::UdpSo
                     let (Some(inode), Some(d)) = (fields.get(9), fields.last()) else {
                         continue;
                     };
-                    if inodes.iter().any(|i| i == inode) {
-                        seen += 1;
-                        drops += d.parse::<u64>().unwrap_or(0);
+                    if let Some(k) = inodes.iter().position(|i| i == inode) {
+                        found[k].get_or_insert(d.parse::<u64>().unwrap_or(0));
                     }
                 }
             }
-            if seen >= inodes.len() {
+            if found.iter().all(Option::is_some) {
                 break;
             }
         }
-        drops
+        found.iter().flatten().sum()
     }
     #[cfg(not(target_os = "linux"))]
     {
