@@ -158,10 +158,10 @@ impl Deliveries {
         self.iter().any(|d| d.topic != self.topic)
     }
 
-    /// The batch cut into runs of one topic each, in order, on storage of `pool`: what a
-    /// group's run becomes when its task has no room and its topics are held one by one.
-    pub(crate) fn split_by_topic(mut self, pool: &Arc<BatchPool>) -> Vec<Deliveries> {
-        let mut runs: Vec<Deliveries> = Vec::new();
+    /// The batch cut into runs of one topic each, in order, on storage of `pool`, appended to
+    /// `runs` (the caller's, reused): what a group's run becomes when its task has no room and
+    /// its topics are held one by one.
+    pub(crate) fn split_by_topic(mut self, pool: &Arc<BatchPool>, runs: &mut Vec<Deliveries>) {
         for d in self.drain() {
             match runs.last_mut() {
                 Some(run) if run.topic == d.topic && !run.is_full() => run.push(d),
@@ -172,7 +172,6 @@ impl Deliveries {
                 }
             }
         }
-        runs
     }
 
     pub(crate) fn is_full(&self) -> bool {
@@ -479,8 +478,9 @@ mod tests {
             b.push(delivery_of(topic, i));
         }
         assert!(b.is_mixed());
-        let runs: Vec<(u32, Vec<u64>)> = b
-            .split_by_topic(&pool)
+        let mut split = Vec::new();
+        b.split_by_topic(&pool, &mut split);
+        let runs: Vec<(u32, Vec<u64>)> = split
             .iter()
             .map(|r| {
                 assert!(!r.is_mixed());

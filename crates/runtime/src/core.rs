@@ -477,6 +477,8 @@ pub(crate) struct Core {
     /// Storage reused across holds: emptied backlogs, and the held topics of a retry.
     spare_backlogs: Vec<VecDeque<(Deliveries, Position)>>,
     held_scratch: Vec<TopicId>,
+    /// Storage reused for the one-topic runs a group's run is cut into when its task is full.
+    split_scratch: Vec<Deliveries>,
     /// Messages in the held topics' backlogs.
     backlog_total: usize,
     /// Storage of delivery batches, recycled by the workers that ran them.
@@ -621,6 +623,7 @@ impl Core {
             held: FxHashMap::default(),
             spare_backlogs: Vec::new(),
             held_scratch: Vec::new(),
+            split_scratch: Vec::new(),
             backlog_total: 0,
             batch_pool: BatchPool::new(),
             run: None,
@@ -1396,9 +1399,12 @@ impl Core {
             if batch.is_mixed() {
                 // A group's run whose shared task is full: each of its topics is held with
                 // its own messages, in order, as a topic of a task of its own would be.
-                for run in batch.split_by_topic(&self.batch_pool) {
+                let mut runs = std::mem::take(&mut self.split_scratch);
+                batch.split_by_topic(&self.batch_pool, &mut runs);
+                for run in runs.drain(..) {
                     self.hold(run, Position::default());
                 }
+                self.split_scratch = runs;
             } else {
                 self.hold(batch, next);
             }
