@@ -1562,6 +1562,29 @@ impl Member {
         }
     }
 
+    /// Moves the protocol events that come before the member's next own event to the back of
+    /// `into`, in order, and returns how many: what [`poll_event`](Self::poll_event) would
+    /// return one by one as [`MemberEvent::Protocol`] until its next own event (which
+    /// `poll_event` returns next). Suspicions among them are reported as `poll_event` reports
+    /// them.
+    pub fn take_protocol_events(&mut self, into: &mut VecDeque<Event>) -> usize {
+        if self.installs_queued == 0 && !self.touched.is_empty() {
+            self.answer_waiting();
+        }
+        let before_own = self.events.front().map_or(usize::MAX, |q| {
+            usize::try_from(q.after.saturating_sub(self.node_events_taken)).unwrap_or(usize::MAX)
+        });
+        let start = into.len();
+        let n = self.node.take_events(into, before_own);
+        self.node_events_taken += n as u64;
+        for e in into.range(start..) {
+            if let Event::Suspect { node, .. } = *e {
+                self.report_suspect(node);
+            }
+        }
+        n
+    }
+
     /// The member's own next event (installs, answers, removal), ahead of protocol events made
     /// before it that the host has not taken.
     pub fn poll_control_event(&mut self) -> Option<MemberEvent> {
@@ -2980,12 +3003,15 @@ mod tests {
             .unwrap()
         };
         let (mut sender, mut receiver) = (new(NodeId(1)), new(NodeId(2)));
+        // A twin of the receiver, fed the same, whose events are taken in bulk.
+        let mut twin = new(NodeId(2));
         while sender.poll_event().is_some() {}
         while receiver.poll_event().is_some() {}
+        while twin.poll_event().is_some() {}
         let mut now = T0;
-        sender
-            .publish(now, t1, Bytes::from_static(b"hello"))
-            .unwrap();
+        for text in [&b"hello"[..], b"again", b"and again"] {
+            sender.publish(now, t1, Bytes::from(text)).unwrap();
+        }
         let mut buf = vec![0; 1472];
         for _ in 0..5 {
             now += Duration::from_millis(1);
@@ -2995,14 +3021,45 @@ mod tests {
                     t.destination,
                     Destination::Region(_) | Destination::Node(NodeId(2))
                 ) {
-                    receiver.handle_datagram(now, Bytes::copy_from_slice(&buf[..t.len]));
+                    let datagram = Bytes::copy_from_slice(&buf[..t.len]);
+                    receiver.handle_datagram(now, datagram.clone());
+                    twin.handle_datagram(now, datagram);
                 }
             }
         }
         // The delivery waits in the receiver; then a new membership arrives.
         assert!(receiver.node().events_pending() > 0);
         receiver.set_membership(now, m.clone());
+        twin.set_membership(now, m.clone());
+        // A message of its own, delivered to itself after the install.
+        for node in [&mut receiver, &mut twin] {
+            node.publish(now, t1, Bytes::from_static(b"mine")).unwrap();
+        }
         let events: Vec<MemberEvent> = std::iter::from_fn(|| receiver.poll_event()).collect();
+        // Taken in bulk up to each own event, the same events come in the same order.
+        let mut bulk = Vec::new();
+        let mut taken = VecDeque::new();
+        loop {
+            let n = twin.take_protocol_events(&mut taken);
+            assert_eq!(n, taken.len());
+            bulk.extend(taken.drain(..).map(MemberEvent::Protocol));
+            match twin.poll_event() {
+                Some(e) => bulk.push(e),
+                None => break,
+            }
+        }
+        assert_eq!(bulk, events);
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, MemberEvent::Protocol(Event::Deliver(_))))
+                .count(),
+            4
+        );
+        assert!(matches!(
+            events.last(),
+            Some(MemberEvent::Protocol(Event::Deliver(d))) if d.origin == NodeId(2)
+        ));
         let delivered = events
             .iter()
             .position(|e| matches!(e, MemberEvent::Protocol(Event::Deliver(_))))

@@ -8,7 +8,7 @@ mod transmit;
 use receive::deliver_in_order;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use tidings_wire::{Body, MsgId, NodeId, Packet, Priority, RegionId, TopicId, MESSAGE_HEADER_LEN};
@@ -807,6 +807,20 @@ impl Node {
     /// The next event for the application, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.out.events.pop_front()
+    }
+
+    /// Moves the next events, at most `max`, to the back of `into`, in the order
+    /// [`poll_event`](Self::poll_event) would return them; returns how many. A host taking a
+    /// datagram's worth of deliveries at once moves them in bulk rather than one call each.
+    pub fn take_events(&mut self, into: &mut VecDeque<Event>, max: usize) -> usize {
+        let n = self.out.events.len().min(max);
+        if n == self.out.events.len() && into.is_empty() {
+            // Every event, into an empty queue: the two queues trade storage.
+            std::mem::swap(into, &mut self.out.events);
+        } else {
+            into.extend(self.out.events.drain(..n));
+        }
+        n
     }
 
     /// Events waiting for [`poll_event`](Self::poll_event): what the caller has not taken yet

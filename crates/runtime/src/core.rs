@@ -490,6 +490,9 @@ pub(crate) struct Core {
     ///
     /// [`NodeRuntime::subscribe_named_group`]: crate::NodeRuntime::subscribe_named_group
     run: Option<Deliveries>,
+    /// The protocol's events taken in bulk and not yet handled (empty between rounds; kept for
+    /// its storage).
+    protocol_events: VecDeque<Event>,
     /// The shared task of the current run's group, if the run is a group's.
     run_group: Option<TaskId>,
     /// The topics delivered to a group's shared task alone, with the task: looked up per
@@ -627,6 +630,7 @@ impl Core {
             backlog_total: 0,
             batch_pool: BatchPool::new(),
             run: None,
+            protocol_events: VecDeque::new(),
             run_group: None,
             group_topics: FxHashMap::default(),
             alarm: None,
@@ -1325,9 +1329,20 @@ impl Core {
     /// last run of deliveries is handed on at the end.
     fn hand_events_on(&mut self) {
         self.drain_control_events();
-        while let Some(event) = self.member.poll_event() {
-            self.on_member_event(event);
+        // The protocol's events up to the member's next own event are taken in bulk (a
+        // datagram's deliveries at once), then that event; until neither is left.
+        let mut events = std::mem::take(&mut self.protocol_events);
+        loop {
+            self.member.take_protocol_events(&mut events);
+            while let Some(event) = events.pop_front() {
+                self.on_protocol_event(event);
+            }
+            match self.member.poll_event() {
+                Some(event) => self.on_member_event(event),
+                None => break,
+            }
         }
+        self.protocol_events = events;
         self.flush_run();
     }
 

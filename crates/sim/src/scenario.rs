@@ -744,6 +744,8 @@ pub struct SimHost {
     wanted: BTreeSet<TopicId>,
     /// Subscriptions asked for and not yet answered, by token.
     asked: BTreeMap<u64, TopicId>,
+    /// The protocol's events taken in bulk and not yet handed to the checker (storage kept).
+    protocol_events: VecDeque<Event>,
     next_token: u64,
     /// GMS datagrams too large even for fragments (dropped).
     gms_oversize: u64,
@@ -873,26 +875,21 @@ impl SimHost {
 
     /// Hands the member's events to the checker, in the order they happened: what the node
     /// delivered under a membership is judged by that membership, not by the next.
+    /// The protocol's events are taken in bulk up to the member's next own event, as the
+    /// runtime takes them.
     fn take_events(&mut self, now: Time) {
         let me = self.me;
-        while let Some(ev) = self.member.poll_event() {
+        let mut events = std::mem::take(&mut self.protocol_events);
+        loop {
+            self.member.take_protocol_events(&mut events);
+            while let Some(ev) = events.pop_front() {
+                self.on_protocol_event(ev, now);
+            }
+            let Some(ev) = self.member.poll_event() else {
+                break;
+            };
             match ev {
-                MemberEvent::Protocol(Event::Deliver(d)) => {
-                    let d = Delivery {
-                        origin: self.sim_id(d.origin),
-                        ..d
-                    };
-                    self.ledger.borrow_mut().delivered(me, &d, now);
-                }
-                MemberEvent::Protocol(Event::Stable(m)) => {
-                    self.ledger.borrow_mut().stable(me, m, now)
-                }
-                MemberEvent::Protocol(Event::TokenRound { top, rtt, .. }) => {
-                    self.ledger.borrow_mut().token_round(top, rtt);
-                }
-                // The member reports suspicions to the GMS; the oracle learns of crashes by
-                // its own detection delay.
-                MemberEvent::Protocol(Event::Suspect { .. }) => {}
+                MemberEvent::Protocol(ev) => self.on_protocol_event(ev, now),
                 MemberEvent::Installed { changed } => {
                     // With the oracle the scenario tells the checker; with the GMS, each node's
                     // install is what it may deliver from now on, and the views it installed
@@ -946,6 +943,27 @@ impl SimHost {
                 | MemberEvent::Rejoined { .. }
                 | MemberEvent::TopicMoved { .. } => {}
             }
+        }
+        self.protocol_events = events;
+    }
+
+    fn on_protocol_event(&mut self, ev: Event, now: Time) {
+        let me = self.me;
+        match ev {
+            Event::Deliver(d) => {
+                let d = Delivery {
+                    origin: self.sim_id(d.origin),
+                    ..d
+                };
+                self.ledger.borrow_mut().delivered(me, &d, now);
+            }
+            Event::Stable(m) => self.ledger.borrow_mut().stable(me, m, now),
+            Event::TokenRound { top, rtt, .. } => {
+                self.ledger.borrow_mut().token_round(top, rtt);
+            }
+            // The member reports suspicions to the GMS; the oracle learns of crashes by its
+            // own detection delay.
+            Event::Suspect { .. } => {}
         }
     }
 
@@ -1174,6 +1192,7 @@ fn idle_host(
         gms_log: gms_log.clone(),
         wanted: BTreeSet::new(),
         asked: BTreeMap::new(),
+        protocol_events: VecDeque::new(),
         next_token: 1,
         gms_oversize: 0,
         fragments: VecDeque::new(),
@@ -1331,6 +1350,7 @@ pub fn build(s: &Scenario) -> Result<Built, ScenarioError> {
             gms_log: gms_log.clone(),
             wanted: subs[i as usize].iter().copied().collect(),
             asked: BTreeMap::new(),
+            protocol_events: VecDeque::new(),
             next_token: 1,
             gms_oversize: 0,
             fragments: VecDeque::new(),
