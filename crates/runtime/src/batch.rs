@@ -154,13 +154,14 @@ impl Deliveries {
     }
 
     /// Whether messages of more than one topic are in the batch (a group's run).
+    #[cfg(test)]
     pub(crate) fn is_mixed(&self) -> bool {
         self.iter().any(|d| d.topic != self.topic)
     }
 
     /// The batch cut into runs of one topic each, in order, on storage of `pool`, appended to
-    /// `runs` (the caller's, reused): what a group's run becomes when its task has no room and
-    /// its topics are held one by one.
+    /// `runs` (the caller's, reused): what a held group's backlog becomes when the group's
+    /// topics are held one by one instead (another subscription took one of them, or a rejoin).
     pub(crate) fn split_by_topic(mut self, pool: &Arc<BatchPool>, runs: &mut Vec<Deliveries>) {
         for d in self.drain() {
             match runs.last_mut() {
