@@ -322,14 +322,114 @@ const TOPIC_MOVE_RETRY: Duration = Duration::from_millis(10);
 /// in one group, by nothing else; `group_topics` says) and is not held: its messages may join
 /// a run of the group's other topics.
 fn group_task(
-    group_topics: &FxHashMap<TopicId, TaskId>,
+    group_topics: &GroupTopics,
     held: &FxHashMap<TopicId, HeldTopic>,
     topic: TopicId,
 ) -> Option<TaskId> {
     if !held.is_empty() && held.contains_key(&topic) {
         return None;
     }
-    group_topics.get(&topic).copied()
+    group_topics.get(topic)
+}
+
+/// Topic ids below this are kept in [`GroupTopics`]' vector (8 bytes each, 512 KiB at most);
+/// the membership service numbers topics from 1 up, so a node's are there unless it has tens
+/// of thousands.
+const DENSE_TOPIC_IDS: u32 = 1 << 16;
+
+/// No task, in [`GroupTopics`]' vector (task ids count up from 0, so none is this).
+const NO_TASK: u64 = u64::MAX;
+
+/// The topics delivered to a group's shared task alone, with the task: looked up for every
+/// message of a group's run. A vector indexed by topic id holds the ids below
+/// [`DENSE_TOPIC_IDS`] (80 KB for 10,000 topics, which stays in cache where a hash map's
+/// look-up of one of 10,000 topics taken round-robin missed it); larger ids (a static
+/// membership may use any) are in a hash map.
+#[derive(Debug, Default)]
+struct GroupTopics {
+    /// By topic id: the task's id, or [`NO_TASK`].
+    dense: Vec<u64>,
+    sparse: FxHashMap<TopicId, TaskId>,
+    len: usize,
+}
+
+impl GroupTopics {
+    fn get(&self, topic: TopicId) -> Option<TaskId> {
+        if let Some(&task) = self.dense.get(topic.0 as usize) {
+            if task != NO_TASK {
+                return Some(TaskId(task));
+            }
+        }
+        if self.sparse.is_empty() {
+            return None;
+        }
+        self.sparse.get(&topic).copied()
+    }
+
+    /// Records `topic` as delivered to `task` alone; the task it was delivered to before.
+    fn insert(&mut self, topic: TopicId, task: TaskId) -> Option<TaskId> {
+        let old = if topic.0 < DENSE_TOPIC_IDS && task.0 != NO_TASK {
+            let at = topic.0 as usize;
+            if self.dense.len() <= at {
+                self.dense.resize(at + 1, NO_TASK);
+            }
+            match self.dense.get_mut(at) {
+                Some(slot) => {
+                    let old = (*slot != NO_TASK).then_some(TaskId(*slot));
+                    *slot = task.0;
+                    old
+                }
+                None => self.sparse.insert(topic, task),
+            }
+        } else {
+            self.sparse.insert(topic, task)
+        };
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    fn remove(&mut self, topic: TopicId) -> Option<TaskId> {
+        let old = match self.dense.get_mut(topic.0 as usize) {
+            Some(slot) if *slot != NO_TASK => {
+                let task = TaskId(*slot);
+                *slot = NO_TASK;
+                Some(task)
+            }
+            _ => self.sparse.remove(&topic),
+        };
+        if old.is_some() {
+            self.len -= 1;
+        }
+        old
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn clear(&mut self) {
+        self.dense.clear();
+        self.sparse.clear();
+        self.len = 0;
+    }
+
+    /// The topics delivered to `task` alone.
+    fn topics_of(&self, task: TaskId) -> impl Iterator<Item = TopicId> + '_ {
+        let dense = self
+            .dense
+            .iter()
+            .enumerate()
+            .filter(move |&(_, &t)| t == task.0)
+            .filter_map(|(at, _)| u32::try_from(at).ok().map(TopicId));
+        let sparse = self
+            .sparse
+            .iter()
+            .filter(move |&(_, &t)| t == task)
+            .map(|(&topic, _)| topic);
+        dense.chain(sparse)
+    }
 }
 
 /// Pushes `event` to `task`. A full queue (a slow callback) asks the workers to wake the core
@@ -574,7 +674,7 @@ pub(crate) struct Core {
     /// message of a group's run, so kept apart from `subscriptions` (one small entry, no
     /// task list to follow). Refreshed wherever a topic's subscriptions change
     /// ([`Core::refresh_group`]).
-    group_topics: FxHashMap<TopicId, TaskId>,
+    group_topics: GroupTopics,
     /// The shared tasks named in `group_topics`, each with its topics.
     group_tasks: FxHashMap<TaskId, GroupTask>,
     alarm: Option<ProtocolAlarm>,
@@ -710,7 +810,7 @@ impl Core {
             batch_pool: BatchPool::new(),
             run: None,
             run_group: None,
-            group_topics: FxHashMap::default(),
+            group_topics: GroupTopics::default(),
             group_tasks: FxHashMap::default(),
             alarm: None,
             last_look: now,
@@ -1545,7 +1645,7 @@ impl Core {
                 }
                 old
             }
-            None => self.group_topics.remove(&topic),
+            None => self.group_topics.remove(topic),
         };
         if old_id == new_id {
             return;
@@ -1602,12 +1702,7 @@ impl Core {
         };
         if group.stale {
             group.sorted.clear();
-            group.sorted.extend(
-                self.group_topics
-                    .iter()
-                    .filter(|&(_, &t)| t == task)
-                    .map(|(&topic, _)| topic),
-            );
+            group.sorted.extend(self.group_topics.topics_of(task));
             group.sorted.sort_unstable();
             group.stale = false;
         }
@@ -2641,6 +2736,35 @@ mod tests {
         poll.poll(&mut events, Some(Duration::from_millis(20)))
             .expect("epoll_wait");
         events.iter().count()
+    }
+
+    #[test]
+    fn group_topics_are_found_by_small_and_large_ids_alike() {
+        let mut g = GroupTopics::default();
+        assert!(g.is_empty());
+        let (a, b) = (TaskId(3), TaskId(7));
+        let large = TopicId(DENSE_TOPIC_IDS + 5);
+        assert_eq!(g.insert(TopicId(10), a), None);
+        assert_eq!(g.insert(TopicId(2), b), None);
+        assert_eq!(g.insert(large, a), None);
+        assert_eq!(g.insert(TopicId(10), b), Some(a));
+        assert_eq!(g.insert(TopicId(1), a), None);
+        assert_eq!(g.get(TopicId(10)), Some(b));
+        assert_eq!(g.get(TopicId(1)), Some(a));
+        assert_eq!(g.get(large), Some(a));
+        assert_eq!(g.get(TopicId(3)), None);
+        assert_eq!(g.get(TopicId(DENSE_TOPIC_IDS + 6)), None);
+        let mut of_a: Vec<TopicId> = g.topics_of(a).collect();
+        of_a.sort_unstable();
+        assert_eq!(of_a, vec![TopicId(1), large]);
+        assert_eq!(g.remove(TopicId(10)), Some(b));
+        assert_eq!(g.remove(TopicId(10)), None);
+        assert_eq!(g.remove(large), Some(a));
+        assert_eq!(g.get(large), None);
+        assert!(!g.is_empty());
+        g.clear();
+        assert!(g.is_empty());
+        assert_eq!(g.get(TopicId(1)), None);
     }
 
     #[test]
