@@ -56,9 +56,10 @@ const TICK: Duration = Duration::from_secs(1);
 /// workers, for a full task queue) wake the core thread when room returns, so this only bounds
 /// the damage of a missed wake-up.
 const HELD_SLEEP_MAX: Duration = Duration::from_millis(50);
-/// Emptied backlogs of held topics kept for the next holds: a group subscription whose task's
-/// queue is full holds every topic of the group that brings a message meanwhile, hundreds at
-/// once with thousands of topics, each with a backlog (a few hundred bytes kept at most).
+/// Emptied backlogs of held topics kept for the next holds: a group's hold ended by topic
+/// ([`Core::dissolve_group_hold`]) holds every topic with runs in its backlog on its own,
+/// hundreds at once with thousands of topics, each with a backlog (a few hundred bytes kept at
+/// most).
 const SPARE_BACKLOGS: usize = 1024;
 /// Storage of ended group holds kept for the next (a node has few group subscriptions).
 const SPARE_GROUP_HOLDS: usize = 4;
@@ -671,9 +672,8 @@ pub(crate) struct Core {
     /// The shared task of the current run's group, if the run is a group's.
     run_group: Option<TaskId>,
     /// The topics delivered to a group's shared task alone, with the task: looked up per
-    /// message of a group's run, so kept apart from `subscriptions` (one small entry, no
-    /// task list to follow). Refreshed wherever a topic's subscriptions change
-    /// ([`Core::refresh_group`]).
+    /// message of a group's run, so kept apart from `subscriptions` (no task list to follow).
+    /// Refreshed wherever a topic's subscriptions change ([`Core::refresh_group`]).
     group_topics: GroupTopics,
     /// The shared tasks named in `group_topics`, each with its topics.
     group_tasks: FxHashMap<TaskId, GroupTask>,
