@@ -1391,6 +1391,18 @@ impl Member {
         self.node.release_topic(now, topic);
     }
 
+    /// Holds every topic of `topics` back at once ([`Node::hold_topics`]): for a host whose
+    /// one delivery task for them all is full.
+    pub fn hold_topics(&mut self, topics: &[TopicId]) {
+        self.node.hold_topics(topics);
+    }
+
+    /// Releases every held topic of `topics` (sorted) at once ([`Node::release_topics`]).
+    pub fn release_topics(&mut self, now: Time, topics: &[TopicId]) {
+        self.now = now;
+        self.node.release_topics(now, topics);
+    }
+
     /// Publishes on `topic` ([`Node::publish`]).
     pub fn publish(
         &mut self,

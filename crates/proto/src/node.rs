@@ -163,7 +163,8 @@ pub struct Node {
     gauges: Gauges,
     /// Topics the host holds back at this node ([`Node::hold_topic`]): in-order delivery of a
     /// stream stops at its next message of one of them. Sorted; a vector, so that holding and
-    /// releasing over and over allocates nothing (a host holds a few at a time).
+    /// releasing over and over allocates nothing (a host holds a few at a time, or the
+    /// thousands of a group of topics at once, [`Node::hold_topics`]).
     held_topics: Vec<TopicId>,
     /// The membership service's incarnation: written in every datagram sent, and every
     /// datagram received of another is dropped unread. 0 without a service.
@@ -844,6 +845,22 @@ impl Node {
         }
     }
 
+    /// [`hold_topic`](Self::hold_topic) for every topic of `topics` at once (a host whose one
+    /// delivery task takes them all has no room): one merge of the held set, where one call per
+    /// topic would shift it once per topic. Idempotent; no allocation once the set's storage
+    /// has grown to the most topics held at once.
+    pub fn hold_topics(&mut self, topics: &[TopicId]) {
+        if topics.is_empty() {
+            return;
+        }
+        let was_empty = self.held_topics.is_empty();
+        self.held_topics.extend_from_slice(topics);
+        if !was_empty || !topics.is_sorted() {
+            self.held_topics.sort_unstable();
+        }
+        self.held_topics.dedup();
+    }
+
     /// Ends [`hold_topic`](Self::hold_topic): the streams stopped at `topic` deliver what they
     /// hold in order (as events), and what their windows dropped comes back through the
     /// protocol's usual recovery.
@@ -852,6 +869,29 @@ impl Node {
             return;
         };
         self.held_topics.remove(at);
+        self.deliver_released(now);
+    }
+
+    /// [`release_topic`](Self::release_topic) for every topic of `topics` (sorted) at once: the
+    /// held set is filtered once and every region's held streams are walked once, not once per
+    /// topic. Topics of `topics` not held are left alone.
+    pub fn release_topics(&mut self, now: Time, topics: &[TopicId]) {
+        debug_assert!(topics.is_sorted(), "release_topics takes sorted topics");
+        let before = self.held_topics.len();
+        // Both sorted: one merge-like pass.
+        let mut released = topics.iter().peekable();
+        self.held_topics.retain(|t| {
+            while released.next_if(|r| *r < t).is_some() {}
+            released.next_if_eq(&t).is_none()
+        });
+        if self.held_topics.len() != before {
+            self.deliver_released(now);
+        }
+    }
+
+    /// After topics were released: every region's held streams deliver what they hold up to
+    /// their next message of a topic still held.
+    fn deliver_released(&mut self, now: Time) {
         self.input_at = now;
         let held_topics = &self.held_topics;
         let delivers = self.membership.subscriptions.as_ref();

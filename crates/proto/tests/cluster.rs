@@ -1454,6 +1454,98 @@ fn a_held_topic_loses_nothing_on_a_lossy_network() {
     }
 }
 
+/// A set of topics held at once (`hold_topics`, as a host does for a group of topics with one
+/// full delivery task) stops every stream at its next message of any of them; one
+/// `release_topics` delivers everything, in order per sender, and leaves a topic held on its
+/// own (`hold_topic`, not in the set) held.
+#[test]
+fn topics_held_as_a_set_are_released_together_and_lose_nothing() {
+    let config = {
+        let mut cfg = Config::default();
+        cfg.window.msgs_max = 64;
+        cfg.receive_window_msgs = 64;
+        cfg
+    };
+    let subs = |i: u32| {
+        if i < 2 {
+            vec![]
+        } else {
+            vec![TopicId(1), TopicId(2), TopicId(3), TopicId(4)]
+        }
+    };
+    let mut c = Cluster::with_config(3, subs, 8, 0.0, config);
+    let set = [TopicId(1), TopicId(2), TopicId(3)];
+    c.nodes[2].hold_topics(&set);
+    c.nodes[2].hold_topics(&[TopicId(2), TopicId(1)]);
+    assert!(set.iter().all(|&t| c.nodes[2].is_topic_held(t)));
+    assert!(!c.nodes[2].is_topic_held(TopicId(4)));
+    let limit = Time::ZERO + Duration::from_secs(2);
+    let mut published = [0u64; 2];
+    while c.now < limit {
+        // Node 0 round-robin over topics 1-3, node 1 on topic 4 alone.
+        while published[0] < 3_000 {
+            let topic = TopicId(1 + (published[0] % 3) as u32);
+            if !c.nodes[0].can_publish(topic, 100) {
+                break;
+            }
+            c.nodes[0]
+                .publish(c.now, topic, Bytes::from(vec![1u8; 100]))
+                .unwrap();
+            published[0] += 1;
+        }
+        while published[1] < 500 && c.nodes[1].can_publish(TopicId(4), 100) {
+            c.nodes[1]
+                .publish(c.now, TopicId(4), Bytes::from(vec![2u8; 100]))
+                .unwrap();
+            published[1] += 1;
+        }
+        c.flush(0);
+        c.flush(1);
+        if !c.step(limit) {
+            break;
+        }
+    }
+    // Held: nothing of the set delivered or stable, node 0 held back (its window and send
+    // queue full), node 1 not.
+    assert!(c.delivered[2].iter().all(|d| d.2 == TopicId(4)));
+    assert_eq!(c.delivered[2].len(), 500);
+    assert!(c.stable[0].is_empty());
+    assert!(published[0] < 3_000, "node 0 was not held back");
+    c.nodes[2].hold_topic(TopicId(4));
+    c.nodes[2].release_topics(c.now, &set);
+    assert!(set.iter().all(|&t| !c.nodes[2].is_topic_held(t)));
+    assert!(c.nodes[2].is_topic_held(TopicId(4)), "held on its own");
+    c.nodes[2].release_topic(c.now, TopicId(4));
+    c.flush(2);
+    let limit = c.now + Duration::from_secs(10);
+    while c.now < limit {
+        while published[0] < 3_000 {
+            let topic = TopicId(1 + (published[0] % 3) as u32);
+            if !c.nodes[0].can_publish(topic, 100) {
+                break;
+            }
+            c.nodes[0]
+                .publish(c.now, topic, Bytes::from(vec![1u8; 100]))
+                .unwrap();
+            published[0] += 1;
+        }
+        c.flush(0);
+        if published[0] == 3_000 && c.stable[0].len() == 3_000 {
+            break;
+        }
+        if !c.step(limit) {
+            break;
+        }
+    }
+    let from_0: Vec<u64> = c.delivered[2]
+        .iter()
+        .filter(|d| d.0 == NodeId(0))
+        .map(|d| d.1 .0)
+        .collect();
+    assert_eq!(from_0, (1..=3_000).collect::<Vec<_>>());
+    assert_eq!(c.stable[0].len(), 3_000);
+}
+
 /// Nodes of one incarnation exchange as before; a node of another incarnation (the same ids,
 /// regions and views under a service restarted without its state) has every packet dropped
 /// unread by the others, and drops theirs. Message ids go on from where a replaced node left.

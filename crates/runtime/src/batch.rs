@@ -154,13 +154,14 @@ impl Deliveries {
     }
 
     /// Whether messages of more than one topic are in the batch (a group's run).
+    #[cfg(test)]
     pub(crate) fn is_mixed(&self) -> bool {
         self.iter().any(|d| d.topic != self.topic)
     }
 
     /// The batch cut into runs of one topic each, in order, on storage of `pool`, appended to
-    /// `runs` (the caller's, reused): what a group's run becomes when its task has no room and
-    /// its topics are held one by one.
+    /// `runs` (the caller's, reused): what a held group's backlog becomes when the group's
+    /// topics are held one by one instead (another subscription took one of them, or a rejoin).
     pub(crate) fn split_by_topic(mut self, pool: &Arc<BatchPool>, runs: &mut Vec<Deliveries>) {
         for d in self.drain() {
             match runs.last_mut() {
@@ -248,7 +249,7 @@ impl Drop for Deliveries {
 pub(crate) struct TaskGroup {
     /// Each bound topic's index, written by the core thread as the membership service binds
     /// the topics (and again as a rejoin gives them new ids), read by the task once per batch.
-    routes: Mutex<FxHashMap<TopicId, u32>>,
+    routes: Mutex<Routes>,
     /// Per index, whether its subscription is alive: cleared when it is dropped, so that its
     /// messages already queued in the shared task are dropped, as a task's own are.
     live: Box<[AtomicBool]>,
@@ -259,17 +260,63 @@ pub(crate) struct TaskGroup {
 /// Index of a message whose topic has no route (unbound or unsubscribed): dropped.
 const NO_ROUTE: u32 = u32::MAX;
 
+/// Topic ids below this are routed through [`Routes`]' vector (4 bytes each, 256 KiB at
+/// most); the membership service numbers topics from 1 up.
+const DENSE_TOPIC_IDS: u32 = 1 << 16;
+
+/// A group's topics to their indices, looked up for every message the task runs: a vector
+/// indexed by topic id for the ids below [`DENSE_TOPIC_IDS`] (40 KB for 10,000 topics, which
+/// stays in cache where a hash map's look-up of one of 10,000 topics taken round-robin missed
+/// it), a hash map for larger ids (a static membership may use any).
+#[derive(Debug, Default)]
+struct Routes {
+    /// By topic id: the index, or [`NO_ROUTE`].
+    dense: Vec<u32>,
+    sparse: FxHashMap<TopicId, u32>,
+}
+
+impl Routes {
+    fn get(&self, topic: TopicId) -> Option<u32> {
+        match self.dense.get(topic.0 as usize) {
+            Some(&index) if index != NO_ROUTE => Some(index),
+            _ if self.sparse.is_empty() => None,
+            _ => self.sparse.get(&topic).copied(),
+        }
+    }
+
+    fn insert(&mut self, topic: TopicId, index: u32) {
+        if topic.0 < DENSE_TOPIC_IDS && index != NO_ROUTE {
+            let at = topic.0 as usize;
+            if self.dense.len() <= at {
+                self.dense.resize(at + 1, NO_ROUTE);
+            }
+            if let Some(slot) = self.dense.get_mut(at) {
+                *slot = index;
+                return;
+            }
+        }
+        self.sparse.insert(topic, index);
+    }
+
+    fn remove(&mut self, topic: TopicId) -> Option<u32> {
+        match self.dense.get_mut(topic.0 as usize) {
+            Some(slot) if *slot != NO_ROUTE => Some(std::mem::replace(slot, NO_ROUTE)),
+            _ => self.sparse.remove(&topic),
+        }
+    }
+}
+
 impl TaskGroup {
     /// A group of `topics` topics (indices `0..topics`), none bound yet.
     pub(crate) fn new(topics: usize) -> Arc<TaskGroup> {
         Arc::new(TaskGroup {
-            routes: Mutex::new(FxHashMap::default()),
+            routes: Mutex::new(Routes::default()),
             live: (0..topics).map(|_| AtomicBool::new(true)).collect(),
             subscriptions: AtomicUsize::new(0),
         })
     }
 
-    fn routes(&self) -> std::sync::MutexGuard<'_, FxHashMap<TopicId, u32>> {
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
         self.routes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -281,14 +328,14 @@ impl TaskGroup {
     /// A rejoin gave the topic `old` the id `new` (the core thread).
     pub(crate) fn rebind(&self, old: TopicId, new: TopicId) {
         let mut routes = self.routes();
-        if let Some(index) = routes.remove(&old) {
+        if let Some(index) = routes.remove(old) {
             routes.insert(new, index);
         }
     }
 
     /// Messages of `topic` go nowhere any more (the core thread, as it is unsubscribed).
     pub(crate) fn unbind(&self, topic: TopicId) {
-        self.routes().remove(&topic);
+        self.routes().remove(topic);
     }
 
     /// Counts a subscription handed out for the group.
@@ -312,8 +359,7 @@ impl TaskGroup {
         let routes = self.routes();
         indices.extend(batch.iter().map(|d| {
             routes
-                .get(&d.topic)
-                .copied()
+                .get(d.topic)
                 .filter(|&i| {
                     self.live
                         .get(i as usize)
@@ -527,6 +573,18 @@ mod tests {
             seen.push((index, d.msg_id.0))
         });
         assert_eq!(seen, vec![(0, 5)]);
+        // A topic id past the vector's range routes as well.
+        let large = TopicId(DENSE_TOPIC_IDS + 1);
+        group.bind(large, 2);
+        seen.clear();
+        let mut b = pool.batch(large);
+        for (topic, i) in [(DENSE_TOPIC_IDS + 1, 9), (DENSE_TOPIC_IDS + 2, 10)] {
+            b.push(delivery_of(topic, i));
+        }
+        group.dispatch(&mut b, &mut indices, |index, d| {
+            seen.push((index, d.msg_id.0))
+        });
+        assert_eq!(seen, vec![(2, 9)]);
         assert!(!group.drop_subscription(0));
         assert!(
             group.drop_subscription(2),

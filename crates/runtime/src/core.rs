@@ -37,14 +37,14 @@ use tidings_sched::handoff::{ReadyFlag, ReadyList};
 use tidings_sched::{TaskId, TryPushError};
 
 use crate::addr::{AddressBook, Routes};
-use crate::batch::{BatchPool, Deliveries, SubTask};
+use crate::batch::{BatchPool, Deliveries, SubTask, BATCH_MSGS_MAX};
 use crate::clock;
 use crate::config::{RuntimeConfig, Transport};
 use crate::flow::Unread;
 use crate::net::{self, Flush, NetSocket, RxBuffers, TxBatch, TxCounts};
 use crate::oplog::{self, ViewLog};
 use crate::publish::{request_cost, PublishRequest, PublishRoom, PublisherCore};
-use crate::stats::{HeldTopicState, RuntimeStats, SubscriptionState};
+use crate::stats::{HeldGroupState, HeldTopicState, RuntimeStats, SubscriptionState};
 
 const WAKER: Token = Token(0);
 const UNICAST: Token = Token(1);
@@ -56,10 +56,13 @@ const TICK: Duration = Duration::from_secs(1);
 /// workers, for a full task queue) wake the core thread when room returns, so this only bounds
 /// the damage of a missed wake-up.
 const HELD_SLEEP_MAX: Duration = Duration::from_millis(50);
-/// Emptied backlogs of held topics kept for the next holds: a group subscription whose task's
-/// queue is full holds every topic of the group that brings a message meanwhile, hundreds at
-/// once with thousands of topics, each with a backlog (a few hundred bytes kept at most).
+/// Emptied backlogs of held topics kept for the next holds: a group's hold ended by topic
+/// ([`Core::dissolve_group_hold`]) holds every topic with runs in its backlog on its own,
+/// hundreds at once with thousands of topics, each with a backlog (a few hundred bytes kept at
+/// most).
 const SPARE_BACKLOGS: usize = 1024;
+/// Storage of ended group holds kept for the next (a node has few group subscriptions).
+const SPARE_GROUP_HOLDS: usize = 4;
 /// Readiness events taken per `epoll_wait`.
 const EVENTS_CAPACITY: usize = 64;
 /// Entries of the list of publishers with work. More publishers turning busy between two turns
@@ -320,14 +323,157 @@ const TOPIC_MOVE_RETRY: Duration = Duration::from_millis(10);
 /// in one group, by nothing else; `group_topics` says) and is not held: its messages may join
 /// a run of the group's other topics.
 fn group_task(
-    group_topics: &FxHashMap<TopicId, TaskId>,
+    group_topics: &GroupTopics,
     held: &FxHashMap<TopicId, HeldTopic>,
     topic: TopicId,
 ) -> Option<TaskId> {
     if !held.is_empty() && held.contains_key(&topic) {
         return None;
     }
-    group_topics.get(&topic).copied()
+    group_topics.get(topic)
+}
+
+/// Topic ids below this are kept in [`GroupTopics`]' vector (8 bytes each, 512 KiB at most);
+/// the membership service numbers topics from 1 up, so a node's are there unless it has tens
+/// of thousands.
+const DENSE_TOPIC_IDS: u32 = 1 << 16;
+
+/// No task, in [`GroupTopics`]' vector (task ids count up from 0, so none is this).
+const NO_TASK: u64 = u64::MAX;
+
+/// The topics delivered to a group's shared task alone, with the task: looked up for every
+/// message of a group's run. A vector indexed by topic id holds the ids below
+/// [`DENSE_TOPIC_IDS`] (80 KB for 10,000 topics, which stays in cache where a hash map's
+/// look-up of one of 10,000 topics taken round-robin missed it); larger ids (a static
+/// membership may use any) are in a hash map.
+#[derive(Debug, Default)]
+struct GroupTopics {
+    /// By topic id: the task's id, or [`NO_TASK`].
+    dense: Vec<u64>,
+    sparse: FxHashMap<TopicId, TaskId>,
+    len: usize,
+}
+
+impl GroupTopics {
+    fn get(&self, topic: TopicId) -> Option<TaskId> {
+        if let Some(&task) = self.dense.get(topic.0 as usize) {
+            if task != NO_TASK {
+                return Some(TaskId(task));
+            }
+        }
+        if self.sparse.is_empty() {
+            return None;
+        }
+        self.sparse.get(&topic).copied()
+    }
+
+    /// Records `topic` as delivered to `task` alone; the task it was delivered to before.
+    fn insert(&mut self, topic: TopicId, task: TaskId) -> Option<TaskId> {
+        let old = if topic.0 < DENSE_TOPIC_IDS && task.0 != NO_TASK {
+            let at = topic.0 as usize;
+            if self.dense.len() <= at {
+                self.dense.resize(at + 1, NO_TASK);
+            }
+            match self.dense.get_mut(at) {
+                Some(slot) => {
+                    let old = (*slot != NO_TASK).then_some(TaskId(*slot));
+                    *slot = task.0;
+                    old
+                }
+                None => self.sparse.insert(topic, task),
+            }
+        } else {
+            self.sparse.insert(topic, task)
+        };
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    fn remove(&mut self, topic: TopicId) -> Option<TaskId> {
+        let old = match self.dense.get_mut(topic.0 as usize) {
+            Some(slot) if *slot != NO_TASK => {
+                let task = TaskId(*slot);
+                *slot = NO_TASK;
+                Some(task)
+            }
+            _ => self.sparse.remove(&topic),
+        };
+        if old.is_some() {
+            self.len -= 1;
+        }
+        old
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn clear(&mut self) {
+        self.dense.clear();
+        self.sparse.clear();
+        self.len = 0;
+    }
+
+    /// The topics delivered to `task` alone.
+    fn topics_of(&self, task: TaskId) -> impl Iterator<Item = TopicId> + '_ {
+        let dense = self
+            .dense
+            .iter()
+            .enumerate()
+            .filter(move |&(_, &t)| t == task.0)
+            .filter_map(|(at, _)| u32::try_from(at).ok().map(TopicId));
+        let sparse = self
+            .sparse
+            .iter()
+            .filter(move |&(_, &t)| t == task)
+            .map(|(&topic, _)| topic);
+        dense.chain(sparse)
+    }
+}
+
+/// Pushes `event` to `task`. A full queue (a slow callback) asks the workers to wake the core
+/// thread once half of it is delivered, then is tried once more: if that still finds it full,
+/// all it holds is delivered after the count was set, so the count runs out.
+fn push_or_wake(
+    shared: &CoreShared,
+    task: &SubTask,
+    event: Deliveries,
+) -> Result<(), TryPushError<Deliveries>> {
+    match task.try_push(event) {
+        Err(TryPushError::Full(event)) => {
+            let wake_after = (task.queue_len() / 2).max(1);
+            shared
+                .deliveries_until_wake
+                .store(wake_after, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let again = task.try_push(event);
+            if again.is_ok() {
+                // Room after all: no wake-up is owed.
+                shared.deliveries_until_wake.store(0, Ordering::Release);
+            }
+            again
+        }
+        other => other,
+    }
+}
+
+impl HeldGroup {
+    /// Puts `batch` at the back of the backlog: into the last run while it has room, so that
+    /// the release hands the backlog on in runs of up to `BATCH_MSGS_MAX` messages.
+    fn append(&mut self, mut batch: Deliveries) {
+        self.msgs += batch.len();
+        if let Some(last) = self.backlog.back_mut() {
+            if last.len() + batch.len() <= BATCH_MSGS_MAX {
+                for d in batch.drain() {
+                    last.push(d);
+                }
+                return;
+            }
+        }
+        self.backlog.push_back(batch);
+    }
 }
 
 /// A topic held back at this node because one of its subscriptions has no room: its streams
@@ -338,6 +484,35 @@ struct HeldTopic {
     /// Batches of the topic not handed on yet, in order: those the protocol had delivered
     /// before the hold took effect, each with where its hand-over stopped.
     backlog: VecDeque<(Deliveries, Position)>,
+}
+
+/// A group subscription's shared task, as the core thread hands it a group's runs: the task, and
+/// its topics (those delivered to it alone) sorted, for holding them together.
+#[derive(Debug)]
+struct GroupTask {
+    task: SubTask,
+    /// Entries of `Core::group_topics` naming this task.
+    topics: usize,
+    /// Those topics, sorted; rebuilt from `Core::group_topics` when `stale`.
+    sorted: Vec<TopicId>,
+    stale: bool,
+}
+
+/// A group subscription held as one because its shared task had no room: the protocol holds
+/// its topics together ([`Member::hold_topics`]) and its runs wait in one backlog, in the
+/// order they came, whatever their topics.
+#[derive(Debug)]
+struct HeldGroup {
+    task: SubTask,
+    since: Time,
+    /// The topics the protocol holds for the group, sorted: the group's topics when the hold
+    /// began (less those held on their own), and those bound to it since.
+    topics: Vec<TopicId>,
+    /// Runs of the group not handed on yet, in order; each of at most `BATCH_MSGS_MAX`
+    /// messages (a run that comes while the last one has room joins it).
+    backlog: VecDeque<Deliveries>,
+    /// Messages in `backlog`.
+    msgs: usize,
 }
 
 /// Where the hand-over of a batch to its topic's subscriptions stopped: the subscription at
@@ -479,7 +654,11 @@ pub(crate) struct Core {
     held_scratch: Vec<TopicId>,
     /// Storage reused for the one-topic runs a group's run is cut into when its task is full.
     split_scratch: Vec<Deliveries>,
-    /// Messages in the held topics' backlogs.
+    /// The group subscriptions held as one now (few: at most one per group subscription).
+    held_groups: Vec<HeldGroup>,
+    /// Storage of ended group holds (topics, backlog), reused by the next.
+    spare_groups: Vec<(Vec<TopicId>, VecDeque<Deliveries>)>,
+    /// Messages in the held topics' and groups' backlogs.
     backlog_total: usize,
     /// Storage of delivery batches, recycled by the workers that ran them.
     batch_pool: Arc<BatchPool>,
@@ -496,10 +675,11 @@ pub(crate) struct Core {
     /// The shared task of the current run's group, if the run is a group's.
     run_group: Option<TaskId>,
     /// The topics delivered to a group's shared task alone, with the task: looked up per
-    /// message of a group's run, so kept apart from `subscriptions` (one small entry, no
-    /// task list to follow). Refreshed wherever a topic's subscriptions change
-    /// ([`Core::refresh_group`]).
-    group_topics: FxHashMap<TopicId, TaskId>,
+    /// message of a group's run, so kept apart from `subscriptions` (no task list to follow).
+    /// Refreshed wherever a topic's subscriptions change ([`Core::refresh_group`]).
+    group_topics: GroupTopics,
+    /// The shared tasks named in `group_topics`, each with its topics.
+    group_tasks: FxHashMap<TaskId, GroupTask>,
     alarm: Option<ProtocolAlarm>,
     last_look: Time,
     /// When the thread last woke from `poll` (the start of the cycle).
@@ -627,12 +807,15 @@ impl Core {
             spare_backlogs: Vec::new(),
             held_scratch: Vec::new(),
             split_scratch: Vec::new(),
+            held_groups: Vec::new(),
+            spare_groups: Vec::new(),
             backlog_total: 0,
             batch_pool: BatchPool::new(),
             run: None,
             protocol_events: VecDeque::new(),
             run_group: None,
-            group_topics: FxHashMap::default(),
+            group_topics: GroupTopics::default(),
+            group_tasks: FxHashMap::default(),
             alarm: None,
             last_look: now,
             woke_at: now,
@@ -739,7 +922,7 @@ impl Core {
 
     /// Zero if some queue has work now, else how long the thread may sleep.
     fn sleep_timeout(&mut self, now: Time) -> Option<Duration> {
-        if !self.held.is_empty() {
+        if !self.held.is_empty() || !self.held_groups.is_empty() {
             self.retry_held(now);
         }
         let reading = self.reading();
@@ -764,6 +947,9 @@ impl Core {
             next = next.min(t);
         }
         let mut sleep = next.saturating_duration_since(now);
+        if !self.held_groups.is_empty() {
+            sleep = sleep.min(HELD_SLEEP_MAX);
+        }
         if !self.held.is_empty() {
             sleep = sleep.min(HELD_SLEEP_MAX);
             for deadline in self.disconnect_deadlines() {
@@ -773,8 +959,8 @@ impl Core {
         Some(sleep)
     }
 
-    /// Whether the sockets are read: unless the held topics' backlogs (what the protocol
-    /// delivered before their holds took effect) reach `delivery_backlog_msgs`.
+    /// Whether the sockets are read: unless the held topics' and groups' backlogs (what the
+    /// protocol delivered before their holds took effect) reach `delivery_backlog_msgs`.
     fn reading(&self) -> bool {
         self.backlog_total == 0 || self.backlog_total < self.config.delivery_backlog_msgs
     }
@@ -977,9 +1163,15 @@ impl Core {
                     self.on_stable(msg_id);
                 }
                 self.topic_moves.push(FxHashMap::default());
+                // The new protocol node holds nothing: a held group's backlog waits per topic,
+                // re-keyed and held again by topic as each name is bound again.
+                while !self.held_groups.is_empty() {
+                    self.dissolve_group_hold(0, true);
+                }
                 self.subscriptions_moving
                     .extend(std::mem::take(&mut self.subscriptions));
                 self.group_topics.clear();
+                self.group_tasks.clear();
                 self.topic_names.clear();
             }
             MemberEvent::TopicMoved { old, new, .. } => {
@@ -1390,9 +1582,35 @@ impl Core {
 
     /// Hands the current run of deliveries on, if there is one.
     fn flush_run(&mut self) {
-        self.run_group = None;
+        let group = self.run_group.take();
         if let Some(run) = self.run.take() {
-            self.on_batch(run);
+            match group {
+                Some(task) => self.on_group_batch(task, run),
+                None => self.on_batch(run),
+            }
+        }
+    }
+
+    /// Hands a group's run to the group's shared task, or, if it has no room (or the group is
+    /// held already), keeps it in the group's backlog.
+    fn on_group_batch(&mut self, task: TaskId, batch: Deliveries) {
+        if let Some(held) = self.held_groups.iter_mut().find(|h| h.task.id() == task) {
+            // Delivered by the protocol before the hold took effect: waits behind the others.
+            self.backlog_total += batch.len();
+            held.append(batch);
+            return;
+        }
+        let Some(group) = self.group_tasks.get(&task) else {
+            // Not a group's any more (cannot be: runs end where subscriptions change).
+            self.on_batch(batch);
+            return;
+        };
+        let n = batch.len();
+        match push_or_wake(&self.shared, &group.task, batch) {
+            Ok(()) => self.stats.deliveries += n as u64,
+            Err(TryPushError::Full(batch)) => self.hold_group(task, batch),
+            // Removed meanwhile (the group's last subscription dropped).
+            Err(TryPushError::Closed(_)) => {}
         }
     }
 
@@ -1411,31 +1629,218 @@ impl Core {
             return;
         }
         if let Err((batch, next)) = self.deliver(batch, Position::default()) {
-            if batch.is_mixed() {
-                // A group's run whose shared task is full: each of its topics is held with
-                // its own messages, in order, as a topic of a task of its own would be.
-                let mut runs = std::mem::take(&mut self.split_scratch);
-                batch.split_by_topic(&self.batch_pool, &mut runs);
-                for run in runs.drain(..) {
-                    self.hold(run, Position::default());
-                }
-                self.split_scratch = runs;
-            } else {
-                self.hold(batch, next);
-            }
+            self.hold(batch, next);
         }
     }
 
     /// Records whether `topic` is delivered to a group's shared task alone, after its
-    /// subscriptions changed.
+    /// subscriptions changed. A held group keeps its hold right: a topic that joins it is held
+    /// with it; one unsubscribed leaves it (its runs in the backlog are dropped by the group's
+    /// routing, which no longer knows the topic); one that another subscription takes too ends
+    /// the group's hold as one, its backlog held on by topic instead ([`Core::hold`]'s way).
     fn refresh_group(&mut self, topic: TopicId) {
-        match self.subscriptions.get(&topic).map(Vec::as_slice) {
-            Some([task]) if task.is_group() => {
-                self.group_topics.insert(topic, task.id());
+        let new = match self.subscriptions.get(&topic).map(Vec::as_slice) {
+            Some([task]) if task.is_group() && !self.bounds.contains_key(&task.id()) => Some(task),
+            _ => None,
+        };
+        let new_id = new.map(|t| t.id());
+        let old_id = match new {
+            Some(task) => {
+                let id = task.id();
+                let old = self.group_topics.insert(topic, id);
+                if old != Some(id) {
+                    let group = self.group_tasks.entry(id).or_insert_with(|| GroupTask {
+                        task: task.clone(),
+                        topics: 0,
+                        sorted: Vec::new(),
+                        stale: true,
+                    });
+                    group.topics += 1;
+                    group.stale = true;
+                }
+                old
             }
-            _ => {
-                self.group_topics.remove(&topic);
+            None => self.group_topics.remove(topic),
+        };
+        if old_id == new_id {
+            return;
+        }
+        if let Some(old) = old_id {
+            if let Some(group) = self.group_tasks.get_mut(&old) {
+                group.topics -= 1;
+                group.stale = true;
+                if group.topics == 0 {
+                    self.group_tasks.remove(&old);
+                }
             }
+        }
+        if self.held_groups.is_empty() {
+            return;
+        }
+        let now = clock::now();
+        if let Some(i) = old_id.and_then(|old| self.held_group_index(old)) {
+            if let Some(held) = self.held_groups.get_mut(i) {
+                if let Ok(at) = held.topics.binary_search(&topic) {
+                    if self.subscriptions.get(&topic).is_none_or(Vec::is_empty) {
+                        // Unsubscribed: the protocol lets it go (nothing of it is wanted).
+                        held.topics.remove(at);
+                        self.member.release_topic(now, topic);
+                    } else {
+                        self.dissolve_group_hold(i, false);
+                    }
+                }
+            }
+        }
+        if let Some(i) = new_id.and_then(|new| self.held_group_index(new)) {
+            if let Some(held) = self.held_groups.get_mut(i) {
+                if let Err(at) = held.topics.binary_search(&topic) {
+                    if !self.held.contains_key(&topic) {
+                        held.topics.insert(at, topic);
+                        self.member.hold_topic(topic);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The index in `held_groups` of the hold of the group of `task`, if it is held.
+    fn held_group_index(&self, task: TaskId) -> Option<usize> {
+        self.held_groups.iter().position(|h| h.task.id() == task)
+    }
+
+    /// Holds the group of the shared task `task` as one, with `batch` (a run of the group that
+    /// found the task full) as the first of its backlog: the protocol holds every topic of the
+    /// group at once (but those held on their own already).
+    fn hold_group(&mut self, task: TaskId, batch: Deliveries) {
+        let Some(group) = self.group_tasks.get_mut(&task) else {
+            return;
+        };
+        if group.stale {
+            group.sorted.clear();
+            group.sorted.extend(self.group_topics.topics_of(task));
+            group.sorted.sort_unstable();
+            group.stale = false;
+        }
+        let (mut topics, mut backlog) = self.spare_groups.pop().unwrap_or_default();
+        topics.clear();
+        let held = &self.held;
+        topics.extend(
+            group
+                .sorted
+                .iter()
+                .filter(|t| held.is_empty() || !held.contains_key(t)),
+        );
+        self.member.hold_topics(&topics);
+        self.stats.delivery_stalls += 1;
+        self.stats.group_holds += 1;
+        let msgs = batch.len();
+        self.backlog_total += msgs;
+        backlog.clear();
+        backlog.push_back(batch);
+        self.held_groups.push(HeldGroup {
+            task: group.task.clone(),
+            since: clock::now(),
+            topics,
+            backlog,
+            msgs,
+        });
+    }
+
+    /// Hands the held groups' backlogs on, in big runs, once their tasks' queues are down to
+    /// half their capacity (the workers wake the core thread then), and releases a group whose
+    /// backlog is all handed on: the protocol lets its topics go together, and what its
+    /// streams held comes out as events.
+    fn retry_groups(&mut self, now: Time) {
+        let half = self.config.sched.task_queue_capacity / 2;
+        let mut i = 0;
+        while let Some(held) = self.held_groups.get_mut(i) {
+            if held.task.queue_len() > half {
+                i += 1;
+                continue;
+            }
+            let mut closed = false;
+            while let Some(batch) = held.backlog.pop_front() {
+                let n = batch.len();
+                match push_or_wake(&self.shared, &held.task, batch) {
+                    Ok(()) => {
+                        held.msgs -= n;
+                        self.backlog_total -= n;
+                        self.stats.deliveries += n as u64;
+                    }
+                    Err(TryPushError::Full(batch)) => {
+                        held.backlog.push_front(batch);
+                        break;
+                    }
+                    Err(TryPushError::Closed(_)) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+            if closed || held.backlog.is_empty() {
+                self.release_group(now, i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Ends the hold of the group at `i` of `held_groups` (its backlog dropped, if any is left:
+    /// its task is gone): the protocol lets its topics go.
+    fn release_group(&mut self, now: Time, i: usize) {
+        let mut held = self.held_groups.swap_remove(i);
+        self.backlog_total -= held.msgs;
+        held.backlog.clear();
+        self.member.release_topics(now, &held.topics);
+        self.stats.topic_releases += 1;
+        self.stats.topic_held_time += now.saturating_duration_since(held.since);
+        if self.spare_groups.len() < SPARE_GROUP_HOLDS {
+            self.spare_groups.push((held.topics, held.backlog));
+        }
+    }
+
+    /// Ends the hold of the group at `i` of `held_groups` as one: each topic with runs in its
+    /// backlog is held on its own with them, in order ([`Core::hold`]'s way), and the protocol
+    /// lets the others go (unless the protocol node was replaced by a rejoin, which holds
+    /// nothing). For a change no group hold can follow: a topic of the group taken by another
+    /// subscription too, or a rejoin, whose topics move one by one.
+    fn dissolve_group_hold(&mut self, i: usize, rejoined: bool) {
+        let mut held = self.held_groups.swap_remove(i);
+        self.backlog_total -= held.msgs;
+        let mut runs = std::mem::take(&mut self.split_scratch);
+        for batch in held.backlog.drain(..) {
+            batch.split_by_topic(&self.batch_pool, &mut runs);
+        }
+        for run in runs.drain(..) {
+            let topic = run.topic();
+            self.backlog_total += run.len();
+            match self.held.get_mut(&topic) {
+                Some(h) => h.backlog.push_back((run, Position::default())),
+                None => {
+                    // The protocol holds it already, as one of the group's.
+                    let mut backlog = self.spare_backlogs.pop().unwrap_or_default();
+                    backlog.push_back((run, Position::default()));
+                    self.held.insert(
+                        topic,
+                        HeldTopic {
+                            since: held.since,
+                            backlog,
+                        },
+                    );
+                }
+            }
+        }
+        self.split_scratch = runs;
+        let now = clock::now();
+        if !rejoined {
+            let by_topic = &self.held;
+            held.topics.retain(|t| !by_topic.contains_key(t));
+            self.member.release_topics(now, &held.topics);
+        }
+        self.stats.topic_releases += 1;
+        self.stats.topic_held_time += now.saturating_duration_since(held.since);
+        if self.spare_groups.len() < SPARE_GROUP_HOLDS {
+            self.spare_groups.push((held.topics, held.backlog));
         }
     }
 
@@ -1518,48 +1923,27 @@ impl Core {
                     None => break,
                 },
             };
-            let pushed = match task.try_push(event) {
+            let pushed = match push_or_wake(&self.shared, task, event) {
                 Ok(()) => true,
                 Err(TryPushError::Full(event)) => {
-                    // The task's queue is full (a slow callback): ask the workers to wake us
-                    // once half of it is delivered, then look again. If that still finds it
-                    // full, all it holds is delivered after the count was set, so the count
-                    // runs out.
-                    let wake_after = (task.queue_len() / 2).max(1);
-                    self.shared
-                        .deliveries_until_wake
-                        .store(wake_after, Ordering::SeqCst);
-                    fence(Ordering::SeqCst);
-                    match task.try_push(event) {
-                        Ok(()) => {
-                            // Room after all: no wake-up is owed.
-                            self.shared
-                                .deliveries_until_wake
-                                .store(0, Ordering::Release);
-                            true
-                        }
-                        Err(TryPushError::Full(event)) => {
-                            if let Some(b) = bound {
-                                b.unread.unadmit(take);
-                            }
-                            // The batch itself if it was the event, else the one kept.
-                            let batch = match batch.take() {
-                                Some(b) => {
-                                    drop(event);
-                                    b
-                                }
-                                None => event,
-                            };
-                            return Err((
-                                batch,
-                                Position {
-                                    task: i,
-                                    skip: from,
-                                },
-                            ));
-                        }
-                        Err(TryPushError::Closed(_)) => false,
+                    if let Some(b) = bound {
+                        b.unread.unadmit(take);
                     }
+                    // The batch itself if it was the event, else the one kept.
+                    let batch = match batch.take() {
+                        Some(b) => {
+                            drop(event);
+                            b
+                        }
+                        None => event,
+                    };
+                    return Err((
+                        batch,
+                        Position {
+                            task: i,
+                            skip: from,
+                        },
+                    ));
                 }
                 // Unsubscribed meanwhile.
                 Err(TryPushError::Closed(_)) => false,
@@ -1623,6 +2007,9 @@ impl Core {
             }
         }
         self.held_scratch = topics;
+        if !self.held_groups.is_empty() {
+            self.retry_groups(now);
+        }
         // What the released streams held comes out as events.
         self.drain_events();
     }
@@ -2259,6 +2646,16 @@ impl Core {
                 }),
             })
             .collect();
+        s.held_groups = self
+            .held_groups
+            .iter()
+            .map(|held| HeldGroupState {
+                task: held.task.id().0,
+                topics: held.topics.len(),
+                held_for: now.saturating_duration_since(held.since),
+                backlog: held.msgs,
+            })
+            .collect();
         s.subscriptions = self
             .subscriptions
             .iter()
@@ -2354,6 +2751,35 @@ mod tests {
         poll.poll(&mut events, Some(Duration::from_millis(20)))
             .expect("epoll_wait");
         events.iter().count()
+    }
+
+    #[test]
+    fn group_topics_are_found_by_small_and_large_ids_alike() {
+        let mut g = GroupTopics::default();
+        assert!(g.is_empty());
+        let (a, b) = (TaskId(3), TaskId(7));
+        let large = TopicId(DENSE_TOPIC_IDS + 5);
+        assert_eq!(g.insert(TopicId(10), a), None);
+        assert_eq!(g.insert(TopicId(2), b), None);
+        assert_eq!(g.insert(large, a), None);
+        assert_eq!(g.insert(TopicId(10), b), Some(a));
+        assert_eq!(g.insert(TopicId(1), a), None);
+        assert_eq!(g.get(TopicId(10)), Some(b));
+        assert_eq!(g.get(TopicId(1)), Some(a));
+        assert_eq!(g.get(large), Some(a));
+        assert_eq!(g.get(TopicId(3)), None);
+        assert_eq!(g.get(TopicId(DENSE_TOPIC_IDS + 6)), None);
+        let mut of_a: Vec<TopicId> = g.topics_of(a).collect();
+        of_a.sort_unstable();
+        assert_eq!(of_a, vec![TopicId(1), large]);
+        assert_eq!(g.remove(TopicId(10)), Some(b));
+        assert_eq!(g.remove(TopicId(10)), None);
+        assert_eq!(g.remove(large), Some(a));
+        assert_eq!(g.get(large), None);
+        assert!(!g.is_empty());
+        g.clear();
+        assert!(g.is_empty());
+        assert_eq!(g.get(TopicId(1)), None);
     }
 
     #[test]

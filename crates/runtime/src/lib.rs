@@ -68,7 +68,7 @@ pub use oplog::{GMS_TARGET, STALL_TARGET, VIEW_TARGET};
 pub use publish::{PublishError, PublishHandle, Publisher, WaitError};
 pub use runtime::{NodeRuntime, RequestError, ShutdownError, StartError, Subscription};
 pub use stats::{
-    HeldTopicState, LatencyHistogram, MaxPerSecond, RuntimeStats, SealingStats, SubscriptionState,
-    HISTOGRAM_BUCKETS, LATENCY_BUCKETS,
+    HeldGroupState, HeldTopicState, LatencyHistogram, MaxPerSecond, RuntimeStats, SealingStats,
+    SubscriptionState, HISTOGRAM_BUCKETS, LATENCY_BUCKETS,
 };
 pub use tidings_proto::{Delivery, Membership, NodeId, RegionId, StreamReport, TopicId};

@@ -609,9 +609,12 @@ impl NodeRuntime {
     /// [`Subscription::stats`] and [`Subscription::set_share`] of any of its topics are the
     /// group's. Each topic still has its [`Subscription`]: dropping one stops that topic's
     /// deliveries (those queued are dropped) and the others go on; the task goes with the
-    /// last. When the callback falls behind and the task's queue is full, the topics whose
-    /// messages find no room are held, each as a topic of its own subscription is
-    /// ([`subscribe`](NodeRuntime::subscribe)); other subscriptions' topics go on. Returns
+    /// last. When the callback falls behind and the task's queue is full, the group is held
+    /// as one: the protocol holds all its topics together (their streams stop at this node,
+    /// as a held topic's do, [`subscribe`](NodeRuntime::subscribe)), what it had delivered
+    /// waits in one backlog in arrival order, and once the task's queue is down to half its
+    /// capacity the backlog is handed on in runs of up to 256 messages and the topics are
+    /// released; other subscriptions' topics go on. Returns
     /// once all are in force, in the order of `names`; on an error none is kept. A name given
     /// twice is refused.
     pub fn subscribe_named_group<F>(

@@ -181,18 +181,25 @@ pub struct RuntimeStats {
     /// Deliveries for topics no subscription of this process listens to, dropped.
     pub deliveries_unsubscribed: u64,
     /// Times a delivery found a subscription without room (its reader's capacity reached, or
-    /// its task's queue full) and its topic was held: the topic's streams stop at this node, so
-    /// their senders are slowed, while the other topics go on.
+    /// its task's queue full) and its topic was held (or, for a group subscription's shared
+    /// task, the group's topics together): the topic's streams stop at this node, so their
+    /// senders are slowed, while the other topics go on.
     pub delivery_stalls: u64,
-    /// Times a held topic was released (its subscriptions had room again, or the full one was
-    /// dropped).
+    /// Times a held topic (or group) was released (its subscriptions had room again, or the
+    /// full one was dropped).
     pub topic_releases: u64,
     /// Time topics spent held, summed over the releases.
     pub topic_held_time: std::time::Duration,
     /// Subscriptions dropped for staying without room longer than their `max_wait`.
     pub slow_consumer_disconnects: u64,
-    /// The topics held now, because a subscription of theirs has no room.
+    /// The topics held now, because a subscription of theirs has no room (each on its own;
+    /// the topics of a group held as one are in `held_groups`).
     pub held_topics: Vec<HeldTopicState>,
+    /// Of `delivery_stalls`, the holds of a whole group subscription: its shared task had no
+    /// room, and its topics were held together with one backlog.
+    pub group_holds: u64,
+    /// The group subscriptions held now, as one each.
+    pub held_groups: Vec<HeldGroupState>,
     /// Publishes reported stable to their publishers.
     pub stable: u64,
     /// Protocol events other than deliveries and stability (token rounds, suspicions).
@@ -348,6 +355,20 @@ impl SubscriptionState {
             self.queued
         }
     }
+}
+
+/// A group subscription held at this node as one, because its shared task has no room
+/// ([`RuntimeStats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldGroupState {
+    /// The id of the group's delivery task.
+    pub task: u64,
+    /// How many of its topics the protocol holds for it.
+    pub topics: usize,
+    /// How long it has been held.
+    pub held_for: std::time::Duration,
+    /// Deliveries of its topics waiting for room in its task, in the order they came.
+    pub backlog: usize,
 }
 
 /// A topic held at this node because a subscription of it has no room ([`RuntimeStats`]).

@@ -610,9 +610,9 @@ impl Node {
     /// and keeps one task warm instead of one per topic.
     ///
     /// The topics are one subscription for the delivery workers: the node's share is the
-    /// group's, and a callback slower than the topics fills the one task's queue, and the
-    /// topics whose messages then find no room are held at this node until it has taken half
-    /// of it (other subscriptions go on). Each topic keeps its [`CallbackSubscription`]:
+    /// group's, and a callback slower than the topics fills the one task's queue: the group's
+    /// topics are then held at this node together until it has taken half of it (other
+    /// subscriptions go on). Each topic keeps its [`CallbackSubscription`]:
     /// dropping one stops that topic alone. Returns once all are in force, in the order of
     /// `topics`; on an error, none is kept. A topic given twice is refused.
     pub fn subscribe_group_with<T, F>(
