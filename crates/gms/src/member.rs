@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use rustc_hash::FxHashMap;
 use tidings_proto::{
     Config, ConfigError as ProtoConfigError, Event, Membership, MembershipChange, MsgId, Node,
-    PublishError, RegionView, Time, Transmit,
+    PublishError, PublishRun, RegionView, Time, Transmit,
 };
 use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
 use tidings_seal::{
@@ -1412,6 +1412,12 @@ impl Member {
     ) -> Result<MsgId, (PublishError, Bytes)> {
         self.now = now;
         self.node.publish_or_return(now, topic, payload)
+    }
+
+    /// Starts a run of publishes ([`Node::publish_run`]), all at `now`.
+    pub fn publish_run(&mut self, now: Time) -> PublishRun<'_> {
+        self.now = now;
+        self.node.publish_run()
     }
 
     /// Installs a whole membership, for a node without a service (a node that has one takes its

@@ -1162,6 +1162,8 @@ impl Core {
         // cannot hold the core thread; counted by pops rather than by the queue's length,
         // which would read every ring's indices (cache lines the publisher writes) once more.
         let budget = self.config.publish_queue_capacity + 1;
+        // One run: the protocol refreshes the streams' gauges and timers once, at its end.
+        let mut run = self.member.publish_run(now);
         let mut took = 0;
         let mut took_bytes = 0;
         let mut drained = false;
@@ -1186,7 +1188,7 @@ impl Core {
             // No `can_publish` first: `publish_or_return` makes the same checks and hands a
             // refused payload back, and each look-up of the topic's regions is a cache miss per
             // message when thousands of topics take turns.
-            match self.member.publish_or_return(now, topic, request.payload) {
+            match run.publish_or_return(now, topic, request.payload) {
                 Ok(msg_id) => {
                     p.pending.push_back((msg_id, false));
                     // Message ids are consecutive, so the owner table is indexed by id.
@@ -1218,6 +1220,7 @@ impl Core {
                 }
             }
         }
+        drop(run);
         if took > 0 {
             // Room in the queue: wake a publisher blocked on it.
             p.shared.wake();
