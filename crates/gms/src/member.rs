@@ -1454,7 +1454,7 @@ impl Member {
                                 .waiting
                                 .add(Waiting { kind, name, token }, &link.client),
                             Err(e) => self.events.push_back(Queued {
-                                after: self.node_events_taken + self.node.events_pending() as u64,
+                                after: self.node_events_taken + self.node.close_events() as u64,
                                 event: MemberEvent::Answered {
                                     token,
                                     result: Err(e.to_string().into()),
@@ -1935,7 +1935,8 @@ impl Member {
             abandoned,
         });
         self.reindex();
-        self.queue_installed(self.events_made(), None);
+        let after = self.events_made();
+        self.queue_installed(after, None);
     }
 
     fn install_whole(&mut self, now: Time, membership: Membership) {
@@ -2005,9 +2006,10 @@ impl Member {
         }
     }
 
-    /// Protocol events made so far (taken or not): an event queued with this comes after them.
-    fn events_made(&self) -> u64 {
-        self.node_events_taken + self.node.events_pending() as u64
+    /// Protocol events made so far (taken or not): an event queued with this comes after them
+    /// (they are closed: nothing that happens later is reported in them).
+    fn events_made(&mut self) -> u64 {
+        self.node_events_taken + self.node.close_events() as u64
     }
 
     /// Queues the [`MemberEvent::Installed`] of an install, after the protocol events made

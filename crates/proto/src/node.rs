@@ -502,8 +502,7 @@ impl Node {
         self.stability
             .register(msg_id, u16::try_from(regions.len()).unwrap_or(u16::MAX));
         if regions.is_empty() {
-            self.out.stats.messages_stable += 1;
-            self.out.events.push_back(Event::Stable(msg_id));
+            self.out.stable(msg_id);
         }
         if delivered_here {
             self.out.stats.messages_delivered += 1;
@@ -883,6 +882,14 @@ impl Node {
     /// (deliveries held back while the application is behind, for instance).
     #[must_use]
     pub fn events_pending(&self) -> usize {
+        self.out.events.len()
+    }
+
+    /// [`events_pending`](Self::events_pending), for a caller that places events of its own
+    /// after those: they are closed, so that what becomes stable from now on is reported in
+    /// events after them (an [`Event::Stable`] queued now is not extended any more).
+    pub fn close_events(&mut self) -> usize {
+        self.out.close_events();
         self.out.events.len()
     }
 

@@ -81,7 +81,9 @@ impl Cluster {
         while let Some(ev) = self.nodes[i].poll_event() {
             match ev {
                 Event::Deliver(d) => self.delivered[i].push((d.origin, d.msg_id, d.topic)),
-                Event::Stable(m) => self.stable[i].push(m),
+                Event::Stable { first, last } => {
+                    self.stable[i].extend((first.0..=last.0).map(MsgId));
+                }
                 Event::Suspect { node, .. } => self.suspects.push((i, node)),
                 Event::TokenRound { .. } => {}
             }
