@@ -469,15 +469,14 @@ impl Node {
         // node subscribes, else the last region's stream.
         let mut payload = Some(payload);
         for (i, &region) in regions.iter().enumerate() {
-            let (view, base) = self
-                .membership
-                .regions
-                .get(&region)
-                .map_or_else(Default::default, |v| (v.view, v.base));
-            let stream = self
-                .outbound
-                .entry(region)
-                .or_insert_with(|| OutboundStream::new(view, base, now));
+            // The view is looked up only for a new stream.
+            let views = &self.membership.regions;
+            let stream = self.outbound.entry(region).or_insert_with(|| {
+                let (view, base) = views
+                    .get(&region)
+                    .map_or_else(Default::default, |v| (v.view, v.base));
+                OutboundStream::new(view, base, now)
+            });
             let payload = if i + 1 == regions.len() && !delivered_here {
                 payload.take()
             } else {
@@ -522,9 +521,6 @@ impl Node {
     fn refresh_published(&mut self) {
         let mut published = std::mem::take(&mut self.published);
         for &region in &published {
-            if let Some(stream) = self.outbound.get_mut(&region) {
-                stream.published_unrefreshed = false;
-            }
             self.stream_changed(region);
         }
         published.clear();
@@ -1000,23 +996,6 @@ impl Node {
     /// message does not grow with the number of regions the node is in.
     fn refresh_gauges(&mut self, region: RegionId) {
         let share = GaugeShare::of(region, &self.outbound, &self.regions, &self.config);
-        self.set_gauge_share(region, share);
-    }
-
-    /// [`Node::refresh_gauges`] after a change to `region`'s outbound stream only (a publish or
-    /// a send, once per message): the inbound part, a pass over every inbound stream of the
-    /// region, is kept as last computed (every change to it refreshes it).
-    fn refresh_outbound_gauges(&mut self, region: RegionId) {
-        let Some(mut share) = self.gauges.share(region) else {
-            return self.refresh_gauges(region);
-        };
-        share.set_outbound(self.outbound.get(&region), &self.config);
-        // The inbound part kept must be what a full pass finds (checked in debug builds, so
-        // by every simulator test).
-        debug_assert_eq!(
-            share,
-            GaugeShare::of(region, &self.outbound, &self.regions, &self.config)
-        );
         self.set_gauge_share(region, share);
     }
 
