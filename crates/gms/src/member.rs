@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use rustc_hash::FxHashMap;
 use tidings_proto::{
     Config, ConfigError as ProtoConfigError, Event, Membership, MembershipChange, MsgId, Node,
-    PublishError, RegionView, Time, Transmit,
+    PublishError, PublishRun, RegionView, Time, Transmit,
 };
 use tidings_seal::datagram::{COUNTER_LIMIT_DEFAULT, TRAILER_LEN};
 use tidings_seal::{
@@ -1426,6 +1426,12 @@ impl Member {
         self.node.publish_or_return(now, topic, payload)
     }
 
+    /// Starts a run of publishes ([`Node::publish_run`]), all at `now`.
+    pub fn publish_run(&mut self, now: Time) -> PublishRun<'_> {
+        self.now = now;
+        self.node.publish_run()
+    }
+
     /// Installs a whole membership, for a node without a service (a node that has one takes its
     /// memberships from it).
     pub fn set_membership(&mut self, now: Time, membership: Membership) {
@@ -1460,7 +1466,7 @@ impl Member {
                                 .waiting
                                 .add(Waiting { kind, name, token }, &link.client),
                             Err(e) => self.events.push_back(Queued {
-                                after: self.node_events_taken + self.node.events_pending() as u64,
+                                after: self.node_events_taken + self.node.close_events() as u64,
                                 event: MemberEvent::Answered {
                                     token,
                                     result: Err(e.to_string().into()),
@@ -1964,7 +1970,8 @@ impl Member {
             abandoned,
         });
         self.reindex();
-        self.queue_installed(self.events_made(), None);
+        let after = self.events_made();
+        self.queue_installed(after, None);
     }
 
     fn install_whole(&mut self, now: Time, membership: Membership) {
@@ -2034,9 +2041,10 @@ impl Member {
         }
     }
 
-    /// Protocol events made so far (taken or not): an event queued with this comes after them.
-    fn events_made(&self) -> u64 {
-        self.node_events_taken + self.node.events_pending() as u64
+    /// Protocol events made so far (taken or not): an event queued with this comes after them
+    /// (they are closed: nothing that happens later is reported in them).
+    fn events_made(&mut self) -> u64 {
+        self.node_events_taken + self.node.close_events() as u64
     }
 
     /// Queues the [`MemberEvent::Installed`] of an install, after the protocol events made

@@ -25,9 +25,17 @@ pub struct Delivery {
 pub enum Event {
     /// A message to hand to the application.
     Deliver(Delivery),
-    /// A message this node published is stable: every member of every region its topic spans has
-    /// it. Its memory is released.
-    Stable(MsgId),
+    /// Messages this node published are stable: every member of every region their topics span
+    /// has them, and their memory is released. The messages of ids `first..=last`, each of them
+    /// this node's: messages that become stable one after another in id order, with no other
+    /// event between them, are reported together (an acknowledgement typically releases a run
+    /// of them).
+    Stable {
+        /// The first of them.
+        first: MsgId,
+        /// The last of them (`first` for one message).
+        last: MsgId,
+    },
     /// The next member of one of this node's rings did not confirm a token after every resend:
     /// it may have failed. For the membership service (with missed heartbeats, a reason to
     /// remove it faster); the protocol itself keeps the member until a new view says otherwise.

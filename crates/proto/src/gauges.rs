@@ -156,6 +156,29 @@ impl Gauges {
         }
     }
 
+    /// Sets the outbound part of `region`'s share from `stream` and updates the totals by
+    /// difference, with one look-up; the inbound part is kept as last computed. False (and
+    /// nothing changed) if the region has no share yet.
+    pub(crate) fn set_outbound(
+        &mut self,
+        region: RegionId,
+        stream: &OutboundStream,
+        config: &Config,
+        s: &mut Stats,
+    ) -> bool {
+        let Some(slot) = self.shares.get_mut(&region) else {
+            return false;
+        };
+        let old = *slot;
+        slot.set_outbound(Some(stream), config);
+        let share = *slot;
+        if old != share {
+            // The inbound part did not move: no region gains gaps.
+            self.apply(old, share, s);
+        }
+        true
+    }
+
     /// Puts `share` in place of `region`'s part and updates the totals by difference. True if
     /// the region has gaps now and had none before (the repair scan must visit it).
     pub(crate) fn set(&mut self, region: RegionId, share: GaugeShare, s: &mut Stats) -> bool {
@@ -167,6 +190,12 @@ impl Gauges {
             return false;
         }
         *slot = share;
+        self.apply(old, share, s);
+        share.has_gaps && !old.has_gaps
+    }
+
+    /// The totals and indices, after a region's part went from `old` to `share`.
+    fn apply(&mut self, old: GaugeShare, share: GaugeShare, s: &mut Stats) {
         self.regions_with_gaps =
             self.regions_with_gaps + usize::from(share.has_gaps) - usize::from(old.has_gaps);
         // Each total includes the region's old part, so none of these can go below zero.
@@ -194,7 +223,6 @@ impl Gauges {
             }
             s.nack_window_msgs_current = self.nack_windows.keys().next().map_or(0, |&w| w as u64);
         }
-        share.has_gaps && !old.has_gaps
     }
 
     /// Debug builds: every region's share is current, the totals are their sums, and every

@@ -25,7 +25,7 @@ pub use config::{
     WindowAlgorithm, WindowConfig,
 };
 pub use event::{Delivery, Event};
-pub use node::{BufferTooSmall, Node, PublishError, StreamReport, Transmit};
+pub use node::{BufferTooSmall, Node, PublishError, PublishRun, StreamReport, Transmit};
 pub use stats::Stats;
 pub use tidings_wire::Priority;
 pub use timers::Timer;

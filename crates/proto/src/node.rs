@@ -169,6 +169,39 @@ pub struct Node {
     /// The membership service's incarnation: written in every datagram sent, and every
     /// datagram received of another is dropped unread. 0 without a service.
     incarnation: u32,
+    /// The regions whose streams a [`PublishRun`] published into and whose gauges and silence
+    /// deadlines are not refreshed yet (each stream's `published_unrefreshed` is set while it
+    /// is listed). Empty outside a run.
+    published: Vec<RegionId>,
+    /// Messages (one per region) those streams gained since their gauges were refreshed. 0
+    /// outside a run.
+    published_held_msgs: u64,
+}
+
+/// A run of publishes into a [`Node`] ([`Node::publish_run`]): the streams published into are
+/// refreshed (their part of the gauges, their silence deadlines) once, when the run is dropped.
+/// The node is borrowed for the run, so nothing reads the gauges or the timers before then.
+#[derive(Debug)]
+pub struct PublishRun<'a> {
+    node: &'a mut Node,
+}
+
+impl PublishRun<'_> {
+    /// [`Node::publish_or_return`], admitted by the same checks.
+    pub fn publish_or_return(
+        &mut self,
+        now: Time,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<MsgId, (PublishError, Bytes)> {
+        self.node.publish_unrefreshed(now, topic, payload)
+    }
+}
+
+impl Drop for PublishRun<'_> {
+    fn drop(&mut self) {
+        self.node.refresh_published();
+    }
 }
 
 /// Where a datagram's view stands relative to what this node knows.
@@ -225,6 +258,8 @@ impl Node {
             gauges: Gauges::default(),
             held_topics: Vec::new(),
             incarnation: 0,
+            published: Vec::new(),
+            published_held_msgs: 0,
         })
         .map(|mut node| {
             node.schedule_all_region_timers();
@@ -323,9 +358,11 @@ impl Node {
     }
 
     /// Whether the node may hold `regions` more messages (one per region) within
-    /// [`Config::node_held_msgs_max`].
+    /// [`Config::node_held_msgs_max`]. The gauge it reads leaves out the messages of a [`PublishRun`] not yet refreshed, which
+    /// are counted here.
     fn node_admits(&self, regions: usize) -> bool {
-        self.out.stats.held_msgs_current as usize + regions <= self.config.node_held_msgs_max
+        (self.out.stats.held_msgs_current + self.published_held_msgs) as usize + regions
+            <= self.config.node_held_msgs_max
     }
 
     /// Publishes `payload` on `topic`: stores it once, gives it the next sequence number of every
@@ -346,6 +383,30 @@ impl Node {
     /// clone and a drop of a shared buffer's count per message, which another thread may be
     /// writing).
     pub fn publish_or_return(
+        &mut self,
+        now: Time,
+        topic: TopicId,
+        payload: Bytes,
+    ) -> Result<MsgId, (PublishError, Bytes)> {
+        let result = self.publish_unrefreshed(now, topic, payload);
+        self.refresh_published();
+        result
+    }
+
+    /// Starts a run of publishes ([`PublishRun::publish_or_return`]) that refreshes the gauges
+    /// and the silence deadlines of the streams it publishes into once, when the run is
+    /// dropped, instead of after every message. Each publish is admitted as
+    /// [`publish_or_return`](Node::publish_or_return) would admit it (the node-wide bound counts
+    /// the run's messages), and once the run is dropped the node is as those publishes one by
+    /// one would have left it.
+    pub fn publish_run(&mut self) -> PublishRun<'_> {
+        PublishRun { node: self }
+    }
+
+    /// [`Node::publish_or_return`] without the refresh of the streams it publishes into: they
+    /// are listed in `published` for [`Node::refresh_published`], and the messages they gained
+    /// counted in `published_held_msgs` (which [`Node::node_admits`] adds to the gauge).
+    fn publish_unrefreshed(
         &mut self,
         now: Time,
         topic: TopicId,
@@ -409,15 +470,14 @@ impl Node {
         // node subscribes, else the last region's stream.
         let mut payload = Some(payload);
         for (i, &region) in regions.iter().enumerate() {
-            let (view, base) = self
-                .membership
-                .regions
-                .get(&region)
-                .map_or_else(Default::default, |v| (v.view, v.base));
-            let stream = self
-                .outbound
-                .entry(region)
-                .or_insert_with(|| OutboundStream::new(view, base, now));
+            // The view is looked up only for a new stream.
+            let views = &self.membership.regions;
+            let stream = self.outbound.entry(region).or_insert_with(|| {
+                let (view, base) = views
+                    .get(&region)
+                    .map_or_else(Default::default, |v| (v.view, v.base));
+                OutboundStream::new(view, base, now)
+            });
             let payload = if i + 1 == regions.len() && !delivered_here {
                 payload.take()
             } else {
@@ -430,14 +490,19 @@ impl Node {
                 payload: payload.unwrap_or_default(),
             });
             self.send_queue.queue_data(region, stream);
+            // Unsent messages shorten the silence interval and count in the gauges: refreshed
+            // by `refresh_published`.
+            if !std::mem::replace(&mut stream.published_unrefreshed, true) {
+                self.published.push(region);
+            }
         }
+        self.published_held_msgs += regions.len() as u64;
         self.out.stats.messages_published += 1;
         // A topic nobody subscribes to is stable at once (it reached everyone it must).
         self.stability
             .register(msg_id, u16::try_from(regions.len()).unwrap_or(u16::MAX));
         if regions.is_empty() {
-            self.out.stats.messages_stable += 1;
-            self.out.events.push_back(Event::Stable(msg_id));
+            self.out.stable(msg_id);
         }
         if delivered_here {
             self.out.stats.messages_delivered += 1;
@@ -449,19 +514,19 @@ impl Node {
                 payload: payload.unwrap_or_default(),
             }));
         }
-        // The topic's regions, by index: the list is borrowed from the membership.
-        for i in 0..regions.len() {
-            let region = self
-                .membership
-                .topic_regions
-                .get(&topic)
-                .and_then(|r| r.get(i));
-            if let Some(&region) = region {
-                // Unsent messages shorten the silence interval.
-                self.stream_changed(region);
-            }
-        }
         Ok(msg_id)
+    }
+
+    /// The gauges and the silence deadlines of the streams published into since the last
+    /// refresh ([`Node::publish_unrefreshed`]).
+    fn refresh_published(&mut self) {
+        let mut published = std::mem::take(&mut self.published);
+        for &region in &published {
+            self.stream_changed(region);
+        }
+        published.clear();
+        self.published = published;
+        self.published_held_msgs = 0;
     }
 
     /// Whether a message this node published is stable everywhere it must be.
@@ -831,6 +896,14 @@ impl Node {
         self.out.events.len()
     }
 
+    /// [`events_pending`](Self::events_pending), for a caller that places events of its own
+    /// after those: they are closed, so that what becomes stable from now on is reported in
+    /// events after them (an [`Event::Stable`] queued now is not extended any more).
+    pub fn close_events(&mut self) -> usize {
+        self.out.close_events();
+        self.out.events.len()
+    }
+
     /// Holds `topic` back at this node, for a host whose application cannot take more of it
     /// (a full subscription): each stream (sender, region) stops its in-order delivery at its
     /// next message of `topic`, so its receive window stops advancing, what arrives beyond the
@@ -977,23 +1050,6 @@ impl Node {
     /// message does not grow with the number of regions the node is in.
     fn refresh_gauges(&mut self, region: RegionId) {
         let share = GaugeShare::of(region, &self.outbound, &self.regions, &self.config);
-        self.set_gauge_share(region, share);
-    }
-
-    /// [`Node::refresh_gauges`] after a change to `region`'s outbound stream only (a publish or
-    /// a send, once per message): the inbound part, a pass over every inbound stream of the
-    /// region, is kept as last computed (every change to it refreshes it).
-    fn refresh_outbound_gauges(&mut self, region: RegionId) {
-        let Some(mut share) = self.gauges.share(region) else {
-            return self.refresh_gauges(region);
-        };
-        share.set_outbound(self.outbound.get(&region), &self.config);
-        // The inbound part kept must be what a full pass finds (checked in debug builds, so
-        // by every simulator test).
-        debug_assert_eq!(
-            share,
-            GaugeShare::of(region, &self.outbound, &self.regions, &self.config)
-        );
         self.set_gauge_share(region, share);
     }
 

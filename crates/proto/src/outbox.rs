@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use tidings_wire::{
     write_ack, write_dcq, write_ranges, write_token_ack, write_uca, BufferFull, Header, Kind,
-    NodeId, Priority, RegionId, SeqRange, ViewId,
+    MsgId, NodeId, Priority, RegionId, SeqRange, ViewId,
 };
 
 use crate::config::Config;
@@ -245,6 +245,9 @@ pub(crate) struct Outbox {
     /// Sequence numbers in `repairs`, bounded by `retransmit_queue_max`.
     pub(crate) repairs_queued: usize,
     pub(crate) events: VecDeque<Event>,
+    /// The last event queued is an [`Event::Stable`] that the next message to become stable may
+    /// extend: cleared by [`Outbox::close_events`].
+    stable_open: bool,
     pub(crate) stats: Stats,
     /// ACKs this node, as region leader, owes its own outbound streams.
     pub(crate) self_acks: Vec<(RegionId, u64)>,
@@ -270,6 +273,31 @@ const RANGE_LISTS_KEPT: usize = 64;
 const TOKEN_BUFFERS_KEPT: usize = 16;
 
 impl Outbox {
+    /// `msg_id`, a message of this node, is stable: counted, and reported by extending the last
+    /// event queued if it is the [`Event::Stable`] of the ids just before, else by a new one.
+    pub(crate) fn stable(&mut self, msg_id: MsgId) {
+        self.stats.messages_stable += 1;
+        if self.stable_open {
+            if let Some(Event::Stable { last, .. }) = self.events.back_mut() {
+                if last.0.checked_add(1) == Some(msg_id.0) {
+                    *last = msg_id;
+                    return;
+                }
+            }
+        }
+        self.events.push_back(Event::Stable {
+            first: msg_id,
+            last: msg_id,
+        });
+        self.stable_open = true;
+    }
+
+    /// The events queued so far are closed: what becomes stable from now on is reported in
+    /// events after them.
+    pub(crate) fn close_events(&mut self) {
+        self.stable_open = false;
+    }
+
     /// Queues a retransmission job, clipped to the room left in the retransmit queue.
     pub(crate) fn queue_repair(&mut self, mut job: RepairJob, config: &Config) {
         let want = job.end.saturating_sub(job.next) as usize;
@@ -361,5 +389,45 @@ impl Outbox {
         if self.token_buffers.len() < TOKEN_BUFFERS_KEPT {
             self.token_buffers.push(bytes);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stable(first: u64, last: u64) -> Event {
+        Event::Stable {
+            first: MsgId(first),
+            last: MsgId(last),
+        }
+    }
+
+    /// Consecutive ids extend the last event while it is a `Stable` and nobody closed it; a gap,
+    /// another event or a close starts a new one. Each message is counted once.
+    #[test]
+    fn stable_messages_join_the_last_event_until_it_is_closed() {
+        let mut out = Outbox::default();
+        for id in [1, 2, 3, 5, 6] {
+            out.stable(MsgId(id));
+        }
+        out.close_events();
+        out.stable(MsgId(7));
+        out.events.push_back(Event::TokenRound {
+            region: RegionId(1),
+            level: 0,
+            top: true,
+            rtt: std::time::Duration::ZERO,
+        });
+        out.stable(MsgId(8));
+        out.stable(MsgId(9));
+        let events: Vec<Event> = out.events.drain(..).collect();
+        assert_eq!(events[..3], [stable(1, 3), stable(5, 6), stable(7, 7)]);
+        assert!(matches!(events[3], Event::TokenRound { .. }));
+        assert_eq!(events[4..], [stable(8, 9)]);
+        assert_eq!(out.stats.messages_stable, 8);
+        // Taken: the next one starts afresh.
+        out.stable(MsgId(10));
+        assert_eq!(out.events.pop_front(), Some(stable(10, 10)));
     }
 }

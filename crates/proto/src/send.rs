@@ -61,6 +61,9 @@ pub(crate) struct OutboundStream {
     pub(crate) timer_at: Option<Time>,
     /// Generation of that entry: older entries of this stream are skipped.
     pub(crate) timer_generation: u64,
+    /// A publish added a message whose gauges and silence deadline are not refreshed yet (the
+    /// stream is listed in the node's `published`).
+    pub(crate) published_unrefreshed: bool,
 }
 
 impl OutboundStream {
@@ -82,6 +85,7 @@ impl OutboundStream {
             data_queued: false,
             timer_at: None,
             timer_generation: 0,
+            published_unrefreshed: false,
         }
     }
 

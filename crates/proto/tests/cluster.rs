@@ -81,7 +81,9 @@ impl Cluster {
         while let Some(ev) = self.nodes[i].poll_event() {
             match ev {
                 Event::Deliver(d) => self.delivered[i].push((d.origin, d.msg_id, d.topic)),
-                Event::Stable(m) => self.stable[i].push(m),
+                Event::Stable { first, last } => {
+                    self.stable[i].extend((first.0..=last.0).map(MsgId));
+                }
                 Event::Suspect { node, .. } => self.suspects.push((i, node)),
                 Event::TokenRound { .. } => {}
             }
@@ -881,6 +883,71 @@ fn held_across_regions(node_held_msgs_max: usize) -> (u64, bool) {
     }
     let delivered = (1..=topics as usize).all(|r| c.delivered[r].len() as u64 == per_topic);
     (held_max, delivered && c.stable[0].len() as u64 == total)
+}
+
+/// A run of publishes (`Node::publish_run`) admits what publishes one by one admit and leaves
+/// the node as they do: two clusters, one publishing message by message and the other in runs,
+/// into 8 regions under a node-wide bound of 40 messages, stay the same step by step (counters,
+/// deadlines, deliveries, stability).
+#[test]
+fn a_run_of_publishes_is_the_same_as_publishes_one_by_one() {
+    let (mut one, mut run) = (cluster_with_held_bound(40), cluster_with_held_bound(40));
+    let (topics, total) = (8u64, 400u64);
+    let topic = |n: u64| TopicId(1 + (n % topics) as u32);
+    let mut published = 0u64;
+    let limit = Time::ZERO + Duration::from_secs(20);
+    let mut refused = false;
+    while one.now < limit && one.stable[0].len() as u64 != total {
+        // The same requests, offered until the first refusal.
+        let mut taken = 0;
+        while published + taken < total {
+            let payload = Bytes::from(vec![7u8; 100]);
+            if one.nodes[0]
+                .publish_or_return(one.now, topic(published + taken), payload)
+                .is_err()
+            {
+                refused = true;
+                break;
+            }
+            taken += 1;
+        }
+        let mut taken_in_run = 0;
+        let mut r = run.nodes[0].publish_run();
+        while published + taken_in_run < total {
+            let payload = Bytes::from(vec![7u8; 100]);
+            if r.publish_or_return(run.now, topic(published + taken_in_run), payload)
+                .is_err()
+            {
+                break;
+            }
+            taken_in_run += 1;
+        }
+        drop(r);
+        assert_eq!(taken, taken_in_run, "at {:?}", one.now);
+        published += taken;
+        assert_eq!(one.nodes[0].stats(), run.nodes[0].stats());
+        assert_eq!(one.nodes[0].poll_timeout(), run.nodes[0].poll_timeout());
+        one.flush(0);
+        run.flush(0);
+        let (stepped, stepped_too) = (
+            one.step(one.now + Duration::from_millis(1)),
+            run.step(run.now + Duration::from_millis(1)),
+        );
+        assert_eq!(stepped, stepped_too);
+        if !stepped {
+            one.now += Duration::from_millis(1);
+            run.now += Duration::from_millis(1);
+        }
+        assert_eq!(one.now, run.now);
+    }
+    assert!(
+        refused,
+        "the bound never refused a publish: the test shows nothing"
+    );
+    assert_eq!(one.stable[0].len() as u64, total);
+    assert_eq!(one.stable, run.stable);
+    assert_eq!(one.delivered, run.delivered);
+    assert_eq!(one.nodes[0].stats(), run.nodes[0].stats());
 }
 
 /// A refused publish hands its payload back, the same buffer: a caller that retries later

@@ -1160,7 +1160,7 @@ impl Core {
                 self.stats.messages_abandoned += abandoned.len() as u64;
                 // Never sent again: the publishers' windows let them go.
                 for msg_id in abandoned {
-                    self.on_stable(msg_id);
+                    self.on_stable(msg_id, msg_id);
                 }
                 self.topic_moves.push(FxHashMap::default());
                 // The new protocol node holds nothing: a held group's backlog waits per topic,
@@ -1358,6 +1358,8 @@ impl Core {
         // cannot hold the core thread; counted by pops rather than by the queue's length,
         // which would read every ring's indices (cache lines the publisher writes) once more.
         let budget = self.config.publish_queue_capacity + 1;
+        // One run: the protocol refreshes the streams' gauges and timers once, at its end.
+        let mut run = self.member.publish_run(now);
         let mut took = 0;
         let mut took_bytes = 0;
         let mut drained = false;
@@ -1382,7 +1384,7 @@ impl Core {
             // No `can_publish` first: `publish_or_return` makes the same checks and hands a
             // refused payload back, and each look-up of the topic's regions is a cache miss per
             // message when thousands of topics take turns.
-            match self.member.publish_or_return(now, topic, request.payload) {
+            match run.publish_or_return(now, topic, request.payload) {
                 Ok(msg_id) => {
                     p.pending.push_back((msg_id, false));
                     // Message ids are consecutive, so the owner table is indexed by id.
@@ -1414,6 +1416,7 @@ impl Core {
                 }
             }
         }
+        drop(run);
         if took > 0 {
             // Room in the queue: wake a publisher blocked on it.
             p.shared.wake();
@@ -1541,7 +1544,7 @@ impl Core {
     fn on_protocol_event(&mut self, event: Event) {
         match event {
             Event::Deliver(d) => self.on_delivery(d),
-            Event::Stable(msg_id) => self.on_stable(msg_id),
+            Event::Stable { first, last } => self.on_stable(first, last),
             // Suspicions are the member's to report to the service.
             Event::Suspect { region, node } => {
                 self.view_log.suspected(region, node);
@@ -2161,24 +2164,40 @@ impl Core {
             .map(|(&t, _)| t)
     }
 
-    fn on_stable(&mut self, msg_id: MsgId) {
-        self.stats.stable += 1;
-        let Some(index) = msg_id
-            .0
-            .checked_sub(self.owners_base)
-            .and_then(|i| usize::try_from(i).ok())
-        else {
-            return;
-        };
-        if let Some((slot, taken)) = self.owners.get_mut(index).and_then(Option::take) {
-            // The acknowledgement that made it stable arrived in this cycle: its start stands
+    /// The messages of ids `first..=last` are stable: their publishers learn it, each run of
+    /// one publisher's messages taken in the same turn at once.
+    fn on_stable(&mut self, first: MsgId, last: MsgId) {
+        self.stats.stable += (last.0 + 1).saturating_sub(first.0);
+        let mut id = first.0.max(self.owners_base);
+        while id <= last.0 {
+            let Ok(index) = usize::try_from(id - self.owners_base) else {
+                break;
+            };
+            let Some(&owner) = self.owners.get(index) else {
+                // Beyond the ids this core gave publishers.
+                break;
+            };
+            let Some((slot, taken)) = owner else {
+                id += 1;
+                continue;
+            };
+            // The run of the same publisher's messages taken in the same turn.
+            let run_max = usize::try_from(last.0 - id + 1).unwrap_or(usize::MAX);
+            let run = self
+                .owners
+                .range_mut(index..)
+                .take(run_max)
+                .take_while(|o| **o == owner)
+                .map(|o| *o = None)
+                .count();
+            // The acknowledgement that made them stable arrived in this cycle: its start stands
             // for now (no clock read per message).
             self.stats
                 .time_to_stable
-                .record(self.woke_at.saturating_duration_since(taken));
+                .record_n(self.woke_at.saturating_duration_since(taken), run as u64);
             let entry = self.publishers.get_mut(slot as usize);
             if let Some(Some(p)) = entry {
-                if p.on_stable(msg_id) {
+                if p.on_stable(MsgId(id), run as u64) {
                     self.advanced.push(slot);
                 }
                 // A dropped publisher is forgotten with its last stable message, unless the
@@ -2189,6 +2208,7 @@ impl Core {
                     self.free_slots.push(slot);
                 }
             }
+            id += run as u64;
         }
         while self.owners.front().is_some_and(Option::is_none) {
             self.owners.pop_front();

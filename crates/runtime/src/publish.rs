@@ -550,21 +550,29 @@ impl PublisherCore {
         }
     }
 
-    /// Marks `msg_id` stable; advances the stable ticket over the stable prefix. True if the
-    /// ticket advanced for the first time since the last [`Self::wake_if_advanced`] (the
-    /// publisher is woken once per batch of events: waking costs a fence).
-    pub(crate) fn on_stable(&mut self, msg_id: MsgId) -> bool {
-        // Messages usually become stable in publish order: the oldest pending one.
-        let i = if self.pending.front().is_some_and(|&(m, _)| m == msg_id) {
-            0
-        } else {
-            let Ok(i) = self.pending.binary_search_by_key(&msg_id, |&(m, _)| m) else {
-                return false;
-            };
-            i
-        };
-        self.pending[i].1 = true;
+    /// Marks the `count` messages of ids from `first` on stable (each of them this
+    /// publisher's); advances the stable ticket over the stable prefix. True if the ticket
+    /// advanced for the first time since the last [`Self::wake_if_advanced`] (the publisher is
+    /// woken once per batch of events: waking costs a fence).
+    pub(crate) fn on_stable(&mut self, first: MsgId, count: u64) -> bool {
         let before = self.stable_upto;
+        // Messages usually become stable in publish order: the oldest pending ones. Ids
+        // increase along `pending`, so a front from `first` to its last id is the run.
+        let n = usize::try_from(count).unwrap_or(usize::MAX);
+        let last = MsgId(first.0 + count.saturating_sub(1));
+        if n > 0
+            && self.pending.front().is_some_and(|&(m, _)| m == first)
+            && self.pending.get(n - 1).is_some_and(|&(m, _)| m == last)
+        {
+            self.pending.drain(..n);
+            self.stable_upto += count;
+        } else {
+            for id in first.0..first.0 + count {
+                if let Ok(i) = self.pending.binary_search_by_key(&MsgId(id), |&(m, _)| m) {
+                    self.pending[i].1 = true;
+                }
+            }
+        }
         while self.pending.front().is_some_and(|&(_, stable)| stable) {
             self.pending.pop_front();
             self.stable_upto += 1;

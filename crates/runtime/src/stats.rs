@@ -306,11 +306,16 @@ pub struct LatencyHistogram {
 impl LatencyHistogram {
     /// Records one value.
     pub fn record(&mut self, value: Duration) {
+        self.record_n(value, 1);
+    }
+
+    /// Records `n` times the same value.
+    pub fn record_n(&mut self, value: Duration, n: u64) {
         let us = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
         let bucket = (u64::BITS - us.max(1).leading_zeros() - 1) as usize;
-        self.counts[bucket.min(LATENCY_BUCKETS - 1)] += 1;
-        self.count += 1;
-        self.sum_us = self.sum_us.saturating_add(us);
+        self.counts[bucket.min(LATENCY_BUCKETS - 1)] += n;
+        self.count += n;
+        self.sum_us = self.sum_us.saturating_add(us.saturating_mul(n));
     }
 
     /// The upper edge of bucket `i`, in microseconds (exclusive; `u64::MAX` for the last).

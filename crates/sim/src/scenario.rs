@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tidings_gms::{Member, MemberConfig, MemberEvent, NamedRequest, ReceivedDatagram};
 use tidings_proto::{
-    Config, ConfigError, CongestionControl, Delivery, Destination, Event, Membership, Node, NodeId,
-    RecoveryPacing, RegionId, Time, TopicId,
+    Config, ConfigError, CongestionControl, Delivery, Destination, Event, Membership, MsgId, Node,
+    NodeId, RecoveryPacing, RegionId, Time, TopicId,
 };
 
 use tidings_seal::Mode;
@@ -957,7 +957,12 @@ impl SimHost {
                 };
                 self.ledger.borrow_mut().delivered(me, &d, now);
             }
-            Event::Stable(m) => self.ledger.borrow_mut().stable(me, m, now),
+            Event::Stable { first, last } => {
+                let mut ledger = self.ledger.borrow_mut();
+                for m in first.0..=last.0 {
+                    ledger.stable(me, MsgId(m), now);
+                }
+            }
             Event::TokenRound { top, rtt, .. } => {
                 self.ledger.borrow_mut().token_round(top, rtt);
             }

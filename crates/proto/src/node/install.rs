@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use tidings_wire::{RegionId, TopicId};
 
-use crate::event::Event;
 use crate::membership::RegionView;
 use crate::region::RegionState;
 use crate::send::{OutMsg, OutboundStream};
@@ -241,8 +240,7 @@ impl Node {
                 added += 1;
             }
             if self.stability.moved(msg_id, copies, added) {
-                self.out.stats.messages_stable += 1;
-                self.out.events.push_back(Event::Stable(msg_id));
+                self.out.stable(msg_id);
             }
         }
         for (region, m) in rehomed_into_continued {

@@ -295,8 +295,7 @@ impl Node {
         let out = &mut self.out;
         let ok = stream.ack(stable_upto, |msg_id| {
             if stability.acked(msg_id) {
-                out.stats.messages_stable += 1;
-                out.events.push_back(Event::Stable(msg_id));
+                out.stable(msg_id);
             }
         });
         if !ok {

@@ -149,12 +149,33 @@ impl Node {
     }
 
     /// After a publish into or a send from `region`'s stream: its gauges, and its silence
-    /// deadline, which may now come before the streams' timer.
+    /// deadline, which may now come before the streams' timer. The stream's publishes are
+    /// refreshed (`published_unrefreshed`).
     pub(super) fn stream_changed(&mut self, region: RegionId) {
-        self.refresh_outbound_gauges(region);
-        if let Some(stream) = self.outbound.get_mut(&region) {
-            schedule_stream(&mut self.timers.streams, region, stream, &self.config);
+        let Some(stream) = self.outbound.get_mut(&region) else {
+            return self.refresh_gauges(region);
+        };
+        stream.published_unrefreshed = false;
+        schedule_stream(&mut self.timers.streams, region, stream, &self.config);
+        // The inbound part of the region's share is kept as last computed (every change to it
+        // refreshes it), so the outbound part is set alone.
+        if !self
+            .gauges
+            .set_outbound(region, stream, &self.config, &mut self.out.stats)
+        {
+            return self.refresh_gauges(region);
         }
+        // The inbound part kept must be what a full pass finds (checked in debug builds, so
+        // by every simulator test).
+        debug_assert_eq!(
+            self.gauges.share(region),
+            Some(GaugeShare::of(
+                region,
+                &self.outbound,
+                &self.regions,
+                &self.config
+            ))
+        );
     }
 
     /// Enters every outbound stream's deadline afresh and recounts the pending silences (a
