@@ -636,8 +636,10 @@ struct Queued {
 /// [`unsubscribe`](Member::unsubscribe), [`leave`](Member::leave),
 /// [`set_membership`](Member::set_membership) for a node without a service.
 ///
-/// **Drain contract:** after any input, the host takes [`poll_event`](Member::poll_event) until
-/// `None` (acting on [`MemberEvent::Installed`] before the next poll), then
+/// **Drain contract:** after an input (or a run of datagrams: events wait in order), the host
+/// takes [`poll_event`](Member::poll_event) (or
+/// [`take_protocol_events`](Member::take_protocol_events)) until `None` (acting on
+/// [`MemberEvent::Installed`] before the next poll), then
 /// [`poll_gms_transmit`](Member::poll_gms_transmit) and
 /// [`poll_transmit`](Member::poll_transmit) until `None` (or its socket is full), then reads
 /// [`poll_timeout`](Member::poll_timeout) and calls `handle_timeout` when it passes. Events come

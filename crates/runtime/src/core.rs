@@ -2348,8 +2348,13 @@ impl Core {
                 } else {
                     self.member.handle_datagram(now, datagram);
                 }
-                self.drain_events();
+                // The class's datagrams are handed on together: a topic's deliveries from
+                // several datagrams make one run for its subscriptions, up to a batch's worth.
+                if self.member.node().events_pending() >= BATCH_MSGS_MAX {
+                    self.drain_events();
+                }
             }
+            self.drain_events();
             // Keep the capacity.
             self.classes[class] = batch;
         }
