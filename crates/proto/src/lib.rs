@@ -19,6 +19,7 @@ mod send_queue;
 mod stats;
 pub mod time;
 mod timers;
+mod topic_bits;
 
 pub use config::{
     Config, ConfigError, CongestionConfig, CongestionControl, RecoveryConfig, RecoveryPacing,

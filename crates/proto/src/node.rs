@@ -25,6 +25,7 @@ use crate::send_queue::SendQueue;
 use crate::stats::Stats;
 use crate::time::Time;
 use crate::timers::{Timer, Timers};
+use crate::topic_bits::TopicBits;
 use crate::Destination;
 
 /// A datagram produced by [`Node::poll_transmit`].
@@ -122,6 +123,8 @@ pub struct Node {
     me: NodeId,
     /// The membership in force (region views, topics' regions, subscriptions).
     membership: Membership,
+    /// `membership.subscriptions` as bits, for the test of each message delivered.
+    delivered: Option<TopicBits>,
     /// The regions this node is a member of: receive streams, rings, caches (`region/`).
     regions: BTreeMap<RegionId, RegionState>,
     /// This node's outbound stream into each region it publishes to (`send.rs`).
@@ -238,6 +241,7 @@ impl Node {
         Ok(Node {
             config,
             me,
+            delivered: membership.subscriptions.as_ref().map(TopicBits::from_set),
             membership,
             regions,
             outbound: BTreeMap::new(),
@@ -440,11 +444,7 @@ impl Node {
             return Err((PublishError::WouldBlock { region }, payload));
         }
         // Approximate regions (ADR 34): a region may carry topics this node does not subscribe to.
-        let delivered_here = self
-            .membership
-            .subscriptions
-            .as_ref()
-            .is_none_or(|s| s.contains(&topic))
+        let delivered_here = self.delivered.as_ref().is_none_or(|s| s.contains(topic))
             && regions
                 .iter()
                 .any(|r| self.regions.get(r).is_some_and(|s| s.subscribes(topic)));
@@ -670,6 +670,7 @@ impl Node {
     /// [`Membership::subscriptions`], which [`set_membership`](Node::set_membership) installs
     /// with the rest.
     pub fn set_subscriptions(&mut self, topics: Option<BTreeSet<TopicId>>) {
+        self.delivered = topics.as_ref().map(TopicBits::from_set);
         self.membership.subscriptions = topics;
     }
 
@@ -687,6 +688,9 @@ impl Node {
         } else {
             topics.remove(&topic);
         }
+        self.delivered
+            .get_or_insert_with(TopicBits::default)
+            .set(topic, subscribed);
     }
 
     /// The membership in force: the last one [`set_membership`](Node::set_membership) gave, with
@@ -725,6 +729,11 @@ impl Node {
                 .filter(|r| !membership.regions.contains_key(r)),
         );
         let mut old = std::mem::replace(&mut self.membership, membership);
+        self.delivered = self
+            .membership
+            .subscriptions
+            .as_ref()
+            .map(TopicBits::from_set);
         let old_views = views_changed
             .iter()
             .filter_map(|r| old.regions.remove(r).map(|v| (*r, v)))
@@ -967,7 +976,7 @@ impl Node {
     fn deliver_released(&mut self, now: Time) {
         self.input_at = now;
         let held_topics = &self.held_topics;
-        let delivers = self.membership.subscriptions.as_ref();
+        let delivers = self.delivered.as_ref();
         let out = &mut self.out;
         // The regions whose streams went on (scratch storage of the periodic scans, reused).
         let mut moved = std::mem::take(&mut self.scanned_regions);
@@ -1128,5 +1137,54 @@ impl Node {
             .iter()
             .map(|(&r, s)| (r, s.unstable_msgs()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The node's bits of the topics it delivers say what its membership's set says.
+    fn assert_delivered_follows(node: &Node) {
+        let set = node.membership.subscriptions.as_ref();
+        assert_eq!(node.delivered.is_some(), set.is_some());
+        for t in (0..200)
+            .chain(65_530..65_545)
+            .chain([u32::MAX])
+            .map(TopicId)
+        {
+            assert_eq!(
+                node.delivered.as_ref().map(|d| d.contains(t)),
+                set.map(|s| s.contains(&t)),
+                "{t:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_delivered_topics_follow_every_change_of_the_subscriptions() {
+        let t0 = Time::ZERO;
+        let mut membership = Membership {
+            subscriptions: Some([TopicId(1), TopicId(2), TopicId(70_000)].into()),
+            ..Membership::default()
+        };
+        let mut node = Node::new(Config::default(), NodeId(1), membership.clone(), t0).unwrap();
+        assert_delivered_follows(&node);
+        node.set_subscribed(TopicId(3), true);
+        node.set_subscribed(TopicId(1), false);
+        node.set_subscribed(TopicId(65_540), true);
+        assert_delivered_follows(&node);
+        node.set_subscriptions(None);
+        assert_delivered_follows(&node);
+        node.set_subscribed(TopicId(199), true);
+        assert_delivered_follows(&node);
+        membership.subscriptions = None;
+        node.set_membership(t0, membership.clone());
+        assert_delivered_follows(&node);
+        membership.subscriptions = Some([TopicId(5)].into());
+        node.set_membership(t0, membership);
+        assert_delivered_follows(&node);
+        node.set_subscriptions(Some([TopicId(65_535), TopicId(u32::MAX)].into()));
+        assert_delivered_follows(&node);
     }
 }

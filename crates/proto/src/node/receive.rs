@@ -1,8 +1,6 @@
 //! Receiving: what each kind of datagram does to the node, once `Node::receive` has parsed it
 //! and placed its view.
 
-use std::collections::BTreeSet;
-
 use bytes::Bytes;
 use tidings_wire::{Body, Header, MsgId, NodeId, RegionId, SeqRange, Silence, TopicId};
 
@@ -12,6 +10,7 @@ use crate::policy::CongestionPolicy;
 use crate::recv::{Arrival, InMsg};
 use crate::region::{CachingRule, OwnedToken};
 use crate::time::Time;
+use crate::topic_bits::TopicBits;
 use crate::Destination;
 
 use super::{Node, ViewStatus};
@@ -205,7 +204,7 @@ impl Node {
         }
         let config = &self.config;
         let out = &mut self.out;
-        let delivers = self.membership.subscriptions.as_ref();
+        let delivers = self.delivered.as_ref();
         let held_topics = &self.held_topics;
         let Some((stream, caching, topics)) = region.receive_parts(origin, config) else {
             out.stats.invalid_dropped += 1;
@@ -353,7 +352,7 @@ pub(super) fn deliver_in_order(
     out: &mut Outbox,
     origin: NodeId,
     topics: &[TopicId],
-    delivers: Option<&BTreeSet<TopicId>>,
+    delivers: Option<&TopicBits>,
     caching: CachingRule,
     seq: u64,
     msg: &InMsg,
@@ -362,7 +361,7 @@ pub(super) fn deliver_in_order(
     if !fresh {
         out.stats.view_duplicates_dropped += 1;
     } else if topics.binary_search(&msg.topic).is_ok()
-        && delivers.is_none_or(|d| d.contains(&msg.topic))
+        && delivers.is_none_or(|d| d.contains(msg.topic))
     {
         out.stats.messages_delivered += 1;
         out.events.push_back(Event::Deliver(Delivery {
