@@ -200,7 +200,7 @@ pub(crate) struct BenchArgs {
     /// `NodeBuilder::default_protocol_config`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     token_ms: Option<u64>,
-    /// Protocol: most unstable messages per sender and region (default: the protocol's, 16384);
+    /// Protocol: most unstable messages per sender and region (default: the library's, 32768);
     /// the byte window grows with it (1 KiB per message).
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
     window: Option<u64>,

@@ -94,6 +94,12 @@ const SUBSCRIPTION_CAPACITY_MAX: usize = 1 << 24;
 /// protocol's 100 ms.
 const TOKEN_INTERVAL_DEFAULT: Duration = Duration::from_millis(10);
 
+/// The window of unstable messages per sender and region of nodes on real networks: the
+/// protocol's node-wide bound on held messages (`node_held_msgs_max`, 32,768) instead of its
+/// 16,384, so that small messages are bound by the window's bytes (16 MiB) over the time to
+/// stability, as large ones are, rather than by its count.
+const WINDOW_MSGS_DEFAULT: usize = 32_768;
+
 impl NodeBuilder {
     /// The protocol configuration a node starts with: [`tidings_proto::Config::default`] with a
     /// 10 ms token interval instead of 100 ms (`docs/adr/0006-runtime-protocol-defaults.md`).
@@ -105,11 +111,18 @@ impl NodeBuilder {
     /// releases rounds sooner for fast senders whatever the interval, and 10 ms keeps
     /// stability (and so the sender's memory) ten times sooner for the others, at about 100
     /// token hand-offs (and their confirmations) per second per ring member, a few tens of
-    /// kB/s. The window itself is unchanged (16 MiB of 1000-byte messages per region stream).
-    /// The simulator keeps the protocol's own defaults.
+    /// kB/s. The simulator keeps the protocol's own defaults.
+    ///
+    /// The window is 32,768 messages instead of 16,384 (its byte bound, 16 MiB, unchanged),
+    /// and the receive window twice that: at 4 M messages/s of 32 bytes, 16,384 messages are
+    /// about as long as their way to stability (a few token rounds of `token_interval_min` and
+    /// the acknowledgement), and a sender at that window waits for stability instead of
+    /// sending (docs/benchmarks.md, issue 30's targets).
     pub fn default_protocol_config() -> tidings_proto::Config {
         let mut c = tidings_proto::Config::default();
         c.token_interval = TOKEN_INTERVAL_DEFAULT;
+        c.window.msgs_max = WINDOW_MSGS_DEFAULT;
+        c.receive_window_msgs = c.receive_window_msgs.max(2 * WINDOW_MSGS_DEFAULT);
         c
     }
 
