@@ -1795,6 +1795,11 @@ impl Core {
         self.backlog_total -= held.msgs;
         held.backlog.clear();
         self.member.release_topics(now, &held.topics);
+        self.group_hold_ended(now, held);
+    }
+
+    /// Counts the end of a group's hold and keeps its (emptied) storage for the next.
+    fn group_hold_ended(&mut self, now: Time, held: HeldGroup) {
         self.stats.topic_releases += 1;
         self.stats.topic_held_time += now.saturating_duration_since(held.since);
         if self.spare_groups.len() < SPARE_GROUP_HOLDS {
@@ -1840,11 +1845,7 @@ impl Core {
             held.topics.retain(|t| !by_topic.contains_key(t));
             self.member.release_topics(now, &held.topics);
         }
-        self.stats.topic_releases += 1;
-        self.stats.topic_held_time += now.saturating_duration_since(held.since);
-        if self.spare_groups.len() < SPARE_GROUP_HOLDS {
-            self.spare_groups.push((held.topics, held.backlog));
-        }
+        self.group_hold_ended(now, held);
     }
 
     /// Holds the topic of `batch` (a run of one topic that found no room from `next` on) with
